@@ -1,0 +1,125 @@
+"""BertConfig: the hyperparameters of a BERT, with Hugging Face's field names.
+
+`to_dict` / `save` write a `config.json` that `transformers.BertConfig` reads, and `from_dict` /
+`load` read theirs: fields we do not model (architectures, id2label, torch_dtype, ...) are kept in
+`extra` and written back unchanged, so a round trip loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fields a config.json must carry; the rest have BERT's defaults.
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    # Everything else found in a config.json (task labels, architectures, ...), kept verbatim.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    # -- presets --------------------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "BertConfig":
+        """A named size from the BERT release (intermediate size 4H); overrides win."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        layers, hidden, heads = PRESETS[name]
+        base = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                    intermediate_size=4 * hidden)
+        return cls(**{**base, **overrides})
+
+    # -- config.json ----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing required field(s) {', '.join(missing)}")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names}
+        if extra.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{source}: only absolute position embeddings are supported, "
+                             f"got {extra['position_embedding_type']!r}")
+        try:
+            return cls(**known, extra=extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out = {"model_type": "bert", "position_embedding_type": "absolute", **self.extra, **d}
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BertConfig":
+        """Read a config.json file, or the config.json inside a folder."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such config file")
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        return cls.from_dict(d, source=str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        if path.is_dir() or not path.suffix:
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / "config.json"
+        from .io.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+# name: (layers L, hidden H, heads A), as in the BERT release (google-research/bert README).
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}

@@ -1,0 +1,216 @@
+"""Hugging Face checkpoints: the one key map between our parameter names and theirs.
+
+A Hugging Face BERT folder holds config.json and model.safetensors (or the older pickled
+pytorch_model.bin, read only through `torch.load(weights_only=True)`, which refuses anything but
+tensors). Their names carry a `bert.` prefix inside task models (BertForPreTraining, ...) and none in a
+bare BertModel; we accept both. Their q, k and v projections are three tensors; ours is one fused
+tensor, so the map sends one of our names to a tuple of theirs, concatenated along the output rows.
+
+Loading rules (STYLE.md, principle 8):
+  * every tensor of the file maps to one of ours, or belongs to a task head of another model class
+    (cls.*, classifier.*, qa_outputs.*: reported as unused), or the load fails naming it;
+  * every backbone tensor must be present (else an error naming the missing ones); a missing pooler
+    or task head is left at its fresh initialization and reported;
+  * shapes are checked before anything is copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import BertConfig
+from .files import atomic_write
+
+# Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
+# head, these are reported and skipped rather than treated as unknown.
+HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.")
+# Buffers some versions of transformers saved; they hold no learned state.
+HF_IGNORED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def bert_key_map(config: BertConfig, pooler: bool = True) -> dict[str, tuple[str, ...]]:
+    """Our BertModel's parameter names -> the Hugging Face names (no `bert.` prefix)."""
+    m: dict[str, tuple[str, ...]] = {}
+    for ours, theirs in (("word", "word_embeddings"), ("position", "position_embeddings"),
+                         ("token_type", "token_type_embeddings")):
+        m[f"embeddings.{ours}.weight"] = (f"embeddings.{theirs}.weight",)
+    for p in ("weight", "bias"):
+        m[f"embeddings.norm.{p}"] = (f"embeddings.LayerNorm.{p}",)
+    for i in range(config.num_hidden_layers):
+        o, h = f"layers.{i}.", f"encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            m[o + f"attention.qkv.{p}"] = tuple(h + f"attention.self.{x}.{p}" for x in ("query", "key", "value"))
+            m[o + f"attention.out.{p}"] = (h + f"attention.output.dense.{p}",)
+            m[o + f"attention_norm.{p}"] = (h + f"attention.output.LayerNorm.{p}",)
+            m[o + f"ffn.up.{p}"] = (h + f"intermediate.dense.{p}",)
+            m[o + f"ffn.down.{p}"] = (h + f"output.dense.{p}",)
+            m[o + f"ffn_norm.{p}"] = (h + f"output.LayerNorm.{p}",)
+    if pooler:
+        for p in ("weight", "bias"):
+            m[f"pooler.dense.{p}"] = (f"pooler.dense.{p}",)
+    return m
+
+
+def key_map(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """The map for any of our models: BertModel itself, or a task model that defines hf_key_map()."""
+    if hasattr(model, "hf_key_map"):
+        return model.hf_key_map()
+    return bert_key_map(model.config, pooler=getattr(model, "pooler", None) is not None)
+
+
+# -- reading weight files ------------------------------------------------------------------------
+
+def find_weights(path: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"{path}: no weights found (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, a weights-only torch file, or a sharded index of either."""
+    if file.name.endswith(".index.json"):
+        try:
+            weight_map = json.loads(file.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{file}: not a valid shard index ({e})") from None
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            state.update(read_weights(file.parent / shard))
+        return state
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: no such weights file")
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{file}: not a valid safetensors file ({e}); "
+                             "it may be truncated, or another format renamed") from None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{file}: refused to load: the pickle holds more than tensors "
+                         f"and is never unpickled in full ({str(e).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ValueError(f"{file}: not a readable torch checkpoint ({e})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{file}: expected a mapping of names to tensors")
+    return state
+
+
+def _normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in state.items():
+        if k.endswith(HF_IGNORED_SUFFIXES):
+            continue
+        # Checkpoints converted from the original TensorFlow release call LayerNorm's parameters gamma/beta.
+        if k.endswith("LayerNorm.gamma"):
+            k = k[: -len("gamma")] + "weight"
+        elif k.endswith("LayerNorm.beta"):
+            k = k[: -len("beta")] + "bias"
+        out[k] = v
+    return out
+
+
+def _align_prefix(hf_state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
+    """Make the file's names use the `bert.` prefix exactly when the model's map does."""
+    want_prefix = any(k.startswith("bert.") for k in expected)
+    has_prefix = any(k.startswith("bert.") for k in hf_state)
+    if want_prefix and not has_prefix:  # a bare BertModel file into a task model
+        return {(k if k.startswith(HF_HEAD_PREFIXES[:3]) else "bert." + k): v for k, v in hf_state.items()}
+    if has_prefix and not want_prefix:  # a task model's file into a bare BertModel
+        return {k.removeprefix("bert."): v for k, v in hf_state.items()}
+    return hf_state
+
+
+def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint"):
+    """Hugging Face tensors -> our state dict for `model`. Returns (state, missing, unused)."""
+    kmap = key_map(model)
+    expected = {h for hs in kmap.values() for h in hs}
+    hf_state = _align_prefix(_normalize_hf_names(hf_state), expected)
+
+    unused = sorted(set(hf_state) - expected)
+    unknown = [k for k in unused if not k.removeprefix("bert.").startswith(HF_HEAD_PREFIXES)]
+    if unknown:
+        raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"
+                         f"{' ...' if len(unknown) > 8 else ''} are not part of a BERT checkpoint")
+
+    params = model.state_dict()
+    state, missing = {}, []
+    for ours, theirs in kmap.items():
+        absent = [h for h in theirs if h not in hf_state]
+        if absent:
+            missing.extend(absent)
+            continue
+        t = torch.cat([hf_state[h] for h in theirs]) if len(theirs) > 1 else hf_state[theirs[0]]
+        if t.shape != params[ours].shape:
+            raise ValueError(f"{source}: {' + '.join(theirs)} has shape {tuple(t.shape)}, "
+                             f"expected {tuple(params[ours].shape)} for this config")
+        state[ours] = t
+    backbone = [k for k in missing if k.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
+    if backbone:
+        raise ValueError(f"{source}: missing tensor(s) {', '.join(backbone[:8])}"
+                         f"{' ...' if len(backbone) > 8 else ''}")
+    return state, missing, unused
+
+
+def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Our state dict -> Hugging Face names; the fused qkv is split back into query, key, value."""
+    params = model.state_dict()
+    out = {}
+    for ours, theirs in key_map(model).items():
+        parts = params[ours].chunk(len(theirs)) if len(theirs) > 1 else (params[ours],)
+        for h, t in zip(theirs, parts):
+            out[h] = t.detach().contiguous().cpu()
+    return out
+
+
+# -- folders -------------------------------------------------------------------------------------
+
+def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None, **kwargs):
+    """Build `cls` from a Hugging Face folder (config.json + weights)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
+    config = config or BertConfig.load(path)
+    file = find_weights(path)
+    hf_state = read_weights(file)
+    model = cls(config, **kwargs)
+    state, missing, unused = convert_from_hf(model, hf_state, source=str(file))
+    model.load_state_dict(state, strict=False)
+    if missing:
+        warnings.warn(f"{file}: no weights for {', '.join(missing)}; they keep their fresh initialization",
+                      stacklevel=3)
+    if unused:
+        warnings.warn(f"{file}: unused task-head tensors {', '.join(unused)}", stacklevel=3)
+    model.load_report = {"missing": missing, "unused": unused}
+    return model
+
+
+HF_ARCHITECTURES = {"BertModel": "BertModel"}
+
+
+def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
+    """Write config.json and model.safetensors with Hugging Face names; each file atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config: BertConfig = model.config
+    arch = getattr(model, "hf_architecture", type(model).__name__)
+    config.extra = {**config.extra, "architectures": [arch]}
+    state = convert_to_hf(model)
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    config.save(path)

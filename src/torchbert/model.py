@@ -1,0 +1,287 @@
+"""BERT: Pre-training of Deep Bidirectional Transformers (Devlin et al., 2019), the encoder.
+
+    tokens -> embeddings (word + position + token type, LayerNorm, dropout)
+           -> N x [ self-attention -> add & LayerNorm -> feed-forward (GELU) -> add & LayerNorm ]
+           -> last_hidden_state, and the pooler: tanh(dense(h_[CLS]))
+
+Notation used in the shape comments:
+    B batch size        T tokens per (padded) sequence    N real tokens of a packed batch
+    H hidden size       A attention heads                 D = H / A, head size
+    I intermediate size (4H in every released BERT)
+
+Two input paths give the same numbers (tested to 1e-5 in fp32):
+  * padded:   input_ids [B, T] with attention_mask [B, T] (1 = token, 0 = padding);
+  * unpadded: input_ids [N], the real tokens of all sequences packed end to end, with
+    cu_seqlens [B + 1] (cumulative lengths, starting at 0) and max_seqlen. Embeddings, projections
+    and the feed-forward then run on real tokens only; attention runs per sequence (packed q/k/v are
+    scattered into a [B, A, T, D] block for scaled_dot_product_attention and gathered back).
+
+Parameter names are our own and short; `io/hf.py` holds the one key map to Hugging Face's.
+Self-attention uses one fused [H -> 3H] projection for q, k, v: one matrix product instead of three.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import BertConfig
+
+
+@dataclass
+class BertOutput:
+    last_hidden_state: Tensor  # [B, T, H] padded, [N, H] unpadded
+    pooler_output: Tensor | None = None  # [B, H]
+    hidden_states: tuple[Tensor, ...] | None = None  # N+1 of them: embeddings, then each layer
+    attentions: tuple[Tensor, ...] | None = None  # each [B, A, T, T]
+
+
+def activation(name: str):
+    return {
+        "gelu": F.gelu,  # exact erf form, as in the original BERT code
+        "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "silu": F.silu,
+    }[name]
+
+
+@dataclass
+class Layout:
+    """Where the tokens of a batch sit, computed once per forward and shared by every layer.
+
+    Attention always works on a padded [B, T] block; `index` maps between that block and the
+    rows of the hidden states (None when the hidden states are already padded [B, T, H])."""
+
+    batch: int  # B
+    seqlen: int  # T
+    key_mask: Tensor  # [B, 1, 1, T] bool, True where a real token can be attended to
+    index: Tensor | None = None  # [N] positions of the packed tokens in the flattened [B * T]
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
+        # all inputs [B, T] or [N]; output [B, T, H] or [N, H]
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(position_ids)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # q, k, v stacked
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        B, T, A = layout.batch, layout.seqlen, self.heads
+        qkv = self.qkv(x)  # [B, T, 3H] or [N, 3H]
+        H = qkv.shape[-1] // 3
+        if layout.index is not None:  # packed: scatter real tokens into a zero-padded block
+            block = qkv.new_zeros(B * T, 3 * H)
+            block[layout.index] = qkv
+            qkv = block  # [B*T, 3H]
+        q, k, v = qkv.view(B, T, 3, A, H // A).permute(2, 0, 3, 1, 4)  # each [B, A, T, D]
+        dropout_p = self.dropout_p if self.training else 0.0
+        if need_weights:  # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
+            scores = q @ k.transpose(-2, -1) / math.sqrt(H // A)  # [B, A, T, T]
+            scores = scores.masked_fill(~layout.key_mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            ctx = F.dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
+        else:
+            probs = None
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
+        ctx = ctx.transpose(1, 2).reshape(B * T, H)  # [B*T, H]
+        if layout.index is not None:
+            ctx = ctx[layout.index]  # [N, H]
+        else:
+            ctx = ctx.view(B, T, H)  # [B, T, H]
+        return self.out(ctx), probs
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))  # [..., H] -> [..., I] -> [..., H]
+
+
+class Layer(nn.Module):
+    """One post-LN transformer block, as in BERT (and the original Transformer)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        a, probs = self.attention(x, layout, need_weights)
+        x = self.attention_norm(x + self.dropout(a))
+        x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        return x, probs
+
+
+class Pooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, cls: Tensor) -> Tensor:
+        return torch.tanh(self.dense(cls))  # [B, H]: the [CLS] state, for sentence-level tasks
+
+
+class BertModel(nn.Module):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = Pooler(config) if add_pooling_layer else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # BERT's initializer: truncated-free normal(0, 0.02) weights, zero biases, LayerNorm identity.
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertOutput:
+        if cu_seqlens is None:  # padded: [B, T]
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, tokens] (or packed [N] with cu_seqlens), "
+                                 f"got shape {tuple(input_ids.shape)}")
+            B, T = input_ids.shape
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            layout = Layout(B, T, attention_mask.bool().reshape(B, 1, 1, T))
+            if position_ids is None:
+                position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:  # unpadded: [N] with cu_seqlens [B + 1]
+            if input_ids.dim() != 1:
+                raise ValueError(f"packed input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
+            if attention_mask is not None:
+                raise ValueError("pass either attention_mask (padded) or cu_seqlens (unpadded), not both")
+            B = cu_seqlens.numel() - 1
+            seqlens = cu_seqlens.diff()  # [B]
+            T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
+            starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=input_ids.numel())  # [N]
+            offsets = torch.arange(input_ids.numel(), device=input_ids.device) - starts  # [N] position in sequence
+            seq = torch.arange(B, device=input_ids.device).repeat_interleave(seqlens, output_size=input_ids.numel())
+            key_mask = torch.arange(T, device=input_ids.device) < seqlens[:, None]  # [B, T]
+            layout = Layout(B, T, key_mask.view(B, 1, 1, T), index=seq * T + offsets)
+            if position_ids is None:
+                position_ids = offsets
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if not torch.compiler.is_compiling():
+            self._check_inputs(input_ids, token_type_ids, position_ids)
+
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H] or [N, H]
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layers:
+            x, probs = layer(x, layout, need_weights=output_attentions)
+            if output_hidden_states:
+                hidden_states.append(x)
+            if output_attentions:
+                attentions.append(probs)
+
+        pooled = None
+        if self.pooler is not None:
+            cls = x[:, 0] if cu_seqlens is None else x[cu_seqlens[:-1]]  # [B, H]
+            pooled = self.pooler(cls)
+        return BertOutput(
+            last_hidden_state=x,
+            pooler_output=pooled,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    def _check_inputs(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> None:
+        # An embedding lookup out of range fails with an opaque index error (or a device assert on
+        # GPU); name the culprit instead.
+        c = self.config
+        for name, ids, limit, hint in (
+            ("input_ids", input_ids, c.vocab_size, "vocab_size"),
+            ("token_type_ids", token_type_ids, c.type_vocab_size, "type_vocab_size"),
+            ("position_ids", position_ids, c.max_position_embeddings, "max_position_embeddings"),
+        ):
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+                if name == "position_ids":
+                    raise ValueError(
+                        f"sequence of {int(ids.max()) + 1} tokens is longer than max_position_embeddings "
+                        f"{limit}; truncate it (tokenizer: truncation=True, max_length={limit})")
+                raise ValueError(f"{name} out of range: values in [{int(ids.min())}, {int(ids.max())}] "
+                                 f"but {hint} is {limit}")
+
+    # -- Hugging Face checkpoints -----------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path, **kwargs) -> "BertModel":
+        from .io.hf import load_pretrained
+
+        return load_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, path) -> None:
+        from .io.hf import save_pretrained
+
+        save_pretrained(self, path)
+
+
+def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
+    """Padded [B, T] (+ other [B, T] tensors) -> packed [N] tensors, cu_seqlens [B+1], max_seqlen."""
+    seqlens = attention_mask.sum(dim=1, dtype=torch.int32)  # [B]
+    cu_seqlens = F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
+    keep = attention_mask.bool()
+    packed = [t[keep] for t in (input_ids, *others)]  # each [N]
+    return (*packed, cu_seqlens, int(seqlens.max()) if seqlens.numel() else 0)
+
+
+def pad(packed: Tensor, cu_seqlens: Tensor, max_seqlen: int, value: float = 0.0) -> Tensor:
+    """Packed [N, ...] -> padded [B, T, ...] (the inverse of `unpad`)."""
+    B = cu_seqlens.numel() - 1
+    seqlens = cu_seqlens.diff()
+    mask = torch.arange(max_seqlen, device=packed.device) < seqlens[:, None]  # [B, T]
+    out = packed.new_full((B, max_seqlen, *packed.shape[1:]), value)
+    out[mask] = packed
+    return out
