@@ -154,11 +154,13 @@ def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source:
         if absent:
             missing.extend(absent)
             continue
-        t = torch.cat([hf_state[h] for h in theirs]) if len(theirs) > 1 else hf_state[theirs[0]]
-        if t.shape != params[ours].shape:
-            raise ValueError(f"{source}: {' + '.join(theirs)} has shape {tuple(t.shape)}, "
-                             f"expected {tuple(params[ours].shape)} for this config")
-        state[ours] = t
+        want = params[ours].shape
+        part = (want[0] // len(theirs), *want[1:])  # fused tensors stack equal parts along rows
+        for h in theirs:
+            if hf_state[h].shape != part:
+                raise ValueError(f"{source}: {h} has shape {tuple(hf_state[h].shape)}, "
+                                 f"expected {part} for this config")
+        state[ours] = torch.cat([hf_state[h] for h in theirs]) if len(theirs) > 1 else hf_state[theirs[0]]
     backbone = [k for k in missing if k.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
     if backbone:
         raise ValueError(f"{source}: missing tensor(s) {', '.join(backbone[:8])}"

@@ -1,0 +1,556 @@
+"""BERT's WordPiece tokenizer, wired from the pieces of the Rust `tokenizers` library.
+
+BERT's pipeline, step by step:
+
+1. Normalize (`BertNormalizer`): drop control characters and NUL/U+FFFD, turn every kind of
+   whitespace into a plain space; optionally lowercase and strip accents (NFD, then drop the
+   combining marks); put spaces around every CJK ideograph so each becomes its own word.
+2. Pre-tokenize (`BertPreTokenizer`): split on whitespace and split off every punctuation
+   character as a word of its own.
+3. WordPiece: for each word, greedy longest-match-first against the vocabulary; pieces after the
+   first carry the `##` prefix.  A word longer than 100 characters, or one that cannot be covered
+   by vocabulary pieces, becomes a single `[UNK]`.
+4. Post-process: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token type ids 0 for the first
+   segment and 1 for the second.
+
+`BertTokenizer` is a small, readable wrapper around that Rust pipeline (`.backend`) with the
+Hugging Face call conventions that the rest of torchbert uses: `tok(text, text_pair, truncation=...,
+padding=..., return_tensors=...)` returns a dict of `input_ids`, `token_type_ids` and
+`attention_mask`.  Folders written by `save_pretrained` load in `transformers` and vice versa.
+
+Known difference from `transformers` 4.x: its `decode` also ran `clean_up_tokenization` over the
+text by default (so `don ' t` became `don't`); `transformers` 5 does not, and neither do we.  Our
+`decode` is the WordPiece decoder's own output, which matches `transformers` 5 exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+
+from torchbert.io.files import atomic_write_text
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+REQUIRED_SPECIAL_TOKENS = (PAD, UNK, CLS, SEP)  # [MASK] is only needed for pretraining
+MAX_INPUT_CHARS_PER_WORD = 100
+DEFAULT_MODEL_MAX_LENGTH = 512
+# transformers writes int(1e30) as "no limit known"; anything above this is treated as that.
+_ABSURD_MODEL_MAX_LENGTH = 1_000_000
+
+_PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
+_TRUNCATION = {
+    False: None,
+    "do_not_truncate": None,
+    True: "longest_first",
+    "longest_first": "longest_first",
+    "only_first": "only_first",
+    "only_second": "only_second",
+}
+
+
+class VocabError(ValueError):
+    """A vocabulary (file or dict) that BERT's tokenizer cannot use."""
+
+
+class BatchEncoding(dict):
+    """What the tokenizer returns: a plain dict of model inputs.
+
+    `encodings` holds the Rust `tokenizers.Encoding` objects behind it (one per sequence or pair).
+    """
+
+    def __init__(self, data: dict[str, Any], encodings: list[Encoding] | None = None):
+        super().__init__(data)
+        self.encodings = encodings
+
+    def to(self, device) -> "BatchEncoding":
+        """Move the tensors to `device` (other values are kept as they are)."""
+        import torch
+
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.items()}
+        return BatchEncoding(moved, self.encodings)
+
+
+# ----------------------------------------------------------------------------------------------
+# vocab.txt and tokenizer_config.json
+
+
+def read_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """Read a vocab.txt: one token per line, the line number (from 0) is its id."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no vocab.txt (file not found)")
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not part of the first token
+        data = data[3:]
+    if not data.strip():
+        raise VocabError(f"{path}: vocab.txt is empty")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the file's final newline
+        lines.pop()
+    vocab: dict[str, int] = {}
+    for index, raw in enumerate(lines):
+        lineno = index + 1
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            token = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VocabError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        if token == "":
+            raise VocabError(f"{path}:{lineno}: empty line (every line must hold one token)")
+        if token in vocab:
+            raise VocabError(f"{path}:{lineno}: duplicate token {token!r} (first on line {vocab[token] + 1})")
+        vocab[token] = index
+    _check_vocab(vocab, where=str(path))
+    return vocab
+
+
+def _check_vocab(vocab: dict[str, int], where: str) -> None:
+    missing = [t for t in REQUIRED_SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise VocabError(
+            f"{where}: vocab lacks special token(s) {' '.join(missing)} "
+            f"(BERT needs {' '.join(REQUIRED_SPECIAL_TOKENS)})"
+        )
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise VocabError(f"{where}: token ids must be 0..{len(ids) - 1}, each used once")
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    """The settings we honour from a tokenizer_config.json (missing keys keep BERT's defaults)."""
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a valid JSON file ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    out: dict[str, Any] = {}
+    for key, arg, allowed in (
+        ("do_lower_case", "lowercase", (bool,)),
+        ("strip_accents", "strip_accents", (bool, type(None))),
+        ("tokenize_chinese_chars", "tokenize_chinese_chars", (bool,)),
+    ):
+        if key in cfg:
+            if not isinstance(cfg[key], allowed):
+                raise ValueError(f"{path}: {key} must be {' or '.join(a.__name__ for a in allowed)}, got {cfg[key]!r}")
+            out[arg] = cfg[key]
+    limit = cfg.get("model_max_length")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit <= _ABSURD_MODEL_MAX_LENGTH:
+        out["model_max_length"] = int(limit)
+    # None, int(1e30) ("unknown") or nonsense: keep BERT's 512.
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _build_backend(
+    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool | None, tokenize_chinese_chars: bool
+) -> Tokenizer:
+    """The Rust pipeline without a post-processor (added once the special token ids are known)."""
+    model = WordPiece(
+        vocab if vocab is not None else {},
+        unk_token=UNK,
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+        continuing_subword_prefix="##",
+    )
+    backend = Tokenizer(model)
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return backend
+
+
+class BertTokenizer:
+    """BERT's WordPiece tokenizer (uncased by default), backed by the Rust `tokenizers` library."""
+
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        *,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    ):
+        if not isinstance(vocab, dict):
+            raise TypeError(f"vocab must be a dict of token -> id, got {type(vocab).__name__}")
+        if not isinstance(model_max_length, int) or isinstance(model_max_length, bool) or model_max_length < 1:
+            raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
+        _check_vocab(vocab, where="vocab")
+        self.vocab: dict[str, int] = dict(vocab)
+        self.lowercase = bool(lowercase)
+        self.strip_accents = strip_accents  # None: strip accents iff lowercasing (as BERT does)
+        self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        self.model_max_length = model_max_length
+        self._ids_to_tokens = sorted(self.vocab, key=self.vocab.__getitem__)
+
+        self.backend: Tokenizer = _build_backend(self.vocab, self.lowercase, strip_accents, self.tokenize_chinese_chars)
+        # Special tokens are matched in the raw text before normalization, never split, and
+        # dropped by decode(skip_special_tokens=True): exactly how transformers registers them.
+        self.backend.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if t in self.vocab]
+        )
+        self.backend.post_processor = processors.TemplateProcessing(
+            single=f"{CLS}:0 $A:0 {SEP}:0",
+            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+            special_tokens=[(CLS, self.cls_token_id), (SEP, self.sep_token_id)],
+        )
+        # Truncation and padding are set on the shared backend for one call at a time.
+        self._lock = threading.Lock()
+
+    # -- special tokens and vocab --------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.vocab[PAD]
+
+    @property
+    def unk_token_id(self) -> int:
+        return self.vocab[UNK]
+
+    @property
+    def cls_token_id(self) -> int:
+        return self.vocab[CLS]
+
+    @property
+    def sep_token_id(self) -> int:
+        return self.vocab[SEP]
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.vocab.get(MASK)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self.vocab[t] for t in SPECIAL_TOKENS if t in self.vocab]
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | list[int]:
+        """Token(s) to id(s); a token not in the vocab gives the [UNK] id."""
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.unk_token_id)
+        return [self.vocab.get(t, self.unk_token_id) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
+        ids = _to_python(ids)
+        if isinstance(ids, int):
+            return self._id_to_token(ids)
+        return [self._id_to_token(i) for i in ids]
+
+    def _id_to_token(self, i: int) -> str:
+        if not 0 <= i < len(self._ids_to_tokens):
+            raise IndexError(f"token id {i} is out of range for a vocab of {len(self._ids_to_tokens)}")
+        return self._ids_to_tokens[i]
+
+    # -- loading and saving ----------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "BertTokenizer":
+        """Load from a folder holding vocab.txt (or from a vocab.txt itself).
+
+        A tokenizer_config.json next to the vocab sets do_lower_case, strip_accents,
+        tokenize_chinese_chars and model_max_length; without one, BERT's uncased defaults apply.
+        """
+        path = Path(path)
+        if path.is_dir():
+            vocab_path = path / "vocab.txt"
+            if not vocab_path.is_file():
+                raise FileNotFoundError(f"{path}: no vocab.txt in this folder")
+        elif path.is_file():
+            vocab_path = path
+        else:
+            raise FileNotFoundError(f"{path}: no vocab.txt (no such file or folder)")
+        vocab = read_vocab(vocab_path)
+        config_path = vocab_path.parent / "tokenizer_config.json"
+        settings = _read_tokenizer_config(config_path) if config_path.is_file() else {}
+        return cls(vocab, **settings)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json.
+
+        The folder loads with `BertTokenizer.from_pretrained` and with transformers'
+        `AutoTokenizer` / `BertTokenizerFast`.
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        specials = {
+            "unk_token": UNK,
+            "sep_token": SEP,
+            "pad_token": PAD,
+            "cls_token": CLS,
+            **({"mask_token": MASK} if MASK in self.vocab else {}),
+        }
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "do_basic_tokenize": True,
+            "never_split": None,
+            "model_max_length": self.model_max_length,
+            # Our decode() is the WordPiece decoder's output alone; say so for transformers 4.x too.
+            "clean_up_tokenization_spaces": False,
+            **specials,
+        }
+        atomic_write_text(path / "vocab.txt", "".join(t + "\n" for t in self._ids_to_tokens))
+        atomic_write_text(path / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_text(path / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
+        atomic_write_text(path / "tokenizer.json", self.backend.to_str())
+
+    @classmethod
+    def train(
+        cls,
+        files: Sequence[str | os.PathLike],
+        vocab_size: int = 30522,
+        *,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        min_frequency: int = 2,
+        limit_alphabet: int = 10000,
+        show_progress: bool = True,
+    ) -> "BertTokenizer":
+        """Learn a WordPiece vocab from text files; [PAD] [UNK] [CLS] [SEP] [MASK] get ids 0..4.
+
+        `limit_alphabet` caps how many distinct characters are kept (the most frequent); the default
+        of 10,000 holds the characters of everyday Chinese, which run to thousands.
+        """
+        if isinstance(files, (str, os.PathLike)):
+            files = [files]
+        paths = [Path(f) for f in files]
+        if not paths:
+            raise ValueError("train: no training files given")
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"{p}: training file not found")
+        backend = _build_backend(None, lowercase, strip_accents, tokenize_chinese_chars)
+        trainer = WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            show_progress=show_progress,
+            special_tokens=list(SPECIAL_TOKENS),
+            limit_alphabet=limit_alphabet,
+            continuing_subword_prefix="##",
+        )
+        backend.train([str(p) for p in paths], trainer)
+        vocab = backend.get_vocab(with_added_tokens=True)
+        for expected_id, token in enumerate(SPECIAL_TOKENS):
+            if vocab.get(token) != expected_id:  # the trainer's contract; fail loudly if it changes
+                raise RuntimeError(f"train: {token} got id {vocab.get(token)}, expected {expected_id}")
+        return cls(
+            vocab, lowercase=lowercase, strip_accents=strip_accents, tokenize_chinese_chars=tokenize_chinese_chars
+        )
+
+    # -- encoding --------------------------------------------------------------------------------
+
+    def _encode_batch(
+        self,
+        inputs: list,
+        *,
+        add_special_tokens: bool,
+        truncate_to: int | None = None,
+        strategy: str = "longest_first",
+        pad_to: int | str | None = None,
+    ) -> list[Encoding]:
+        """Run the Rust pipeline on a batch, with truncation/padding set for this call only."""
+        with self._lock:
+            try:
+                if truncate_to is not None:
+                    self.backend.enable_truncation(truncate_to, strategy=strategy)
+                if pad_to is not None:
+                    self.backend.enable_padding(
+                        pad_id=self.pad_token_id,
+                        pad_type_id=0,
+                        pad_token=PAD,
+                        length=None if pad_to == "longest" else pad_to,
+                    )
+                return self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+            except Exception as e:
+                if str(e).startswith("Truncation error"):  # tokenizers raises a bare Exception
+                    raise ValueError(
+                        f"cannot truncate to max_length={truncate_to} with strategy {strategy!r}: {e}"
+                    ) from None
+                raise
+            finally:
+                self.backend.no_truncation()
+                self.backend.no_padding()
+
+    def __call__(
+        self,
+        text: str | list[str],
+        text_pair: str | list[str] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: bool | str = False,
+        padding: bool | str = False,
+        return_offsets_mapping: bool = False,
+        return_word_ids: bool = False,
+        return_tensors: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> BatchEncoding:
+        """Encode one text (or pair) or a batch of them.
+
+        A str gives flat lists; a list of str gives a list of lists.  `truncation` is False,
+        True/"longest_first" (cut the longer of a pair first), "only_first" or "only_second", to
+        `max_length` (default `model_max_length`).  Without truncation nothing is cut, however long.
+        `padding` is False, True/"longest" (to the batch's longest) or "max_length".
+        `return_tensors` "pt" or "np" gives (batch, length) arrays, a batch of one for a str;
+        `word_ids` then stays a list (None marks special and padding tokens).
+        """
+        batched = _check_texts(text, "text")
+        if text_pair is not None:
+            pair_batched = _check_texts(text_pair, "text_pair")
+            if pair_batched != batched:
+                raise TypeError("text and text_pair must both be str or both be lists of str")
+            if batched and len(text_pair) != len(text):
+                raise ValueError(f"text has {len(text)} items but text_pair has {len(text_pair)}")
+        if truncation not in _TRUNCATION:
+            raise ValueError(f"truncation must be one of {list(_TRUNCATION)}, got {truncation!r}")
+        if padding not in _PADDING:
+            raise ValueError(f"padding must be one of {list(_PADDING)}, got {padding!r}")
+        if return_tensors not in (None, "pt", "np"):
+            raise ValueError(f"return_tensors must be None, 'pt' or 'np', got {return_tensors!r}")
+        _check_max_length(max_length)
+        strategy, pad = _TRUNCATION[truncation], _PADDING[padding]
+        limit = max_length if max_length is not None else self.model_max_length
+        n_special = self.backend.num_special_tokens_to_add(text_pair is not None) if add_special_tokens else 0
+        if strategy and limit < n_special:
+            # tokenizers would silently leave the input whole; say what is wrong instead.
+            raise ValueError(f"max_length={limit} leaves no room for the {n_special} special tokens")
+
+        texts = list(text) if batched else [text]
+        if text_pair is None:
+            inputs: list = texts
+        else:
+            inputs = list(zip(texts, text_pair if batched else [text_pair]))
+        encodings = self._encode_batch(
+            inputs,
+            add_special_tokens=add_special_tokens,
+            truncate_to=limit if strategy else None,
+            strategy=strategy or "longest_first",
+            pad_to=limit if pad == "max_length" else pad,
+        )
+
+        data: dict[str, Any] = {
+            "input_ids": [e.ids for e in encodings],
+            "token_type_ids": [e.type_ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+        }
+        if return_offsets_mapping:
+            data["offset_mapping"] = [e.offsets for e in encodings]
+        if return_tensors is not None:
+            data = {k: _stack(k, v, return_tensors) for k, v in data.items()}
+        elif not batched:
+            data = {k: v[0] for k, v in data.items()}
+        if return_word_ids:
+            word_ids = [e.word_ids for e in encodings]
+            data["word_ids"] = word_ids if batched or return_tensors else word_ids[0]
+        return BatchEncoding(data, encodings)
+
+    def encode_ids(self, texts: list[str], max_length: int | None = None, truncation: bool = False) -> list[list[int]]:
+        """The fast path for batch inference: token ids with [CLS]/[SEP], no padding."""
+        if not _check_texts(texts, "texts"):
+            raise TypeError("encode_ids takes a list of str; for one text pass [text]")
+        _check_max_length(max_length)
+        truncate_to = (max_length or self.model_max_length) if truncation else None
+        if truncate_to is not None and truncate_to < 2:
+            raise ValueError(f"max_length={truncate_to} leaves no room for [CLS] and [SEP]")
+        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=True, truncate_to=truncate_to)]
+
+    def tokenize(self, text: str) -> list[str]:
+        """The WordPiece tokens of `text`, without [CLS]/[SEP]."""
+        _check_texts(text, "text", allow_batch=False)
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Ids back to text: `##` pieces joined to their word, spaces before , . ! ? removed."""
+        ids = _to_python(ids)
+        if isinstance(ids, int):
+            ids = [ids]
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def __repr__(self) -> str:
+        return (
+            f"BertTokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
+            f"strip_accents={self.strip_accents}, tokenize_chinese_chars={self.tokenize_chinese_chars}, "
+            f"model_max_length={self.model_max_length})"
+        )
+
+    # Locks do not pickle (DataLoader workers under spawn pickle the dataset and its tokenizer).
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_texts(value: Any, name: str, allow_batch: bool = True) -> bool:
+    """True for a batch (list/tuple of str), False for one str; TypeError for anything else."""
+    if isinstance(value, str):
+        return False
+    if allow_batch and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise TypeError(f"{name}[{i}] must be str, got {type(item).__name__}")
+        return True
+    expected = "a str or a list of str" if allow_batch else "a str"
+    raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+
+
+def _check_max_length(max_length: Any) -> None:
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+
+
+def _to_python(ids: Any) -> Any:
+    """Torch tensors / numpy arrays / numpy ints to plain Python ints or lists of them."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if isinstance(ids, int):
+        return ids
+    return [int(i) for i in ids]
+
+
+def _stack(key: str, rows: list, kind: str):
+    """Rows of equal length to a (batch, length[, 2]) int64 torch tensor or numpy array."""
+    import numpy as np
+
+    lengths = {len(r) for r in rows}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"cannot make a tensor of {key}: sequences have lengths {min(lengths)}..{max(lengths)}; "
+            "pass padding=True (or padding='max_length')"
+        )
+    array = np.array(rows, dtype=np.int64)
+    if array.size == 0:  # no rows, or rows of no tokens: keep the (batch, length[, 2]) shape
+        array = array.reshape((len(rows), 0, 2) if key == "offset_mapping" else (len(rows), 0))
+    if kind == "np":
+        return array
+    import torch
+
+    return torch.from_numpy(array)

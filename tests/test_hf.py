@@ -1,0 +1,213 @@
+"""Hugging Face checkpoints both ways, and every way a weights file can be wrong."""
+
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import realdata
+from torchbert import BertConfig, BertModel
+from torchbert.io.hf import bert_key_map
+from torchbert.model import unpad
+
+TOL = 1e-5
+
+
+def tiny_hf_config(**kw):
+    return transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                   intermediate_size=256, max_position_embeddings=64, **kw)
+
+
+def sample_batch(vocab=1000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (4, 20), generator=g)
+    mask = (torch.arange(20) < torch.tensor([20, 7, 13, 2])[:, None]).long()
+    types = (torch.arange(20) >= 5).long().expand(4, 20) * mask
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+
+
+@torch.no_grad()
+def assert_same_outputs(ours, theirs, batch):
+    m = batch["attention_mask"].bool()
+    a, b = ours(**batch, output_hidden_states=True), theirs(**batch, output_hidden_states=True)
+    assert (a.last_hidden_state - b.last_hidden_state)[m].abs().max() < TOL
+    if b.pooler_output is not None:
+        assert (a.pooler_output - b.pooler_output).abs().max() < TOL
+    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+        assert (x - y)[m].abs().max() < TOL
+    ids, types, cu, T = unpad(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    u = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=T)
+    assert (u.last_hidden_state - b.last_hidden_state[m]).abs().max() < TOL
+
+
+def test_our_save_loads_in_transformers(tmp_path, minilm_dir):
+    ours = BertModel.from_pretrained(minilm_dir).eval()
+    ours.save_pretrained(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    theirs = transformers.BertModel.from_pretrained(tmp_path).eval()
+    tok = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
+    texts = list(realdata.english_texts()[40:48]) + list(realdata.peoples_daily_sentences()[40:48])
+    batch = dict(tok(texts, padding=True, truncation=True, max_length=96, return_tensors="pt"))
+    assert_same_outputs(ours, theirs, batch)
+    # the file holds exactly Hugging Face's tensors, bit for bit
+    original, saved = load_file(minilm_dir / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    original = {k: v for k, v in original.items() if not k.endswith("position_ids")}
+    assert original.keys() == saved.keys()
+    assert all(torch.equal(original[k], saved[k]) for k in saved)
+
+
+def test_tiny_random_transformers_model_loads_in_ours(tmp_path):
+    torch.manual_seed(1)
+    theirs = transformers.BertModel(tiny_hf_config(hidden_act="gelu_new")).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = BertModel.from_pretrained(tmp_path).eval()
+    assert ours.config.hidden_act == "gelu_new" and ours.load_report == {"missing": [], "unused": []}
+    assert_same_outputs(ours, theirs, sample_batch())
+
+
+def test_task_model_checkpoints_with_bert_prefix(tmp_path):
+    torch.manual_seed(2)
+    theirs = transformers.BertForPreTraining(tiny_hf_config()).eval()
+    theirs.save_pretrained(tmp_path)
+    assert any(k.startswith("bert.") for k in load_file(tmp_path / "model.safetensors"))
+    with pytest.warns(UserWarning, match="unused task-head tensors cls.predictions"):
+        ours = BertModel.from_pretrained(tmp_path).eval()
+    assert all(k.startswith("cls.") for k in ours.load_report["unused"]) and ours.load_report["unused"]
+    assert_same_outputs(ours, theirs.bert, sample_batch())
+
+
+def test_checkpoint_without_pooler(tmp_path):
+    torch.manual_seed(3)
+    theirs = transformers.BertModel(tiny_hf_config(), add_pooling_layer=False).eval()
+    theirs.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="no weights for pooler.dense.weight, pooler.dense.bias"):
+        ours = BertModel.from_pretrained(tmp_path).eval()
+    assert ours.load_report["missing"] == ["pooler.dense.weight", "pooler.dense.bias"]
+    assert_same_outputs(ours, theirs, sample_batch())
+    bare = BertModel.from_pretrained(tmp_path, add_pooling_layer=False)
+    assert bare.pooler is None and bare.load_report == {"missing": [], "unused": []}
+
+
+def test_pytorch_model_bin_and_tensorflow_names(tmp_path):
+    torch.manual_seed(4)
+    theirs = transformers.BertModel(tiny_hf_config()).eval()
+    theirs.config.save_pretrained(tmp_path)
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in theirs.state_dict().items()}
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    ours = BertModel.from_pretrained(tmp_path).eval()
+    assert_same_outputs(ours, theirs, sample_batch())
+
+
+def test_key_map_is_one_to_one():
+    cfg = BertConfig.from_name("tiny")
+    kmap = bert_key_map(cfg)
+    ours = BertModel(cfg).state_dict()
+    assert set(kmap) == set(ours)
+    theirs = [h for hs in kmap.values() for h in hs]
+    assert len(theirs) == len(set(theirs))
+    hf = transformers.BertModel(transformers.BertConfig(**cfg.to_dict())).state_dict()
+    assert set(theirs) == {k for k in hf if not k.endswith(("position_ids", "token_type_ids"))}
+
+
+# -- bad checkpoints -------------------------------------------------------------------------------
+
+@pytest.fixture
+def good(tmp_path):
+    torch.manual_seed(5)
+    d = tmp_path / "good"
+    transformers.BertModel(tiny_hf_config()).save_pretrained(d)
+    return d
+
+
+def rewrite(d, edit):
+    state = load_file(d / "model.safetensors")
+    edit(state)
+    save_file(state, d / "model.safetensors")
+
+
+def test_unknown_tensor_is_named(good):
+    rewrite(good, lambda s: s.__setitem__("encoder.layer.0.adapter.weight", torch.zeros(2)))
+    with pytest.raises(ValueError, match="unknown tensor.*encoder.layer.0.adapter.weight"):
+        BertModel.from_pretrained(good)
+
+
+def test_missing_tensor_is_named(good):
+    rewrite(good, lambda s: s.pop("encoder.layer.2.output.dense.bias"))
+    with pytest.raises(ValueError, match="missing tensor.*encoder.layer.2.output.dense.bias"):
+        BertModel.from_pretrained(good)
+
+
+def test_wrong_shape_is_named(good):
+    rewrite(good, lambda s: s.__setitem__("encoder.layer.1.attention.self.key.weight", torch.zeros(64, 32)))
+    with pytest.raises(ValueError, match=r"layer.1.attention.self.key.weight has shape \(64, 32\), expected \(64, 64\)"):
+        BertModel.from_pretrained(good)
+
+
+def test_config_disagreeing_with_weights(good):
+    cfg = BertConfig.load(good)
+    cfg.vocab_size = 999
+    cfg.save(good)
+    with pytest.raises(ValueError, match=r"word_embeddings.weight has shape \(1000, 64\), expected \(999, 64\)"):
+        BertModel.from_pretrained(good)
+
+
+def test_truncated_safetensors(good):
+    f = good / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ValueError, match="model.safetensors: not a valid safetensors file.*truncated"):
+        BertModel.from_pretrained(good)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_BY_PICKLE",))
+
+
+def test_pickle_is_refused_and_never_run(good, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (good / "model.safetensors").unlink()
+    with open(good / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"embeddings.word_embeddings.weight": Payload()}, f)
+    with pytest.raises(ValueError, match="pytorch_model.bin: refused to load"):
+        BertModel.from_pretrained(good)
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+    # the same pickle renamed to look like safetensors is refused too
+    shutil.move(good / "pytorch_model.bin", good / "model.safetensors")
+    with pytest.raises(ValueError, match="not a valid safetensors file"):
+        BertModel.from_pretrained(good)
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+
+
+def test_folder_without_weights_or_config(tmp_path, good):
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        BertModel.from_pretrained(tmp_path / "absent")
+    (good / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no weights found"):
+        BertModel.from_pretrained(good)
+    (good / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no such config file"):
+        BertModel.from_pretrained(good)
+
+
+def test_failed_save_keeps_the_old_checkpoint(tmp_path, minilm_dir, monkeypatch):
+    model = BertModel.from_pretrained(minilm_dir)
+    model.save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+
+    import safetensors.torch
+
+    def broken(state, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]  # no temporary left behind

@@ -1,0 +1,173 @@
+"""BertModel against transformers.BertModel on the real MiniLM weights and real text, fp32."""
+
+import pytest
+import torch
+import transformers
+
+import realdata
+from torchbert import BertConfig, BertModel
+from torchbert.model import pad, unpad
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hf_tok(minilm_dir):
+    return transformers.BertTokenizerFast.from_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def ours(minilm_dir):
+    return BertModel.from_pretrained(minilm_dir).eval()
+
+
+@pytest.fixture(scope="module", params=["eager", "sdpa"])
+def theirs(request, minilm_dir):
+    return transformers.BertModel.from_pretrained(minilm_dir, attn_implementation=request.param).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(hf_tok):
+    """Mixed lengths: tweets and People's Daily paragraphs, some pairs, up to 128 tokens."""
+    en = list(realdata.english_texts()[:12]) + list(realdata.EDGE_CASES[:4])
+    zh = list(realdata.peoples_daily_lines()[3:15])
+    texts = [t for pair in zip(en, zh) for t in pair]
+    enc = hf_tok(texts[:20], padding=True, truncation=True, max_length=128, return_tensors="pt")
+    pair_enc = hf_tok(texts[20:], list(reversed(texts[20:])), padding=True, truncation=True,
+                      max_length=128, return_tensors="pt")
+    return enc, pair_enc
+
+
+def max_diff(a, b, mask=None):
+    if mask is not None:
+        a, b = a[mask], b[mask]
+    return (a - b).abs().max().item()
+
+
+@torch.no_grad()
+def test_padded_matches_transformers(ours, theirs, batch):
+    for enc in batch:
+        ref = theirs(**enc, output_hidden_states=True)
+        out = ours(**enc, output_hidden_states=True)
+        m = enc["attention_mask"].bool()
+        assert enc["attention_mask"].sum(1).min() < enc["attention_mask"].shape[1]  # really mixed lengths
+        assert max_diff(out.last_hidden_state, ref.last_hidden_state, m) < TOL
+        assert max_diff(out.pooler_output, ref.pooler_output) < TOL
+        assert len(out.hidden_states) == ours.config.num_hidden_layers + 1 == len(ref.hidden_states)
+        for mine, their in zip(out.hidden_states, ref.hidden_states):
+            assert max_diff(mine, their, m) < TOL
+
+
+@torch.no_grad()
+def test_unpadded_matches_padded_and_transformers(ours, theirs, batch):
+    for enc in batch:
+        ref = theirs(**enc, output_hidden_states=True)
+        padded = ours(**enc, output_hidden_states=True)
+        ids, types, cu, max_len = unpad(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        assert ids.numel() == enc["attention_mask"].sum()
+        out = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=max_len, output_hidden_states=True)
+        m = enc["attention_mask"].bool()
+        assert out.last_hidden_state.shape == (ids.numel(), 384)
+        assert max_diff(out.last_hidden_state, padded.last_hidden_state[m]) < TOL
+        assert max_diff(out.pooler_output, padded.pooler_output) < TOL
+        for mine, their in zip(out.hidden_states, ref.hidden_states):
+            assert max_diff(mine, their[m]) < TOL
+        repadded = pad(out.last_hidden_state, cu, enc["input_ids"].shape[1])
+        assert max_diff(repadded, padded.last_hidden_state, m) < TOL
+        assert repadded[~m].abs().max() == 0
+
+
+@torch.no_grad()
+def test_attentions_match_transformers_eager(ours, minilm_dir, batch):
+    eager = transformers.BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
+    enc = batch[0]
+    ref = eager(**enc, output_attentions=True)
+    out = ours(**enc, output_attentions=True)
+    assert len(out.attentions) == 6
+    m = enc["attention_mask"].bool()
+    for mine, their in zip(out.attentions, ref.attentions):
+        assert mine.shape == their.shape == (m.shape[0], 12, m.shape[1], m.shape[1])
+        assert max_diff(mine, their) < TOL
+        rows = mine.sum(-1)[m[:, None, :].expand(-1, 12, -1)]
+        assert torch.allclose(rows, torch.ones_like(rows), atol=1e-5)
+    assert max_diff(out.last_hidden_state, ref.last_hidden_state, m) < TOL
+    # the unpadded path returns the same probabilities, in the padded [B, A, T, T] block
+    ids, types, cu, T = unpad(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    unp = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=T, output_attentions=True)
+    rows = m[:, None, :T, None].expand(-1, 12, -1, T)  # real query positions; padded ones differ
+    assert max_diff(unp.attentions[-1][..., :T, :T], out.attentions[-1][..., :T, :T], rows) < TOL
+
+
+@torch.no_grad()
+def test_position_ids_and_token_types_are_used(ours):
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    base = ours(ids).last_hidden_state
+    shifted = ours(ids, position_ids=torch.tensor([[1, 2, 3, 4]])).last_hidden_state
+    typed = ours(ids, token_type_ids=torch.tensor([[0, 0, 1, 1]])).last_hidden_state
+    assert max_diff(base, shifted) > 1e-3 and max_diff(base, typed) > 1e-3
+    same = ours(ids, position_ids=torch.arange(4)[None], token_type_ids=torch.zeros_like(ids)).last_hidden_state
+    assert max_diff(base, same) == 0
+
+
+def test_initialization_follows_bert():
+    torch.manual_seed(0)
+    c = BertConfig.from_name("mini", vocab_size=2000, initializer_range=0.02)
+    m = BertModel(c)
+    for name, p in m.named_parameters():
+        if "norm" in name:
+            assert torch.all(p == (1.0 if name.endswith("weight") else 0.0)), name
+        elif name.endswith("bias"):
+            assert torch.all(p == 0), name
+        else:
+            rows = p[1:] if name == "embeddings.word.weight" else p
+            assert abs(rows.std().item() - 0.02) < 0.002 and abs(rows.mean().item()) < 0.002, name
+    assert torch.all(m.embeddings.word.weight[c.pad_token_id] == 0)
+
+
+def test_every_parameter_gets_a_gradient_and_dropout_trains():
+    torch.manual_seed(0)
+    m = BertModel(BertConfig.from_name("tiny", vocab_size=500)).train()
+    ids = torch.randint(1, 500, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    out = m(ids, attention_mask=mask, token_type_ids=(torch.arange(9) > 4).long().expand(3, 9))
+    (out.last_hidden_state.pow(2).mean() + out.pooler_output.sum()).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+    a = m(ids, attention_mask=mask).last_hidden_state
+    b = m(ids, attention_mask=mask).last_hidden_state
+    assert max_diff(a, b) > 0  # dropout is on in training mode
+    m.eval()
+    assert max_diff(m(ids, attention_mask=mask).last_hidden_state, m(ids, attention_mask=mask).last_hidden_state) == 0
+
+
+def test_unpadded_gradients_match_padded():
+    torch.manual_seed(0)
+    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertModel(cfg)
+    ids = torch.randint(1, 300, (4, 11))
+    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 1])[:, None]).long()
+    m(ids, attention_mask=mask).last_hidden_state[mask.bool()].sum().backward()
+    g_pad = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    flat, cu, T = unpad(ids, mask)
+    m(flat, cu_seqlens=cu, max_seqlen=T).last_hidden_state.sum().backward()
+    for n, p in m.named_parameters():
+        if n.startswith("pooler"):
+            continue
+        assert torch.allclose(p.grad, g_pad[n], atol=1e-5), n
+
+
+def test_bad_inputs_give_clear_errors(ours):
+    long = torch.ones(1, 513, dtype=torch.long)
+    with pytest.raises(ValueError, match="longer than max_position_embeddings 512; truncate"):
+        ours(long)
+    with pytest.raises(ValueError, match=r"token_type_ids out of range: values in \[0, 2\] but type_vocab_size is 2"):
+        ours(torch.tensor([[101, 102]]), token_type_ids=torch.tensor([[0, 2]]))
+    with pytest.raises(ValueError, match="input_ids out of range"):
+        ours(torch.tensor([[101, 30522]]))
+    with pytest.raises(ValueError, match="input_ids must be"):
+        ours(torch.tensor([101, 102]))
+    with pytest.raises(ValueError, match="not both"):
+        ours(torch.tensor([101, 102]), attention_mask=torch.ones(2), cu_seqlens=torch.tensor([0, 2]))
