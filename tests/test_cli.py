@@ -1,0 +1,108 @@
+"""torchbert embed, end to end through the command line, with good and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import realdata
+from torchbert import BertModel
+from torchbert.cli import build_parser, main
+from torchbert.features import embed
+from torchbert.tokenizer import BertTokenizer
+
+TEXTS = list(realdata.english_texts()[:30]) + list(realdata.peoples_daily_sentences()[:30])
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def expected(minilm_dir):
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    return embed(model, BertTokenizer.from_pretrained(minilm_dir), TEXTS, pooling="mean", normalize=True)
+
+
+def test_embed_txt_to_npy(tmp_path, capsys, minilm_dir, expected):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    code, out, _ = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
+                       str(tmp_path / "e.npy"), "--normalize", "--batch-size", "7", "--quiet", "--show-neighbours", "2")
+    assert code == 0
+    got = np.load(tmp_path / "e.npy")
+    assert got.shape == (60, 384)
+    assert np.abs(got - expected).max() < 1e-5
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    assert "wrote" in out and "60 x 384" in out and out.count("-> ") == 2
+
+
+def test_embed_jsonl_to_safetensors_with_minilm_alias(tmp_path, capsys, expected):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(TEXTS)))
+    code, _, _ = run(capsys, "embed", "--model", "minilm", "--input", str(src), "--out", str(tmp_path / "e.safetensors"),
+                     "--normalize", "--quiet")
+    assert code == 0
+    got = load_file(tmp_path / "e.safetensors")["embeddings"]
+    assert np.abs(got - expected).max() < 1e-5
+
+
+def test_embed_layers_and_pooling(tmp_path, capsys, minilm_dir):
+    src = tmp_path / "in.txt"
+    src.write_text("one line\nanother line\n")
+    code, _, _ = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out", str(tmp_path / "e.npy"),
+                     "--layers", "concat_last_four", "--pooling", "cls", "--quiet")
+    assert code == 0 and np.load(tmp_path / "e.npy").shape == (2, 4 * 384)
+
+
+def test_non_utf8_input_names_file_and_line(tmp_path, capsys, minilm_dir):
+    src = tmp_path / "bad.txt"
+    src.write_bytes("fine\nalso fine\n".encode() + b"caf\xe9 au lait\n")
+    out = tmp_path / "e.npy"
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out", str(out))
+    assert code == 2
+    assert f"{src}:3: not valid UTF-8" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"text": "ok"}\n{"text": 5}\n', ":2: expected an object with a string 'text' field"),
+    ('{"text": "ok"}\n{oops\n', ":2: not valid JSON"),
+    ("", ": no texts in the file"),
+])
+def test_bad_jsonl(tmp_path, capsys, minilm_dir, content, message):
+    src = tmp_path / "in.jsonl"
+    src.write_text(content)
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out", str(tmp_path / "e.npy"))
+    assert code == 2 and message in err
+
+
+def test_bad_arguments(tmp_path, capsys, minilm_dir):
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n")
+    base = ["embed", "--model", str(minilm_dir), "--input", str(src)]
+    cases = [
+        (["--out", str(tmp_path / "e.csv")], "must end in .npy or .safetensors"),
+        (["--out", str(tmp_path / "e.npy"), "--layers", "top"], "unknown layer strategy 'top'"),
+        (["--out", str(tmp_path / "e.npy"), "--max-length", "1000"], "--max-length must be in [2, 512]"),
+        (["--out", str(tmp_path / "e.npy"), "--batch-size", "0"], "--batch-size must be >= 1"),
+    ]
+    for extra, message in cases:
+        code, _, err = run(capsys, *base, *extra)
+        assert code == 2 and message in err, (extra, err)
+    code, _, err = run(capsys, "embed", "--model", str(tmp_path / "nope"), "--input", str(src), "--out", str(tmp_path / "e.npy"))
+    assert code == 2 and "not a folder" in err
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(tmp_path / "x.txt"), "--out", str(tmp_path / "e.npy"))
+    assert code == 2 and "no such input file" in err
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["embed", "--help"])
+    out = capsys.readouterr().out
+    for word in ("sum_last_four", "concat_last_four", "minilm", "examples:", "--normalize"):
+        assert word in out
