@@ -2,6 +2,7 @@
 
 from .config import BertConfig
 from .model import BertModel, BertOutput
+from .tokenizer import BertTokenizer
 
-__all__ = ["BertConfig", "BertModel", "BertOutput"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer"]
 __version__ = "0.1.0"

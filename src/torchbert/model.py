@@ -54,13 +54,17 @@ def activation(name: str):
 class Layout:
     """Where the tokens of a batch sit, computed once per forward and shared by every layer.
 
-    Attention always works on a padded [B, T] block; `index` maps between that block and the
-    rows of the hidden states (None when the hidden states are already padded [B, T, H])."""
+    Attention always works on a padded [B, T] block. For packed hidden states [N, H], `seq` and
+    `pos` give each token's sequence and position in that block; `pad` lists the flattened block
+    positions that hold no token. When every sequence has the same length the packed tokens are the
+    block itself, and all three are None; so is `key_mask` when no position is padding."""
 
     batch: int  # B
     seqlen: int  # T
-    key_mask: Tensor  # [B, 1, 1, T] bool, True where a real token can be attended to
-    index: Tensor | None = None  # [N] positions of the packed tokens in the flattened [B * T]
+    key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to
+    seq: Tensor | None = None  # [N] sequence of each packed token
+    pos: Tensor | None = None  # [N] position of each packed token in its sequence
+    pad: Tensor | None = None  # [B*T - N] flattened block positions that are padding
 
 
 class Embeddings(nn.Module):
@@ -90,25 +94,26 @@ class SelfAttention(nn.Module):
         B, T, A = layout.batch, layout.seqlen, self.heads
         qkv = self.qkv(x)  # [B, T, 3H] or [N, 3H]
         H = qkv.shape[-1] // 3
-        if layout.index is not None:  # packed: scatter real tokens into a zero-padded block
-            block = qkv.new_zeros(B * T, 3 * H)
-            block[layout.index] = qkv
+        if layout.seq is not None:  # packed: scatter the real tokens into a padded block
+            block = qkv.new_empty(B * T, 3 * H)
+            block[layout.seq * T + layout.pos] = qkv
+            block[layout.pad] = 0  # only the padding is cleared: little of it in length-sorted batches
             qkv = block  # [B*T, 3H]
         q, k, v = qkv.view(B, T, 3, A, H // A).permute(2, 0, 3, 1, 4)  # each [B, A, T, D]
         dropout_p = self.dropout_p if self.training else 0.0
         if need_weights:  # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
             scores = q @ k.transpose(-2, -1) / math.sqrt(H // A)  # [B, A, T, T]
-            scores = scores.masked_fill(~layout.key_mask, torch.finfo(scores.dtype).min)
+            if layout.key_mask is not None:
+                scores = scores.masked_fill(~layout.key_mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             ctx = F.dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
         else:
             probs = None
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
-        ctx = ctx.transpose(1, 2).reshape(B * T, H)  # [B*T, H]
-        if layout.index is not None:
-            ctx = ctx[layout.index]  # [N, H]
-        else:
-            ctx = ctx.view(B, T, H)  # [B, T, H]
+        ctx = ctx.transpose(1, 2)  # [B, T, A, D]
+        if layout.seq is not None:
+            ctx = ctx[layout.seq, layout.pos]  # [N, A, D]: gather the real tokens
+        ctx = ctx.reshape(*x.shape[:-1], H)  # [B, T, H] or [N, H]
         return self.out(ctx), probs
 
 
@@ -192,9 +197,8 @@ class BertModel(nn.Module):
                 raise ValueError(f"input_ids must be [batch, tokens] (or packed [N] with cu_seqlens), "
                                  f"got shape {tuple(input_ids.shape)}")
             B, T = input_ids.shape
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
-            layout = Layout(B, T, attention_mask.bool().reshape(B, 1, 1, T))
+            key_mask = None if attention_mask is None else attention_mask.bool().reshape(B, 1, 1, T)
+            layout = Layout(B, T, key_mask)
             if position_ids is None:
                 position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         else:  # unpadded: [N] with cu_seqlens [B + 1]
@@ -202,14 +206,7 @@ class BertModel(nn.Module):
                 raise ValueError(f"packed input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
             if attention_mask is not None:
                 raise ValueError("pass either attention_mask (padded) or cu_seqlens (unpadded), not both")
-            B = cu_seqlens.numel() - 1
-            seqlens = cu_seqlens.diff()  # [B]
-            T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
-            starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=input_ids.numel())  # [N]
-            offsets = torch.arange(input_ids.numel(), device=input_ids.device) - starts  # [N] position in sequence
-            seq = torch.arange(B, device=input_ids.device).repeat_interleave(seqlens, output_size=input_ids.numel())
-            key_mask = torch.arange(T, device=input_ids.device) < seqlens[:, None]  # [B, T]
-            layout = Layout(B, T, key_mask.view(B, 1, 1, T), index=seq * T + offsets)
+            layout, offsets = packed_layout(cu_seqlens, max_seqlen, input_ids.numel())
             if position_ids is None:
                 position_ids = offsets
         if token_type_ids is None:
@@ -266,6 +263,22 @@ class BertModel(nn.Module):
         from .io.hf import save_pretrained
 
         save_pretrained(self, path)
+
+
+def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
+    """The Layout of N packed tokens, and each token's position in its sequence [N]."""
+    device = cu_seqlens.device
+    B = cu_seqlens.numel() - 1
+    seqlens = cu_seqlens.diff()  # [B]
+    T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
+    starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
+    pos = torch.arange(n, device=device) - starts  # [N]
+    if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
+        return Layout(B, T, None), pos
+    seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
+    key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
+    pad = (~key_mask).flatten().nonzero().squeeze(1)  # [B*T - N]
+    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, pos, pad), pos
 
 
 def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
