@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh demo
 mkdir -p runs
 torchbert embed --model minilm --input examples/sentences.txt --out runs/embeddings.npy \
-    --normalize --show-neighbours 26 "$@"
+    --normalize --show-neighbours 20 "$@"
