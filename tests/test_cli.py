@@ -106,3 +106,22 @@ def test_help_teaches(capsys):
     out = capsys.readouterr().out
     for word in ("sum_last_four", "concat_last_four", "minilm", "examples:", "--normalize"):
         assert word in out
+
+
+def test_empty_lines_keep_their_rows(tmp_path, capsys, minilm_dir):
+    src = tmp_path / "in.txt"
+    src.write_text("first\n\n   \nlast\n")
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
+                       str(tmp_path / "e.npy"), "--quiet")
+    assert code == 0 and "2 empty line(s)" in err
+    got = np.load(tmp_path / "e.npy")
+    assert got.shape == (4, 384)
+    assert np.abs(got[1] - got[2]).max() < 1e-5  # both are the empty text: [CLS] [SEP]
+    assert np.abs(got[0] - got[1]).max() > 1e-2
+
+
+def test_console_script_is_declared():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("torchbert") == "torchbert.cli:main"

@@ -65,6 +65,7 @@ class Layout:
     seq: Tensor | None = None  # [N] sequence of each packed token
     pos: Tensor | None = None  # [N] position of each packed token in its sequence
     pad: Tensor | None = None  # [B*T - N] flattened block positions that are padding
+    index: Tensor | None = None  # [N] flattened block position of each packed token: seq * T + pos
 
 
 class Embeddings(nn.Module):
@@ -96,7 +97,7 @@ class SelfAttention(nn.Module):
         H = qkv.shape[-1] // 3
         if layout.seq is not None:  # packed: scatter the real tokens into a padded block
             block = qkv.new_empty(B * T, 3 * H)
-            block[layout.seq * T + layout.pos] = qkv
+            block[layout.index] = qkv
             block[layout.pad] = 0  # only the padding is cleared: little of it in length-sorted batches
             qkv = block  # [B*T, 3H]
         q, k, v = qkv.view(B, T, 3, A, H // A).permute(2, 0, 3, 1, 4)  # each [B, A, T, D]
@@ -278,7 +279,7 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[L
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
     pad = (~key_mask).flatten().nonzero().squeeze(1)  # [B*T - N]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, pos, pad), pos
+    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, pos, pad, index=seq * T + pos), pos
 
 
 def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
