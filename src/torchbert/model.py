@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
+from .io.hf import HFCheckpoint
 
 
 @dataclass
@@ -156,30 +158,31 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(cls))  # [B, H]: the [CLS] state, for sentence-level tasks
 
 
-class BertModel(nn.Module):
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initializer: normal(0, std) weights (std = initializer_range, 0.02), zero biases,
+    LayerNorm as the identity, and a zero row for the padding embedding."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, 0.0, std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, std)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class BertModel(HFCheckpoint, nn.Module):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.pooler = Pooler(config) if add_pooling_layer else None
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        # BERT's initializer: truncated-free normal(0, 0.02) weights, zero biases, LayerNorm identity.
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        self.apply(partial(init_weights, std=config.initializer_range))
 
     def forward(
         self,
@@ -252,19 +255,6 @@ class BertModel(nn.Module):
                         f"{limit}; truncate it (tokenizer: truncation=True, max_length={limit})")
                 raise ValueError(f"{name} out of range: values in [{int(ids.min())}, {int(ids.max())}] "
                                  f"but {hint} is {limit}")
-
-    # -- Hugging Face checkpoints -----------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, path, **kwargs) -> "BertModel":
-        from .io.hf import load_pretrained
-
-        return load_pretrained(cls, path, **kwargs)
-
-    def save_pretrained(self, path) -> None:
-        from .io.hf import save_pretrained
-
-        save_pretrained(self, path)
-
 
 def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
     """The Layout of N packed tokens, and each token's position in its sequence [N]."""

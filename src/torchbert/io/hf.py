@@ -135,11 +135,22 @@ def _align_prefix(hf_state: dict[str, torch.Tensor], expected: set[str]) -> dict
     return hf_state
 
 
+def _drop_tied_decoder(hf_state: dict[str, torch.Tensor], source: str) -> None:
+    """BERT's MLM decoder is the word embedding matrix (and cls.predictions.bias); files may carry copies."""
+    decoder = hf_state.pop("cls.predictions.decoder.weight", None)
+    hf_state.pop("cls.predictions.decoder.bias", None)
+    words = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
+    if decoder is not None and words is not None and not torch.equal(decoder, words):
+        warnings.warn(f"{source}: cls.predictions.decoder.weight differs from the word embeddings; "
+                      "BERT ties them, so the word embeddings are used", stacklevel=4)
+
+
 def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint"):
     """Hugging Face tensors -> our state dict for `model`. Returns (state, missing, unused)."""
     kmap = key_map(model)
     expected = {h for hs in kmap.values() for h in hs}
     hf_state = _align_prefix(_normalize_hf_names(hf_state), expected)
+    _drop_tied_decoder(hf_state, source)
 
     unused = sorted(set(hf_state) - expected)
     unknown = [k for k in unused if not k.removeprefix("bert.").startswith(HF_HEAD_PREFIXES)]
@@ -201,9 +212,6 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
     return model
 
 
-HF_ARCHITECTURES = {"BertModel": "BertModel"}
-
-
 def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     """Write config.json and model.safetensors with Hugging Face names; each file atomically."""
     from safetensors.torch import save_file
@@ -211,8 +219,21 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config: BertConfig = model.config
-    arch = getattr(model, "hf_architecture", type(model).__name__)
+    arch = type(model).__name__  # our class names are Hugging Face's
     config.extra = {**config.extra, "architectures": [arch]}
     state = convert_to_hf(model)
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config.save(path)
+
+
+class HFCheckpoint:
+    """from_pretrained / save_pretrained for every torchbert model, through the key map above."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs):
+        """Load a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin)."""
+        return load_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write config.json and model.safetensors that `transformers` loads."""
+        save_pretrained(self, path)
