@@ -1,0 +1,114 @@
+"""Parameter groups, AdamW, LAMB and the six schedules (checked against transformers')."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from torchbert import BertConfig
+from torchbert.heads import BertForPreTraining
+from torchbert.train.optim import SCHEDULES, Lamb, lr_factor, make_optimizer, make_scheduler, parameter_groups
+
+
+def test_no_decay_on_biases_and_layernorm():
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=100))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert decayed | kept == set(names.values()) and not decayed & kept
+    assert all(n.endswith("bias") or "norm" in n for n in kept)
+    assert "mlm.bias" in kept and "bert.embeddings.norm.weight" in kept and "bert.layers.0.ffn_norm.weight" in kept
+    assert "bert.embeddings.word.weight" in decayed and "bert.layers.1.attention.qkv.weight" in decayed
+    assert all(not n.endswith("bias") and "norm" not in n for n in decayed)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedules_match_transformers(name):
+    warmup, total = 10, 100
+    p = nn.Parameter(torch.zeros(1))
+    ref_opt = torch.optim.SGD([p], lr=1.0)
+    kwargs = {"lr_end": 0.0, "power": 2.0} if name == "polynomial" else {}
+    extra = {"scheduler_specific_kwargs": kwargs} if kwargs else {}
+    ref = transformers.get_scheduler(name, ref_opt, num_warmup_steps=warmup, num_training_steps=total, **extra)
+    ours_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    ours = make_scheduler(ours_opt, name, warmup, total, **({"power": 2.0} if kwargs else {}))
+    for step in range(total + 1):  # past the end transformers' cosine rises again; ours stays at its end
+        assert ours_opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"], abs=1e-12), step
+        want = ref_opt.param_groups[0]["lr"]
+        assert lr_factor(name, step, warmup, total, **({"power": 2.0} if kwargs else {})) == pytest.approx(want, abs=1e-12)
+        ref_opt.step(), ref.step(), ours_opt.step(), ours.step()
+    end = lr_factor(name, total, warmup, total)
+    assert all(lr_factor(name, total + k, warmup, total) == end for k in range(1, 20))
+
+
+def test_schedule_shapes():
+    assert lr_factor("linear", 0, 10, 100) == 0.0
+    assert lr_factor("linear", 10, 10, 100) == 1.0
+    assert lr_factor("linear", 55, 10, 100) == pytest.approx(0.5)
+    assert lr_factor("cosine", 55, 10, 100) == pytest.approx(0.5)
+    assert lr_factor("cosine_with_restarts", 55, 10, 100, num_cycles=2) == pytest.approx(1.0)
+    assert lr_factor("polynomial", 100, 10, 100, end_factor=0.1) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="unknown schedule 'exp'"):
+        lr_factor("exp", 0)
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        make_optimizer(nn.Linear(2, 2), "sgd")
+
+
+def lamb_reference(w, grads, lr, betas, eps, wd):
+    """LAMB written out in numpy, step by step, from the paper's algorithm."""
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        u = (m / (1 - betas[0] ** t)) / (np.sqrt(v / (1 - betas[1] ** t)) + eps) + wd * w
+        wn, un = np.linalg.norm(w), np.linalg.norm(u)
+        ratio = wn / un if wn > 0 and un > 0 else 1.0
+        w = w - lr * ratio * u
+    return w
+
+
+def test_lamb_matches_the_algorithm():
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(5, 3))
+    grads = [rng.normal(size=(5, 3)) for _ in range(6)]
+    p = nn.Parameter(torch.tensor(w0, dtype=torch.float64))
+    opt = Lamb([p], lr=0.01, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1)
+    for g in grads:
+        p.grad = torch.tensor(g)
+        opt.step()
+    want = lamb_reference(w0, grads, 0.01, (0.9, 0.99), 1e-6, 0.1)
+    assert np.abs(p.detach().numpy() - want).max() < 1e-12
+    # a zero tensor (a fresh bias) gets the plain Adam step: trust ratio 1
+    b = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = Lamb([b], lr=0.5)
+    b.grad = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    opt.step()
+    assert torch.allclose(b.detach(), torch.tensor([-0.5, 0.5, -0.5], dtype=torch.float64), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_optimizers_train_a_tiny_bert(name):
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=50, hidden_dropout_prob=0.0,
+                                                    attention_probs_dropout_prob=0.0))
+    ids = torch.randint(5, 50, (8, 10))
+    labels = ids.clone()
+    inputs = ids.clone()
+    inputs[:, 4] = 3  # always mask position 4: the model must learn to recover it
+    labels[:, torch.arange(10) != 4] = -100
+    nsp = torch.randint(0, 2, (8,))
+    opt = make_optimizer(model, name, lr=3e-3 if name == "adamw" else 2e-2, weight_decay=0.01)
+    first = None
+    for _ in range(60):
+        loss = model(inputs, labels=labels, next_sentence_label=nsp).loss
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first and math.isfinite(loss.item())
