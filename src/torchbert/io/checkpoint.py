@@ -1,0 +1,135 @@
+"""Training checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint is a folder `checkpoints/step-00001000/` holding
+    model.safetensors     the model's own state dict (our parameter names)
+    optimizer.pt          optimizer and scheduler state (read back with torch.load(weights_only=True))
+    rng.pt                torch's RNG state (CPU and, when present, each CUDA device)
+    state.json            step, data position, counters, the Python and NumPy RNG states
+    manifest.json         sha256 of each file above, written last
+
+It is written into a temporary folder beside its final name and renamed into place, so a
+checkpoint folder either is complete or does not exist. At load time the hashes are checked;
+a damaged checkpoint is skipped with a warning and the one before it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+PREFIX = "step-"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Python and NumPy states as JSON-able values; torch states as tensors."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {"python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return plain, tensors
+
+
+def set_rng_state(plain: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module, optimizer, scheduler,
+                    state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoints/step-N atomically, then delete all but the newest `keep`."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+                  tmp / "model.safetensors")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+        plain, tensors = rng_state()
+        torch.save(tensors, tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}), encoding="utf-8")
+        manifest = {name: _sha256(tmp / name) for name in FILES}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        if final.exists():  # the same step saved again (a resumed run): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Finished checkpoint folders, oldest first (temporary folders start with a dot and are skipped)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def verify(folder: Path) -> str | None:
+    """None when the checkpoint is whole; else what is wrong with it."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"no readable manifest.json ({e.__class__.__name__})"
+    for name in FILES:
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+        if _sha256(folder / name) != manifest.get(name):
+            return f"{name} does not match its hash"
+    return None
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest whole checkpoint; damaged newer ones are reported and passed over."""
+    for folder in reversed(list_checkpoints(run_dir)):
+        problem = verify(folder)
+        if problem is None:
+            return folder
+        warnings.warn(f"{folder}: damaged checkpoint ({problem}); trying the one before it", stacklevel=2)
+    return None
+
+
+def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and RNG states; returns the saved training state."""
+    model.load_state_dict(load_file(folder / "model.safetensors", device="cpu"))
+    opt = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    set_rng_state(state.pop("rng"), torch.load(folder / "rng.pt", map_location="cpu", weights_only=True))
+    return state

@@ -1,0 +1,293 @@
+"""The one training loop, written out: pretraining uses it, fine-tuning will too.
+
+Per optimizer step:
+  1. take `grad_accum` micro-batches from the data stream;
+  2. count each loss part's targets over all of them (masked tokens for MLM, sequences for NSP),
+     so the loss of the accumulated batch is normalized exactly as one big batch would be;
+  3. forward and backward each micro-batch (autocast in bf16 when asked);
+  4. skip the step if the loss is NaN or inf (counted; too many in a row stops the run);
+  5. clip the gradient norm, step the optimizer and the schedule;
+  6. log, evaluate and checkpoint on their cadences.
+
+A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
+forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
+predictions). The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts
+the global batches of that epoch already used: resuming skips straight there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .optim import make_optimizer, make_scheduler
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. the loss stayed NaN); the last good checkpoint is kept."""
+
+
+class Task(Protocol):
+    parts: tuple[str, ...]
+
+    def counts(self, batch) -> dict[str, int]: ...
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]: ...
+
+
+class PretrainingTask:
+    """MLM + NSP on packed batches (torchbert.data.shards.Batch)."""
+
+    parts = ("mlm", "nsp")
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel()), "nsp": int(batch.nsp_labels.numel())}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels,
+                    next_sentence_label=batch.nsp_labels)
+        m, b = batch.mlm_labels.numel(), batch.nsp_labels.numel()
+        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
+        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
+        nsp_correct = (out.nsp_logits.argmax(-1) == batch.nsp_labels).sum()
+        return {"mlm": (mlm_sum, mlm_correct), "nsp": (out.nsp_loss.float() * b, nsp_correct)}
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch_size: int = 32  # sequences per micro-batch on each process
+    grad_accum: int = 1
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    save_every: int = 0  # 0: only at the end
+    keep: int = 2
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    precision: str = "fp32"
+    max_bad_steps: int = 20  # consecutive steps with a non-finite loss before the run stops
+    progress: bool = True
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return contextlib.nullcontext()
+
+
+class Stream:
+    """Batches across epochs from a position (epoch, global batches used in it), tracking it."""
+
+    def __init__(self, data, batch_size: int, epoch: int = 0, start: int = 0):
+        self.data, self.batch_size, self.epoch, self.start = data, batch_size, epoch, start
+        self._it: Iterator | None = None
+
+    def next(self):
+        while True:
+            if self._it is None:
+                self._it = iter(self.data.batches(self.batch_size, epoch=self.epoch, start=self.start))
+            batch = next(self._it, None)
+            if batch is not None:
+                self.start += 1
+                return batch
+            if self.start == 0:
+                raise TrainingError("the training data yields no batch: fewer instances than one global batch")
+            self.epoch, self.start, self._it = self.epoch + 1, 0, None
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "start": self.start}
+
+
+def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | os.PathLike, *,
+          resume: bool = False, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+          device: torch.device | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train `model` for cfg.steps optimizer steps; returns the summary written to metrics.json."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = device or next(model.parameters()).device
+    seed_everything(cfg.seed)
+    optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
+    state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "skipped_steps": 0}
+    step = 0
+    metrics_path = run_dir / "metrics.jsonl"
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise TrainingError(f"{run_dir}: --resume found no complete checkpoint")
+        state = load_checkpoint(ckpt, model, optimizer, scheduler)
+        step = state.pop("step")
+        _truncate_metrics(metrics_path, step)
+        log(f"resumed from {ckpt} at step {step} (epoch {state['epoch']}, batch {state['start']})")
+    elif metrics_path.exists():
+        metrics_path.unlink()
+    stream = Stream(data, cfg.batch_size, state["epoch"], state["start"])
+
+    model.train()
+    bar = _progress(cfg, step)
+    window = _Window(task.parts)
+    bad_in_a_row = 0
+    started = time.perf_counter() - state["seconds"]
+    while step < cfg.steps:
+        micro = [stream.next() for _ in range(cfg.grad_accum)]
+        micro = [b.to(device) for b in micro]
+        totals = {p: sum(task.counts(b)[p] for b in micro) for p in task.parts}
+        step_loss = 0.0
+        for b in micro:
+            with autocast(cfg.precision, device):
+                parts = task.forward(model, b)
+            loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
+            loss.backward()
+            step_loss += float(loss.detach())
+            window.add(parts, task.counts(b), b.num_tokens)
+        if not math.isfinite(step_loss):
+            optimizer.zero_grad(set_to_none=True)
+            state["skipped_steps"] += 1
+            bad_in_a_row += 1
+            window.discard()
+            log(f"step {step + 1}: loss is {step_loss}; step skipped ({state['skipped_steps']} so far)")
+            if bad_in_a_row >= cfg.max_bad_steps:
+                raise TrainingError(f"the loss was NaN or inf for {bad_in_a_row} steps in a row; stopping. "
+                                    "Lower --lr, use fp32, or check the data")
+            continue
+        bad_in_a_row = 0
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        state["tokens"] += window.commit()
+        state["seconds"] = time.perf_counter() - started
+        state.update(stream.position())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(window.postfix(state, lr), refresh=False)
+
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
+                      "seconds": round(state["seconds"], 3)}
+            if evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                record.update({f"eval_{k}": v for k, v in _evaluate(model, evaluate).items()})
+            _append_jsonl(metrics_path, record)
+        if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
+            save_checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep)
+    if bar is not None:
+        bar.close()
+    save_checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep)
+    summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
+               "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
+               "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
+    if evaluate is not None:
+        summary["eval"] = _evaluate(model, evaluate)
+    return summary
+
+
+def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
+    model.eval()
+    try:
+        with torch.no_grad():
+            return evaluate(model)
+    finally:
+        model.train()
+
+
+class _Window:
+    """Per part: summed loss, correct predictions and targets since the last log line. A step's
+    figures wait in `pending` until the step is taken (a skipped step's are discarded)."""
+
+    def __init__(self, parts: tuple[str, ...]):
+        self.parts = parts
+        self.sums, self.pending = self._zero(), self._zero()
+
+    def _zero(self) -> dict[str, Any]:
+        return {"tokens": 0, **{p: [0.0, 0, 0] for p in self.parts}}
+
+    def add(self, parts: dict[str, tuple[Tensor, Tensor]], counts: dict[str, int], tokens: int) -> None:
+        for p in self.parts:
+            loss_sum, correct = parts[p]
+            acc = self.pending[p]
+            acc[0] += float(loss_sum.detach())
+            acc[1] += int(correct)
+            acc[2] += counts[p]
+        self.pending["tokens"] += tokens
+
+    def discard(self) -> None:
+        self.pending = self._zero()
+
+    def commit(self) -> int:
+        tokens = self.pending["tokens"]
+        self.sums["tokens"] += tokens
+        for p in self.parts:
+            self.sums[p] = [a + b for a, b in zip(self.sums[p], self.pending[p])]
+        self.pending = self._zero()
+        return tokens
+
+    def values(self) -> dict[str, float]:
+        out = {}
+        for p in self.parts:
+            loss_sum, correct, n = self.sums[p]
+            out[f"{p}_loss"] = loss_sum / n if n else float("nan")
+            out[f"{p}_accuracy"] = correct / n if n else float("nan")
+        return {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}
+
+    def flush(self) -> dict[str, float]:
+        out = {k: round(v, 6) for k, v in self.values().items()}
+        self.sums = self._zero()
+        return out
+
+    def postfix(self, state: dict[str, Any], lr: float) -> dict[str, str]:
+        v = self.values()
+        tps = state["tokens"] / max(state["seconds"], 1e-9)
+        return {"loss": f"{v['loss']:.3f}", **{f"{p}_acc": f"{v[f'{p}_accuracy']:.3f}" for p in self.parts},
+                "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
+
+
+def _progress(cfg: TrainConfig, step: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

@@ -1,0 +1,174 @@
+"""The training loop: learning, exact gradient accumulation, exact resume, bad steps, checkpoints."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from torchbert import BertConfig
+from torchbert.data.shards import Batch
+from torchbert.heads import BertForPreTraining
+from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints
+from torchbert.train.loop import PretrainingTask, TrainConfig, TrainingError, train
+
+V = 60
+
+
+class RepeatData:
+    """Learnable synthetic instances: [CLS]=2, then one id repeated (the masked copies are easy to
+    recover from the others); the NSP label is that id's parity. Instance i of epoch e is fixed by (seed, e, i),
+    like the real loader, and global batch g holds order[g*bs:(g+1)*bs]."""
+
+    def __init__(self, n=64, seed=0, fail_after=None):
+        self.n, self.seed, self.fail_after, self.served = n, seed, fail_after, 0
+
+    def batches(self, batch_size, *, epoch=0, start=0):
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        for g in range(start, self.n // batch_size):
+            if self.fail_after is not None and self.served >= self.fail_after:
+                raise KeyboardInterrupt("simulated kill")
+            self.served += 1
+            yield self.batch(order[g * batch_size:(g + 1) * batch_size], epoch)
+
+    def batch(self, indices, epoch):
+        ids, types, lens, pos, labels, nsp = [], [], [], [], [], []
+        offset = 0
+        for i in indices:
+            rng = np.random.default_rng([self.seed, epoch, int(i)])
+            length = int(rng.integers(6, 14))
+            first = int(rng.integers(5, V))
+            seq = [2] + [first] * (length - 1)
+            chosen = rng.choice(np.arange(1, length), size=2, replace=False)
+            masked = list(seq)
+            for c in chosen:
+                masked[c] = 4
+            ids += masked
+            types += [0] * (length // 2) + [1] * (length - length // 2)
+            pos += [offset + int(c) for c in chosen]
+            labels += [seq[c] for c in chosen]
+            nsp.append(first % 2)
+            lens.append(length)
+            offset += length
+        t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+        return Batch(t(ids), t(types), cu, max(lens), t(pos), t(labels), t(nsp))
+
+
+def tiny_model(seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    return BertForPreTraining(BertConfig.from_name("tiny", vocab_size=V, max_position_embeddings=32,
+                                                   hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+
+
+def cfg(**kw):
+    base = dict(steps=6, batch_size=8, lr=1e-3, warmup_steps=2, log_every=1, progress=False, keep=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_loss_falls_and_metrics_are_logged(tmp_path):
+    model = tiny_model()
+    summary = train(model, RepeatData(n=1024), PretrainingTask(),
+                    cfg(steps=120, log_every=20, lr=1e-3, warmup_steps=5, schedule="constant_with_warmup"),
+                    tmp_path, log=lambda s: None)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [20, 40, 60, 80, 100, 120]
+    for key in ("step", "tokens", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "seconds"):
+        assert key in lines[0], key
+    assert lines[-1]["loss"] < 0.6 * lines[0]["loss"]
+    assert lines[-1]["mlm_accuracy"] > lines[0]["mlm_accuracy"]
+    assert lines[-1]["tokens"] > lines[0]["tokens"] > 0
+    assert summary["steps"] == 120 and summary["tokens"] == lines[-1]["tokens"] and summary["tokens_per_second"] > 0
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    a, b = tiny_model(dropout=0.0), tiny_model(dropout=0.0)
+    train(a, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=8, grad_accum=1), tmp_path / "a", log=lambda s: None)
+    train(b, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=4, grad_accum=2), tmp_path / "b", log=lambda s: None)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, atol=2e-6), name
+    # and it is not trivially so: one micro-batch of 4 per step gives other weights
+    c = tiny_model(dropout=0.0)
+    train(c, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=4), tmp_path / "c", log=lambda s: None)
+    assert any(not torch.allclose(p, q, atol=1e-4) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def test_interrupted_run_resumes_bit_identically(tmp_path):
+    reference = tiny_model()
+    train(reference, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), tmp_path / "ref", log=lambda s: None)
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8, after the checkpoint of step 6
+        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(steps=10, save_every=3), run,
+              log=lambda s: None)
+    assert [p.name for p in list_checkpoints(run)] == ["step-00000003", "step-00000006"]
+    resumed = tiny_model(seed=123)  # a different init: everything must come from the checkpoint
+    train(resumed, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), run, resume=True, log=lambda s: None)
+    for (name, p), q in zip(reference.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    ref_log = (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()
+    run_log = (run / "metrics.jsonl").read_text().splitlines()
+    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in lines]  # noqa: E731
+    assert strip(ref_log) == strip(run_log)
+
+
+def test_damaged_checkpoint_falls_back_with_a_warning(tmp_path):
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=6, save_every=2), tmp_path, log=lambda s: None)
+    newest = list_checkpoints(tmp_path)[-1]
+    data = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.warns(UserWarning, match="damaged checkpoint.*model.safetensors does not match its hash"):
+        found = latest_checkpoint(tmp_path)
+    assert found.name == "step-00000004"
+    (found / "manifest.json").unlink()
+    with pytest.warns(UserWarning, match="no readable manifest"):
+        assert latest_checkpoint(tmp_path).name == "step-00000002"
+
+
+def test_failed_checkpoint_write_keeps_the_previous(tmp_path, monkeypatch):
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=2), tmp_path, log=lambda s: None)
+    import torchbert.io.checkpoint as ck
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, save_every=2), tmp_path, resume=True,
+              log=lambda s: None)
+    names = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    assert names == ["step-00000002"]  # no partial folder left, the old one intact
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert latest_checkpoint(tmp_path).name == "step-00000002"
+
+
+class NaNTask(PretrainingTask):
+    def __init__(self, bad_steps):
+        self.bad_steps, self.calls = bad_steps, 0
+
+    def forward(self, model, batch):
+        out = super().forward(model, batch)
+        self.calls += 1
+        if self.calls in self.bad_steps:
+            loss, correct = out["mlm"]
+            out["mlm"] = (loss * float("nan"), correct)
+        return out
+
+
+def test_nan_steps_are_skipped_and_counted(tmp_path):
+    logs = []
+    summary = train(tiny_model(), RepeatData(), NaNTask({2, 3}), cfg(steps=4), tmp_path, log=logs.append)
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 4
+    assert sum("step skipped" in line for line in logs) == 2
+    for p in tiny_model().parameters():
+        assert torch.isfinite(p).all()
+    with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row"):
+        train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3), tmp_path / "x",
+              log=lambda s: None)
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(TrainingError, match="found no complete checkpoint"):
+        train(tiny_model(), RepeatData(), PretrainingTask(), cfg(), tmp_path, resume=True, log=lambda s: None)
