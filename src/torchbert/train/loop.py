@@ -154,6 +154,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     bar = _progress(cfg, step)
     window = _Window(task.parts)
     bad_in_a_row = 0
+    last_eval = None
     started = time.perf_counter() - state["seconds"]
     while step < cfg.steps:
         micro = [stream.next() for _ in range(cfg.grad_accum)]
@@ -195,8 +196,9 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         if step % cfg.log_every == 0 or step == cfg.steps:
             record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
                       "seconds": round(state["seconds"], 3)}
-            if evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-                record.update({f"eval_{k}": v for k, v in _evaluate(model, evaluate).items()})
+            if evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+                last_eval = _evaluate(model, evaluate)
+                record.update({f"eval_{k}": v for k, v in last_eval.items()})
             _append_jsonl(metrics_path, record)
         if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
             save_checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep)
@@ -206,8 +208,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
-    if evaluate is not None:
-        summary["eval"] = _evaluate(model, evaluate)
+    if last_eval is not None:
+        summary["eval"] = last_eval
     return summary
 
 

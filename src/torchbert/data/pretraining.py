@@ -1,0 +1,746 @@
+"""From a raw corpus to BERT pretraining instances: documents -> NSP pairs -> masked tokens.
+
+The recipe is the BERT paper's (Devlin et al. 2018, section 3.1 and appendix A.1) as Google's
+create_pretraining_data.py runs it, rewritten for speed: sentences are tokenized in one batched
+Rust call, instances are (start, length) ranges into one flat token array, and masking is numpy over
+all instances at once.  Python loops run per sentence and per instance, never per token.
+
+Notation: T flat corpus tokens, S sentences, D documents, n instances, N instance tokens.
+
+1. Read documents (`read_documents`): lists of sentences, from one of three layouts:
+   - `bert`: one sentence per line, a blank line between documents (Google's layout);
+   - `text`: each non-empty line a paragraph, cut into sentences here; blank lines separate
+     documents, or, in a file without blank lines, each line is a document;
+   - `jsonl`: one document per line, its `text` field (newlines in it separate paragraphs).
+   `auto` picks `jsonl` for .jsonl/.json files; otherwise `bert` when the file has blank lines and at
+   least 90% of its non-empty lines hold one sentence as `split_sentences` sees it; else `text`.
+2. Tokenize every sentence (`tokenize_corpus`), and flag the tokens that start a word: a `##` piece
+   continues the previous token's word; with whole-word masking, a sentence holding Chinese is cut
+   into words by jieba and every character after the first of a jieba word continues it too.
+3. Pair (`create_pairs`): per document, fill a target length of max_seq_len - 3 tokens (with
+   probability short_seq_prob a random target in [2, max]) with whole sentences; A is the first
+   1..k-1 of them; B is the rest (IsNext) or, half the time, a span from another document
+   (NotNext; the unused sentences go back into the stream).  The pair is cut to fit by dropping
+   tokens from the longer segment, from its front or back at random.
+4. Mask (`mask_instances`): 15% of the non-special tokens (at most max_predictions); each chosen
+   token becomes [MASK] 80%, a random non-special token 10%, itself 10%.  With whole-word masking
+   every piece of a chosen word is chosen.  The random numbers are a hash of (seed, epoch,
+   instance, position), so the data loader can mask afresh each epoch with nothing to remember.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("auto", "bert", "text", "jsonl")
+
+# A sentence ends after a run of terminators and any closing quotes or brackets.  English . ! ? end
+# a sentence only before whitespace or the end (so 3.14 and e.g.x stay whole); Chinese 。！？；…
+# end it anywhere.  Abbreviations such as "Mr." do end a sentence here: BERT is not sensitive to it.
+_CLOSE = "”’\"'」』）)\\]】》〉"
+_SENTENCE = re.compile(
+    rf"\S.*?(?:[。！？；…]+[{_CLOSE}]*|[.!?]+[{_CLOSE}]*(?=\s|$)|$)", re.S
+)
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Cut a paragraph into sentences (see _SENTENCE); whitespace between them is dropped."""
+    return [s.strip() for s in _SENTENCE.findall(text) if s.strip()]
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. documents
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The file's lines, decoded; a bad byte is an error naming the file and the line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: corpus file not found")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {data[e.start:e.start + 1]!r})") from None
+    return text.removeprefix("\ufeff").splitlines()
+
+
+def detect_format(path: Path, lines: Sequence[str]) -> str:
+    """`auto`: jsonl by extension; bert if blank lines and >= 90% one-sentence lines; else text."""
+    if path.suffix.lower() in (".jsonl", ".json"):
+        return "jsonl"
+    sample = lines[:20000]
+    if not any(not line.strip() for line in sample):
+        return "text"
+    filled = [line for line in sample if line.strip()]
+    single = sum(1 for line in filled if len(split_sentences(line)) <= 1)
+    return "bert" if filled and single >= 0.9 * len(filled) else "text"
+
+
+def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto") -> list[list[str]]:
+    """Documents (lists of sentences) from the corpus files; documents never span two files."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    docs: list[list[str]] = []
+    for p in map(Path, paths):
+        lines = _read_lines(p)
+        kind = detect_format(p, lines) if fmt == "auto" else fmt
+        if kind == "jsonl":
+            for n, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise ValueError(f"{p}:{n}: expected an object with a string 'text' field")
+                docs.append([s for para in record["text"].splitlines() for s in split_sentences(para)])
+        elif kind == "bert":
+            doc: list[str] = []
+            for line in lines:
+                line = line.strip()
+                if line:
+                    doc.append(line)
+                elif doc:
+                    docs.append(doc)
+                    doc = []
+            docs.append(doc)
+        else:  # text
+            if any(not line.strip() for line in lines):
+                doc = []
+                for line in lines:
+                    if line.strip():
+                        doc += split_sentences(line)
+                    elif doc:
+                        docs.append(doc)
+                        doc = []
+                docs.append(doc)
+            else:
+                docs += [split_sentences(line) for line in lines]
+    return [d for d in docs if d]
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. tokens
+
+
+@dataclass
+class Corpus:
+    """The tokenized corpus: one flat token array and the sentence and document boundaries in it."""
+
+    tokens: np.ndarray        # [T] int32
+    word_starts: np.ndarray   # [T] bool, True where a token starts a word
+    sent_starts: np.ndarray   # [S+1] int64, token offsets of the sentences
+    doc_sents: np.ndarray     # [D+1] int64, sentence offsets of the documents
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_sents) - 1
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate arange(s, s + l) for each (s, l), without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    # [total]: each output slot's start minus the number of slots before its range
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(total)
+
+
+def _flatten(lists, total: int, dtype) -> np.ndarray:
+    return np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=total)
+
+
+def _continuation_table(tokenizer) -> np.ndarray:
+    """[V] bool: True for `##` pieces, which continue the previous token's word."""
+    table = np.zeros(tokenizer.vocab_size, dtype=bool)
+    for token, i in tokenizer.vocab.items():
+        if token.startswith("##"):
+            table[i] = True
+    return table
+
+
+def _encode(tokenizer, items: list, pretokenized: bool, progress: Callable[[int], None] | None,
+            chunk: int = 20000):
+    """(flat ids [T], lengths [S], word ids [T] or None) of a list of sentences (or word lists)."""
+    ids_parts, lens_parts, wid_parts = [], [], []
+    for i in range(0, len(items), chunk):
+        encs = tokenizer.backend.encode_batch(items[i:i + chunk], is_pretokenized=pretokenized,
+                                              add_special_tokens=False)
+        lens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+        total = int(lens.sum())
+        ids_parts.append(_flatten((e.ids for e in encs), total, np.int32))
+        lens_parts.append(lens)
+        if pretokenized:
+            wid_parts.append(_flatten((e.word_ids for e in encs), total, np.int64))
+        if progress:
+            progress(len(encs))
+    empty = np.zeros(0, dtype=np.int64)
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int32)
+    lens = np.concatenate(lens_parts) if lens_parts else empty
+    wids = (np.concatenate(wid_parts) if wid_parts else empty) if pretokenized else None
+    return ids, lens, wids
+
+
+def _cut(sentences: list[str]) -> list[list[str]]:
+    import jieba
+
+    return [jieba.lcut(s) for s in sentences]
+
+
+def jieba_words(sentences: list[str], *, workers: int | None = None, chunk: int = 5000) -> list[list[str]]:
+    """Each sentence cut into words by jieba (its default mode, HMM on), in parallel processes.
+
+    jieba is pure Python (~150k characters/s per core), the slowest stage by far; a large corpus
+    is cut by one forked process per core, each inheriting the loaded dictionary."""
+    import jieba
+
+    jieba.setLogLevel(60)
+    jieba.initialize()
+    workers = workers or len(os.sched_getaffinity(0))
+    chunks = [sentences[i:i + chunk] for i in range(0, len(sentences), chunk)]
+    if workers < 2 or len(chunks) < 2:
+        return _cut(sentences)
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(min(workers, len(chunks))) as pool:
+        return [w for part in pool.map(_cut, chunks) for w in part]
+
+
+def tokenize_corpus(docs: list[list[str]], tokenizer, *, whole_word: bool = False,
+                    progress: Callable[[int], None] | None = None) -> Corpus:
+    """Tokenize every sentence (batched, in Rust) into one flat array with word-start flags.
+
+    Sentences that tokenize to nothing are dropped; so are documents left without sentences."""
+    sentences = [s for d in docs for s in d]
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    continuation = _continuation_table(tokenizer)
+    if whole_word:
+        # Chinese has no ## pieces: its words come from jieba, fed to the tokenizer as pre-split
+        # words so that each token knows its word (Encoding.word_ids).
+        chinese = np.fromiter((bool(_CJK.search(s)) for s in sentences), dtype=bool, count=len(sentences))
+    else:
+        chinese = np.zeros(len(sentences), dtype=bool)
+    plain_idx, zh_idx = np.flatnonzero(~chinese), np.flatnonzero(chinese)
+
+    ids_a, lens_a, _ = _encode(tokenizer, [sentences[i] for i in plain_idx], False, progress)
+    ws_a = ~continuation[ids_a]
+    if len(zh_idx):
+        words = jieba_words([sentences[i] for i in zh_idx])
+        ids_b, lens_b, wids = _encode(tokenizer, words, True, progress)
+        first = np.zeros(len(ids_b), dtype=bool)
+        first[(np.cumsum(lens_b) - lens_b)[lens_b > 0]] = True
+        # [T_b]: a token starts a word when its jieba word differs from the previous token's
+        ws_b = first | np.r_[True, wids[1:] != wids[:-1]]
+    else:
+        ids_b, lens_b, ws_b = np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, bool)
+
+    # Put the two groups back in sentence order: gather each sentence's range from [a | b].
+    lens = np.empty(len(sentences), dtype=np.int64)
+    starts = np.empty(len(sentences), dtype=np.int64)
+    lens[plain_idx], lens[zh_idx] = lens_a, lens_b
+    starts[plain_idx] = np.cumsum(lens_a) - lens_a
+    starts[zh_idx] = len(ids_a) + np.cumsum(lens_b) - lens_b
+    keep = lens > 0
+    gather = ranges(starts[keep], lens[keep])
+    tokens = np.concatenate([ids_a, ids_b])[gather]
+    word_starts = np.concatenate([ws_a, ws_b])[gather]
+    lens = lens[keep]
+    doc_of = doc_of[keep]
+    sent_starts = np.r_[0, np.cumsum(lens)]
+    sents_per_doc = np.bincount(doc_of, minlength=len(docs))
+    sents_per_doc = sents_per_doc[sents_per_doc > 0]
+    doc_sents = np.r_[0, np.cumsum(sents_per_doc)]
+    return Corpus(tokens.astype(np.int32), word_starts, sent_starts.astype(np.int64), doc_sents.astype(np.int64))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. sentence pairs
+
+
+@dataclass
+class Pairs:
+    """n instances as ranges into Corpus.tokens: [CLS] tokens[a:a+la] [SEP] tokens[b:b+lb] [SEP]."""
+
+    a_start: np.ndarray   # [n] int64
+    a_len: np.ndarray     # [n] int64
+    b_start: np.ndarray   # [n] int64
+    b_len: np.ndarray     # [n] int64
+    random_next: np.ndarray  # [n] bool: B is from another document (NotNext)
+
+    def __len__(self) -> int:
+        return len(self.a_start)
+
+
+def _popcount(rng: random.Random, k: int) -> int:
+    """Binomial(k, 1/2): the number of fronts among k fair front-or-back coin flips."""
+    return bin(rng.getrandbits(k)).count("1") if k > 0 else 0
+
+
+def create_pairs(corpus: Corpus, max_seq_len: int, rng: random.Random, *, short_seq_prob: float = 0.1) -> Pairs:
+    """One pass over the documents: NSP pairs of whole sentences, cut to max_seq_len - 3 tokens.
+
+    A chunk of one sentence (a one-sentence document, or the last sentence of one) always gets a
+    NotNext partner, as in Google's code; so short documents still yield pairs, all NotNext, and
+    a corpus of short documents has more than half NotNext.  Partners come from any other document."""
+    max_tokens = max_seq_len - 3
+    D = corpus.num_documents
+    if D < 2:
+        raise ValueError(f"the corpus holds {D} document(s); next sentence prediction needs at least 2 "
+                         "(a NotNext pair takes its second segment from another document)")
+    s_start = corpus.sent_starts
+    s_len = np.diff(s_start).tolist()
+    s_start = s_start.tolist()
+    doc_sents = corpus.doc_sents.tolist()
+    out: list[tuple[int, int, int, int, bool]] = []
+    for d in range(D):
+        first, last = doc_sents[d], doc_sents[d + 1]
+        target = max_tokens
+        if rng.random() < short_seq_prob:
+            target = rng.randint(2, max_tokens)
+        chunk_first, chunk_len = first, 0  # the chunk is sentences [chunk_first, i]
+        i = first
+        while i < last:
+            chunk_len += s_len[i]
+            if i == last - 1 or chunk_len >= target:
+                k = i - chunk_first + 1
+                a_end = chunk_first + (rng.randint(1, k - 1) if k >= 2 else 1)  # A: [chunk_first, a_end)
+                a0, la = s_start[chunk_first], s_start[a_end - 1] + s_len[a_end - 1] - s_start[chunk_first]
+                if k == 1 or rng.random() < 0.5:
+                    is_random = True
+                    want = max(1, target - la)
+                    other = rng.randrange(D - 1)
+                    other += other >= d  # any document but this one
+                    o_first, o_last = doc_sents[other], doc_sents[other + 1]
+                    j = rng.randrange(o_first, o_last)
+                    b0, lb = s_start[j], 0
+                    while j < o_last and lb < want:
+                        lb += s_len[j]
+                        j += 1
+                    next_i = a_end  # the unused sentences of the chunk go back into the stream
+                else:
+                    is_random = False
+                    b0, lb = s_start[a_end], s_start[i] + s_len[i] - s_start[a_end]
+                    next_i = i + 1
+                # Truncate: drop one token at a time from the longer segment (B on a tie), front or
+                # back at random.  Closed form: cut the longer one down to the other, then split the
+                # rest between them, B taking the odd one; the fronts dropped are Binomial(cut, 1/2).
+                excess = la + lb - max_tokens
+                if excess > 0:
+                    cut_a = cut_b = 0
+                    if la > lb:
+                        cut_a = min(excess, la - lb)
+                    elif lb > la:
+                        cut_b = min(excess, lb - la)
+                    rest = excess - cut_a - cut_b
+                    cut_a += rest // 2
+                    cut_b += rest - rest // 2
+                    a0 += _popcount(rng, cut_a)
+                    b0 += _popcount(rng, cut_b)
+                    la -= cut_a
+                    lb -= cut_b
+                if la >= 1 and lb >= 1:
+                    out.append((a0, la, b0, lb, is_random))
+                chunk_first, chunk_len = next_i, 0
+                i = next_i
+                continue
+            i += 1
+    arr = np.array(out, dtype=np.int64).reshape(-1, 5)
+    return Pairs(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4].astype(bool))
+
+
+@dataclass
+class Instances:
+    """n unmasked instances, packed end to end."""
+
+    tokens: np.ndarray       # [N] int32: [CLS] A [SEP] B [SEP] for each instance
+    word_starts: np.ndarray  # [N] bool
+    offsets: np.ndarray      # [n+1] int64
+    a_len: np.ndarray        # [n] int32: tokens of [CLS] A [SEP] (token type 0); the rest are type 1
+    random_next: np.ndarray  # [n] bool
+
+
+def assemble(corpus: Corpus, pairs: Pairs, cls_id: int, sep_id: int) -> Instances:
+    """Gather the pairs into [CLS] A [SEP] B [SEP] token arrays."""
+    T = len(corpus.tokens)
+    ext_tokens = np.r_[corpus.tokens, np.int32(cls_id), np.int32(sep_id)]  # T is [CLS], T+1 is [SEP]
+    ext_ws = np.r_[corpus.word_starts, True, True]
+    n = len(pairs)
+    one = np.ones(n, dtype=np.int64)
+    # [n, 5] pieces per instance: CLS, A, SEP, B, SEP
+    starts = np.stack([one * T, pairs.a_start, one * (T + 1), pairs.b_start, one * (T + 1)], axis=1)
+    lengths = np.stack([one, pairs.a_len, one, pairs.b_len, one], axis=1)
+    idx = ranges(starts.ravel(), lengths.ravel())
+    seq_len = lengths.sum(axis=1)
+    offsets = np.r_[0, np.cumsum(seq_len)].astype(np.int64)
+    word_starts = ext_ws[idx]
+    # A segment starts a word even when truncation cut into one: words never cross [CLS] or [SEP].
+    word_starts[offsets[:-1] + 1] = True
+    word_starts[offsets[:-1] + pairs.a_len + 2] = True
+    return Instances(
+        tokens=ext_tokens[idx],
+        word_starts=word_starts,
+        offsets=offsets,
+        a_len=(pairs.a_len + 2).astype(np.int32),
+        random_next=pairs.random_next.copy(),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. masking
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijection of uint64 that scrambles every bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, instance: np.ndarray, position: np.ndarray, stream: int) -> np.ndarray:
+    """Uniform [0, 1) floats that are a pure function of (seed, epoch, instance, position, stream).
+
+    Counter-based randomness: masks depend on nothing else (not the batch, rank or resume point)."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([(seed * 1_000_003 + epoch) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
+        key = _mix(key ^ np.uint64(stream + 1) * _GOLDEN)
+        x = _mix(key + instance.astype(np.uint64) * _GOLDEN)
+        x = _mix(x + position.astype(np.uint64) + _GOLDEN)
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _greedy_fit(s_len: np.ndarray, s_inst: np.ndarray, budget: np.ndarray, n: int) -> np.ndarray:
+    """[W] which words to take: in their (shuffled) order, each instance takes every word that still
+    fits its budget and skips one that does not (Google's rule).  Each numpy round drops the words
+    too long for what is left and takes the longest prefix that fits; a few rounds settle all."""
+    budget = budget.copy()
+    chosen = np.zeros(len(s_len), dtype=bool)
+    open_ = np.ones(len(s_len), dtype=bool)
+    while True:
+        open_ &= s_len <= budget[s_inst]                             # can never fit: skipped for good
+        if not open_.any():
+            return chosen
+        o = np.flatnonzero(open_)
+        csum = np.cumsum(s_len[o])
+        inst_o = s_inst[o]
+        first_of_inst = np.r_[True, inst_o[1:] != inst_o[:-1]]
+        base = np.maximum.accumulate(np.where(first_of_inst, csum - s_len[o], 0))
+        take = (csum - base) <= budget[inst_o]                       # the prefix that fits, per instance
+        chosen[o[take]] = True
+        open_[o[take]] = False
+        budget -= np.bincount(inst_o[take], weights=s_len[o][take], minlength=n).astype(np.int64)
+        # the next open word of an instance no longer fits: the length rule drops it next round
+
+
+@dataclass
+class Masked:
+    """The MLM side of n instances: positions are within each instance, sorted."""
+
+    offsets: np.ndarray    # [n+1] int64 into positions
+    positions: np.ndarray  # [M] int64
+    input_ids: np.ndarray  # [M] int32: what the model sees there ([MASK], a random token, or the original)
+    labels: np.ndarray     # [M] int32: the original tokens
+
+
+def mask_instances(
+    tokens: np.ndarray,
+    word_starts: np.ndarray,
+    offsets: np.ndarray,
+    instance_ids: np.ndarray,
+    *,
+    special_ids: Sequence[int],
+    never_mask: Sequence[int],
+    mask_id: int,
+    vocab_size: int,
+    seed: int,
+    epoch: int,
+    masked_lm_prob: float = 0.15,
+    max_predictions: int = 20,
+    whole_word: bool = False,
+) -> Masked:
+    """Choose and replace the masked tokens of packed instances, all at once.
+
+    Per instance: num = min(max_predictions, max(1, round(candidates * masked_lm_prob))) tokens, taken
+    word by word in random order, skipping a word that would overflow num (Google's rule), so a
+    word is masked whole or not at all.  Without whole_word every token is its own word.
+    `never_mask` ([CLS], [SEP], [PAD]) are never chosen; random replacements avoid all `special_ids`."""
+    n = len(offsets) - 1
+    N = len(tokens)
+    lengths = np.diff(offsets)
+    inst = np.repeat(np.arange(n), lengths)                          # [N] instance of each token
+    pos = np.arange(N) - np.repeat(offsets[:-1], lengths)            # [N] position within the instance
+    gid = np.asarray(instance_ids, dtype=np.int64)[inst]             # [N] global instance id
+    special = np.isin(tokens, np.asarray(never_mask))
+    cand = ~special
+    n_cand = np.bincount(inst[cand], minlength=n)
+    num = np.minimum(max_predictions, np.maximum(1, np.rint(n_cand * masked_lm_prob).astype(np.int64)))
+
+    # Words among the candidates: a candidate starts a new word if flagged, or if the token before
+    # it is special (a word never crosses [SEP]).  Without whole_word every candidate is a word.
+    c_idx = np.flatnonzero(cand)                                     # [C]
+    if whole_word:
+        prev_special = np.r_[True, special[:-1]][c_idx]
+        starts = word_starts[c_idx] | prev_special | (pos[c_idx] == 0)
+    else:
+        starts = np.ones(len(c_idx), dtype=bool)
+    word_of = np.cumsum(starts) - 1                                  # [C] word index of each candidate
+    w_first = c_idx[starts]                                          # [W] first token of each word
+    w_len = np.bincount(word_of, minlength=len(w_first))             # [W]
+    w_inst = inst[w_first]                                           # [W]
+    key = uniforms(seed, epoch, gid[w_first], pos[w_first], stream=0)
+
+    # Shuffle words within their instance (key < 1 never crosses into the next instance, and words
+    # are in instance order), then take words greedily while they fit the budget.
+    order = np.argsort(w_inst + key)                                 # [W] instance-major, random within
+    s_len, s_inst = w_len[order], w_inst[order]
+    if whole_word:
+        chosen = _greedy_fit(s_len, s_inst, num, n)
+    else:  # every word is one token: the first `num` of each instance
+        first = np.repeat(np.cumsum(n_cand) - n_cand, n_cand)        # [W] where each instance begins
+        chosen = (np.arange(len(order)) - first) < num[s_inst]
+
+    picked_words = np.zeros(len(w_first), dtype=bool)
+    picked_words[order[chosen]] = True
+    masked = np.zeros(N, dtype=bool)
+    masked[c_idx[picked_words[word_of]]] = True
+    m_idx = np.flatnonzero(masked)                                   # [M], sorted by instance then position
+
+    # 80% [MASK], 10% a random non-special token, 10% unchanged; decided per token.
+    u = uniforms(seed, epoch, gid[m_idx], pos[m_idx], stream=1)
+    r = uniforms(seed, epoch, gid[m_idx], pos[m_idx], stream=2)
+    normal = np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids))
+    replace = np.where(u < 0.8, mask_id,
+                       np.where(u < 0.9, normal[(r * len(normal)).astype(np.int64)], tokens[m_idx]))
+    m_count = np.bincount(inst[m_idx], minlength=n)
+    return Masked(
+        offsets=np.r_[0, np.cumsum(m_count)].astype(np.int64),
+        positions=pos[m_idx].astype(np.int64),
+        input_ids=replace.astype(np.int32),
+        labels=tokens[m_idx].astype(np.int32),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole job
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+
+
+@dataclass
+class PrepareSettings:
+    max_seq_len: int = 128
+    masking: str = "static"          # static: masked here, dupe_factor times; dynamic: by the loader
+    whole_word: bool = False
+    dupe_factor: int = 5
+    masked_lm_prob: float = 0.15
+    max_predictions: int = 20
+    short_seq_prob: float = 0.1
+    seed: int = 12345
+    format: str = "auto"
+    shard_size: int = 100_000        # instances per shard
+
+    def check(self) -> None:
+        if self.max_seq_len < 5:
+            raise ValueError(f"max_seq_len must be >= 5 ([CLS] A [SEP] B [SEP]), got {self.max_seq_len}")
+        if self.masking not in ("static", "dynamic"):
+            raise ValueError(f"masking must be static or dynamic, got {self.masking!r}")
+        if self.dupe_factor < 1:
+            raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+        if not 0 < self.masked_lm_prob < 1:
+            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions < 1:
+            raise ValueError(f"max_predictions must be >= 1, got {self.max_predictions}")
+        if not 0 <= self.short_seq_prob <= 1:
+            raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+
+
+def prepare(
+    corpus_paths: Sequence[str | os.PathLike],
+    tokenizer_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    settings: PrepareSettings | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Corpus files -> a data folder of sharded instances (see data/shards.py); returns the manifest.
+
+    The folder is built next to `out` and renamed into place at the end, so `out` never holds a
+    half-written dataset.  manifest["timings"] gives the seconds of each stage."""
+    import shutil
+    import time
+
+    from tqdm.auto import tqdm
+
+    from ..tokenizer import MASK, BertTokenizer
+    from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256, write_shard
+
+    s = settings or PrepareSettings()
+    s.check()
+    out = Path(out)
+    _check_out(out, overwrite)
+    if not corpus_paths:
+        raise ValueError("no corpus files given")
+    tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"{tokenizer_dir}: the vocab has no {MASK} token, which masked LM needs")
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    docs = read_documents(corpus_paths, s.format)
+    names = ", ".join(str(p) for p in corpus_paths)
+    if not docs:
+        raise ValueError(f"{names}: the corpus is empty (no sentences)")
+    timings["read"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    n_sent = sum(len(d) for d in docs)
+    with tqdm(total=n_sent, unit="sent", desc="tokenize", disable=not progress) as bar:
+        corpus = tokenize_corpus(docs, tokenizer, whole_word=s.whole_word, progress=bar.update)
+    timings["tokenize"] = time.perf_counter() - t0
+    if len(corpus.tokens) == 0:
+        raise ValueError(f"{names}: the corpus is empty (no tokens)")
+    if corpus.num_documents < 2:
+        raise ValueError(f"{names}: the corpus holds one document; next sentence prediction needs at "
+                         "least 2 (NotNext pairs take their B from another document; "
+                         "separate documents with a blank line)")
+
+    special_ids = tokenizer.all_special_ids
+    never_mask = [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
+    parts, masks = [], []
+    timings["pairs"] = timings["mask"] = 0.0
+    n_done = 0
+    for p in tqdm(range(s.dupe_factor), unit="pass", desc="instances", disable=not progress):
+        t0 = time.perf_counter()
+        rng = random.Random(f"{s.seed}/{p}")
+        inst = assemble(corpus, create_pairs(corpus, s.max_seq_len, rng, short_seq_prob=s.short_seq_prob),
+                        tokenizer.cls_token_id, tokenizer.sep_token_id)
+        timings["pairs"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        n_inst = len(inst.a_len)
+        if s.masking == "static":
+            masks.append(mask_instances(
+                inst.tokens, inst.word_starts, inst.offsets, np.arange(n_done, n_done + n_inst),
+                special_ids=special_ids, never_mask=never_mask, mask_id=tokenizer.mask_token_id,
+                vocab_size=tokenizer.vocab_size, seed=s.seed, epoch=p, masked_lm_prob=s.masked_lm_prob,
+                max_predictions=s.max_predictions, whole_word=s.whole_word))
+        timings["mask"] += time.perf_counter() - t0
+        parts.append(inst)
+        n_done += n_inst
+    if n_done == 0:
+        raise ValueError(f"{names}: no instance could be built (every document is too short for a "
+                         "sentence pair)")
+
+    t0 = time.perf_counter()
+    dtype = token_dtype(tokenizer.vocab_size)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        shard_entries = _write_shards(tmp, parts, masks, s.shard_size, dtype, write_shard)
+        for name in TOKENIZER_FILES:
+            src = Path(tokenizer_dir) / name
+            if src.is_file():
+                shutil.copy2(src, tmp / name)
+        if not (tmp / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
+            tokenizer.save_pretrained(tmp)
+        n_tokens = sum(e["tokens"] for e in shard_entries)
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "counts": {
+                "documents": corpus.num_documents,
+                "sentences": len(corpus.sent_starts) - 1,
+                "corpus_tokens": int(len(corpus.tokens)),
+                "instances": n_done,
+                "tokens": n_tokens,
+                "masked_tokens": int(sum(len(m.positions) for m in masks)) if masks else None,
+                "is_random_next": int(sum(int(p.random_next.sum()) for p in parts)),
+                "shards": len(shard_entries),
+            },
+            "vocab_size": tokenizer.vocab_size,
+            "vocab_sha256": vocab_sha256(tokenizer),
+            "token_dtype": dtype.name,
+            "special_ids": {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
+                            "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id, "all": special_ids},
+            "seed": s.seed,
+            "settings": {**s.__dict__, "corpus": [str(p) for p in corpus_paths], "tokenizer": str(tokenizer_dir)},
+            "shards": shard_entries,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        _check_out(out, overwrite)  # nothing appeared meanwhile
+        if out.exists():
+            trash = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, trash)
+            os.rename(tmp, out)
+            shutil.rmtree(trash)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    timings["write"] = time.perf_counter() - t0
+    manifest["timings"] = timings
+    return manifest
+
+
+def _write_shards(folder: Path, parts: list[Instances], masks: list[Masked], shard_size: int, dtype,
+                  write_shard) -> list[dict]:
+    """Concatenate the passes and cut them into shards of shard_size instances."""
+    tokens = np.concatenate([p.tokens for p in parts])
+    word_starts = np.concatenate([p.word_starts for p in parts])
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
+    offsets = np.r_[0, np.cumsum(lengths)]
+    a_len = np.concatenate([p.a_len for p in parts])
+    random_next = np.concatenate([p.random_next for p in parts])
+    if masks:
+        m_counts = np.concatenate([np.diff(m.offsets) for m in masks])
+        m_off = np.r_[0, np.cumsum(m_counts)]
+        m_pos = np.concatenate([m.positions for m in masks])
+        m_ids = np.concatenate([m.input_ids for m in masks])
+    entries = []
+    n = len(a_len)
+    for k, first in enumerate(range(0, n, shard_size)):
+        last = min(n, first + shard_size)
+        o0, o1 = offsets[first], offsets[last]
+        arrays = {
+            "tokens": tokens[o0:o1].astype(dtype),
+            "word_starts": word_starts[o0:o1],
+            "offsets": (offsets[first:last + 1] - o0).astype(np.int64),
+            "a_len": a_len[first:last].astype(np.int32),
+            "random_next": random_next[first:last],
+        }
+        if masks:
+            q0, q1 = m_off[first], m_off[last]
+            arrays["mlm_offsets"] = (m_off[first:last + 1] - q0).astype(np.int64)
+            arrays["mlm_positions"] = m_pos[q0:q1].astype(np.int16)
+            arrays["mlm_input_ids"] = m_ids[q0:q1].astype(dtype)
+        name = f"shard-{k:05d}"
+        write_shard(folder / name, arrays)
+        entries.append({"name": name, "instances": int(last - first), "tokens": int(o1 - o0)})
+    return entries

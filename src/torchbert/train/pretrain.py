@@ -1,0 +1,146 @@
+"""`torchbert pretrain`: prepared data -> a pretrained BERT in a Hugging Face folder.
+
+The run folder ends up holding config.json, model.safetensors and the tokenizer files (so
+`transformers.BertForPreTraining.from_pretrained(run)` loads it), metrics.jsonl (one line per log
+step), metrics.json (the summary and the final held-out figures), loss.png and accuracy.png, and
+checkpoints/ with the newest training states for --resume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import PRESETS, BertConfig
+from ..data.shards import PretrainingData
+from ..heads import BertForPreTraining
+from ..io.files import atomic_write_text
+from .loop import PretrainingTask, TrainConfig, train
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+
+
+@dataclass
+class PretrainSettings:
+    data: Path
+    out: Path
+    config: str = "small"  # a preset name or a config.json path
+    init: Path | None = None  # start from this checkpoint (two-phase training)
+    eval_data: Path | None = None
+    eval_batches: int = 20
+    resume: bool = False
+    overwrite: bool = False
+
+
+def model_config(name_or_path: str, vocab_size: int, max_seq_len: int) -> BertConfig:
+    if name_or_path in PRESETS:
+        config = BertConfig.from_name(name_or_path, vocab_size=vocab_size)
+    else:
+        config = BertConfig.load(name_or_path)
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} does not match the data's {vocab_size}")
+    if config.max_position_embeddings < max_seq_len:
+        raise ValueError(f"--config {name_or_path}: max_position_embeddings {config.max_position_embeddings} "
+                         f"is shorter than the data's max_seq_len {max_seq_len}")
+    return config
+
+
+def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    if out.exists() and any(out.iterdir()):
+        if resume:
+            return
+        if not overwrite:
+            raise ValueError(f"--out {out}: the folder exists and is not empty; pass --resume to continue "
+                             "the run in it or --overwrite to start again")
+        shutil.rmtree(out)
+    elif resume:
+        raise ValueError(f"--out {out}: nothing to resume (no such run)")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device):
+    """Held-out MLM loss and accuracy and NSP accuracy over a fixed set of batches."""
+    task = PretrainingTask()
+
+    def evaluate(model) -> dict[str, float]:
+        sums = {"mlm": [0.0, 0, 0], "nsp": [0.0, 0, 0]}
+        for i, batch in enumerate(eval_data.batches(batch_size, epoch=0)):
+            if i == max_batches:
+                break
+            batch = batch.to(device)
+            parts, counts = task.forward(model, batch), task.counts(batch)
+            for p in sums:
+                sums[p][0] += float(parts[p][0])
+                sums[p][1] += int(parts[p][1])
+                sums[p][2] += counts[p]
+        if not sums["nsp"][2]:
+            raise ValueError(f"{eval_data.folder}: fewer instances than one batch of {batch_size}")
+        return {"mlm_loss": sums["mlm"][0] / sums["mlm"][2], "mlm_accuracy": sums["mlm"][1] / sums["mlm"][2],
+                "nsp_loss": sums["nsp"][0] / sums["nsp"][2], "nsp_accuracy": sums["nsp"][1] / sums["nsp"][2]}
+
+    return evaluate
+
+
+def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print) -> dict:
+    data = PretrainingData(s.data, seed=cfg.seed)
+    prepare_run_dir(s.out, s.resume, s.overwrite)
+    if s.init is not None:
+        data.check_vocab(s.init)
+        model = BertForPreTraining.from_pretrained(s.init)
+        if model.config.max_position_embeddings < data.max_seq_len:
+            raise ValueError(f"--init {s.init}: max_position_embeddings {model.config.max_position_embeddings} "
+                             f"is shorter than the data's max_seq_len {data.max_seq_len}")
+    else:
+        torch.manual_seed(cfg.seed)
+        model = BertForPreTraining(model_config(s.config, data.vocab_size, data.max_seq_len))
+    model.to(device)
+    evaluate = None
+    if s.eval_data is not None:
+        eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False)
+        data.check_vocab(s.eval_data)
+        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device)
+
+    summary = train(model, data, PretrainingTask(), cfg, s.out, resume=s.resume, evaluate=evaluate,
+                    device=device, log=log)
+
+    model.save_pretrained(s.out)
+    for name in TOKENIZER_FILES:
+        if (s.data / name).is_file():
+            shutil.copyfile(s.data / name, s.out / name)
+    summary["data"] = str(s.data)
+    atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
+    plot_curves(s.out)
+    return summary
+
+
+def plot_curves(run_dir: Path) -> None:
+    """loss.png and accuracy.png from metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    if not rows:
+        return
+    steps = [r["step"] for r in rows]
+    for name, keys, ylabel in (("loss", ("loss", "mlm_loss", "nsp_loss"), "loss"),
+                               ("accuracy", ("mlm_accuracy", "nsp_accuracy"), "accuracy")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k in keys:
+            ax.plot(steps, [r[k] for r in rows], label=k)
+            evals = [(r["step"], r[f"eval_{k}"]) for r in rows if f"eval_{k}" in r]
+            if evals:
+                ax.plot(*zip(*evals), "o--", label=f"held-out {k}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"pretraining {ylabel}: {run_dir.name}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / f"{name}.png", dpi=100)
+        plt.close(fig)

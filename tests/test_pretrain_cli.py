@@ -1,0 +1,127 @@
+"""vocab -> prepare -> pretrain through the command line on People's Daily text; exact resume after SIGKILL."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+import realdata
+from torchbert.cli import main
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A small Chinese corpus (documents of five paragraphs), its vocab and two prepared folders."""
+    root = tmp_path_factory.mktemp("pd")
+    lines = realdata.peoples_daily_lines()[:600]
+    docs = ["\n".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
+    (root / "train.txt").write_text("\n\n".join(docs[:100]) + "\n", encoding="utf-8")
+    (root / "eval.txt").write_text("\n\n".join(docs[100:]) + "\n", encoding="utf-8")
+    assert main(["vocab", "--corpus", str(root / "train.txt"), "--vocab-size", "3000", "--out", str(root / "tok")]) == 0
+    for name, corpus, length in (("data", "train.txt", 64), ("eval", "eval.txt", 64), ("data128", "train.txt", 128)):
+        assert main(["prepare", "--corpus", str(root / corpus), "--tokenizer", str(root / "tok"), "--out",
+                     str(root / name), "--max-seq-len", str(length), "--dupe-factor", "2", "--quiet"]) == 0
+    return root
+
+
+def pretrain_args(root, out, *extra):
+    return ["pretrain", "--data", root / "data", "--out", out, "--config", "tiny", "--batch-size", "16",
+            "--lr", "1e-3", "--warmup-steps", "5", "--log-every", "5", "--quiet", *extra]
+
+
+def test_pretrain_end_to_end(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "40", "--eval-data", prepared / "eval",
+                                                "--eval-every", "20", "--save-every", "20"))
+    assert code == 0, err
+    assert "pretrained 40 steps" in out and "held-out: MLM loss" in out
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "metrics.jsonl",
+                 "metrics.json", "loss.png", "accuracy.png"):
+        assert (run / name).is_file(), name
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5  # a falling loss curve
+    assert "eval_mlm_accuracy" in rows[3] and "eval_nsp_accuracy" in rows[-1]
+    summary = json.loads((run / "metrics.json").read_text())
+    for key in ("steps", "tokens", "train_seconds", "tokens_per_second"):
+        assert summary[key] > 0, key
+    assert set(summary["eval"]) == {"mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"}
+    # the run folder is a Hugging Face checkpoint
+    hf = transformers.BertForPreTraining.from_pretrained(run)
+    assert hf.config.vocab_size == json.loads((prepared / "data" / "manifest.json").read_text())["vocab_size"]
+    tok = transformers.AutoTokenizer.from_pretrained(run)
+    assert tok.tokenize("人民日报") == ["人", "民", "日", "报"]
+
+    # phase two: longer sequences, starting from this run
+    code, out, err = cli(capsys, "pretrain", "--data", prepared / "data128", "--out", tmp_path / "phase2", "--init", run,
+                         "--steps", "5", "--batch-size", "8", "--quiet")
+    assert code == 0, err
+
+
+def test_existing_run_folder_is_refused(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared, run, "--steps", "5"))[0] == 0
+    code, _, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "5"))
+    assert code == 2 and "exists and is not empty; pass --resume" in err
+    code, _, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "5", "--overwrite"))
+    assert code == 0, err
+    code, _, err = cli(capsys, *pretrain_args(prepared, tmp_path / "none", "--steps", "5", "--resume"))
+    assert code == 2 and "nothing to resume" in err
+
+
+def test_vocab_mismatch_is_refused(prepared, tmp_path, capsys):
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(realdata.english_texts()[:300]) + "\n")
+    assert main(["vocab", "--corpus", str(other), "--vocab-size", "500", "--out", str(tmp_path / "tok")]) == 0
+    assert main(["prepare", "--corpus", str(other), "--tokenizer", str(tmp_path / "tok"), "--out",
+                 str(tmp_path / "data"), "--max-seq-len", "64", "--quiet"]) == 0
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared, run, "--steps", "2"))[0] == 0
+    code, _, err = cli(capsys, "pretrain", "--data", tmp_path / "data", "--out", tmp_path / "x", "--init", run,
+                       "--steps", "2", "--quiet")
+    assert code == 2 and "vocab mismatch" in err
+
+
+def run_cli(args, env):
+    return subprocess.Popen([sys.executable, "-m", "torchbert.cli", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_and_resume_is_bit_identical(prepared, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    args = ["--steps", "24", "--save-every", "4", "--keep", "2"]
+    ref = run_cli(pretrain_args(prepared, tmp_path / "ref", *args), env)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+
+    run = tmp_path / "run"
+    victim = run_cli(pretrain_args(prepared, run, *args), env)
+    target = random.Random().choice([4, 8, 12])  # kill somewhere after this checkpoint
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / f"step-{target:08d}").exists():
+        assert victim.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(random.random() * 0.3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    assert not (run / "metrics.json").exists()  # it really died before the end
+
+    resumed = run_cli(pretrain_args(prepared, run, *args, "--resume"), env)
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
