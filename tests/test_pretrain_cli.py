@@ -23,21 +23,6 @@ def cli(capsys, *argv):
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """A small Chinese corpus (documents of five paragraphs), its vocab and two prepared folders."""
-    root = tmp_path_factory.mktemp("pd")
-    lines = realdata.peoples_daily_lines()[:600]
-    docs = ["\n".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
-    (root / "train.txt").write_text("\n\n".join(docs[:100]) + "\n", encoding="utf-8")
-    (root / "eval.txt").write_text("\n\n".join(docs[100:]) + "\n", encoding="utf-8")
-    assert main(["vocab", "--corpus", str(root / "train.txt"), "--vocab-size", "3000", "--out", str(root / "tok")]) == 0
-    for name, corpus, length in (("data", "train.txt", 64), ("eval", "eval.txt", 64), ("data128", "train.txt", 128)):
-        assert main(["prepare", "--corpus", str(root / corpus), "--tokenizer", str(root / "tok"), "--out",
-                     str(root / name), "--max-seq-len", str(length), "--dupe-factor", "2", "--quiet"]) == 0
-    return root
-
-
 def pretrain_args(root, out, *extra):
     return ["pretrain", "--data", root / "data", "--out", out, "--config", "tiny", "--batch-size", "16",
             "--lr", "1e-3", "--warmup-steps", "5", "--log-every", "5", "--quiet", *extra]

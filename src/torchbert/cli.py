@@ -291,12 +291,15 @@ examples:
   torchbert pretrain --data data/zh --out runs/zh-small --config small --steps 10000 --batch-size 32
   torchbert pretrain --data data/zh --out runs/zh-small --resume            # continue after a stop
   torchbert pretrain --data data/zh512 --out runs/phase2 --init runs/zh-small --steps 1000   # phase 2
+  torchrun --nproc-per-node 4 -m torchbert pretrain --data data/zh --out runs/ddp --batch-size 32
 
 --config takes a preset (tiny, mini, small, medium, base, large) or a config.json; the vocabulary
 size comes from the data. The run folder is a Hugging Face checkpoint (config.json,
 model.safetensors, vocab.txt) with metrics.jsonl, metrics.json, loss.png and accuracy.png.
 Checkpoints (model, optimizer, schedule, RNG states, data position) go to OUT/checkpoints every
 --save-every steps; --resume continues from the newest whole one, bit for bit.
+Under torchrun each process reads its own part of every batch, so --batch-size is per process and
+the global batch is batch-size x processes x grad-accum; --fsdp shards the model with FSDP2.
 """
 
 
@@ -314,7 +317,12 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
-    device = pick_device(args.device)
+    from .train.distributed import init_distributed
+
+    try:
+        dist, device = init_distributed(args.device, fsdp=args.fsdp)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.precision == "bf16" and device.type == "cuda" and not __import__("torch").cuda.is_bf16_supported():
         raise UserError("--precision bf16: this GPU does not support bfloat16")
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
@@ -326,7 +334,9 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
                                 resume=args.resume, overwrite=args.overwrite)
-    summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr))
+    summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
+    if not dist.is_main:
+        return
     ev = summary.get("eval")
     print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
           f"({summary['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
@@ -360,6 +370,8 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
     p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")

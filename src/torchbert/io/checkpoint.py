@@ -21,13 +21,13 @@ import random
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
 PREFIX = "step-"
@@ -64,19 +64,21 @@ def set_rng_state(plain: dict[str, Any], tensors: dict[str, torch.Tensor]) -> No
         torch.cuda.set_rng_state_all(cuda)
 
 
-def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module, optimizer, scheduler,
-                    state: dict[str, Any], keep: int = 2) -> Path:
-    """Write checkpoints/step-N atomically, then delete all but the newest `keep`."""
+def save_checkpoint(run_dir: str | os.PathLike, step: int, model_state: dict[str, torch.Tensor],
+                    optimizer_state: dict, scheduler_state: dict, state: dict[str, Any], keep: int = 2,
+                    extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write checkpoints/step-N atomically, then delete all but the newest `keep`.
+
+    extra_rng: the torch RNG states of other processes (`torch_rank1`, ...), saved beside ours."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
-                  tmp / "model.safetensors")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler_state}, tmp / "optimizer.pt")
         plain, tensors = rng_state()
-        torch.save(tensors, tmp / "rng.pt")
+        torch.save({**tensors, **(extra_rng or {})}, tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}), encoding="utf-8")
         manifest = {name: _sha256(tmp / name) for name in FILES}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
@@ -124,12 +126,26 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return None
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and RNG states; returns the saved training state."""
-    model.load_state_dict(load_file(folder / "model.safetensors", device="cpu"))
+@dataclass
+class Checkpoint:
+    model: dict[str, torch.Tensor]
+    optimizer: dict
+    scheduler: dict
+    state: dict[str, Any]  # step, data position, counters
+    rng_plain: dict[str, Any]
+    rng_tensors: dict[str, torch.Tensor]
+
+    def restore_rng(self, rank: int = 0) -> None:
+        """This process's RNG states; a process the saving run did not have takes process 0's."""
+        tensors = dict(self.rng_tensors)
+        tensors["torch"] = tensors.get(f"torch_rank{rank}", tensors["torch"])
+        set_rng_state(self.rng_plain, tensors)
+
+
+def load_checkpoint(folder: Path) -> Checkpoint:
+    """Read a checkpoint (tensors through safetensors and weights-only torch.load)."""
     opt = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
     state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    set_rng_state(state.pop("rng"), torch.load(folder / "rng.pt", map_location="cpu", weights_only=True))
-    return state
+    plain = state.pop("rng")
+    return Checkpoint(load_file(folder / "model.safetensors", device="cpu"), opt["optimizer"], opt["scheduler"],
+                      state, plain, torch.load(folder / "rng.pt", map_location="cpu", weights_only=True))

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .optim import make_optimizer, make_scheduler
 
 
@@ -127,10 +128,16 @@ class Stream:
 
 def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | os.PathLike, *,
           resume: bool = False, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
-          device: torch.device | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train `model` for cfg.steps optimizer steps; returns the summary written to metrics.json."""
+          device: torch.device | None = None, log: Callable[[str], None] = print,
+          dist: Dist | None = None) -> dict[str, Any]:
+    """Train `model` (wrapped for DDP/FSDP when `dist` says so) for cfg.steps optimizer steps;
+    returns the summary written to metrics.json."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    dist = dist or Dist()
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log = lambda _: None  # noqa: E731  (one process speaks)
     device = device or next(model.parameters()).device
     seed_everything(cfg.seed)
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -142,32 +149,43 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise TrainingError(f"{run_dir}: --resume found no complete checkpoint")
-        state = load_checkpoint(ckpt, model, optimizer, scheduler)
+        saved = load_checkpoint(ckpt)
+        load_full_state(model, optimizer, saved.model, saved.optimizer, dist)
+        scheduler.load_state_dict(saved.scheduler)
+        saved.restore_rng(dist.rank)
+        state = saved.state
         step = state.pop("step")
-        _truncate_metrics(metrics_path, step)
+        dist.barrier()  # every process has read the checkpoint before process 0 writes anything
+        if dist.is_main:
+            _truncate_metrics(metrics_path, step)
         log(f"resumed from {ckpt} at step {step} (epoch {state['epoch']}, batch {state['start']})")
-    elif metrics_path.exists():
+    elif metrics_path.exists() and dist.is_main:
         metrics_path.unlink()
     stream = Stream(data, cfg.batch_size, state["epoch"], state["start"])
 
     model.train()
-    bar = _progress(cfg, step)
-    window = _Window(task.parts)
+    bar = _progress(cfg, step) if dist.is_main else None
+    window = _Window(task.parts, dist, device)
     bad_in_a_row = 0
     last_eval = None
     started = time.perf_counter() - state["seconds"]
     while step < cfg.steps:
         micro = [stream.next() for _ in range(cfg.grad_accum)]
         micro = [b.to(device) for b in micro]
-        totals = {p: sum(task.counts(b)[p] for b in micro) for p in task.parts}
+        local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
+        totals = dict(zip(task.parts, dist.all_reduce(local, device)))  # targets of the global batch
         step_loss = 0.0
-        for b in micro:
-            with autocast(cfg.precision, device):
+        for i, b in enumerate(micro):
+            # DDP: synchronize gradients on the last micro-batch only
+            sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
+            with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
                 parts = task.forward(model, b)
-            loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
-            loss.backward()
+                loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
+            # gradients are averaged over processes: scale so that they sum instead
+            (loss * dist.world_size).backward()
             step_loss += float(loss.detach())
             window.add(parts, task.counts(b), b.num_tokens)
+        step_loss = sum(dist.all_reduce([step_loss], device))
         if not math.isfinite(step_loss):
             optimizer.zero_grad(set_to_none=True)
             state["skipped_steps"] += 1
@@ -199,18 +217,35 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             if evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
                 last_eval = _evaluate(model, evaluate)
                 record.update({f"eval_{k}": v for k, v in last_eval.items()})
-            _append_jsonl(metrics_path, record)
+            if dist.is_main:
+                _append_jsonl(metrics_path, record)
         if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
-            save_checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep)
+            _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
     if bar is not None:
         bar.close()
-    save_checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep)
+    _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
     summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
     if last_eval is not None:
         summary["eval"] = last_eval
     return summary
+
+
+def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: Dist) -> None:
+    """Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes."""
+    import torch.distributed as torch_dist
+
+    model_state = full_state_dict(model, dist)
+    optim_state = full_optimizer_state(model, optimizer, dist)
+    extra_rng = {}
+    if dist.enabled:
+        states = [None] * dist.world_size
+        torch_dist.all_gather_object(states, torch.get_rng_state())
+        extra_rng = {f"torch_rank{r}": s for r, s in enumerate(states)}
+    if dist.is_main:
+        save_checkpoint(run_dir, step, model_state, optim_state, scheduler.state_dict(), state, keep, extra_rng)
+    dist.barrier()
 
 
 def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
@@ -223,11 +258,12 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
 
 
 class _Window:
-    """Per part: summed loss, correct predictions and targets since the last log line. A step's
-    figures wait in `pending` until the step is taken (a skipped step's are discarded)."""
+    """Per part: summed loss, correct predictions and targets since the last log line, over all
+    processes. A step's figures wait in `pending` until the step is taken (a skipped step's are
+    discarded)."""
 
-    def __init__(self, parts: tuple[str, ...]):
-        self.parts = parts
+    def __init__(self, parts: tuple[str, ...], dist: Dist, device: torch.device):
+        self.parts, self.dist, self.device = parts, dist, device
         self.sums, self.pending = self._zero(), self._zero()
 
     def _zero(self) -> dict[str, Any]:
@@ -246,10 +282,15 @@ class _Window:
         self.pending = self._zero()
 
     def commit(self) -> int:
-        tokens = self.pending["tokens"]
+        """Add the step's figures (summed over processes); returns its token count."""
+        flat = [self.pending["tokens"], *[x for p in self.parts for x in self.pending[p]]]
+        flat = self.dist.all_reduce(flat, self.device)
+        tokens = int(flat[0])
         self.sums["tokens"] += tokens
-        for p in self.parts:
-            self.sums[p] = [a + b for a, b in zip(self.sums[p], self.pending[p])]
+        for i, p in enumerate(self.parts):
+            loss_sum, correct, n = flat[1 + 3 * i: 4 + 3 * i]
+            a = self.sums[p]
+            self.sums[p] = [a[0] + loss_sum, a[1] + int(correct), a[2] + int(n)]
         self.pending = self._zero()
         return tokens
 

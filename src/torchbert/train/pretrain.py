@@ -19,6 +19,7 @@ from ..config import PRESETS, BertConfig
 from ..data.shards import PretrainingData
 from ..heads import BertForPreTraining
 from ..io.files import atomic_write_text
+from .distributed import Dist, full_state_dict, wrap
 from .loop import PretrainingTask, TrainConfig, train
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
@@ -49,16 +50,19 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int) -> BertCo
     return config
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
+def check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to clobber a run by accident (read-only: every process checks before any writes)."""
     if out.exists() and any(out.iterdir()):
-        if resume:
-            return
-        if not overwrite:
+        if not resume and not overwrite:
             raise ValueError(f"--out {out}: the folder exists and is not empty; pass --resume to continue "
                              "the run in it or --overwrite to start again")
-        shutil.rmtree(out)
     elif resume:
         raise ValueError(f"--out {out}: nothing to resume (no such run)")
+
+
+def prepare_run_dir(out: Path, resume: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not resume:
+        shutil.rmtree(out)  # --overwrite, checked above
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -85,9 +89,14 @@ def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, dev
     return evaluate
 
 
-def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print) -> dict:
-    data = PretrainingData(s.data, seed=cfg.seed)
-    prepare_run_dir(s.out, s.resume, s.overwrite)
+def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print,
+                    dist: Dist | None = None) -> dict:
+    dist = dist or Dist()
+    data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
+    check_run_dir(s.out, s.resume, s.overwrite)
+    dist.barrier()
+    if dist.is_main:
+        prepare_run_dir(s.out, s.resume)
     if s.init is not None:
         data.check_vocab(s.init)
         model = BertForPreTraining.from_pretrained(s.init)
@@ -97,7 +106,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     else:
         torch.manual_seed(cfg.seed)
         model = BertForPreTraining(model_config(s.config, data.vocab_size, data.max_seq_len))
-    model.to(device)
+    config = model.config
+    model = wrap(model.to(device), dist, device)
     evaluate = None
     if s.eval_data is not None:
         eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False)
@@ -105,9 +115,14 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device)
 
     summary = train(model, data, PretrainingTask(), cfg, s.out, resume=s.resume, evaluate=evaluate,
-                    device=device, log=log)
+                    device=device, log=log, dist=dist)
 
-    model.save_pretrained(s.out)
+    state = full_state_dict(model, dist)  # every process takes part under FSDP
+    if not dist.is_main:
+        return summary
+    final = BertForPreTraining(config)
+    final.load_state_dict(state)
+    final.save_pretrained(s.out)
     for name in TOKENIZER_FILES:
         if (s.data / name).is_file():
             shutil.copyfile(s.data / name, s.out / name)

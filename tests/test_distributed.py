@@ -1,0 +1,58 @@
+"""torchrun on CPU with gloo: 2 processes take the same steps as 1 on the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torchbert import BertConfig
+
+
+def launch(nproc, args, port):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+           f"--master-port={port}", "-m", "torchbert", *map(str, args)]
+    if nproc == 1:  # a single process needs no launcher
+        cmd = [sys.executable, "-m", "torchbert", *map(str, args)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def losses(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def no_dropout_config(prepared, tmp_path_factory):
+    vocab = json.loads((prepared / "data" / "manifest.json").read_text())["vocab_size"]
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    BertConfig.from_name("tiny", vocab_size=vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).save(path)
+    return path
+
+
+def args(prepared, config, out, batch, *extra):
+    return ["pretrain", "--data", prepared / "data", "--out", out, "--config", config, "--batch-size", batch,
+            "--lr", "1e-3", "--warmup-steps", "2", "--log-every", "1", "--quiet", *extra]
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_two_processes_match_one(prepared, no_dropout_config, tmp_path, fsdp):
+    port = 29511 + int(fsdp)
+    launch(1, args(prepared, no_dropout_config, tmp_path / "one", 16, "--steps", "4"), port)
+    extra = ["--fsdp"] if fsdp else []
+    launch(2, args(prepared, no_dropout_config, tmp_path / "two", 8, "--steps", "4", "--save-every", "2", *extra), port)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert a["tokens"] == b["tokens"]  # the same global batches
+        for key in ("loss", "mlm_loss", "nsp_loss"):
+            assert abs(a[key] - b[key]) < 1e-5, (key, a, b)
+        assert a["mlm_accuracy"] == b["mlm_accuracy"]
+    assert (tmp_path / "two" / "model.safetensors").is_file()
+
+    # a checkpoint written by 2 processes resumes on 1 (same global batch: 16 per step)
+    launch(1, args(prepared, no_dropout_config, tmp_path / "two", 16, "--steps", "6", "--resume"), port)
+    assert [r["step"] for r in losses(tmp_path / "two")] == [1, 2, 3, 4, 5, 6]
