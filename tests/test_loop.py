@@ -172,3 +172,20 @@ def test_nan_steps_are_skipped_and_counted(tmp_path):
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(TrainingError, match="found no complete checkpoint"):
         train(tiny_model(), RepeatData(), PretrainingTask(), cfg(), tmp_path, resume=True, log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_compiled_model_matches_eager():
+    """torch.compile is a fast path: the same losses and gradients as the plain model (slow: ~1 min)."""
+    eager, compiled = tiny_model(dropout=0.0), tiny_model(dropout=0.0)
+    compiled.compile(dynamic=True)
+    task = PretrainingTask()
+    for batch in list(RepeatData(n=32).batches(8))[:2]:
+        a, c = task.forward(eager, batch), task.forward(compiled, batch)
+        for part in task.parts:
+            assert abs(float(a[part][0]) - float(c[part][0])) < 1e-4
+        sum(v[0] for v in a.values()).backward()
+        sum(v[0] for v in c.values()).backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4), name
+    assert list(dict(compiled.named_parameters())) == list(dict(eager.named_parameters()))

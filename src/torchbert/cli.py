@@ -333,7 +333,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
-                                resume=args.resume, overwrite=args.overwrite)
+                                resume=args.resume, overwrite=args.overwrite, compile=args.compile)
     summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
     if not dist.is_main:
         return
@@ -370,6 +370,8 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
     p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (pays on long runs; the first steps wait for the compiler)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")

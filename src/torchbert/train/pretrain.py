@@ -33,6 +33,7 @@ class PretrainSettings:
     init: Path | None = None  # start from this checkpoint (two-phase training)
     eval_data: Path | None = None
     eval_batches: int = 20
+    compile: bool = False
     resume: bool = False
     overwrite: bool = False
 
@@ -107,6 +108,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         torch.manual_seed(cfg.seed)
         model = BertForPreTraining(model_config(s.config, data.vocab_size, data.max_seq_len))
     config = model.config
+    if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
+        model.compile(dynamic=True)
     model = wrap(model.to(device), dist, device)
     evaluate = None
     if s.eval_data is not None:
