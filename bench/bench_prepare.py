@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from machine import cpu_name  # noqa: E402
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     jieba.initialize()  # loading the dictionary (~1.5 s, once per process) is not part of the timing
 
     print(f"People's Daily: {len(lines)} paragraphs, {sum(map(len, lines)):,} characters; "
-          f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
+          f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}, "
           f"dupe_factor {args.dupe_factor}, max_seq_len {args.max_seq_len}, vocab {args.vocab_size}\n")
     print("| configuration | instances | instance tokens | tokenize s | pairs s | mask s | write s "
           "| instance tokens/s | corpus tokens/s |")

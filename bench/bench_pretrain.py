@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import realdata  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
@@ -63,16 +63,6 @@ from torchbert.heads import BertForPreTraining  # noqa: E402
 from torchbert.train.optim import make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load_average() -> str:

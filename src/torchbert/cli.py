@@ -178,18 +178,11 @@ def _clip(text: str, n: int = 70) -> str:
 
 def _check_corpus(paths: list[str]) -> None:
     """Each corpus file exists, holds text, and is valid UTF-8 (the error names the file and line)."""
+    from .data.pretraining import _read_lines
+
     for name in paths:
-        path = Path(name)
-        if not path.is_file():
-            raise UserError(f"--corpus {path}: no such file")
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise UserError(f"{path}:{line}: not valid UTF-8 (byte {data[e.start:e.start + 1]!r})") from None
-        if not text.strip():
-            raise UserError(f"{path}: the corpus file is empty")
+        if not any(line.strip() for line in _read_lines(Path(name))):
+            raise UserError(f"{name}: the corpus file is empty")
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
