@@ -178,10 +178,10 @@ def _clip(text: str, n: int = 70) -> str:
 
 def _check_corpus(paths: list[str]) -> None:
     """Each corpus file exists, holds text, and is valid UTF-8 (the error names the file and line)."""
-    from .data.pretraining import _read_lines
+    from .data.pretraining import read_lines
 
     for name in paths:
-        if not any(line.strip() for line in _read_lines(Path(name))):
+        if not any(line.strip() for line in read_lines(Path(name))):
             raise UserError(f"{name}: the corpus file is empty")
 
 

@@ -62,7 +62,7 @@ def split_sentences(text: str) -> list[str]:
 # 1. documents
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     """The file's lines, decoded; a bad byte is an error naming the file and the line."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: corpus file not found")
@@ -93,7 +93,7 @@ def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto") -> lis
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     docs: list[list[str]] = []
     for p in map(Path, paths):
-        lines = _read_lines(p)
+        lines = read_lines(p)
         kind = detect_format(p, lines) if fmt == "auto" else fmt
         if kind == "jsonl":
             for n, line in enumerate(lines, start=1):
