@@ -10,10 +10,11 @@ import pytest
 from torchbert import BertConfig
 
 
-def launch(nproc, args, port):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-           f"--master-port={port}", "-m", "torchbert", *map(str, args)]
+def launch(nproc, args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # --standalone: a rendezvous on a free local port, so parallel runs cannot collide
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "torchbert", *map(str, args)]
     if nproc == 1:  # a single process needs no launcher
         cmd = [sys.executable, "-m", "torchbert", *map(str, args)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -40,10 +41,9 @@ def args(prepared, config, out, batch, *extra):
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_two_processes_match_one(prepared, no_dropout_config, tmp_path, fsdp):
-    port = 29511 + int(fsdp)
-    launch(1, args(prepared, no_dropout_config, tmp_path / "one", 16, "--steps", "4"), port)
+    launch(1, args(prepared, no_dropout_config, tmp_path / "one", 16, "--steps", "4"))
     extra = ["--fsdp"] if fsdp else []
-    launch(2, args(prepared, no_dropout_config, tmp_path / "two", 8, "--steps", "4", "--save-every", "2", *extra), port)
+    launch(2, args(prepared, no_dropout_config, tmp_path / "two", 8, "--steps", "4", "--save-every", "2", *extra))
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert [r["step"] for r in two] == [1, 2, 3, 4]
     for a, b in zip(one, two):
@@ -54,5 +54,5 @@ def test_two_processes_match_one(prepared, no_dropout_config, tmp_path, fsdp):
     assert (tmp_path / "two" / "model.safetensors").is_file()
 
     # a checkpoint written by 2 processes resumes on 1 (same global batch: 16 per step)
-    launch(1, args(prepared, no_dropout_config, tmp_path / "two", 16, "--steps", "6", "--resume"), port)
+    launch(1, args(prepared, no_dropout_config, tmp_path / "two", 16, "--steps", "6", "--resume"))
     assert [r["step"] for r in losses(tmp_path / "two")] == [1, 2, 3, 4, 5, 6]
