@@ -119,3 +119,35 @@ def test_bf16_autocast_trains(prepared, tmp_path, capsys):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and all(r["loss"] == r["loss"] and r["loss"] < 20 for r in rows)  # finite, sensible
     assert load_file(run / "model.safetensors")["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
+
+
+def test_heldout_documents_are_prepared_apart_and_evaluated(prepared, tmp_path, capsys):
+    data = tmp_path / "data"
+    code, out, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
+                         "--out", data, "--max-seq-len", "64", "--dupe-factor", "1", "--heldout-docs", "10", "--quiet")
+    assert code == 0, err
+    assert "held out: 10 documents" in out
+    main_manifest = json.loads((data / "manifest.json").read_text())
+    held_manifest = json.loads((data / "heldout" / "manifest.json").read_text())
+    assert main_manifest["counts"]["documents"] == 90 and held_manifest["counts"]["documents"] == 10
+    assert main_manifest["heldout"]["instances"] == held_manifest["counts"]["instances"] > 0
+    assert held_manifest["settings"]["masking"] == "static" and held_manifest["vocab_sha256"] == main_manifest["vocab_sha256"]
+    # the held-out documents' text is not in the training instances
+    from torchbert.data.shards import PretrainingData
+
+    def texts(folder):
+        d = PretrainingData(folder, shuffle=False)
+        return {tuple(d.instance(i)["tokens"][1:9].tolist()) for i in range(len(d))}
+
+    assert not texts(data) & texts(data / "heldout")
+
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, "pretrain", "--data", data, "--out", run, "--config", "tiny", "--steps", "3",
+                         "--batch-size", "8", "--quiet")
+    assert code == 0, err
+    assert "held-out: MLM loss" in out
+    assert set(json.loads((run / "metrics.json").read_text())["eval"]) >= {"mlm_accuracy", "nsp_accuracy"}
+
+    code, _, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
+                       "--out", tmp_path / "x", "--heldout-docs", "99", "--quiet")
+    assert code == 2 and "cannot spare 99 for evaluation" in err

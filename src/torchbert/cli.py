@@ -222,7 +222,8 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     settings = PrepareSettings(
         max_seq_len=args.max_seq_len, masking=args.masking, whole_word=args.whole_word,
         dupe_factor=args.dupe_factor, masked_lm_prob=args.masked_lm_prob, max_predictions=args.max_predictions,
-        short_seq_prob=args.short_seq_prob, seed=args.seed, format=args.format, shard_size=args.shard_size)
+        short_seq_prob=args.short_seq_prob, seed=args.seed, format=args.format, shard_size=args.shard_size,
+        heldout_docs=args.heldout_docs)
     start = time.perf_counter()
     try:
         m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite,
@@ -234,6 +235,10 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: {c['instances']} instances, {c['tokens']} tokens in {c['shards']} shard(s) from "
           f"{c['documents']} documents ({args.masking} masking{', whole word' if args.whole_word else ''}) "
           f"in {seconds:.1f}s, {c['tokens'] / seconds:,.0f} tokens/s")
+    if "heldout" in m:
+        h = m["heldout"]
+        print(f"  held out: {h['documents']} documents -> {h['instances']} instances in {args.out}/heldout "
+              "(torchbert pretrain evaluates on it)")
 
 
 def cmd_inspect_data(args: argparse.Namespace) -> None:
@@ -346,7 +351,7 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
     p.add_argument("--config", default="small", help="preset name or config.json (default: small, L4 H512 A8)")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
-    p.add_argument("--eval-data", help="held-out data folder (torchbert prepare on other documents)")
+    p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch (default: 32)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
@@ -442,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("auto", "bert", "text", "jsonl"), default="auto",
                    help="input layout, see below (default: auto)")
     r.add_argument("--shard-size", type=int, default=100_000, help="instances per shard (default: 100000)")
+    r.add_argument("--heldout-docs", type=int, default=0, metavar="N",
+                   help="keep N documents (drawn by --seed) out of training and prepare them into OUT/heldout "
+                        "for held-out evaluation (default: 0)")
     r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_prepare)

@@ -36,7 +36,7 @@ import os
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -551,6 +551,7 @@ class PrepareSettings:
     seed: int = 12345
     format: str = "auto"
     shard_size: int = 100_000        # instances per shard
+    heldout_docs: int = 0            # documents kept out of training, prepared into out/heldout
 
     def check(self) -> None:
         if self.max_seq_len < 5:
@@ -569,6 +570,8 @@ class PrepareSettings:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        if self.heldout_docs < 0:
+            raise ValueError(f"heldout_docs must be >= 0, got {self.heldout_docs}")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -589,15 +592,14 @@ def prepare(
 ) -> dict:
     """Corpus files -> a data folder of sharded instances (see data/shards.py); returns the manifest.
 
+    With settings.heldout_docs = k, k documents drawn by the seed are kept out of training and
+    prepared (static masking, one pass) in `out/heldout`, a data folder of its own for evaluation.
     The folder is built next to `out` and renamed into place at the end, so `out` never holds a
     half-written dataset.  manifest["timings"] gives the seconds of each stage."""
     import shutil
     import time
 
-    from tqdm.auto import tqdm
-
     from ..tokenizer import MASK, BertTokenizer
-    from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256, write_shard
 
     s = settings or PrepareSettings()
     s.check()
@@ -608,15 +610,66 @@ def prepare(
     tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{tokenizer_dir}: the vocab has no {MASK} token, which masked LM needs")
-    timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
     docs = read_documents(corpus_paths, s.format)
     names = ", ".join(str(p) for p in corpus_paths)
     if not docs:
         raise ValueError(f"{names}: the corpus is empty (no sentences)")
-    timings["read"] = time.perf_counter() - t0
+    read_seconds = time.perf_counter() - t0
+    heldout, docs = split_heldout(docs, s.heldout_docs, s.seed, names)
 
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        manifest = _build(docs, tokenizer, tokenizer_dir, s, tmp, corpus_paths, progress)
+        manifest["timings"] = {"read": read_seconds, **manifest["timings"]}
+        if heldout:
+            evaluation = replace(s, masking="static", dupe_factor=1, heldout_docs=0)
+            held = _build(heldout, tokenizer, tokenizer_dir, evaluation, tmp / "heldout", corpus_paths, progress)
+            _write_manifest(tmp / "heldout", held)
+            manifest["heldout"] = {"folder": "heldout", **held["counts"]}
+        _write_manifest(tmp, manifest)
+        _check_out(out, overwrite)  # nothing appeared meanwhile
+        if out.exists():
+            trash = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, trash)
+            os.rename(tmp, out)
+            shutil.rmtree(trash)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def split_heldout(docs: list[list[str]], k: int, seed: int, names: str) -> tuple[list, list]:
+    """(held-out documents, training documents): k documents drawn by the seed, order kept."""
+    if k == 0:
+        return [], docs
+    if k < 2 or len(docs) - k < 2:
+        raise ValueError(f"{names}: {len(docs)} documents cannot spare {k} for evaluation (each side needs "
+                         "at least 2, for NotNext partners)")
+    chosen = set(random.Random(f"{seed}/heldout").sample(range(len(docs)), k))
+    return ([d for i, d in enumerate(docs) if i in chosen], [d for i, d in enumerate(docs) if i not in chosen])
+
+
+def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, folder: Path,
+           corpus_paths: Sequence, progress: bool) -> dict:
+    """Tokenize, pair, mask and write one data folder (shards, tokenizer files); returns its manifest.
+    The caller writes manifest.json (the training folder's also names its held-out part)."""
+    import shutil
+    import time
+
+    from tqdm.auto import tqdm
+
+    from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256, write_shard
+
+    names = ", ".join(str(p) for p in corpus_paths)
+    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     n_sent = sum(len(d) for d in docs)
     with tqdm(total=n_sent, unit="sent", desc="tokenize", disable=not progress) as bar:
@@ -657,56 +710,44 @@ def prepare(
 
     t0 = time.perf_counter()
     dtype = token_dtype(tokenizer.vocab_size)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        shard_entries = _write_shards(tmp, parts, masks, s.shard_size, dtype, write_shard)
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file():
-                shutil.copy2(src, tmp / name)
-        if not (tmp / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
-            tokenizer.save_pretrained(tmp)
-        n_tokens = sum(e["tokens"] for e in shard_entries)
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "counts": {
-                "documents": corpus.num_documents,
-                "sentences": len(corpus.sent_starts) - 1,
-                "corpus_tokens": int(len(corpus.tokens)),
-                "instances": n_done,
-                "tokens": n_tokens,
-                "masked_tokens": int(sum(len(m.positions) for m in masks)) if masks else None,
-                "is_random_next": int(sum(int(p.random_next.sum()) for p in parts)),
-                "shards": len(shard_entries),
-            },
-            "vocab_size": tokenizer.vocab_size,
-            "vocab_sha256": vocab_sha256(tokenizer),
-            "token_dtype": dtype.name,
-            "special_ids": {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
-                            "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id, "all": special_ids},
-            "seed": s.seed,
-            "settings": {**s.__dict__, "corpus": [str(p) for p in corpus_paths], "tokenizer": str(tokenizer_dir)},
-            "shards": shard_entries,
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        _check_out(out, overwrite)  # nothing appeared meanwhile
-        if out.exists():
-            trash = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, trash)
-            os.rename(tmp, out)
-            shutil.rmtree(trash)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    folder.mkdir(parents=True, exist_ok=True)
+    shard_entries = _write_shards(folder, parts, masks, s.shard_size, dtype, write_shard)
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.is_file():
+            shutil.copy2(src, folder / name)
+    if not (folder / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
+        tokenizer.save_pretrained(folder)
+    n_tokens = sum(e["tokens"] for e in shard_entries)
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "counts": {
+            "documents": corpus.num_documents,
+            "sentences": len(corpus.sent_starts) - 1,
+            "corpus_tokens": int(len(corpus.tokens)),
+            "instances": n_done,
+            "tokens": n_tokens,
+            "masked_tokens": int(sum(len(m.positions) for m in masks)) if masks else None,
+            "is_random_next": int(sum(int(p.random_next.sum()) for p in parts)),
+            "shards": len(shard_entries),
+        },
+        "vocab_size": tokenizer.vocab_size,
+        "vocab_sha256": vocab_sha256(tokenizer),
+        "token_dtype": dtype.name,
+        "special_ids": {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
+                        "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id, "all": special_ids},
+        "seed": s.seed,
+        "settings": {**s.__dict__, "corpus": [str(p) for p in corpus_paths], "tokenizer": str(tokenizer_dir)},
+        "shards": shard_entries,
+    }
     timings["write"] = time.perf_counter() - t0
     manifest["timings"] = timings
     return manifest
+
+
+def _write_manifest(folder: Path, manifest: dict) -> None:
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _write_shards(folder: Path, parts: list[Instances], masks: list[Masked], shard_size: int, dtype,

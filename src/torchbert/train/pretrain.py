@@ -71,6 +71,8 @@ def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, dev
     """Held-out MLM loss and accuracy and NSP accuracy over a fixed set of batches."""
     task = PretrainingTask()
 
+    batch_size = max(1, min(batch_size, len(eval_data)))  # a small held-out set still gives a batch
+
     def evaluate(model) -> dict[str, float]:
         sums = {"mlm": [0.0, 0, 0], "nsp": [0.0, 0, 0]}
         for i, batch in enumerate(eval_data.batches(batch_size, epoch=0)):
@@ -112,6 +114,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         model.compile(dynamic=True)
     model = wrap(model.to(device), dist, device)
     evaluate = None
+    if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
+        s.eval_data = s.data / "heldout"  # prepare --heldout-docs put it there
     if s.eval_data is not None:
         eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False)
         data.check_vocab(s.eval_data)
