@@ -120,8 +120,8 @@ def main() -> None:
 
         print(f"\n{corpus}, max_length {max_length}: {len(texts)} texts, tokens per text after truncation: "
               f"mean {np.mean(lengths):.0f}, median {int(np.median(lengths))}, max {max(lengths)}")
-        print(f"| system | texts/s | torchbert speed-up | max abs diff vs torchbert |")
-        print(f"|---|---:|---:|---:|")
+        print("| system | texts/s | torchbert speed-up | max abs diff vs torchbert |")
+        print("|---|---:|---:|---:|")
         for name, t, diff in rows:
             print(f"| {name} | {len(texts) / t:.1f} | {t / t_ours:.2f}x | {diff:.1e} |")
         worst = max(d for _, _, d in rows)

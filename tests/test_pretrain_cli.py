@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
