@@ -30,7 +30,10 @@ best fp32 matrix product the machine runs in this process ([4096, 512] x [512, 2
 lengths T_i (N = sum T_i real tokens) with M masked tokens, L layers, hidden H, intermediate I,
 vocab V (a multiply-add is 2 FLOPs; backward costs twice the forward, so fwd+bwd = 3x forward):
 
-    encoder matmuls   6 * L * (4 H^2 + 2 H I) * N        q, k, v, output, up and down projections
+    encoder matmuls   6 * L * (4 H^2 + 2 H I) * N        q, k, v, output, up and down projections,
+                    - 6 * (H^2 + 2 H I) * (N - M - B)    except the last layer's output, up and down
+                                                         projections of tokens nothing reads (neither
+                                                         masked nor [CLS])
     attention         3 * L * 4 H * sum_i T_i^2          q k^T and probs v over real lengths only
     MLM head          6 * (H^2 + H V) * M                transform + vocab projection, masked tokens only
     pooler and NSP    6 * (H^2 + 2 H) * B                [CLS] only (about 0.01% of the total)
@@ -117,7 +120,8 @@ def useful_flops(c: BertConfig, b: Batch) -> float:
     """The formula of the module docstring for one batch."""
     H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
     lengths = b.cu_seqlens.diff().double()  # [B]
-    encoder = 6 * L * (4 * H * H + 2 * H * I) * b.num_tokens
+    read = b.mlm_labels.numel() + lengths.numel()  # tokens whose final state a head reads: masked and [CLS]
+    encoder = 6 * L * (4 * H * H + 2 * H * I) * b.num_tokens - 6 * (H * H + 2 * H * I) * (b.num_tokens - read)
     attention = 3 * L * 4 * H * float((lengths ** 2).sum())
     mlm = 6 * (H * H + H * V) * b.mlm_labels.numel()
     pooler_nsp = 6 * (H * H + 2 * H) * lengths.numel()
@@ -179,6 +183,8 @@ def main() -> None:
     ap.add_argument("--config", default="small", help="preset name (default small: L4 H512 A8, I 2048)")
     ap.add_argument("--vocab-size", type=int, default=21128, help="model vocab (default 21128, Google's Chinese BERT)")
     ap.add_argument("--regime", choices=("variable", "fixed"), nargs="+", default=["variable", "fixed"])
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torchbert under torch.compile (model.compile(dynamic=True), as pretrain --compile)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile one step of each system (variable length) and print the top K ops")
     args = ap.parse_args()
@@ -225,6 +231,11 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
     results, profiles = [], []
     for regime in args.regime:
         ours, opt_ours, theirs, opt_theirs = fresh_models()
+        extra = []
+        if args.compile:
+            compiled = BertForPreTraining.from_pretrained(init).train()
+            compiled.compile(dynamic=True)
+            extra.append(("torchbert, packed, compiled", compiled, make_optimizer(compiled)))
         notes = []
         if regime == "variable":
             batches = []
@@ -236,6 +247,7 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
                 raise SystemExit(f"only {len(batches)} batches of {args.batch_size}; need {n}")
             systems = [
                 ("torchbert, packed (unpadded)", ours, opt_ours, [packed_inputs(b) for b in batches]),
+                *[(name, m, opt, [packed_inputs(b) for b in batches]) for name, m, opt in extra],
                 (f"transformers sdpa, padded to {args.seq_len}", theirs, opt_theirs,
                  [b.padded(pad_to=args.seq_len) for b in batches]),
             ]
@@ -249,6 +261,7 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
             batches = full_length_batches(data, args.batch_size, args.seq_len, n)
             systems = [
                 ("torchbert, packed (all full: dense)", ours, opt_ours, [packed_inputs(b) for b in batches]),
+                *[(name, m, opt, [packed_inputs(b) for b in batches]) for name, m, opt in extra],
                 ("transformers sdpa, padded (no padding)", theirs, opt_theirs, [b.padded() for b in batches]),
             ]
 
@@ -263,7 +276,9 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         timed = batches[warmup:]
         results.append((regime, systems, seconds, timed, max(diffs), notes))
         if args.profile and regime == "variable":
-            profiles = [(name, m, opt, x[-1]) for name, m, opt, x in systems[:2]]
+            mine = systems[0]
+            ref = next(s for s in systems if s[0].startswith("transformers"))
+            profiles = [(name, m, opt, x[-1]) for name, m, opt, x in (mine, ref)]
 
     peak = max(peak, matmul_peak())  # before and after, the best: the machine may be shared
     print(f"# fp32 matmul peak (best of [4096x512]x[512x2048] and [4096x2048]x[2048x512]): {peak:.1f} GFLOP/s")

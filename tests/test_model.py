@@ -159,6 +159,46 @@ def test_unpadded_gradients_match_padded():
         assert torch.allclose(p.grad, g_pad[n], atol=1e-5), n
 
 
+@torch.no_grad()
+def test_output_positions_match_the_full_output(ours, batch):
+    """The last layer run at a few positions only gives those rows of the full output, and the same
+    pooled [CLS], padded and packed."""
+    gen = torch.Generator().manual_seed(0)
+    for enc in batch:
+        full = ours(**enc)
+        m = enc["attention_mask"].bool()
+        real = m.flatten().nonzero().squeeze(1)
+        pick = real[torch.randperm(real.numel(), generator=gen)[:7]]  # flat positions into [B*T]
+        out = ours(**enc, output_positions=pick)
+        H = ours.config.hidden_size
+        assert out.last_hidden_state.shape == (7, H)
+        assert max_diff(out.last_hidden_state, full.last_hidden_state.reshape(-1, H)[pick]) < TOL
+        assert max_diff(out.pooler_output, full.pooler_output) < TOL
+        ids, types, cu, max_len = unpad(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        packed_pick = torch.randperm(ids.numel(), generator=gen)[:7]  # positions into [N]
+        packed = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=max_len, output_positions=packed_pick)
+        assert max_diff(packed.last_hidden_state, full.last_hidden_state[m][packed_pick]) < TOL
+        assert max_diff(packed.pooler_output, full.pooler_output) < TOL
+
+
+def test_output_positions_gradients_match_the_full_output():
+    torch.manual_seed(0)
+    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertModel(cfg)
+    ids = torch.randint(1, 300, (4, 11))
+    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 1])[:, None]).long()
+    pick = torch.tensor([1, 5, 12, 23, 24])  # flat positions of real tokens
+    w = torch.randn(len(pick), cfg.hidden_size)
+    out = m(ids, attention_mask=mask)
+    ((out.last_hidden_state.reshape(-1, cfg.hidden_size)[pick] * w).sum() + out.pooler_output.sum()).backward()
+    g_full = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    out = m(ids, attention_mask=mask, output_positions=pick)
+    ((out.last_hidden_state * w).sum() + out.pooler_output.sum()).backward()
+    for n, p in m.named_parameters():
+        assert torch.allclose(p.grad, g_full[n], atol=1e-5), n
+
+
 def test_bad_inputs_give_clear_errors(ours):
     long = torch.ones(1, 513, dtype=torch.long)
     with pytest.raises(ValueError, match="longer than max_position_embeddings 512; truncate"):

@@ -58,17 +58,15 @@ class MaskedLMHead(nn.Module):
         return F.linear(h, word_embeddings, self.bias)  # [M, V]
 
 
-def mlm_targets(last_hidden: Tensor, labels: Tensor | None, mlm_positions: Tensor | None,
-                mlm_labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The hidden states to score, [M, H] (or every token when there are no targets), and their labels."""
-    h = last_hidden.reshape(-1, last_hidden.shape[-1])  # [B*T, H] or [N, H]
+def mlm_targets(labels: Tensor | None, mlm_positions: Tensor | None,
+                mlm_labels: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """The flat positions to score [M] (into the [B*T] or [N] tokens) and their labels [M]; both None
+    when there are no targets (then every token is scored)."""
     if labels is not None:  # padded, transformers-style
         flat = labels.reshape(-1)
         mlm_positions = (flat != IGNORE).nonzero().squeeze(1)  # [M]
         mlm_labels = flat[mlm_positions]
-    if mlm_positions is None:
-        return last_hidden, None
-    return h[mlm_positions], mlm_labels  # [M, H], [M]
+    return mlm_positions, mlm_labels
 
 
 class BertForPreTraining(HFCheckpoint, nn.Module):
@@ -85,11 +83,12 @@ class BertForPreTraining(HFCheckpoint, nn.Module):
                 labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
                 mlm_positions: Tensor | None = None, mlm_labels: Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
+        positions, targets = mlm_targets(labels, mlm_positions, mlm_labels)
+        # the last layer runs only at the masked positions (and [CLS]): h is [M, H]
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
                         max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions)
-        h, targets = mlm_targets(out.last_hidden_state, labels, mlm_positions, mlm_labels)
-        mlm_logits = self.mlm(h, self.bert.embeddings.word.weight)  # [M, V]
+                        output_attentions=output_attentions, output_positions=positions)
+        mlm_logits = self.mlm(out.last_hidden_state, self.bert.embeddings.word.weight)  # [M, V]
         nsp_logits = self.nsp(out.pooler_output)  # [B, 2]
         mlm_loss = F.cross_entropy(mlm_logits, targets) if targets is not None else None
         nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label) if next_sentence_label is not None else None
@@ -112,11 +111,12 @@ class BertForMaskedLM(HFCheckpoint, nn.Module):
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, mlm_positions: Tensor | None = None, mlm_labels: Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
+        positions, targets = mlm_targets(labels, mlm_positions, mlm_labels)
+        # the last layer runs only at the masked positions (and [CLS]): h is [M, H]
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
                         max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions)
-        h, targets = mlm_targets(out.last_hidden_state, labels, mlm_positions, mlm_labels)
-        mlm_logits = self.mlm(h, self.bert.embeddings.word.weight)
+                        output_attentions=output_attentions, output_positions=positions)
+        mlm_logits = self.mlm(out.last_hidden_state, self.bert.embeddings.word.weight)
         mlm_loss = F.cross_entropy(mlm_logits, targets) if targets is not None else None
         return PreTrainingOutput(mlm_loss, mlm_loss, None, mlm_logits, None, targets,
                                  out.hidden_states, out.attentions)

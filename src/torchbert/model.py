@@ -36,7 +36,7 @@ from .io.hf import HFCheckpoint
 
 @dataclass
 class BertOutput:
-    last_hidden_state: Tensor  # [B, T, H] padded, [N, H] unpadded
+    last_hidden_state: Tensor  # [B, T, H] padded, [N, H] unpadded, [K, H] at output_positions
     pooler_output: Tensor | None = None  # [B, H]
     hidden_states: tuple[Tensor, ...] | None = None  # N+1 of them: embeddings, then each layer
     attentions: tuple[Tensor, ...] | None = None  # each [B, A, T, T]
@@ -93,7 +93,8 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
+                keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         B, T, A = layout.batch, layout.seqlen, self.heads
         qkv = self.qkv(x)  # [B, T, 3H] or [N, 3H]
         H = qkv.shape[-1] // 3
@@ -117,6 +118,8 @@ class SelfAttention(nn.Module):
         if layout.seq is not None:
             ctx = ctx[layout.seq, layout.pos]  # [N, A, D]: gather the real tokens
         ctx = ctx.reshape(*x.shape[:-1], H)  # [B, T, H] or [N, H]
+        if keep is not None:
+            ctx = ctx.reshape(-1, H)[keep]  # [K, H]: only the rows asked for go on
         return self.out(ctx), probs
 
 
@@ -142,8 +145,13 @@ class Layer(nn.Module):
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        a, probs = self.attention(x, layout, need_weights)
+    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
+                keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        # keep [K]: flat token positions (into [B*T] or [N]) at which to compute the output; every
+        # token is still a key and value of the attention. The result is then [K, H].
+        a, probs = self.attention(x, layout, need_weights, keep)
+        if keep is not None:
+            x = x.reshape(-1, x.shape[-1])[keep]  # [K, H]
         x = self.attention_norm(x + self.dropout(a))
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, probs
@@ -195,7 +203,12 @@ class BertModel(HFCheckpoint, nn.Module):
         max_seqlen: int | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        output_positions: Tensor | None = None,
     ) -> BertOutput:
+        """output_positions [K]: flat token positions (into the [B*T] padded or [N] packed tokens)
+        whose final states are wanted, e.g. the masked tokens in pretraining. The last layer then
+        computes its output projection and feed-forward for those tokens and the [CLS] tokens only
+        (its attention still reads every token), and last_hidden_state is [K, H]."""
         if cu_seqlens is None:  # padded: [B, T]
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, tokens] (or packed [N] with cu_seqlens), "
@@ -211,6 +224,7 @@ class BertModel(HFCheckpoint, nn.Module):
             if attention_mask is not None:
                 raise ValueError("pass either attention_mask (padded) or cu_seqlens (unpadded), not both")
             layout, offsets = packed_layout(cu_seqlens, max_seqlen, input_ids.numel())
+            B, T = layout.batch, layout.seqlen
             if position_ids is None:
                 position_ids = offsets
         if token_type_ids is None:
@@ -221,17 +235,23 @@ class BertModel(HFCheckpoint, nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H] or [N, H]
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer in self.layers:
-            x, probs = layer(x, layout, need_weights=output_attentions)
+        cls_index = torch.arange(B, device=x.device) * T if cu_seqlens is None else cu_seqlens[:-1]  # [B]
+        keep = None
+        if output_positions is not None:
+            keep = torch.cat([output_positions, cls_index.to(output_positions.dtype)])  # [K + B]
+        for i, layer in enumerate(self.layers):
+            last = i == len(self.layers) - 1
+            x, probs = layer(x, layout, need_weights=output_attentions, keep=keep if last else None)
             if output_hidden_states:
                 hidden_states.append(x)
             if output_attentions:
                 attentions.append(probs)
 
-        pooled = None
-        if self.pooler is not None:
-            cls = x[:, 0] if cu_seqlens is None else x[cu_seqlens[:-1]]  # [B, H]
-            pooled = self.pooler(cls)
+        if keep is not None:  # x: [K + B, H], the wanted positions, then the [CLS] tokens
+            x, cls = x[: output_positions.numel()], x[output_positions.numel():]
+        else:
+            cls = x[:, 0] if cu_seqlens is None else x[cls_index]  # [B, H]
+        pooled = self.pooler(cls) if self.pooler is not None else None
         return BertOutput(
             last_hidden_state=x,
             pooler_output=pooled,
