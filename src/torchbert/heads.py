@@ -10,6 +10,14 @@ Pretraining (BERT paper, section 3.1 and appendix A.1):
 The MLM head gathers the hidden states of the masked positions before it runs: the vocabulary
 projection [M, H] x [H, V] is the largest matrix product in a small BERT, and M is ~15% of the tokens.
 
+Fine-tuning (section 4): a dropout and one linear layer on top, as in the paper and in `transformers`:
+  * sequence classification: on the pooled [CLS]; cross-entropy, or MSE when num_labels == 1
+    (regression), or BCE for problem_type "multi_label_classification";
+  * token classification: on every token's final state; cross-entropy where the label is not -100;
+  * extractive QA: Linear(H, 2) on every token, start and end logits; the loss is the mean of the start
+    and end cross-entropies, gold positions outside the input clamped and ignored;
+  * multiple choice: Linear(H, 1) on the pooled [CLS] of each (context, choice) pair, a softmax over choices.
+
 Inputs come padded ([B, T] with attention_mask; MLM labels as a [B, T] `labels` tensor with -100
 where nothing is predicted, as in `transformers`) or packed ([N] with cu_seqlens; MLM targets as
 `mlm_positions` [M] into the N tokens and `mlm_labels` [M]).
@@ -26,7 +34,7 @@ from torch import Tensor, nn
 
 from .config import BertConfig
 from .io.hf import HFCheckpoint, bert_key_map
-from .model import BertModel, BertOutput, activation, init_weights
+from .model import BertModel, BertOutput, activation, init_weights, pad
 
 IGNORE = -100  # label of positions that carry no MLM target
 
@@ -146,6 +154,176 @@ class BertForNextSentencePrediction(HFCheckpoint, nn.Module):
 
     def hf_key_map(self) -> dict[str, tuple[str, ...]]:
         return {**backbone_map(self.config, pooler=True), **NSP_KEYS}
+
+
+# -- fine-tuning heads ------------------------------------------------------------------------------
+
+@dataclass
+class TaskOutput:
+    loss: Tensor | None = None
+    logits: Tensor | None = None  # [B, num_labels] / [B, T, num_labels] or [N, num_labels] / [B, C]
+    start_logits: Tensor | None = None  # QA: [B, T] padded, [N] packed
+    end_logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+def num_labels(config: BertConfig) -> int:
+    """As transformers: the size of id2label when config.json has one, else num_labels, else 2."""
+    id2label = config.extra.get("id2label")
+    return len(id2label) if id2label else int(config.extra.get("num_labels", 2))
+
+
+def classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.extra.get("classifier_dropout")
+    return nn.Dropout(config.hidden_dropout_prob if p is None else p)
+
+
+class _TaskModel(HFCheckpoint, nn.Module):
+    """BertModel + dropout + a linear head `classifier` (`qa_outputs` for QA) of `out_features` outputs."""
+
+    head_name = "classifier"
+    pooler = True
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=self.pooler)
+        self.dropout = classifier_dropout(config)
+        setattr(self, self.head_name, nn.Linear(config.hidden_size, self.out_features(config)))
+        init_heads(self, (getattr(self, self.head_name),))
+
+    def out_features(self, config: BertConfig) -> int:
+        return num_labels(config)
+
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+               output_hidden_states, output_attentions) -> BertOutput:
+        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
+                         max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                         output_attentions=output_attentions)
+
+    def hf_key_map(self) -> dict[str, tuple[str, ...]]:
+        head = {f"{self.head_name}.{p}": (f"{self.head_name}.{p}",) for p in ("weight", "bias")}
+        return {**backbone_map(self.config, pooler=self.pooler), **head}
+
+
+class BertForSequenceClassification(_TaskModel):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                labels: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TaskOutput:
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+                          output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
+        loss = None if labels is None else self.loss(logits, labels)
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        problem = self.config.extra.get("problem_type")
+        if problem is None:  # transformers' rule
+            if logits.shape[-1] == 1:
+                problem = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                problem = "single_label_classification"
+            else:
+                problem = "multi_label_classification"
+        if problem == "regression":
+            return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
+        if problem == "single_label_classification":
+            return F.cross_entropy(logits, labels.reshape(-1))
+        if problem == "multi_label_classification":
+            return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        raise ValueError(f"config problem_type {problem!r} is not regression, single_label_classification "
+                         "or multi_label_classification")
+
+
+class BertForTokenClassification(_TaskModel):
+    pooler = False  # as in transformers
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                labels: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TaskOutput:
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+                          output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels] or [N, num_labels]
+        loss = None
+        if labels is not None:  # -100 marks tokens without a label (padding, later sub-tokens)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class BertForQuestionAnswering(_TaskModel):
+    head_name = "qa_outputs"
+    pooler = False
+
+    def out_features(self, config: BertConfig) -> int:
+        return 2  # start, end
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                start_positions: Tensor | None = None, end_positions: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        """start/end_positions [B]: token positions in each sequence. Positions past the sequence are
+        clamped to its length and ignored, as in transformers (which, padded, ignores those >= T).
+        Packed, the logits of each sequence are scored against its own tokens only."""
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+                          output_hidden_states, output_attentions)
+        # transformers has no dropout before qa_outputs; neither do we
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # each [B, T] or [N]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            if cu_seqlens is None:
+                starts, ends, limit = start_logits, end_logits, start_logits.shape[1]
+            else:  # packed: back to [B, T_max], padding at -inf so it is never an answer
+                T = int(max_seqlen) if max_seqlen is not None else int(cu_seqlens.diff().max())
+                starts = pad(start_logits, cu_seqlens, T, float("-inf"))
+                ends = pad(end_logits, cu_seqlens, T, float("-inf"))
+                limit = cu_seqlens.diff()  # [B]
+            losses = [F.cross_entropy(logits, _clamp_ignored(pos, limit))
+                      for logits, pos in ((starts, start_positions), (ends, end_positions))]
+            loss = (losses[0] + losses[1]) / 2
+        return TaskOutput(loss, None, start_logits, end_logits, out.hidden_states, out.attentions)
+
+
+def _clamp_ignored(positions: Tensor, limit: Tensor | int) -> Tensor:
+    """Positions at or past `limit` (per sequence or one number) become IGNORE."""
+    positions = positions.reshape(-1).long()
+    return torch.where((positions >= limit) | (positions < 0), torch.full_like(positions, IGNORE), positions)
+
+
+class BertForMultipleChoice(_TaskModel):
+    def out_features(self, config: BertConfig) -> int:
+        return 1  # one score per (context, choice) pair
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                num_choices: Tensor | None = None, choice_mask: Tensor | None = None, labels: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        """Padded: input_ids [B, C, T] (C choices each), with choice_mask [B, C] (False where an example
+        has fewer choices and the row is filler). Packed: input_ids [N] holding every real choice of
+        every example in order, cu_seqlens over those sequences, and num_choices [B]."""
+        if cu_seqlens is None:
+            if input_ids.dim() != 3:
+                raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
+            B, C, T = input_ids.shape
+            flat = [None if t is None else t.reshape(B * C, T) for t in (attention_mask, token_type_ids, position_ids)]
+            out = self.encode(input_ids.reshape(B * C, T), *flat, None, None, output_hidden_states, output_attentions)
+            logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # [B, C]
+            mask = choice_mask
+        else:
+            if num_choices is None:
+                raise ValueError("packed multiple-choice inputs need num_choices [batch]")
+            out = self.encode(input_ids, None, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+                              output_hidden_states, output_attentions)
+            scores = self.classifier(self.dropout(out.pooler_output)).squeeze(-1)  # [sum C_i]
+            C = int(num_choices.max())
+            mask = torch.arange(C, device=scores.device) < num_choices[:, None]  # [B, C]
+            logits = scores.new_zeros(mask.shape).masked_scatter(mask, scores)
+        if mask is not None:
+            logits = logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
+        loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 # -- shared pieces ---------------------------------------------------------------------------------
