@@ -1,0 +1,1 @@
+"""Scores of fine-tuned models: classification, regression, entity-level tagging and SQuAD (metrics.py)."""
