@@ -379,6 +379,189 @@ def add_pretrain_parser(sub) -> None:
     p.set_defaults(func=cmd_pretrain)
 
 
+EPILOG_FINETUNE = """\
+examples:
+  torchbert finetune --task token --model minilm --train wnut_train.conll --dev wnut_dev.conll --out ./ner
+  torchbert finetune --task sst2 --model ./my-bert --train SST-2/train.tsv --dev SST-2/dev.tsv --out ./sst2
+  torchbert finetune --task qa-v2 --model ./my-bert --train train-v2.0.json --dev dev-v2.0.json --out ./squad2 \\
+      --max-length 384 --doc-stride 128 --epochs 2 --lr 3e-5
+  torchrun --nproc-per-node 4 -m torchbert finetune --task mnli --model ./my-bert --train ... --dev ... --out ...
+
+--task is a task type or a preset that fixes the type, the file layout and the metric the best epoch
+is chosen by:
+  classification   one text -> a label     TSV/CSV with a header (sentence, label) or JSONL
+  pair             two texts -> a label    sentence1, sentence2, label (also premise/hypothesis, ...)
+  regression       two or one texts -> a number (label); MSE loss, Pearson/Spearman
+  token            a tag per word          CoNLL: token first, tag last, blank line between sentences
+  qa, qa-v2        extractive QA           SQuAD v1.1 / v2.0 JSON (v2: unanswerable questions)
+  multiple-choice  pick one of N endings   SWAG CSV, or JSONL {id, context, question, choices, label}
+  presets: cola sst2 mrpc stsb qqp mnli qnli rte wnli (GLUE TSVs), snli (JSONL), squad, squad_v2,
+           conll2003, swag
+Labels come from the training file and are stored in config.json (id2label); a dev label that
+training never had is an error naming its line. Long token sequences and QA contexts are cut into
+overlapping windows (--doc-stride), never truncated. The dev set is scored after every epoch; the
+best epoch's weights are the run's model.
+
+The run folder: config.json + model.safetensors (transformers' BertFor<Task> loads it), the
+tokenizer, metrics.json (dev metrics of the best epoch, train_seconds, tokens, tokens_per_second),
+metrics.jsonl, loss.png, dev.png, dev_predictions.jsonl, best/ and checkpoints/ (for --resume).
+"""
+
+EPILOG_PREDICT = """\
+examples:
+  torchbert predict --model ./ner --input tweets.conll --out tags.jsonl
+  torchbert predict --model ./sst2 --input reviews.tsv --out labels.jsonl
+  torchbert evaluate --model ./ner --data wnut_test.conll
+
+The input has the layout of the task's training file; labels may be missing. One JSON object per
+example, in input order, with the example's id: {"label", "probability", "probabilities"} for
+classification, {"score"} for regression, {"words", "tags"} for tagging, {"answer", "score",
+"start"} (+ "null_score" for v2) for QA, {"choice", "text", "probability"} for multiple choice.
+"""
+
+
+def _finetune_settings(args: argparse.Namespace):
+    from .train.finetune import FinetuneSettings
+
+    encoding = {k: getattr(args, k) for k in ("max_length", "doc_stride", "max_query_length", "label_all_subtokens",
+                                              "n_best", "max_answer_length", "null_threshold")}
+    return FinetuneSettings(task=args.task, model=resolve_model(args.model), train=Path(args.train),
+                            dev=Path(args.dev) if args.dev else None, out=Path(args.out), epochs=args.epochs,
+                            warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
+                            resume=args.resume, overwrite=args.overwrite, encoding=encoding)
+
+
+def cmd_finetune(args: argparse.Namespace) -> None:
+    from .train.distributed import init_distributed
+    from .train.finetune import run_finetuning
+    from .train.loop import TrainConfig
+    from .train.optim import SCHEDULES
+
+    if args.doc_stride is None:
+        args.doc_stride = max(1, args.max_length // 3)
+    for name in ("batch_size", "grad_accum", "max_length", "doc_stride", "eval_batch_size"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.epochs > 0:
+        raise UserError(f"--epochs must be > 0, got {args.epochs}")
+    if not 0 <= args.warmup_ratio < 1:
+        raise UserError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
+    if args.schedule not in SCHEDULES:
+        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    settings = _finetune_settings(args)
+    try:
+        dist, device = init_distributed(args.device, fsdp=False)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    cfg = TrainConfig(steps=1, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
+                      schedule=args.schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+                      seed=args.seed, save_every=args.save_every, keep=2, log_every=args.log_every,
+                      precision=args.precision, progress=not args.quiet)
+    result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
+    if not dist.is_main:
+        return
+    shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
+             ("epochs", "train_seconds", "tokens_per_second", "best_epoch") and not k.endswith("total")}
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
+    print(f"fine-tuned {result['steps']} steps in {result['train_seconds']:.0f}s "
+          f"({result['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
+    if scores:
+        print(f"dev (best epoch {result['best_epoch']}): {scores}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    import json
+
+    from .io.files import atomic_write_text
+    from .train.finetune import run_evaluate
+
+    scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, pick_device(args.device),
+                             args.batch_size, progress=not args.quiet)
+    text = json.dumps(scores, indent=2)
+    if args.out:
+        atomic_write_text(Path(args.out), text + "\n")
+    print(text)
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    import json
+
+    from .io.files import atomic_write_text
+    from .train.finetune import run_predict
+
+    records = run_predict(resolve_model(args.model), Path(args.input), pick_device(args.device), args.batch_size,
+                          progress=not args.quiet)
+    atomic_write_text(Path(args.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    print(f"wrote {args.out}: {len(records)} predictions")
+
+
+def add_finetune_parsers(sub) -> None:
+    f = sub.add_parser("finetune", help="fine-tune a BERT on a task (classification, tagging, QA, multiple choice)",
+                       description="Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.",
+                       epilog=EPILOG_FINETUNE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--task", required=True, help="task type or preset (see below)")
+    f.add_argument("--model", required=True, help="pretrained checkpoint folder, `minilm`, or a hub id")
+    f.add_argument("--train", required=True, help="training file")
+    f.add_argument("--dev", help="dev file, scored after each epoch (without it the last weights are kept)")
+    f.add_argument("--out", required=True, help="run folder")
+    f.add_argument("--epochs", type=float, default=3.0, help="passes over the training data (default: 3)")
+    f.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default: 5e-5)")
+    f.add_argument("--batch-size", type=int, default=32,
+                   help="sequences (multiple choice: examples) per micro-batch (default: 32)")
+    f.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
+    f.add_argument("--max-length", type=int, default=128, help="tokens per sequence, specials included (default: 128)")
+    f.add_argument("--doc-stride", type=int, default=None,
+                   help="qa and token: tokens between the starts of overlapping windows over long contexts and "
+                        "sentences (default: a third of --max-length, 128 at 384)")
+    f.add_argument("--max-query-length", type=int, default=64, help="QA: question tokens kept (default: 64)")
+    f.add_argument("--label-all-subtokens", action="store_true",
+                   help="token: train on every sub-token of a word, not only the first")
+    f.add_argument("--n-best", type=int, default=20, help="QA: start and end candidates per window (default: 20)")
+    f.add_argument("--max-answer-length", type=int, default=30, help="QA: longest answer in tokens (default: 30)")
+    f.add_argument("--null-threshold", type=float, default=0.0,
+                   help="qa-v2: answer nothing when the null score beats the best span by more (default: 0)")
+    f.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps in warmup (default: 0.1)")
+    f.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay, not on biases and LayerNorm")
+    f.add_argument("--schedule", default="linear",
+                   help="constant, constant_with_warmup, linear (default), cosine, cosine_with_restarts, polynomial")
+    f.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 turns it off")
+    f.add_argument("--seed", type=int, default=42)
+    f.add_argument("--eval-batch-size", type=int, default=64, help="dev sequences per batch (default: 64)")
+    f.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (default: only at the end)")
+    f.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
+    f.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    f.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
+    f.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    f.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=cmd_finetune)
+
+    e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file; prints the metrics as JSON",
+                       description="Score a model fine-tuned by torchbert on a labelled file of its task.",
+                       epilog=EPILOG_PREDICT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--model", required=True, help="fine-tuned run folder")
+    e.add_argument("--data", required=True, help="labelled file in the task's layout")
+    e.add_argument("--task", help="task type or preset (default: the one the model was fine-tuned for)")
+    e.add_argument("--out", help="also write the metrics to this JSON file")
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="run a fine-tuned model on a file; JSONL predictions in input order",
+                       description="Predict with a model fine-tuned by torchbert.",
+                       epilog=EPILOG_PREDICT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="fine-tuned run folder")
+    p.add_argument("--input", required=True, help="file in the task's layout (labels optional)")
+    p.add_argument("--out", required=True, help="output .jsonl")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_predict)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -464,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0, help="loader seed for dynamic masking (default: 0)")
     i.set_defaults(func=cmd_inspect_data)
     add_pretrain_parser(sub)
+    add_finetune_parsers(sub)
     return p
 
 

