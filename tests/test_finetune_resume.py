@@ -1,0 +1,104 @@
+"""Fine-tuning shares the pretraining loop: exact resume after SIGKILL, and torchrun with 2 processes
+taking the same steps as 1. A tiny random BERT with MiniLM's vocab keeps it fast."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import realdata
+from torchbert import BertConfig, BertModel
+
+
+@pytest.fixture(scope="module")
+def setup(minilm_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    sents = list(realdata.wnut_sentences())
+    random.Random(3).shuffle(sents)
+    train = sents[:160]
+    known = {t for _, tags in train for t in tags}
+    dev = [s for s in sents[160:] if set(s[1]) <= known][:40]  # dev labels must be seen in training
+    for name, part in (("train", train), ("dev", dev)):
+        (root / f"{name}.conll").write_text(
+            "".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in part), encoding="utf-8")
+    for name, dropout in (("tiny", 0.1), ("tiny-nodrop", 0.0)):
+        torch.manual_seed(0)
+        cfg = BertConfig.from_name("tiny", vocab_size=30522, hidden_dropout_prob=dropout,
+                                   attention_probs_dropout_prob=dropout)
+        BertModel(cfg).save_pretrained(root / name)
+        for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            if (minilm_dir / f).is_file():
+                shutil.copyfile(minilm_dir / f, root / name / f)
+    return root
+
+
+def finetune_args(root, model, out, *extra):
+    return ["finetune", "--task", "token", "--model", root / model, "--train", root / "train.conll",
+            "--dev", root / "dev.conll", "--out", out, "--batch-size", "8", "--max-length", "32",
+            "--lr", "1e-3", "--quiet", *extra]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+def start(args, nproc=1):
+    cmd = [sys.executable, "-m", "torchbert", *map(str, args)]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cmd[1:]]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc):
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+
+
+def test_sigkill_and_resume_is_bit_identical(setup, tmp_path):
+    args = ["--epochs", "3", "--save-every", "5", "--log-every", "5"]
+    finish(start(finetune_args(setup, "tiny", tmp_path / "ref", *args)))
+    ref = json.loads((tmp_path / "ref" / "metrics.json").read_text())
+    per_epoch = ref["history"][0]["step"]
+    assert ref["steps"] == 3 * per_epoch and len(ref["history"]) == 3
+
+    run = tmp_path / "run"
+    victim = start(finetune_args(setup, "tiny", run, *args))
+    target = random.Random().choice([per_epoch // 5 * 5, per_epoch + 5])  # around the first dev evaluation
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / f"step-{target:08d}").exists():
+        assert victim.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(random.random() * 0.3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert not (run / "metrics.json").exists()
+
+    finish(start(finetune_args(setup, "tiny", run, *args, "--resume")))
+    a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    got = json.loads((run / "metrics.json").read_text())
+    assert got["history"] == ref["history"]  # each epoch's dev scores once, as in the run that never stopped
+    assert got["best_epoch"] == ref["best_epoch"] and got["f1"] == ref["f1"]
+
+
+def test_two_processes_take_the_same_steps_as_one(setup, tmp_path):
+    # a constant rate: one process takes one more (partial) batch per epoch, so schedules over the
+    # epoch's steps would differ
+    args = ["--epochs", "1", "--log-every", "1", "--schedule", "constant", "--warmup-ratio", "0"]
+    finish(start(finetune_args(setup, "tiny-nodrop", tmp_path / "one", *args)))
+    two = finetune_args(setup, "tiny-nodrop", tmp_path / "two", *args)
+    two[two.index("--batch-size") + 1] = "4"  # 2 x 4: the same global batch of 8
+    finish(start(two, nproc=2))
+    one = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    # every full global batch is the same; one process also takes the last partial batch, two drop it
+    for a, b in list(zip(one, rows))[:10]:
+        assert a["step"] == b["step"] and a["tokens"] == b["tokens"]
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a, b)
+    assert (tmp_path / "two" / "model.safetensors").is_file()
