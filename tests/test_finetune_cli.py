@@ -252,3 +252,18 @@ def test_finetune_refuses_an_existing_run_and_a_mismatched_checkpoint(ner_run, w
     code, _, err = cli(capsys, "finetune", "--task", "token", "--model", ner_run, "--train",
                        tmp_path / "relabelled.conll", "--out", tmp_path / "y", "--batch-size", "1", "--quiet")
     assert code == 2 and "fine-tuned for the labels" in err
+
+
+def test_evaluate_refuses_labels_the_model_never_had_and_untrained_heads(ner_run, wnut, minilm_dir, tmp_path,
+                                                                          capsys):
+    _, _, dev = wnut
+    write_conll(tmp_path / "odd.conll", [dev[0], (("Mars", "rover"), ("B-planet", "O"))])
+    code, _, err = cli(capsys, "evaluate", "--model", ner_run, "--data", tmp_path / "odd.conll", "--quiet")
+    assert code == 2 and f"{tmp_path / 'odd.conll'}:{len(dev[0][0]) + 2}" in err and "B-planet" in err
+    code, _, err = cli(capsys, "evaluate", "--model", ner_run, "--task", "qa", "--data", tmp_path / "odd.conll",
+                       "--quiet")
+    assert code == 2 and "fine-tuned for token" in err
+    code, _, err = cli(capsys, "predict", "--model", minilm_dir, "--input", tmp_path / "odd.conll", "--out",
+                       tmp_path / "p.jsonl", "--quiet")
+    assert code == 2 and "not a model fine-tuned by torchbert" in err
+    assert not (tmp_path / "p.jsonl").exists()

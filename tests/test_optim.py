@@ -25,6 +25,10 @@ def test_no_decay_on_biases_and_layernorm():
     assert "mlm.bias" in kept and "bert.embeddings.norm.weight" in kept and "bert.layers.0.ffn_norm.weight" in kept
     assert "bert.embeddings.word.weight" in decayed and "bert.layers.1.attention.qkv.weight" in decayed
     assert all(not n.endswith("bias") and "norm" not in n for n in decayed)
+    lstm = torch.nn.LSTM(4, 3, bidirectional=True)  # biases named bias_ih_l0, bias_hh_l0_reverse, ...
+    decay, no_decay = parameter_groups(lstm, 0.01)
+    assert {id(p) for p in no_decay["params"]} == {id(p) for n, p in lstm.named_parameters() if "bias" in n}
+    assert len(decay["params"]) == 4
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

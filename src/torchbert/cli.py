@@ -386,6 +386,8 @@ examples:
   torchbert finetune --task qa-v2 --model ./my-bert --train train-v2.0.json --dev dev-v2.0.json --out ./squad2 \\
       --max-length 384 --doc-stride 128 --epochs 2 --lr 3e-5
   torchrun --nproc-per-node 4 -m torchbert finetune --task mnli --model ./my-bert --train ... --dev ... --out ...
+  torchbert finetune --task conll2003 --model ./my-bert --train train.txt --dev valid.txt --out ./ner-features \\
+      --frozen --features concat_last_four --epochs 10
 
 --task is a task type or a preset that fixes the type, the file layout and the metric the best epoch
 is chosen by:
@@ -405,6 +407,13 @@ best epoch's weights are the run's model.
 The run folder: config.json + model.safetensors (transformers' BertFor<Task> loads it), the
 tokenizer, metrics.json (dev metrics of the best epoch, train_seconds, tokens, tokens_per_second),
 metrics.jsonl, loss.png, dev.png, dev_predictions.jsonl, best/ and checkpoints/ (for --resume).
+
+--frozen (token tasks) is the feature-based approach of the BERT paper (section 5.3, Table 7): BERT
+is not trained (no gradient, no dropout); a tagger learns from --features of its hidden layers:
+embeddings, last, second_to_last, sum_all, sum_last_four, concat_last_four (the default, 4H wide)
+or a layer index. --tagger bilstm (the default: two layers, 256 per direction) or linear. The
+run folder then holds the encoder as a plain BertModel checkpoint and the tagger in
+tagger.safetensors; evaluate and predict read both.
 """
 
 EPILOG_PREDICT = """\
@@ -425,10 +434,20 @@ def _finetune_settings(args: argparse.Namespace):
 
     encoding = {k: getattr(args, k) for k in ("max_length", "doc_stride", "max_query_length", "label_all_subtokens",
                                               "n_best", "max_answer_length", "null_threshold")}
+    frozen = None
+    if args.frozen:
+        from .feature_tagger import TaggerSettings
+
+        try:
+            frozen = TaggerSettings(kind=args.tagger or "bilstm", strategy=args.features or "concat_last_four")
+        except ValueError as e:
+            raise UserError(f"--features: {e}") from None
+    elif args.features is not None or args.tagger is not None:
+        raise UserError("--features and --tagger set up the tagger of --frozen; add --frozen, or leave them out")
     return FinetuneSettings(task=args.task, model=resolve_model(args.model), train=Path(args.train),
                             dev=Path(args.dev) if args.dev else None, out=Path(args.out), epochs=args.epochs,
                             warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
-                            resume=args.resume, overwrite=args.overwrite, encoding=encoding)
+                            resume=args.resume, overwrite=args.overwrite, encoding=encoding, frozen=frozen)
 
 
 def cmd_finetune(args: argparse.Namespace) -> None:
@@ -439,6 +458,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 
     if args.doc_stride is None:
         args.doc_stride = max(1, args.max_length // 3)
+    if args.lr is None:  # a tagger trained from scratch wants a larger step than a pretrained encoder
+        args.lr = 1e-3 if args.frozen else 5e-5
     for name in ("batch_size", "grad_accum", "max_length", "doc_stride", "eval_batch_size"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -465,7 +486,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
              ("epochs", "train_seconds", "tokens_per_second", "best_epoch") and not k.endswith("total")}
     scores = ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
-    print(f"fine-tuned {result['steps']} steps in {result['train_seconds']:.0f}s "
+    what = f"trained a {result['tagger']['kind']} tagger on frozen features" if "tagger" in result else "fine-tuned"
+    print(f"{what} {result['steps']} steps in {result['train_seconds']:.0f}s "
           f"({result['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
     if scores:
         print(f"dev (best epoch {result['best_epoch']}): {scores}")
@@ -507,7 +529,7 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--dev", help="dev file, scored after each epoch (without it the last weights are kept)")
     f.add_argument("--out", required=True, help="run folder")
     f.add_argument("--epochs", type=float, default=3.0, help="passes over the training data (default: 3)")
-    f.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default: 5e-5)")
+    f.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 5e-5; 1e-3 with --frozen)")
     f.add_argument("--batch-size", type=int, default=32,
                    help="sequences (multiple choice: examples) per micro-batch (default: 32)")
     f.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
@@ -522,6 +544,11 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--max-answer-length", type=int, default=30, help="QA: longest answer in tokens (default: 30)")
     f.add_argument("--null-threshold", type=float, default=0.0,
                    help="qa-v2: answer nothing when the null score beats the best span by more (default: 0)")
+    f.add_argument("--frozen", action="store_true",
+                   help="token tasks: keep BERT fixed and train a tagger on its features (see below)")
+    f.add_argument("--features", metavar="STRATEGY",
+                   help="--frozen: which hidden layers feed the tagger (default: concat_last_four)")
+    f.add_argument("--tagger", choices=("bilstm", "linear"), help="--frozen: the tagger (default: bilstm)")
     f.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps in warmup (default: 0.1)")
     f.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay, not on biases and LayerNorm")
     f.add_argument("--schedule", default="linear",

@@ -5,11 +5,14 @@ into model inputs (data/encode.py: windows for long token sequences and QA conte
 the encoder (heads.py), and train with the same loop as pretraining (train/loop.py: AdamW without
 decay on biases and LayerNorm, warmup + schedule, gradient accumulation, checkpoints, resume, DDP).
 After each epoch the dev set is scored; the best epoch's weights are kept in RUN/best and become
-the run folder's model.safetensors at the end.
+the run folder's model.safetensors at the end. With `frozen` settings (token tasks only) the encoder
+is not trained: a feature-based tagger on its hidden layers is (feature_tagger.py, BERT paper 5.3).
 
 The run folder is a Hugging Face checkpoint of the task model (config.json with id2label/label2id
 and the task settings under `torchbert_task`, model.safetensors, the tokenizer files), plus
-metrics.json, metrics.jsonl, loss.png, dev.png and dev_predictions.jsonl.
+metrics.json, metrics.jsonl, loss.png, dev.png and dev_predictions.jsonl. A frozen run's folder holds
+the encoder as a plain BertModel checkpoint and the tagger in tagger.safetensors, its settings in
+config.json under torchbert_task.tagger.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ..data import encode as enc
 from ..data import tasks
 from ..data.taskdata import TaskBatch, TaskData
 from ..eval import metrics
+from ..feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..heads import (
     IGNORE,
     BertForMultipleChoice,
@@ -95,6 +99,7 @@ class FinetuneSettings:
     resume: bool = False
     overwrite: bool = False
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
+    frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
 
 
 # -- from files to batches ---------------------------------------------------------------------------
@@ -323,6 +328,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     task_type, preset = tasks.resolve_task(s.task)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                       layout=preset.layout if preset else "auto", **s.encoding)
+    if s.frozen is not None and task_type != "token":
+        raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
+                         f"but --task {s.task} is {task_type}")
     check_run_dir(s.out, s.resume, s.overwrite)
     tokenizer = BertTokenizer.from_pretrained(s.model)
     train_examples = tasks.read_examples(s.train, task_type, ts.layout)
@@ -336,6 +344,12 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     if ts.max_length > config.max_position_embeddings:
         raise ValueError(f"--max-length {ts.max_length} is longer than the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
+    if s.frozen is not None:
+        config.extra["torchbert_task"]["tagger"] = asdict(s.frozen)
+        try:
+            s.frozen.feature_size(config)
+        except ValueError as e:
+            raise ValueError(f"--features {s.frozen.strategy}: {e}") from None
 
     started = time.perf_counter()
     train_data = TaskData(encode_split(tokenizer, train_examples, ts, label_map, training=True), task_type,
@@ -360,7 +374,13 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     if dist.is_main:
         prepare_run_dir(s.out, s.resume)
     torch.manual_seed(cfg.seed)
-    model = load_task_model(s.model, config, ts, log).to(device)
+    if s.frozen is not None:
+        model = FeatureTagger.from_encoder(s.model, config).to(device)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log(f"FeatureTagger: a new {s.frozen.kind} tagger ({trained:,} parameters) on {s.frozen.strategy} features "
+            f"of the frozen encoder of {s.model}")
+    else:
+        model = load_task_model(s.model, config, ts, log).to(device)
     from .distributed import wrap
 
     model = wrap(model, dist, device)
@@ -387,7 +407,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         return summary
     final_dir = best.folder if best.exists() else None
     if final_dir is not None:
-        for name in ("config.json", "model.safetensors"):
+        for name in ("config.json", "model.safetensors") + ((TAGGER_FILE,) if s.frozen is not None else ()):
             shutil.copyfile(final_dir / name, s.out / name)
         shutil.copyfile(final_dir / "dev_predictions.jsonl", s.out / "dev_predictions.jsonl")
     else:  # no dev set: the last weights
@@ -399,6 +419,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
               "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
               "dev_examples": len(dev_examples) if dev_examples is not None else 0, "history": best.history(),
               "config": summary["config"]}
+    if s.frozen is not None:
+        result["tagger"] = asdict(s.frozen)
     atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
     plot_finetune(s.out, best.name)
     return result
@@ -424,9 +446,12 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
         if not config.extra.get("id2label"):
             raise ValueError(f"{model_dir}: config.json has no id2label; the {ts.type} head's labels are unknown")
         label_map = tasks.LabelMap.from_config(config.extra["id2label"])
-    model = MODEL_CLASSES[ts.type].from_pretrained(model_dir).to(device).eval()
-    if any(not k.startswith("bert.") for k in model.load_report["missing"]):
-        raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
+    if "tagger" in config.extra.get("torchbert_task", {}):  # trained with --frozen
+        model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
+    else:
+        model = MODEL_CLASSES[ts.type].from_pretrained(model_dir).to(device).eval()
+        if any(not k.startswith("bert.") for k in model.load_report["missing"]):
+            raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
     return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
 
 

@@ -26,7 +26,8 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     no_decay: set[int] = set()
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
-            if isinstance(module, nn.LayerNorm) or name == "bias" or name.endswith("_bias"):
+            # LSTMs name their biases bias_ih_l0, bias_hh_l0_reverse, ...
+            if isinstance(module, nn.LayerNorm) or name == "bias" or name.endswith("_bias") or name.startswith("bias_"):
                 no_decay.add(id(p))
     params = [p for p in model.parameters() if p.requires_grad]
     return [
