@@ -163,7 +163,8 @@ def task_zh_sentiment(work: Path, s: float, pretrain_steps: int) -> list[tuple[s
     for regime, train_file, epochs in (("all", "senti_train.tsv", "3"), ("500", "senti_train500.tsv", "10")):
         for init in ("zh-bert", "zh-random"):
             m = finetune(work, f"senti-{regime}-{init}", "classification", work / init, work / train_file,
-                         work / "senti_dev.tsv", "--epochs", epochs, "--lr", "1e-4", "--max-length", "128")
+                         work / "senti_dev.tsv", "--epochs", epochs, "--lr", "3e-4", "--max-length", "64",
+                         "--batch-size", "16")
             m["majority"] = majority
             label = "pretrained here" if init == "zh-bert" else "random init"
             n = len(train) if regime == "all" else 500

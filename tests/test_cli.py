@@ -125,3 +125,14 @@ def test_console_script_is_declared():
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts.get("torchbert") == "torchbert.cli:main"
+
+
+def test_cli_reference_is_up_to_date():
+    """docs/cli.md is generated from the parser's --help; a changed flag must regenerate it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "cli_reference.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

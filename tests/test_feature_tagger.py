@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import realdata
+from clihelp import cli, write_conll
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -196,14 +197,6 @@ def test_save_and_load_round_trip(tmp_path):
 
 # -- torchbert finetune --frozen on real data ------------------------------------------------------------
 
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def write_conll(path, sentences):
-    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in sentences), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -8,19 +8,12 @@ import torch
 import transformers
 
 import realdata
+from clihelp import cli, write_conll
 from torchbert.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def write_conll(path, sentences):
-    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in sentences), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

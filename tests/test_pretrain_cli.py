@@ -13,13 +13,9 @@ import transformers
 from safetensors.torch import load_file
 
 import realdata
+from clihelp import cli
 from torchbert.cli import main
 
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def pretrain_args(root, out, *extra):

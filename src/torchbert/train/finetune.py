@@ -229,13 +229,13 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
 def _records(examples, e, rows_out, per_example, ts: TaskSettings, id2label) -> list[dict[str, Any]]:
     records = []
     if ts.type in ("classification", "pair"):
-        for ex, logits in zip(examples, _by_example(e, rows_out)):
+        for ex, logits in zip(examples, rows_out):  # text tasks: one row per example, in order
             p = logits.softmax(-1)
             k = int(p.argmax())
             records.append({"id": ex.id, "label": id2label[k], "probability": round(float(p[k]), 6),
                             "probabilities": {id2label[i]: round(float(v), 6) for i, v in enumerate(p)}})
     elif ts.type == "regression":
-        for ex, logits in zip(examples, _by_example(e, rows_out)):
+        for ex, logits in zip(examples, rows_out):  # text tasks: one row per example, in order
             records.append({"id": ex.id, "score": round(float(logits[0]), 6)})
     elif ts.type == "token":
         words = enc.words_from_tokens(e, rows_out, len(examples), [len(x.words) for x in examples])
@@ -259,11 +259,6 @@ def _records(examples, e, rows_out, per_example, ts: TaskSettings, id2label) -> 
             records.append({"id": ex.id, "choice": k, "text": ex.choices[k], "probability": round(probs[k], 6),
                             "probabilities": [round(p, 6) for p in probs]})
     return records
-
-
-def _by_example(e, rows_out) -> list:
-    """Text tasks have one row per example, in order."""
-    return rows_out
 
 
 def score(records: list[dict[str, Any]], examples: list, ts: TaskSettings, label_map) -> dict[str, float]:
@@ -532,35 +527,33 @@ class _Best:
 
 def plot_finetune(run_dir: Path, metric: str) -> None:
     """loss.png (training loss per log step) and dev.png (the dev metrics per epoch)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    if rows:
+        _plot(run_dir / "loss.png", f"fine-tuning loss: {run_dir.name}", "step", "loss",
+              {"training loss": ([r["step"] for r in rows], [r["loss"] for r in rows])})
+    best = run_dir / "best.json"
+    history = json.loads(best.read_text())["history"] if best.is_file() else []
+    if history:
+        names = [k for k in history[0] if k not in ("epoch", "step", "mse") and not k.endswith("total")]
+        _plot(run_dir / "dev.png", f"dev scores: {run_dir.name} (best by {metric})", "epoch", "dev score",
+              {k: ([h["epoch"] for h in history], [h[k] for h in history]) for k in names}, marker="o-")
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
+          marker: str = "-") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    if rows:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="training loss")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.set_title(f"fine-tuning loss: {run_dir.name}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(run_dir / "loss.png", dpi=100)
-        plt.close(fig)
-    best = run_dir / "best.json"
-    history = json.loads(best.read_text())["history"] if best.is_file() else []
-    if history:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        names = [k for k in history[0] if k != "epoch" and not k.endswith("total") and k != "mse"]
-        for k in names:
-            ax.plot([h["epoch"] for h in history], [h[k] for h in history], "o-", label=k, lw=2 if k == metric else 1)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("dev score")
-        ax.set_title(f"dev scores: {run_dir.name} (best by {metric})")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(run_dir / "dev.png", dpi=100)
-        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

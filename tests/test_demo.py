@@ -1,0 +1,27 @@
+"""`torchbert demo --quick`: every stage of the main job runs through the commands and leaves its outputs."""
+
+import json
+
+from clihelp import cli
+
+
+def test_quick_demo_runs_every_stage(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code, stdout, err = cli(capsys, "demo", "--quick", "--out", out)
+    assert code == 0, err
+    for path in ("vocab/vocab.txt", "pretraining-data/manifest.json", "pretraining-data/heldout/manifest.json",
+                 "bert/model.safetensors", "bert/loss.png", "bert/accuracy.png", "random-init/model.safetensors",
+                 "summary.md", "summary.json", "examples.predictions.jsonl"):
+        assert (out / path).is_file(), path
+    s = json.loads((out / "summary.json").read_text())
+    assert s["pretraining"]["heldout_mlm_accuracy"] > 0
+    runs = s["finetuning"]
+    assert set(runs) == {f"finetune-{r}-{i}" for r in ("all", "low") for i in ("pretrained", "random")}
+    for name, r in runs.items():
+        assert (out / name / "model.safetensors").is_file() and (out / name / "dev.png").is_file(), name
+    majority = s["data"]["dev_majority_accuracy"]
+    assert runs["finetune-all-pretrained"]["dev_accuracy"] > majority  # it learned beyond the majority class
+    assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
+    assert "| training reviews |" in stdout and (out / "summary.md").read_text().startswith("# torchbert demo")
+    code, _, err = cli(capsys, "demo", "--quick", "--out", out)
+    assert code == 2 and "--overwrite" in err
