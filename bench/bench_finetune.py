@@ -79,16 +79,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-import realdata
-from machine import cpu_name
+import realdata  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
-from torchbert.cli import main as cli
-from torchbert.data import tasks
-from torchbert.data.taskdata import TaskData
-from torchbert.eval import metrics
-from torchbert.tokenizer import BertTokenizer
-from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, predict, task_config
-from torchbert.train.optim import make_optimizer, make_scheduler
+from torchbert.cli import main as cli  # noqa: E402
+from torchbert.data import tasks  # noqa: E402
+from torchbert.data.taskdata import TaskData  # noqa: E402
+from torchbert.eval import metrics  # noqa: E402
+from torchbert.tokenizer import BertTokenizer  # noqa: E402
+from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, predict, task_config  # noqa: E402
+from torchbert.train.optim import make_optimizer, make_scheduler  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
 WEIGHT_DECAY = 0.01
