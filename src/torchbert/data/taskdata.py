@@ -119,9 +119,15 @@ class TaskData:
             input_ids=torch.tensor([t for x in ids for t in x], dtype=torch.long),
             token_type_ids=torch.tensor([t for r in rows for t in e.token_type_ids[r]], dtype=torch.long),
             cu_seqlens=cu, max_seqlen=int(lengths.max()) if len(rows) else 0, rows=rows)
-        if e.labels is None:
-            pass
-        elif self.task_type == "token":
+        if e.labels is not None:
+            self._add_labels(batch, rows, units)
+        if self.task_type == "multiple-choice":
+            batch.num_choices = torch.tensor([self.unit_start[u + 1] - self.unit_start[u] for u in units])
+        return batch
+
+    def _add_labels(self, batch: TaskBatch, rows: np.ndarray, units: np.ndarray) -> None:
+        e = self.encoded
+        if self.task_type == "token":
             batch.labels = torch.tensor([t for r in rows for t in e.labels[r]], dtype=torch.long)
         elif self.task_type in ("qa", "qa-v2"):
             batch.start_positions = torch.tensor([e.labels[r][0] for r in rows], dtype=torch.long)
@@ -132,6 +138,3 @@ class TaskData:
             batch.labels = torch.tensor([e.labels[r] for r in rows], dtype=torch.float32)
         else:
             batch.labels = torch.tensor([e.labels[r] for r in rows], dtype=torch.long)
-        if self.task_type == "multiple-choice":
-            batch.num_choices = torch.tensor([self.unit_start[u + 1] - self.unit_start[u] for u in units])
-        return batch
