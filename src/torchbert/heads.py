@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
+from .dropout import Dropout
 from .io.hf import HFCheckpoint, bert_key_map
 from .model import BertModel, BertOutput, activation, init_weights, pad
 
@@ -176,7 +177,7 @@ def num_labels(config: BertConfig) -> int:
 
 def classifier_dropout(config: BertConfig) -> nn.Dropout:
     p = config.extra.get("classifier_dropout")
-    return nn.Dropout(config.hidden_dropout_prob if p is None else p)
+    return Dropout(config.hidden_dropout_prob if p is None else p)
 
 
 class _TaskModel(HFCheckpoint, nn.Module):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
+from .dropout import Dropout, dropout
 from .io.hf import HFCheckpoint
 
 
@@ -77,7 +78,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
         # all inputs [B, T] or [N]; output [B, T, H] or [N, H]
@@ -105,12 +106,16 @@ class SelfAttention(nn.Module):
             qkv = block  # [B*T, 3H]
         q, k, v = qkv.view(B, T, 3, A, H // A).permute(2, 0, 3, 1, 4)  # each [B, A, T, D]
         dropout_p = self.dropout_p if self.training else 0.0
-        if need_weights:  # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
+        # On CPU, scaled_dot_product_attention computes these same steps whenever attention dropout
+        # is on, only with a slower dropout mask (dropout.py); so training on CPU takes this path.
+        if need_weights or (dropout_p > 0 and x.device.type == "cpu"):
+            # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
             scores = q @ k.transpose(-2, -1) / math.sqrt(H // A)  # [B, A, T, T]
             if layout.key_mask is not None:
                 scores = scores.masked_fill(~layout.key_mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
-            ctx = F.dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
+            ctx = dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
+            probs = probs if need_weights else None
         else:
             probs = None
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
@@ -143,7 +148,7 @@ class Layer(nn.Module):
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
                 keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:

@@ -16,10 +16,12 @@ Loading rules (STYLE.md, principle 8):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -192,12 +194,18 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # -- folders -------------------------------------------------------------------------------------
 
-def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None, **kwargs):
-    """Build `cls` from a Hugging Face folder (config.json + weights)."""
+def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None,
+                    labels: Sequence[str] | None = None, **kwargs):
+    """Build `cls` from a Hugging Face folder (config.json + weights). `labels` names the classes of a
+    new classification head (stored as id2label and label2id, as transformers does)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
     config = config or BertConfig.load(path)
+    if labels is not None:
+        extra = {k: v for k, v in config.extra.items() if k != "num_labels"}
+        extra.update(id2label={str(i): x for i, x in enumerate(labels)}, label2id={x: i for i, x in enumerate(labels)})
+        config = dataclasses.replace(config, extra=extra)
     file = find_weights(path)
     hf_state = read_weights(file)
     model = cls(config, **kwargs)
