@@ -22,10 +22,12 @@ import json
 import math
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hub
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
 Warn = Callable[[str], object]
@@ -110,6 +112,11 @@ def read_examples(path: PathLike, task_type: str, layout: str = "auto", labelled
         raise ValueError(f"{path}: unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"{path}: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if hub.is_hub(path):  # hf:NAME[:CONFIG]:SPLIT, written out in our layout and read from there
+        with tempfile.TemporaryDirectory(prefix="torchbert-hub.") as folder:
+            local = hub.export(str(path), task_type, Path(folder))
+            layout = "auto" if layout in _TEXT_LAYOUTS else layout  # our JSON Lines, not GLUE TSV
+            return read_examples(local, task_type, layout, labelled, warn)
     if task_type in ("classification", "pair", "regression"):
         pair = {"classification": False, "pair": True}.get(task_type)
         return read_text_examples(path, pair, task_type == "regression", layout, labelled, warn)

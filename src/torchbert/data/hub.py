@@ -1,0 +1,139 @@
+"""Task data from the Hugging Face hub, through the `datasets` library: `hf:NAME[:CONFIG]:SPLIT`.
+
+    torchbert finetune --task sst2 --model minilm --train hf:nyu-mll/glue:sst2:train \
+        --dev hf:nyu-mll/glue:sst2:validation --out runs/sst2
+    torchbert finetune --task token --model minilm --train hf:conll2003:train ...
+
+Optional: it needs `pip install datasets` and a network (or the datasets cache). A split is written
+once, as a file in the layout its task type reads (JSON Lines, CoNLL, SQuAD JSON), and then read
+like any local file, so every check of the local readers applies. Integer class labels become their
+names (a ClassLabel's names); rows labelled -1 (GLUE's hidden test labels) are written unlabelled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+PREFIX = "hf:"
+
+# column pairs for sentence(-pair) tasks, the first that a dataset has wins
+TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"),
+                ("question", "sentence"), ("sentence", None), ("text", None))
+WORD_COLUMNS = ("tokens", "words")
+TAG_COLUMNS = ("ner_tags", "tags", "labels", "pos_tags")
+
+
+def is_hub(spec: str | Path) -> bool:
+    return str(spec).startswith(PREFIX)
+
+
+def parse(spec: str) -> tuple[str, str | None, str]:
+    """'hf:NAME[:CONFIG]:SPLIT' -> (name, config or None, split)."""
+    parts = spec[len(PREFIX):].split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"{spec}: expected hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT "
+                         "(e.g. hf:nyu-mll/glue:sst2:train)")
+    return parts[0], parts[1] if len(parts) == 3 else None, parts[-1]
+
+
+def export(spec: str, task_type: str, folder: Path) -> Path:
+    """Load a hub split with `datasets` and write it into `folder` as a task file; returns its path."""
+    name, config, split = parse(spec)
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"{spec}: reading hub datasets needs the datasets library: pip install datasets") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # network, unknown name, unknown split: many types, one message
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(f"{spec}: could not load it with datasets ({type(e).__name__}: {first})") from None
+    names = {col: _class_names(feature) for col, feature in ds.features.items()}
+    return write_rows(ds, {k: v for k, v in names.items() if v}, task_type, folder / _file_name(spec, task_type),
+                      source=spec)
+
+
+def _class_names(feature: Any) -> list[str] | None:
+    """The names of a ClassLabel, or of the ClassLabel inside a Sequence (tags per token)."""
+    inner = getattr(feature, "feature", feature)
+    return list(inner.names) if hasattr(inner, "names") else None
+
+
+def _file_name(spec: str, task_type: str) -> str:
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec[len(PREFIX):])
+    return stem + {"token": ".conll", "qa": ".json", "qa-v2": ".json"}.get(task_type, ".jsonl")
+
+
+def write_rows(rows: Iterable[dict], label_names: dict[str, Sequence[str]], task_type: str, path: Path,
+               source: str = "") -> Path:
+    """Rows as `datasets` yields them -> a file in the layout of `task_type`. label_names maps a column
+    of integer class ids to the names of the ids."""
+    rows = list(rows)
+    source = source or str(path)
+    if not rows:
+        raise ValueError(f"{source}: the split is empty")
+    columns = set(rows[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def name_of(col: str, value: Any) -> Any:
+        if isinstance(value, int) and col in label_names:
+            return label_names[col][value] if value >= 0 else None
+        return value
+
+    if task_type in ("classification", "pair", "regression"):
+        pair = next(((a, b) for a, b in TEXT_COLUMNS if a in columns and (b is None or b in columns)), None)
+        if pair is None:
+            raise ValueError(f"{source}: no text columns for a {task_type} task; it has {', '.join(sorted(columns))}")
+        a, b = pair
+        lines = []
+        for r in rows:
+            out = {"sentence": r[a]} if b is None else {"sentence1": r[a], "sentence2": r[b]}
+            label = name_of("label", r.get("label"))
+            if label is not None:
+                out["label"] = label
+            lines.append(json.dumps(out, ensure_ascii=False))
+        text = "\n".join(lines) + "\n"
+    elif task_type == "token":
+        words = next((c for c in WORD_COLUMNS if c in columns), None)
+        tags = next((c for c in TAG_COLUMNS if c in columns), None)
+        if words is None or tags is None:
+            raise ValueError(f"{source}: a token task needs a word column ({'/'.join(WORD_COLUMNS)}) and a tag "
+                             f"column ({'/'.join(TAG_COLUMNS)}); it has {', '.join(sorted(columns))}")
+        text = "".join("".join(f"{w}\t{name_of(tags, t)}\n" for w, t in zip(r[words], r[tags])) + "\n"
+                       for r in rows if r[words])
+    elif task_type in ("qa", "qa-v2"):
+        missing = {"id", "context", "question", "answers"} - columns
+        if missing:
+            raise ValueError(f"{source}: a SQuAD-style split needs id, context, question and answers; "
+                             f"missing {', '.join(sorted(missing))}")
+        data = []
+        for r in rows:
+            answers = [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"],
+                                                                        r["answers"]["answer_start"])]
+            qa = {"id": r["id"], "question": r["question"], "answers": answers}
+            if task_type == "qa-v2":
+                qa["is_impossible"] = not answers
+            data.append({"title": r.get("title", ""), "paragraphs": [{"context": r["context"], "qas": [qa]}]})
+        text = json.dumps({"version": "v2.0" if task_type == "qa-v2" else "1.1", "data": data}, ensure_ascii=False)
+    elif task_type == "multiple-choice":
+        endings = sorted((c for c in columns if c.startswith("ending") and c[6:].isdigit()), key=lambda c: int(c[6:]))
+        if "sent1" not in columns or not endings:
+            raise ValueError(f"{source}: a multiple-choice split needs SWAG's sent1, sent2 and ending0..N; "
+                             f"it has {', '.join(sorted(columns))}")
+        lines = []
+        for i, r in enumerate(rows):
+            out = {"id": str(i), "context": r["sent1"], "question": r.get("sent2", ""),
+                   "choices": [r[c] for c in endings]}
+            if isinstance(r.get("label"), int) and r["label"] >= 0:
+                out["label"] = r["label"]
+            lines.append(json.dumps(out, ensure_ascii=False))
+        text = "\n".join(lines) + "\n"
+    else:
+        raise ValueError(f"{source}: unknown task type {task_type!r}")
+    from ..io.files import atomic_write_text
+
+    atomic_write_text(path, text)
+    return path
