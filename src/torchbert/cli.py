@@ -615,13 +615,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(out, quick=args.quick, seed=args.seed, log=print)
 
 
+def _holds_files(out: Path) -> bool:
+    """Whether output folder --out exists with something in it; an error if it is not a folder."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    return out.is_dir() and any(out.iterdir())
+
+
 def clear_demo_out(out: Path, overwrite: bool) -> None:
     """Make --out ready for a demo: a previous demo there is replaced, anything else only with --overwrite."""
     from .demo import MARKER
 
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
+    if _holds_files(out):
         if not (overwrite or (out / MARKER).is_file()):
             raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
                             "to replace it")
@@ -650,9 +655,7 @@ def cmd_samples(args: argparse.Namespace) -> None:
     from .samples import write_sample
 
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+    if _holds_files(out) and not args.overwrite:
         raise UserError(f"--out {out}: the folder is not empty; pass --overwrite to write the sample into it")
     for path in write_sample(args.name, out):
         lines = path.read_text(encoding="utf-8").count("\n")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .samples import peoples_daily_paragraphs, sentiment_reviews, tsv_text
+from .samples import corpus_text, documents, peoples_daily_paragraphs, sentiment_reviews, tsv_text
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 EXAMPLES = [
@@ -107,9 +107,8 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0, log=print) -> dict[s
     _write_tsv(data / "dev.tsv", dev)
     (data / "examples.tsv").write_text("sentence\n" + "".join(t + "\n" for t in EXAMPLES), encoding="utf-8")
     paragraphs = peoples_daily_paragraphs()[:b.pd_lines]
-    docs = ["\n".join(paragraphs[i:i + 5]) for i in range(0, len(paragraphs), 5)]
-    docs += ["\n".join(t for t, _ in train[i:i + 10]) for i in range(0, len(train), 10)]
-    (data / "corpus.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    docs = documents(paragraphs, 5) + documents([t for t, _ in train], 10)
+    (data / "corpus.txt").write_text(corpus_text(docs), encoding="utf-8")
     log(f"data: {len(train):,} training and {len(dev):,} dev reviews (deduplicated), a corpus of {len(docs):,} "
         f"documents ({len(paragraphs):,} People's Daily paragraphs and the training reviews) in {data}")
 

@@ -89,8 +89,12 @@ def tsv_text(rows) -> str:
     return "sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows)
 
 
-def corpus_text(paragraphs: list[str], per_document: int = 5) -> str:
-    docs = ["\n".join(paragraphs[i:i + per_document]) for i in range(0, len(paragraphs), per_document)]
+def documents(lines: list[str], per_document: int) -> list[str]:
+    """Consecutive lines grouped into documents of `per_document` lines (a corpus layout prepare reads)."""
+    return ["\n".join(lines[i:i + per_document]) for i in range(0, len(lines), per_document)]
+
+
+def corpus_text(docs: list[str]) -> str:
     return "\n\n".join(docs) + "\n"
 
 
@@ -105,7 +109,7 @@ def write_sample(name: str, out: Path) -> list[Path]:
         rows = sentiment_reviews()
         files = {"train.tsv": tsv_text(rows[SENTIMENT_DEV:]), "dev.tsv": tsv_text(rows[:SENTIMENT_DEV])}
     else:
-        files = {"corpus.txt": corpus_text(peoples_daily_paragraphs())}
+        files = {"corpus.txt": corpus_text(documents(peoples_daily_paragraphs(), 5))}
     written = []
     for fname, text in files.items():
         atomic_write_text(out / fname, text)

@@ -194,6 +194,13 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # -- folders -------------------------------------------------------------------------------------
 
+def with_labels(config: BertConfig, labels: Sequence[str]) -> BertConfig:
+    """A copy of config whose head has these classes: id2label and label2id, as transformers stores them."""
+    extra = {k: v for k, v in config.extra.items() if k != "num_labels"}
+    extra.update(id2label={str(i): x for i, x in enumerate(labels)}, label2id={x: i for i, x in enumerate(labels)})
+    return dataclasses.replace(config, extra=extra)
+
+
 def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None,
                     labels: Sequence[str] | None = None, **kwargs):
     """Build `cls` from a Hugging Face folder (config.json + weights). `labels` names the classes of a
@@ -203,9 +210,7 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
         raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
     config = config or BertConfig.load(path)
     if labels is not None:
-        extra = {k: v for k, v in config.extra.items() if k != "num_labels"}
-        extra.update(id2label={str(i): x for i, x in enumerate(labels)}, label2id={x: i for i, x in enumerate(labels)})
-        config = dataclasses.replace(config, extra=extra)
+        config = with_labels(config, labels)
     file = find_weights(path)
     hf_state = read_weights(file)
     model = cls(config, **kwargs)

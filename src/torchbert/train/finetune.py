@@ -45,6 +45,7 @@ from ..heads import (
 )
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_write_text
+from ..io.hf import with_labels
 from ..tokenizer import BertTokenizer
 from .distributed import Dist
 from .loop import TrainConfig, train
@@ -290,9 +291,7 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
             if have != label_map.labels:
                 raise ValueError(f"--model {model_dir}: it was fine-tuned for the labels {have}, but the training "
                                  f"data has {label_map.labels}; start from the pretrained model instead")
-        config.extra.update(id2label={str(i): x for i, x in enumerate(label_map.labels)},
-                            label2id={x: i for i, x in enumerate(label_map.labels)})
-        config.extra.pop("num_labels", None)
+        config = with_labels(config, label_map.labels)
     elif ts.type == "regression":
         config.extra.update(id2label={"0": "score"}, label2id={"score": 0}, problem_type="regression")
     config.extra["torchbert_task"] = asdict(ts)
