@@ -57,18 +57,89 @@ def activation(name: str):
 class Layout:
     """Where the tokens of a batch sit, computed once per forward and shared by every layer.
 
-    Attention always works on a padded [B, T] block. For packed hidden states [N, H], `seq` and
-    `pos` give each token's sequence and position in that block; `pad` lists the flattened block
-    positions that hold no token. When every sequence has the same length the packed tokens are the
-    block itself, and all three are None; so is `key_mask` when no position is padding."""
+    Attention always works on a padded [B, T] block. For packed hidden states [N, H], `index` gives
+    each token's row in the flattened [B*T] block and `pad` the rows that hold no token. When every
+    sequence has the same length the packed tokens are the block itself, and both are None; so is
+    `key_mask` when no position is padding."""
 
     batch: int  # B
     seqlen: int  # T
     key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to
     seq: Tensor | None = None  # [N] sequence of each packed token
-    pos: Tensor | None = None  # [N] position of each packed token in its sequence
-    pad: Tensor | None = None  # [B*T - N] flattened block positions that are padding
-    index: Tensor | None = None  # [N] flattened block position of each packed token: seq * T + pos
+    index: Tensor | None = None  # [N] row of each packed token in the block: seq * T + position
+    pad: Tensor | None = None  # [B*T - N] the block's rows that are padding
+
+    def heads(self, t: Tensor, heads: int, head_size: int) -> Tensor:
+        """Projections [B, T, P*H] or packed [N, P*H] -> [P, B, A, T, D], each part contiguous for the
+        attention products (padding rows zero: little of them in length-sorted batches)."""
+        B, T, A, D = self.batch, self.seqlen, heads, head_size
+        P = t.shape[-1] // (A * D)
+        if self.index is not None:
+            t = _Rows.apply(t, self.index, self.pad, True)  # [B*T, P*H]
+        return t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()
+
+    def tokens(self, ctx: Tensor) -> Tensor:
+        """Attention output [B, A, T, D] -> [B, T, H], or packed [N, H] (the real tokens)."""
+        B, A, T, D = ctx.shape
+        ctx = ctx.transpose(1, 2).reshape(B, T, A * D)
+        if self.index is None:
+            return ctx
+        return _Rows.apply(ctx.view(B * T, A * D), self.index, self.pad, False)  # [N, H]
+
+    def key_bias(self, dtype: torch.dtype) -> Tensor:
+        """[B, 1, 1, T]: 0 at real tokens, the most negative `dtype` value at padding."""
+        return torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device).masked_fill_(
+            ~self.key_mask, torch.finfo(dtype).min)
+
+
+class _Rows(torch.autograd.Function):
+    """Rows from packed [N, F] to a block [N + P, F] (`index` the rows they go to, `pad` the P rows
+    set to zero), or back; each direction is the other's backward. One pass either way, where
+    autograd's own backward of indexing zero-fills and accumulates."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, pad: Tensor, to_block: bool) -> Tensor:
+        ctx.save_for_backward(index, pad)
+        ctx.to_block = to_block
+        return _to_block(x, index, pad) if to_block else x[index]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        index, pad = ctx.saved_tensors
+        return (grad[index] if ctx.to_block else _to_block(grad, index, pad)), None, None, None
+
+
+def _to_block(x: Tensor, index: Tensor, pad: Tensor) -> Tensor:
+    block = x.new_empty(index.numel() + pad.numel(), *x.shape[1:])
+    block[index] = x
+    block[pad] = 0
+    return block
+
+
+@dataclass
+class Queries:
+    """The K tokens whose final states are wanted (pretraining: the masked tokens and [CLS]), so that
+    the last layer computes queries, attention rows, the output projection and the feed-forward for
+    them only. Attention takes their queries as a [B, Q] block (`layout`): each sequence's in its
+    own row of Q slots (Q = the most of one sequence), the free slots zero and their outputs unused."""
+
+    rows: Tensor  # [K] flat token positions, into [B*T] (padded) or [N] (packed)
+    layout: Layout  # [B, Q]: index = seq * Q + slot of each, pad = the free slots
+
+    @classmethod
+    def at(cls, rows: Tensor, layout: Layout) -> Queries:
+        B = layout.batch
+        seq = rows // layout.seqlen if layout.seq is None else layout.seq[rows]  # [K]
+        counts = torch.bincount(seq, minlength=B)  # [B]
+        Q = int(counts.max()) if seq.numel() else 0
+        order = torch.argsort(seq, stable=True)
+        first = counts.cumsum(0) - counts  # [B] where each sequence's queries start in `order`
+        slot = torch.empty_like(seq)
+        slot[order] = torch.arange(seq.numel(), device=seq.device) - first[seq[order]]
+        index = seq * Q + slot  # [K]
+        free = torch.ones(B * Q, dtype=torch.bool, device=seq.device)
+        free[index] = False
+        return cls(rows, Layout(B, Q, None, seq, index, free.nonzero().squeeze(1)))
 
 
 class Embeddings(nn.Module):
@@ -95,36 +166,36 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
-                keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        B, T, A = layout.batch, layout.seqlen, self.heads
-        qkv = self.qkv(x)  # [B, T, 3H] or [N, 3H]
-        H = qkv.shape[-1] // 3
-        if layout.seq is not None:  # packed: scatter the real tokens into a padded block
-            block = qkv.new_empty(B * T, 3 * H)
-            block[layout.index] = qkv
-            block[layout.pad] = 0  # only the padding is cleared: little of it in length-sorted batches
-            qkv = block  # [B*T, 3H]
-        q, k, v = qkv.view(B, T, 3, A, H // A).permute(2, 0, 3, 1, 4)  # each [B, A, T, D]
+                queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:
+        # x [B, T, H] or [N, H]. With `queries`, only those tokens ask (their q rows and attention
+        # rows are computed); every token is still a key and value. The output is then [K, H].
+        H, A = x.shape[-1], self.heads
+        if queries is None or need_weights:
+            q, k, v = layout.heads(self.qkv(x), A, H // A)  # each [B, A, T, D]
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            k, v = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # each [B, A, T, D]
+            q = queries.layout.heads(F.linear(x.reshape(-1, H)[queries.rows], w[:H], b[:H]), A, H // A)[0]
         dropout_p = self.dropout_p if self.training else 0.0
         # On CPU, scaled_dot_product_attention computes these same steps whenever attention dropout
         # is on, only with a slower dropout mask (dropout.py); so training on CPU takes this path.
         if need_weights or (dropout_p > 0 and x.device.type == "cpu"):
             # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
-            scores = q @ k.transpose(-2, -1) / math.sqrt(H // A)  # [B, A, T, T]
+            scores = (q @ k.transpose(-2, -1)).mul_(1 / math.sqrt(H // A))  # [B, A, T, T]
             if layout.key_mask is not None:
-                scores = scores.masked_fill(~layout.key_mask, torch.finfo(scores.dtype).min)
+                scores.add_(layout.key_bias(scores.dtype))  # the most negative float at padding keys
             probs = scores.softmax(dim=-1)
             ctx = dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
             probs = probs if need_weights else None
         else:
             probs = None
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
-        ctx = ctx.transpose(1, 2)  # [B, T, A, D]
-        if layout.seq is not None:
-            ctx = ctx[layout.seq, layout.pos]  # [N, A, D]: gather the real tokens
-        ctx = ctx.reshape(*x.shape[:-1], H)  # [B, T, H] or [N, H]
-        if keep is not None:
-            ctx = ctx.reshape(-1, H)[keep]  # [K, H]: only the rows asked for go on
+        if queries is None:
+            ctx = layout.tokens(ctx).reshape(x.shape)  # [B, T, H] or [N, H]
+        elif need_weights:
+            ctx = layout.tokens(ctx).reshape(-1, H)[queries.rows]  # [K, H]
+        else:
+            ctx = queries.layout.tokens(ctx)  # [K, H]
         return self.out(ctx), probs
 
 
@@ -151,12 +222,11 @@ class Layer(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
-                keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        # keep [K]: flat token positions (into [B*T] or [N]) at which to compute the output; every
-        # token is still a key and value of the attention. The result is then [K, H].
-        a, probs = self.attention(x, layout, need_weights, keep)
-        if keep is not None:
-            x = x.reshape(-1, x.shape[-1])[keep]  # [K, H]
+                queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:
+        # With `queries` (K tokens) the output is computed for those tokens only: [K, H].
+        a, probs = self.attention(x, layout, need_weights, queries)
+        if queries is not None:
+            x = x.reshape(-1, x.shape[-1])[queries.rows]  # [K, H]
         x = self.attention_norm(x + self.dropout(a))
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, probs
@@ -243,10 +313,10 @@ class BertModel(HFCheckpoint, nn.Module):
         cls_index = torch.arange(B, device=x.device) * T if cu_seqlens is None else cu_seqlens[:-1]  # [B]
         keep = None
         if output_positions is not None:
-            keep = torch.cat([output_positions, cls_index.to(output_positions.dtype)])  # [K + B]
+            keep = Queries.at(torch.cat([output_positions, cls_index.to(output_positions.dtype)]), layout)  # K + B
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
-            x, probs = layer(x, layout, need_weights=output_attentions, keep=keep if last else None)
+            x, probs = layer(x, layout, need_weights=output_attentions, queries=keep if last else None)
             if output_hidden_states:
                 hidden_states.append(x)
             if output_attentions:
@@ -294,7 +364,7 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[L
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
     pad = (~key_mask).flatten().nonzero().squeeze(1)  # [B*T - N]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, pos, pad, index=seq * T + pos), pos
+    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, index=seq * T + pos, pad=pad), pos
 
 
 def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
