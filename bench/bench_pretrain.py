@@ -31,10 +31,11 @@ lengths T_i (N = sum T_i real tokens) with M masked tokens, L layers, hidden H, 
 vocab V (a multiply-add is 2 FLOPs; backward costs twice the forward, so fwd+bwd = 3x forward):
 
     encoder matmuls   6 * L * (4 H^2 + 2 H I) * N        q, k, v, output, up and down projections,
-                    - 6 * (H^2 + 2 H I) * (N - M - B)    except the last layer's output, up and down
-                                                         projections of tokens nothing reads (neither
-                                                         masked nor [CLS])
-    attention         3 * L * 4 H * sum_i T_i^2          q k^T and probs v over real lengths only
+                    - 6 * (2 H^2 + 2 H I) * (N - M - B)  except the last layer's query, output, up and
+                                                         down projections of tokens nothing reads
+                                                         (neither masked nor [CLS])
+    attention         3 * (L - 1) * 4 H * sum_i T_i^2    q k^T and probs v over real lengths only,
+                    + 3 * 4 H * sum_i R_i T_i            in the last layer for the R_i read tokens only
     MLM head          6 * (H^2 + H V) * M                transform + vocab projection, masked tokens only
     pooler and NSP    6 * (H^2 + 2 H) * B                [CLS] only (about 0.01% of the total)
 
@@ -121,8 +122,10 @@ def useful_flops(c: BertConfig, b: Batch) -> float:
     H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
     lengths = b.cu_seqlens.diff().double()  # [B]
     read = b.mlm_labels.numel() + lengths.numel()  # tokens whose final state a head reads: masked and [CLS]
-    encoder = 6 * L * (4 * H * H + 2 * H * I) * b.num_tokens - 6 * (H * H + 2 * H * I) * (b.num_tokens - read)
-    attention = 3 * L * 4 * H * float((lengths ** 2).sum())
+    encoder = 6 * L * (4 * H * H + 2 * H * I) * b.num_tokens - 6 * (2 * H * H + 2 * H * I) * (b.num_tokens - read)
+    seq_of_masked = torch.searchsorted(b.cu_seqlens.long(), b.mlm_positions.long(), right=True) - 1
+    read_per_seq = torch.bincount(seq_of_masked, minlength=lengths.numel()).double() + 1  # R_i, with [CLS]
+    attention = 3 * 4 * H * ((L - 1) * float((lengths ** 2).sum()) + float((read_per_seq * lengths).sum()))
     mlm = 6 * (H * H + H * V) * b.mlm_labels.numel()
     pooler_nsp = 6 * (H * H + 2 * H) * lengths.numel()
     return encoder + attention + mlm + pooler_nsp

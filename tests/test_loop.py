@@ -169,6 +169,45 @@ def test_nan_steps_are_skipped_and_counted(tmp_path):
               log=lambda s: None)
 
 
+def test_a_task_per_step_count_divides_each_step_instead_of_its_own_count(tmp_path):
+    """task.per_step (fine-tuning: the average over the data) replaces each step's own target count."""
+    class Fixed(PretrainingTask):
+        per_step = {"mlm": 5.0, "nsp": 3.0}  # a batch of 8 holds 16 masked tokens and 8 NSP labels
+
+    grads = {}
+    for name, task in (("fixed", Fixed()), ("own", PretrainingTask())):
+        model = tiny_model(dropout=0.0)
+        model.nsp.weight.register_hook(lambda g, name=name: grads.setdefault(name, g.clone()))
+        train(model, RepeatData(), task, cfg(steps=1), tmp_path / name, log=lambda s: None)
+    ref = tiny_model(dropout=0.0)
+    parts = PretrainingTask().forward(ref, next(RepeatData().batches(8)))
+    (parts["mlm"][0] / 5.0 + parts["nsp"][0] / 3.0).backward()
+    assert torch.allclose(grads["fixed"], ref.nsp.weight.grad, atol=1e-6)
+    assert torch.allclose(grads["own"], ref.nsp.weight.grad * 3.0 / 8.0, atol=1e-6)
+
+
+def test_finetuning_divides_by_the_average_step_count():
+    """Token tasks: the labelled tokens of an average step, so a token of a short sentence in a
+    length-sorted batch weighs what one of a long sentence does."""
+    from types import SimpleNamespace
+
+    from torchbert.data.encode import IGNORE
+    from torchbert.train.finetune import targets_per_step
+
+    labels = [[IGNORE, 1, 2, IGNORE], [IGNORE, 0, IGNORE], [IGNORE, 1, 1, 1, 2, IGNORE]]  # 2 + 1 + 4 labelled
+
+    class Data:
+        encoded = SimpleNamespace(labels=labels, input_ids=labels)
+
+        def __len__(self):
+            return 3
+
+    data = Data()
+    assert targets_per_step(data, "token", 2) == pytest.approx(7 * 2 / 3)
+    assert targets_per_step(data, "token", 32) == 7  # a step larger than the data: all of it
+    assert targets_per_step(data, "classification", 2) == 2
+
+
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(TrainingError, match="found no complete checkpoint"):
         train(tiny_model(), RepeatData(), PretrainingTask(), cfg(), tmp_path, resume=True, log=lambda s: None)

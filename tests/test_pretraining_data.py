@@ -476,7 +476,17 @@ def test_jieba_parallel_equals_serial():
     from torchbert.data.pretraining import jieba_words
 
     sents = list(realdata.peoples_daily_sentences()[:300])
-    assert jieba_words(sents, workers=2, chunk=50) == jieba_words(sents, workers=1)
+    assert jieba_words(sents, workers=2, chunk=50, rust=False) == jieba_words(sents, workers=1, rust=False)
+
+
+def test_rjieba_cuts_the_words_jieba_cuts():
+    """The Rust segmenter (the default when installed) is a faster jieba, not another segmentation."""
+    from torchbert.data.pretraining import jieba_words
+
+    sents = list(realdata.peoples_daily_sentences()[:2000])
+    rust = jieba_words(sents, rust=True)
+    assert rust == jieba_words(sents, workers=1, rust=False)
+    assert sum(len(w) for w in rust) < sum(len(s) for s in sents)  # words, not characters
 
 
 def test_cli_vocab_reads_jsonl_text(work, capsys):

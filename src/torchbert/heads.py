@@ -198,10 +198,15 @@ class _TaskModel(HFCheckpoint, nn.Module):
         return num_labels(config)
 
     def encode(self, input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-               output_hidden_states, output_attentions) -> BertOutput:
+               output_hidden_states, output_attentions, cls_only: bool = False) -> BertOutput:
+        # cls_only: the head reads [CLS] alone, so the last layer runs for the [CLS] tokens only
+        # (unless every layer's full states or attentions are asked for)
+        positions = None
+        if cls_only and not (output_hidden_states or output_attentions):
+            positions = torch.empty(0, dtype=torch.long, device=input_ids.device)
         return self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
                          max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                         output_attentions=output_attentions)
+                         output_attentions=output_attentions, output_positions=positions)
 
     def hf_key_map(self) -> dict[str, tuple[str, ...]]:
         head = {f"{self.head_name}.{p}": (f"{self.head_name}.{p}",) for p in ("weight", "bias")}
@@ -214,7 +219,7 @@ class BertForSequenceClassification(_TaskModel):
                 labels: Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> TaskOutput:
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                          output_hidden_states, output_attentions)
+                          output_hidden_states, output_attentions, cls_only=True)
         logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
         loss = None if labels is None else self.loss(logits, labels)
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
@@ -309,14 +314,15 @@ class BertForMultipleChoice(_TaskModel):
                 raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
             B, C, T = input_ids.shape
             flat = [None if t is None else t.reshape(B * C, T) for t in (attention_mask, token_type_ids, position_ids)]
-            out = self.encode(input_ids.reshape(B * C, T), *flat, None, None, output_hidden_states, output_attentions)
+            out = self.encode(input_ids.reshape(B * C, T), *flat, None, None, output_hidden_states, output_attentions,
+                              cls_only=True)
             logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # [B, C]
             mask = choice_mask
         else:
             if num_choices is None:
                 raise ValueError("packed multiple-choice inputs need num_choices [batch]")
             out = self.encode(input_ids, None, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                              output_hidden_states, output_attentions)
+                              output_hidden_states, output_attentions, cls_only=True)
             scores = self.classifier(self.dropout(out.pooler_output)).squeeze(-1)  # [sum C_i]
             C = int(num_choices.max())
             mask = torch.arange(C, device=scores.device) < num_choices[:, None]  # [B, C]

@@ -30,6 +30,7 @@ Notation: T flat corpus tokens, S sentences, D documents, n instances, N instanc
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -199,11 +200,20 @@ def _cut(sentences: list[str]) -> list[list[str]]:
     return [jieba.lcut(s) for s in sentences]
 
 
-def jieba_words(sentences: list[str], *, workers: int | None = None, chunk: int = 5000) -> list[list[str]]:
-    """Each sentence cut into words by jieba (its default mode, HMM on), in parallel processes.
+def jieba_words(sentences: list[str], *, workers: int | None = None, chunk: int = 5000,
+                rust: bool | None = None) -> list[list[str]]:
+    """Each sentence cut into words by jieba's algorithm and dictionary (default mode, HMM on).
 
-    jieba is pure Python (~150k characters/s per core), the slowest stage by far; a large corpus
-    is cut by one forked process per core, each inheriting the loaded dictionary."""
+    rust (default: when installed): rjieba, jieba-rs's binding, which cuts the same words about 25x
+    faster. Otherwise jieba, pure Python (~150k characters/s per core) and the slowest stage of
+    whole-word `prepare` by far: a large corpus is then cut by one forked process per core, each
+    inheriting the loaded dictionary."""
+    if rust is None:
+        rust = importlib.util.find_spec("rjieba") is not None
+    if rust:
+        import rjieba
+
+        return [rjieba.cut(s) for s in sentences]
     import jieba
 
     jieba.setLogLevel(60)

@@ -136,12 +136,18 @@ def _has_labels(examples: list, task_type: str) -> bool:
 # -- the training task for train/loop.py -------------------------------------------------------------
 
 class FinetuneTask:
-    """One loss part, "task": summed over its targets (sequences, labelled tokens or examples)."""
+    """One loss part, "task": summed over its targets (sequences, labelled tokens or examples).
+
+    per_step: the targets of an average optimizer step over the training data. Length-sorted batches
+    of tokens hold from a few to many labelled tokens; dividing each step's loss by its own count
+    would weigh a token of a short sentence several times more than one of a long sentence. Divided
+    by the average, every target weighs the same, as in randomly drawn batches."""
 
     parts = ("task",)
 
-    def __init__(self, task_type: str):
+    def __init__(self, task_type: str, per_step: float | None = None):
         self.type = task_type
+        self.per_step = {"task": per_step} if per_step else None
 
     def counts(self, batch: TaskBatch) -> dict[str, int]:
         if self.type == "token":
@@ -165,6 +171,17 @@ class FinetuneTask:
         # a micro-batch of token windows may hold no labelled token: its loss is then nan, count it as 0
         loss_sum = out.loss.float() * n if n else out.logits.sum() * 0.0
         return {"task": (loss_sum, correct)}
+
+
+def targets_per_step(data: TaskData, task_type: str, units_per_step: int) -> float:
+    """The loss targets (FinetuneTask.counts) of an average step of `units_per_step` examples."""
+    if task_type == "token":
+        total = sum(sum(t != IGNORE for t in labels) for labels in data.encoded.labels)
+    elif task_type == "multiple-choice":
+        total = len(data)
+    else:
+        total = len(data.encoded.input_ids)  # sequences (QA: windows)
+    return total * min(units_per_step, len(data)) / len(data)
 
 
 def targets(batch: TaskBatch, task_type: str) -> dict:
@@ -395,7 +412,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         best.offer(unwrap(m), scores, records, step=step, epoch=epoch)
         return scores
 
-    summary = train(model, train_data, FinetuneTask(task_type), cfg, s.out, resume=s.resume,
+    task = FinetuneTask(task_type, per_step=targets_per_step(train_data, task_type, cfg.batch_size * dist.world_size
+                                                             * cfg.grad_accum))
+    summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
                     evaluate=evaluate if dev_data is not None else None, device=device, log=log, dist=dist)
     if not dist.is_main:
         return summary

@@ -11,7 +11,9 @@ Per optimizer step:
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
-predictions). The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts
+predictions). A task may also fix `per_step`, the targets of an average step per part: each step's
+summed loss is then divided by that instead of by its own count, so that every target weighs the
+same even when steps hold very different counts (length-sorted batches of labelled tokens). The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts
 the global batches of that epoch already used: resuming skips straight there.
 """
 
@@ -43,6 +45,7 @@ class TrainingError(RuntimeError):
 
 class Task(Protocol):
     parts: tuple[str, ...]
+    per_step: dict[str, float] | None
 
     def counts(self, batch) -> dict[str, int]: ...
 
@@ -53,6 +56,7 @@ class PretrainingTask:
     """MLM + NSP on packed batches (torchbert.data.shards.Batch)."""
 
     parts = ("mlm", "nsp")
+    per_step = None  # each step's own count: a step of k micro-batches is one big batch
 
     def counts(self, batch) -> dict[str, int]:
         return {"mlm": int(batch.mlm_labels.numel()), "nsp": int(batch.nsp_labels.numel())}
@@ -173,7 +177,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         micro = [stream.next() for _ in range(cfg.grad_accum)]
         micro = [b.to(device) for b in micro]
         local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
-        totals = dict(zip(task.parts, dist.all_reduce(local, device)))  # targets of the global batch
+        totals = task.per_step or dict(zip(task.parts, dist.all_reduce(local, device)))  # targets of a step
         step_loss = 0.0
         for i, b in enumerate(micro):
             # DDP: synchronize gradients on the last micro-batch only
