@@ -13,8 +13,10 @@ A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, 
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
 predictions). A task may also fix `per_step`, the targets of an average step per part: each step's
 summed loss is then divided by that instead of by its own count, so that every target weighs the
-same even when steps hold very different counts (length-sorted batches of labelled tokens). The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts
-the global batches of that epoch already used: resuming skips straight there.
+same even when steps hold very different counts (length-sorted batches of labelled tokens).
+
+The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts the global
+batches of that epoch already used: resuming skips straight there.
 """
 
 from __future__ import annotations
