@@ -95,7 +95,8 @@ def test_bad_arguments(tmp_path, capsys, minilm_dir):
         assert code == 2 and message in err, (extra, err)
     code, _, err = run(capsys, "embed", "--model", str(tmp_path / "nope"), "--input", str(src), "--out", str(tmp_path / "e.npy"))
     assert code == 2 and "not a folder" in err
-    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(tmp_path / "x.txt"), "--out", str(tmp_path / "e.npy"))
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(tmp_path / "x.txt"),
+                       "--out", str(tmp_path / "e.npy"))
     assert code == 2 and "no such input file" in err
     assert not (tmp_path / "e.npy").exists()
 

@@ -58,7 +58,8 @@ random, 10% unchanged).  A one-sentence document still yields pairs, all NotNext
 as A, B from another document); a corpus of one document is an error.  --masking static
 masks here (--dupe-factor copies, each with its own pairs and masks); dynamic stores the
 instances unmasked and the loader masks them afresh every epoch.  --whole-word masks all pieces of
-a word together; Chinese words come from jieba.
+a word together; Chinese words come from jieba's segmenter (rjieba, its Rust port: the same words
+about 25x faster; jieba itself where rjieba is not installed).
 
 Output: shard-NNNNN/ folders of .npy arrays (memory-mapped by torchbert.data.PretrainingData),
 manifest.json (counts, settings, vocab sha256) and a copy of the tokenizer files.
@@ -720,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance, specials included (default: 128)")
     r.add_argument("--masking", choices=("static", "dynamic"), default="static",
                    help="static: masked here; dynamic: masked by the loader each epoch (default: static)")
-    r.add_argument("--whole-word", action="store_true", help="mask whole words (Chinese words from jieba)")
+    r.add_argument("--whole-word", action="store_true", help="mask whole words (Chinese words from jieba's segmenter, run by rjieba)")
     r.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus (default: 5)")
     r.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default: 0.15)")
     r.add_argument("--max-predictions", type=int, default=20, help="masked tokens per instance at most (default: 20)")
