@@ -721,7 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance, specials included (default: 128)")
     r.add_argument("--masking", choices=("static", "dynamic"), default="static",
                    help="static: masked here; dynamic: masked by the loader each epoch (default: static)")
-    r.add_argument("--whole-word", action="store_true", help="mask whole words (Chinese words from jieba's segmenter, run by rjieba)")
+    r.add_argument("--whole-word", action="store_true",
+                   help="mask whole words (Chinese words from jieba's segmenter, run by rjieba)")
     r.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus (default: 5)")
     r.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default: 0.15)")
     r.add_argument("--max-predictions", type=int, default=20, help="masked tokens per instance at most (default: 20)")

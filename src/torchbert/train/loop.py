@@ -178,8 +178,10 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     while step < cfg.steps:
         micro = [stream.next() for _ in range(cfg.grad_accum)]
         micro = [b.to(device) for b in micro]
-        local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
-        totals = task.per_step or dict(zip(task.parts, dist.all_reduce(local, device)))  # targets of a step
+        totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
+        if totals is None:
+            local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
+            totals = dict(zip(task.parts, dist.all_reduce(local, device)))
         step_loss = 0.0
         for i, b in enumerate(micro):
             # DDP: synchronize gradients on the last micro-batch only
