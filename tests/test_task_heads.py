@@ -107,6 +107,22 @@ def test_token_classification_matches_transformers(minilm_dir, tmp_path, tok):
     assert packed.logits.shape == (int(mask.sum()), len(LABELS))
     assert (packed.logits - a.logits[mask.bool()]).abs().max() < TOL
     assert abs(packed.loss.item() - a.loss.item()) < TOL
+    # labelled_only, the training path: the last layer runs for the labelled tokens alone
+    labelled = labels != -100
+    assert 0 < labelled.sum() < mask.sum()
+    only = ours(ids, attention_mask=mask, labels=labels, labelled_only=True)
+    assert only.logits.shape == (int(labelled.sum()), len(LABELS))
+    assert (only.logits - b.logits[labelled]).abs().max() < TOL
+    assert abs(only.loss.item() - b.loss.item()) < TOL
+    with torch.enable_grad():  # and the same gradients as the full computation, packed
+        grads = []
+        for kw in ({}, {"labelled_only": True}):
+            ours.zero_grad()
+            ours(flat, cu_seqlens=cu, max_seqlen=Tmax, labels=labels[mask.bool()], **kw).loss.backward()
+            grads.append({k: p.grad.clone() for k, p in ours.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(ours.parameters()))
+    for k, g in grads[0].items():
+        assert (g - grads[1][k]).abs().max() < 1e-6, k
 
 
 @torch.no_grad()

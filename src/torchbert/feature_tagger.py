@@ -102,9 +102,10 @@ class FeatureTagger(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                labels: Tensor | None = None) -> TaskOutput:
+                labels: Tensor | None = None, labelled_only: bool = False) -> TaskOutput:
         """Packed input_ids [N] with cu_seqlens, or padded [B, T] with a right-padded attention_mask.
-        labels: [N] or [B, T], -100 where a token has none. logits: [N, L] or [B, T, L]."""
+        labels: [N] or [B, T], -100 where a token has none. logits: [N, L] or [B, T, L]; with
+        labelled_only (and labels), [M, L] for the labelled tokens only, as BertForTokenClassification."""
         strategy = self.settings.strategy
         with torch.no_grad():  # the encoder is fixed: nothing to backpropagate into
             out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
@@ -112,6 +113,9 @@ class FeatureTagger(nn.Module):
             h = out.last_hidden_state if out.hidden_states is None else combine_layers(out.hidden_states, strategy)
         if self.lstm is not None:
             h = self.run_lstm(self.dropout(h), attention_mask, cu_seqlens, max_seqlen)
+        if labelled_only and labels is not None:
+            keep = labels.reshape(-1) != IGNORE
+            h, labels = h.reshape(-1, h.shape[-1])[keep], labels.reshape(-1)[keep]  # [M, F], [M]
         logits = self.classifier(self.dropout(h))
         loss = None
         if labels is not None:

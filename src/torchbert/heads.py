@@ -249,10 +249,19 @@ class BertForTokenClassification(_TaskModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> TaskOutput:
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                          output_hidden_states, output_attentions)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels] or [N, num_labels]
+                output_attentions: bool = False, labelled_only: bool = False) -> TaskOutput:
+        """labelled_only (with labels): logits [M, num_labels] for the M labelled tokens only (labels
+        != -100, in flat order), and the last layer runs for those tokens alone, as the MLM head's
+        does for the masked ones; the loss is the same. Training takes this path: a word's later
+        sub-tokens, [CLS] and [SEP] carry no label, about a third of the tokens of English tweets."""
+        positions = None
+        if labelled_only and labels is not None and not (output_hidden_states or output_attentions):
+            positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
+            labels = labels.reshape(-1)[positions]
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
+                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions, output_positions=positions)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, C], [N, C] or labelled [M, C]
         loss = None
         if labels is not None:  # -100 marks tokens without a label (padding, later sub-tokens)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)

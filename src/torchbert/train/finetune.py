@@ -157,15 +157,15 @@ class FinetuneTask:
         return {"task": int(batch.cu_seqlens.numel() - 1)}
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        out = model(**batch.model_inputs(), **targets(batch, self.type))
+        kw = {"labelled_only": True} if self.type == "token" else {}  # logits [M, C] of the labelled tokens
+        out = model(**batch.model_inputs(), **targets(batch, self.type), **kw)
         n = self.counts(batch)["task"]
         if self.type in ("qa", "qa-v2"):
             correct = _span_correct(out, batch)
         elif self.type == "regression":
             correct = ((out.logits.squeeze(-1) - batch.labels).abs() < 0.5).sum()  # within half a point
         elif self.type == "token":
-            keep = batch.labels != IGNORE
-            correct = (out.logits.argmax(-1)[keep] == batch.labels[keep]).sum()
+            correct = (out.logits.argmax(-1) == batch.labels[batch.labels != IGNORE]).sum()
         else:
             correct = (out.logits.argmax(-1) == batch.labels).sum()
         # a micro-batch of token windows may hold no labelled token: its loss is then nan, count it as 0
