@@ -34,6 +34,19 @@ def test_values_and_gradient_match_the_rule():
     assert (mean - x.detach()).abs().mean() < 0.05
 
 
+def test_bfloat16_keeps_dtype_and_exact_scale():
+    """Under bf16 the scale 1 / (1 - p) is applied in fp32: a bf16 mask would round 1/0.9 to 1.109."""
+    torch.manual_seed(2)
+    x = torch.randn(32, 50).bfloat16().requires_grad_()
+    y = dropout(x, 0.1)
+    assert y.dtype == torch.bfloat16
+    kept = y != 0
+    assert torch.equal(y[kept], (x.detach().float()[kept] / 0.9).bfloat16())
+    y.backward(torch.ones_like(y))
+    assert x.grad.dtype == torch.bfloat16
+    assert torch.equal(x.grad, torch.where(kept, torch.tensor(1 / 0.9).bfloat16(), torch.tensor(0.0).bfloat16()))
+
+
 def test_off_paths_and_seed():
     x = torch.randn(8, 16)
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x

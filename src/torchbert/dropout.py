@@ -3,8 +3,9 @@
 On CPU, `F.dropout` draws one Bernoulli sample per element from the generator, which costs more
 than the matrix products around a small BERT's dropouts. Here one 64-bit draw makes four 16-bit
 uniform integers, and an element is dropped when its integer falls below round(p * 2^16): the drop
-probability is p to within 2^-17 (0.1 becomes 0.100006). The mask is kept as bools (one byte an
-element) for the backward pass. Everywhere else (CUDA, torch.compile, p = 1) this is F.dropout.
+probability is p to within 2^-17 (0.1 becomes 0.100006). The mask is then made a float tensor of 0
+and 1 / (1 - p), so that the forward and the backward are one multiplication each (a bool mask
+and a separate scale take two). Everywhere else (CUDA, torch.compile, p = 1) this is F.dropout.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return (bits.view(torch.int16)[:n] >= _INT16_MIN + round(p * 2**16)).view(shape)
 
 
-class _MaskedScale(torch.autograd.Function):
+class _Masked(torch.autograd.Function):
+    """x * mask, the mask a constant: its backward is grad * mask."""
+
     @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+    def forward(ctx, x: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return x.mul(mask).to(x.dtype)  # the mask is fp32 under bf16 or fp16 (1 / (1 - p) in full)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        (mask,) = ctx.saved_tensors
+        return grad.mul(mask).to(grad.dtype), None
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -44,7 +46,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
-    return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
+    dtype = x.dtype if x.dtype == torch.float64 else torch.float32
+    mask = keep_mask(x.shape, p, x.device).to(dtype).mul_(1.0 / (1.0 - p))  # 0 or 1 / (1 - p)
+    return _Masked.apply(x, mask)
 
 
 class Dropout(nn.Dropout):
