@@ -694,8 +694,10 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
 
     special_ids = tokenizer.all_special_ids
     never_mask = [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
-    parts, masks = [], []
-    timings["pairs"] = timings["mask"] = 0.0
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    shards = _ShardWriter(folder, s.shard_size, dtype, write_shard)
+    timings["pairs"] = timings["mask"] = timings["write"] = 0.0
     n_done = 0
     for p in tqdm(range(s.dupe_factor), unit="pass", desc="instances", disable=not progress):
         t0 = time.perf_counter()
@@ -705,23 +707,24 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
         timings["pairs"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         n_inst = len(inst.a_len)
+        masked = None
         if s.masking == "static":
-            masks.append(mask_instances(
+            masked = mask_instances(
                 inst.tokens, inst.word_starts, inst.offsets, np.arange(n_done, n_done + n_inst),
                 special_ids=special_ids, never_mask=never_mask, mask_id=tokenizer.mask_token_id,
                 vocab_size=tokenizer.vocab_size, seed=s.seed, epoch=p, masked_lm_prob=s.masked_lm_prob,
-                max_predictions=s.max_predictions, whole_word=s.whole_word))
+                max_predictions=s.max_predictions, whole_word=s.whole_word)
         timings["mask"] += time.perf_counter() - t0
-        parts.append(inst)
+        t0 = time.perf_counter()
+        shards.add(inst, masked)  # this pass's full shards go to disk now; only the rest is kept
+        timings["write"] += time.perf_counter() - t0
         n_done += n_inst
     if n_done == 0:
         raise ValueError(f"{names}: no instance could be built (every document is too short for a "
                          "sentence pair)")
 
     t0 = time.perf_counter()
-    dtype = token_dtype(tokenizer.vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    shard_entries = _write_shards(folder, parts, masks, s.shard_size, dtype, write_shard)
+    shard_entries = shards.close()
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.is_file():
@@ -738,8 +741,8 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
             "corpus_tokens": int(len(corpus.tokens)),
             "instances": n_done,
             "tokens": n_tokens,
-            "masked_tokens": int(sum(len(m.positions) for m in masks)) if masks else None,
-            "is_random_next": int(sum(int(p.random_next.sum()) for p in parts)),
+            "masked_tokens": shards.masked_tokens if s.masking == "static" else None,
+            "is_random_next": shards.random_next,
             "shards": len(shard_entries),
         },
         "vocab_size": tokenizer.vocab_size,
@@ -751,7 +754,7 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
         "settings": {**s.__dict__, "corpus": [str(p) for p in corpus_paths], "tokenizer": str(tokenizer_dir)},
         "shards": shard_entries,
     }
-    timings["write"] = time.perf_counter() - t0
+    timings["write"] += time.perf_counter() - t0
     manifest["timings"] = timings
     return manifest
 
@@ -760,38 +763,64 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _write_shards(folder: Path, parts: list[Instances], masks: list[Masked], shard_size: int, dtype,
-                  write_shard) -> list[dict]:
-    """Concatenate the passes and cut them into shards of shard_size instances."""
-    tokens = np.concatenate([p.tokens for p in parts])
-    word_starts = np.concatenate([p.word_starts for p in parts])
-    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
-    offsets = np.r_[0, np.cumsum(lengths)]
-    a_len = np.concatenate([p.a_len for p in parts])
-    random_next = np.concatenate([p.random_next for p in parts])
-    if masks:
-        m_counts = np.concatenate([np.diff(m.offsets) for m in masks])
-        m_off = np.r_[0, np.cumsum(m_counts)]
-        m_pos = np.concatenate([m.positions for m in masks])
-        m_ids = np.concatenate([m.input_ids for m in masks])
-    entries = []
-    n = len(a_len)
-    for k, first in enumerate(range(0, n, shard_size)):
-        last = min(n, first + shard_size)
-        o0, o1 = offsets[first], offsets[last]
-        arrays = {
-            "tokens": tokens[o0:o1].astype(dtype),
-            "word_starts": word_starts[o0:o1],
-            "offsets": (offsets[first:last + 1] - o0).astype(np.int64),
-            "a_len": a_len[first:last].astype(np.int32),
-            "random_next": random_next[first:last],
-        }
-        if masks:
-            q0, q1 = m_off[first], m_off[last]
-            arrays["mlm_offsets"] = (m_off[first:last + 1] - q0).astype(np.int64)
-            arrays["mlm_positions"] = m_pos[q0:q1].astype(np.int16)
-            arrays["mlm_input_ids"] = m_ids[q0:q1].astype(dtype)
-        name = f"shard-{k:05d}"
-        write_shard(folder / name, arrays)
-        entries.append({"name": name, "instances": int(last - first), "tokens": int(o1 - o0)})
-    return entries
+class _ShardWriter:
+    """Cuts the instances of successive passes into shards of shard_size instances as they come: the
+    full shards of a pass are written at once and only the rest (under one shard) waits for the next
+    pass, so a corpus's dupe_factor passes are never all in memory. The shards are those of the
+    passes concatenated and then cut."""
+
+    def __init__(self, folder: Path, shard_size: int, dtype, write_shard):
+        self.folder, self.shard_size, self.dtype, self.write_shard = folder, shard_size, dtype, write_shard
+        self.rest: dict[str, np.ndarray] | None = None  # the instances not yet written, as below
+        self.entries: list[dict] = []
+        self.masked_tokens = self.random_next = 0
+
+    def add(self, inst: Instances, masked: Masked | None) -> None:
+        part = {"tokens": inst.tokens, "word_starts": inst.word_starts, "lengths": np.diff(inst.offsets),
+                "a_len": inst.a_len, "random_next": inst.random_next}
+        if masked is not None:
+            part.update(m_counts=np.diff(masked.offsets), m_pos=masked.positions, m_ids=masked.input_ids)
+            self.masked_tokens += len(masked.positions)
+        self.random_next += int(inst.random_next.sum())
+        if self.rest is not None:
+            part = {k: np.concatenate([self.rest[k], v]) for k, v in part.items()}
+        self.rest = self._write(part, final=False)
+
+    def close(self) -> list[dict]:
+        if self.rest is not None:
+            self._write(self.rest, final=True)
+        return self.entries
+
+    def _write(self, part: dict[str, np.ndarray], final: bool) -> dict[str, np.ndarray]:
+        """Write the whole shards of `part` (and with `final` its last, smaller one); return the rest."""
+        offsets = np.r_[0, np.cumsum(part["lengths"])]
+        m_off = np.r_[0, np.cumsum(part["m_counts"])] if "m_counts" in part else None
+        n = len(part["a_len"])
+        first = 0
+        while n - first >= self.shard_size or (final and first < n):
+            last = min(n, first + self.shard_size)
+            o0, o1 = offsets[first], offsets[last]
+            arrays = {
+                "tokens": part["tokens"][o0:o1].astype(self.dtype),
+                "word_starts": part["word_starts"][o0:o1],
+                "offsets": (offsets[first:last + 1] - o0).astype(np.int64),
+                "a_len": part["a_len"][first:last].astype(np.int32),
+                "random_next": part["random_next"][first:last],
+            }
+            if m_off is not None:
+                q0, q1 = m_off[first], m_off[last]
+                arrays["mlm_offsets"] = (m_off[first:last + 1] - q0).astype(np.int64)
+                arrays["mlm_positions"] = part["m_pos"][q0:q1].astype(np.int16)
+                arrays["mlm_input_ids"] = part["m_ids"][q0:q1].astype(self.dtype)
+            name = f"shard-{len(self.entries):05d}"
+            self.write_shard(self.folder / name, arrays)
+            self.entries.append({"name": name, "instances": int(last - first), "tokens": int(o1 - o0)})
+            first = last
+        o0 = offsets[first]
+        rest = {"tokens": part["tokens"][o0:], "word_starts": part["word_starts"][o0:],
+                "lengths": part["lengths"][first:], "a_len": part["a_len"][first:],
+                "random_next": part["random_next"][first:]}
+        if m_off is not None:
+            q0 = m_off[first]
+            rest.update(m_counts=part["m_counts"][first:], m_pos=part["m_pos"][q0:], m_ids=part["m_ids"][q0:])
+        return {k: v.copy() for k, v in rest.items()}  # not views: the pass they came from can go
