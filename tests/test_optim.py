@@ -10,7 +10,15 @@ from torch import nn
 
 from torchbert import BertConfig
 from torchbert.heads import BertForPreTraining
-from torchbert.train.optim import SCHEDULES, Lamb, lr_factor, make_optimizer, make_scheduler, parameter_groups
+from torchbert.train.optim import (
+    SCHEDULES,
+    Lamb,
+    clipped_step,
+    lr_factor,
+    make_optimizer,
+    make_scheduler,
+    parameter_groups,
+)
 
 
 def test_no_decay_on_biases_and_layernorm():
@@ -138,3 +146,31 @@ def test_fused_adamw_equals_the_per_tensor_loop():
             opt.zero_grad()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("grad_size", [10.0, 1e-3])  # clipped, and under the limit
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_clipped_step_equals_clip_grad_norm_then_step(name, grad_size):
+    """The fused AdamW takes the clipping scale in its step (grad_scale); the result is that of
+    clip_grad_norm_ and step(), and the optimizer keeps no scale for the next step."""
+    torch.manual_seed(0)
+    a = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=100))
+    b = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=100))
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = make_optimizer(a, name), make_optimizer(b, name)
+    for step in range(3):
+        for p, q in zip(a.parameters(), b.parameters()):
+            p.grad = torch.randn_like(p) * grad_size
+            q.grad = p.grad.clone()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in a.parameters()])
+        assert (norm > 1.0) == (grad_size > 1)
+        clipped_step(opt_a, a.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 1.0)
+        opt_b.step()
+        assert getattr(opt_a, "grad_scale", None) is None
+        for (n, p), q in zip(a.named_parameters(), b.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)
+            # Adam's update hardly sees a gradient's scale; its moments do: they hold the clipped gradients
+            for key, atol in (("exp_avg", 1e-9), ("exp_avg_sq", 1e-13)):  # values up to ~1e-3 and ~1e-6
+                torch.testing.assert_close(opt_a.state[p][key], opt_b.state[q][key], rtol=1e-5, atol=atol,
+                                           msg=f"{n} {key}")

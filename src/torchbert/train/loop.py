@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
-from .optim import make_optimizer, make_scheduler
+from .optim import clipped_step, make_optimizer, make_scheduler
 
 
 class TrainingError(RuntimeError):
@@ -205,10 +205,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                                     "Lower --lr, use fp32, or check the data")
             continue
         bad_in_a_row = 0
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
+        clipped_step(optimizer, model.parameters(), cfg.max_grad_norm)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1

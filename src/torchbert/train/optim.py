@@ -52,6 +52,32 @@ def make_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weig
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
+def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float) -> None:
+    """optimizer.step() after clipping the gradients of `params` to a total norm of max_norm (none
+    when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step().
+
+    With a fused torch AdamW over plain tensors the scaling rides in its step: the step divides
+    each gradient by the optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of
+    its own over the gradients (the word embeddings' alone are half of a small BERT's)."""
+    if max_norm <= 0:
+        optimizer.step()
+        return
+    params = [p for p in params if p.grad is not None]
+    fused = isinstance(optimizer, torch.optim.AdamW) and all(g.get("fused") for g in optimizer.param_groups)
+    if not fused or any(type(p.grad) is not torch.Tensor for p in params):  # e.g. FSDP's DTensors
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        return
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    scale = (total + 1e-6) / max_norm  # clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when below 1
+    if scale.item() > 1:
+        optimizer.grad_scale = scale.float()
+    try:
+        optimizer.step()
+    finally:
+        optimizer.grad_scale = None
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB: per tensor, u = m_hat / (sqrt(v_hat) + eps) + wd * w; w -= lr * (||w|| / ||u||) * u.
 
