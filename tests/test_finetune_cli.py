@@ -92,6 +92,37 @@ def test_evaluate_and_predict_agree_with_the_run(ner_run, wnut, tmp_path, capsys
     assert [p["tags"] for p in preds] == [r["tags"] for r in reference]
 
 
+@torch.no_grad()
+def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, wnut):
+    """predict runs the last layer for the tokens that own a word; its tags equal those read from
+    every token's logits, also when tweets are cut into overlapping windows (max_length 12)."""
+    from torchbert.data import encode, tasks
+    from torchbert.data.taskdata import TaskData
+    from torchbert.heads import BertForTokenClassification
+    from torchbert.tokenizer import BertTokenizer
+    from torchbert.train.finetune import TaskSettings, encode_split, predict
+
+    root, _, _ = wnut
+    model = BertForTokenClassification.from_pretrained(ner_run).eval()
+    torch.manual_seed(0)
+    model.classifier.weight.normal_(0.0, 0.5)  # a short run tags nearly all O: vary the tags
+    id2label = {int(k): v for k, v in model.config.extra["id2label"].items()}
+    ts = TaskSettings(type="token", max_length=12, doc_stride=4)
+    examples = tasks.read_examples(root / "dev.conll", "token")
+    data = TaskData(encode_split(BertTokenizer.from_pretrained(ner_run), examples, ts,
+                                 tasks.LabelMap.from_examples(examples), training=False), "token")
+    assert len(data.encoded.input_ids) > len(examples)  # some tweets span several windows
+    records = predict(model, data, examples, ts, id2label, 16, torch.device("cpu"))
+    rows = [None] * len(data.encoded.input_ids)
+    for batch in data.all_batches(16):
+        logits = model(**batch.model_inputs()).logits  # [N, C]: every token
+        for r, x in zip(batch.rows, logits.split(batch.cu_seqlens.diff().tolist())):
+            rows[r] = x.argmax(-1).tolist()
+    words = encode.words_from_tokens(data.encoded, rows, len(examples), [len(x.words) for x in examples])
+    assert [r["tags"] for r in records] == [[id2label[i] for i in w] for w in words]
+    assert len({t for r in records for t in r["tags"]}) > 3
+
+
 def test_a_dev_label_that_training_never_had_is_an_error(wnut, minilm_dir, tmp_path, capsys):
     root, train, dev = wnut
     words, tags = dev[0]

@@ -221,6 +221,9 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
     for batch in batches:
         b = batch.to(device)
         kw = {"num_choices": b.num_choices} if ts.type == "multiple-choice" else {}
+        if ts.type == "token":  # only the token that owns a word is read: the last layer runs for those alone
+            owned = torch.tensor([w >= 0 for r in batch.rows for w in e.word_index[r]], device=device)
+            kw = {"labels": torch.where(owned, 0, IGNORE), "labelled_only": True}
         out = model(**b.model_inputs(), **kw)
         lengths = batch.cu_seqlens.diff().tolist()
         if ts.type in ("qa", "qa-v2"):
@@ -228,8 +231,10 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
                                out.end_logits.float().cpu().split(lengths)):
                 rows_out[r] = (s.numpy(), t.numpy())
         elif ts.type == "token":
-            for r, x in zip(batch.rows, out.logits.float().cpu().split(lengths)):
-                rows_out[r] = x.argmax(-1).tolist()
+            tags = torch.full(owned.shape, -1, dtype=torch.long)  # -1 where no word is read
+            tags[owned.cpu()] = out.logits.argmax(-1).cpu()
+            for r, x in zip(batch.rows, tags.split(lengths)):
+                rows_out[r] = x.tolist()
         elif ts.type == "multiple-choice":
             probs = out.logits.float().softmax(-1).cpu()
             starts = data.unit_start
