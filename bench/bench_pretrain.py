@@ -64,7 +64,7 @@ from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
-from torchbert.train.optim import make_optimizer  # noqa: E402
+from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
 
@@ -138,11 +138,16 @@ def packed_inputs(b: Batch) -> dict:
 
 
 def train_step(model, optimizer, inputs: dict) -> float:
-    """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch)."""
+    """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch). torchbert clips
+    as its loop does (train/optim.clipped_step: the scale rides in the fused AdamW); transformers
+    as its Trainer does (clip_grad_norm_, then step)."""
     loss = model(**inputs).loss
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-    optimizer.step()
+    if isinstance(model, BertForPreTraining):
+        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss.detach())
 
