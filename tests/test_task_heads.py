@@ -114,6 +114,8 @@ def test_token_classification_matches_transformers(minilm_dir, tmp_path, tok):
     assert only.logits.shape == (int(labelled.sum()), len(LABELS))
     assert (only.logits - b.logits[labelled]).abs().max() < TOL
     assert abs(only.loss.item() - b.loss.item()) < TOL
+    states = ours(ids, attention_mask=mask, labels=labels, labelled_only=True, output_hidden_states=True)
+    assert len(states.hidden_states) == 7 and (states.logits - only.logits).abs().max() < TOL  # full last layer, rows picked
     with torch.enable_grad():  # and the same gradients as the full computation, packed
         grads = []
         for kw in ({}, {"labelled_only": True}):

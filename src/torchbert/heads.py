@@ -198,15 +198,21 @@ class _TaskModel(HFCheckpoint, nn.Module):
         return num_labels(config)
 
     def encode(self, input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-               output_hidden_states, output_attentions, cls_only: bool = False) -> BertOutput:
-        # cls_only: the head reads [CLS] alone, so the last layer runs for the [CLS] tokens only
-        # (unless every layer's full states or attentions are asked for)
-        positions = None
-        if cls_only and not (output_hidden_states or output_attentions):
+               output_hidden_states, output_attentions, cls_only: bool = False,
+               positions: Tensor | None = None) -> BertOutput:
+        """positions [K]: the flat token positions the head reads besides [CLS] (cls_only: none).
+        The last layer then runs for those tokens and [CLS] alone, and last_hidden_state is [K, H].
+        When every layer's states or attentions are asked for, it runs in full and the rows are
+        picked afterwards."""
+        if cls_only:
             positions = torch.empty(0, dtype=torch.long, device=input_ids.device)
-        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                         max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                         output_attentions=output_attentions, output_positions=positions)
+        full = output_hidden_states or output_attentions
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
+                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions, output_positions=None if full else positions)
+        if full and positions is not None:
+            out.last_hidden_state = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[positions]
+        return out
 
     def hf_key_map(self) -> dict[str, tuple[str, ...]]:
         head = {f"{self.head_name}.{p}": (f"{self.head_name}.{p}",) for p in ("weight", "bias")}
@@ -255,12 +261,11 @@ class BertForTokenClassification(_TaskModel):
         does for the masked ones; the loss is the same. Training takes this path: a word's later
         sub-tokens, [CLS] and [SEP] carry no label, about a third of the tokens of English tweets."""
         positions = None
-        if labelled_only and labels is not None and not (output_hidden_states or output_attentions):
+        if labelled_only and labels is not None:
             positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
             labels = labels.reshape(-1)[positions]
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions, output_positions=positions)
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
+                          output_hidden_states, output_attentions, positions=positions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, C], [N, C] or labelled [M, C]
         loss = None
         if labels is not None:  # -100 marks tokens without a label (padding, later sub-tokens)
