@@ -1,5 +1,6 @@
 """The CPU dropout (dropout.py) behaves as F.dropout: the drop rate, the scaling, the gradient."""
 
+import numpy
 import pytest
 import torch
 
@@ -97,3 +98,47 @@ def test_model_dropout_rate_in_training():
     ids = torch.randint(1, 120, (16, 64))
     x = model.embeddings(ids, torch.zeros_like(ids), torch.arange(64).expand(16, 64))
     assert abs((x == 0).float().mean().item() - 0.2) < 0.02
+
+
+def test_large_masks_are_two_streams_fixed_by_the_seed():
+    """A mask over SPLIT elements is two halves from two seeds drawn from torch's generator; the
+    half drawn on the helper thread equals the same draw made on the caller's thread."""
+    from torchbert import dropout as d
+
+    n = d.SPLIT * 2 + 7
+    torch.manual_seed(4)
+    mask = d.scaled_mask((n,), 0.1)
+    torch.manual_seed(4)
+    seeds = torch.randint(0, 2**62, (2,)).tolist()
+    threshold = -(2**15) + round(0.1 * 2**16)
+    by_hand = numpy.empty(n, numpy.float32)
+    d._fill(by_hand[: n // 2], seeds[0], threshold, 1 / 0.9)
+    d._fill(by_hand[n // 2:], seeds[1], threshold, 1 / 0.9)
+    assert torch.equal(mask, torch.from_numpy(by_hand))
+    assert set(mask.unique().tolist()) == {0.0, numpy.float32(1 / 0.9).item()}
+    assert not torch.equal(mask[: n // 2][:1000], mask[n // 2:][:1000])  # two streams, not one twice
+    # the caller's generator moved on: the next mask differs
+    assert not torch.equal(mask, d.scaled_mask((n,), 0.1))
+
+
+def _child_mask(queue):
+    torch.set_num_threads(1)  # as DataLoader workers do: torch's OpenMP pool does not survive a fork
+    torch.manual_seed(5)
+    queue.put(dropout(torch.ones(600, 1000), 0.1).sum().item())
+
+
+def test_a_forked_child_draws_its_own_masks():
+    """The helper thread does not survive a fork (DataLoader workers, torchrun): the child makes its own."""
+    import multiprocessing
+
+    dropout(torch.ones(600, 1000), 0.1)  # the parent's helper thread exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_mask, args=(queue,), daemon=True)
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.kill()
+    torch.manual_seed(5)
+    assert got == dropout(torch.ones(600, 1000), 0.1).sum().item()

@@ -1,29 +1,74 @@
 """Dropout with a cheaper random mask on CPU.
 
-On CPU, `F.dropout` draws one Bernoulli sample per element from the generator, which costs more
-than the matrix products around a small BERT's dropouts. Here one 64-bit draw makes four 16-bit
-uniform integers, and an element is dropped when its integer falls below round(p * 2^16): the drop
-probability is p to within 2^-17 (0.1 becomes 0.100006). The mask is then made a float tensor of 0
-and 1 / (1 - p), so that the forward and the backward are one multiplication each (a bool mask
-and a separate scale take two). Everywhere else (CUDA, torch.compile, p = 1) this is F.dropout.
+On CPU, `F.dropout` draws one Bernoulli sample per element from torch's Mersenne Twister, which
+costs more than the matrix products around a small BERT's dropouts. Here the mask comes from
+numpy's SFC64 generator, seeded from torch's generator (so `torch.manual_seed` and a saved torch
+RNG state fix every mask): one 64-bit draw makes four 16-bit uniform integers, and an element is
+dropped when its integer falls below round(p * 2^16), so the drop probability is p to within 2^-17
+(0.1 becomes 0.100006). A large mask is drawn as two halves from two seeds, the second half on a
+helper thread while the caller draws the first (numpy lets go of the GIL), so both cores work on
+it; the split depends on the size only, so the mask does not depend on the threads.
+
+The mask is a float tensor of 0 and 1 / (1 - p): the forward and the backward are one
+multiplication each. Everywhere else (CUDA, torch.compile, p = 1) this is F.dropout.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 _INT16_MIN = -(2**15)
+SPLIT = 1 << 18  # masks of more elements are drawn in two halves, one on the helper thread
+_helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked child makes its own
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
+def _pool() -> ThreadPoolExecutor:
+    global _helper
+    if _helper is None or _helper[0] != os.getpid():
+        _helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="torchbert-dropout"))
+    return _helper[1]
+
+
+def _fill(out: np.ndarray, seed: int, threshold: int, scale: float) -> None:
+    """out[i] = keep_i * scale (or keep_i for a bool out), keep_i = 16 random bits >= threshold."""
+    n = out.shape[0]
+    bits = np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.int16)[:n]
+    if out.dtype == np.bool_:
+        np.greater_equal(bits, threshold, out=out)
+    else:
+        np.multiply(bits >= threshold, out.dtype.type(scale), out=out)
+
+
+def _mask(n: int, p: float, dtype: np.dtype, scale: float = 1.0) -> np.ndarray:
+    out = np.empty(n, dtype)
+    threshold = _INT16_MIN + round(p * 2**16)
+    seeds = torch.randint(0, 2**62, (2,)).tolist()  # from torch's generator
+    if n <= SPLIT:
+        _fill(out, seeds[0], threshold, scale)
+    else:
+        half = n // 2
+        second = _pool().submit(_fill, out[half:], seeds[1], threshold, scale)
+        _fill(out[:half], seeds[0], threshold, scale)
+        second.result()
+    return out
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
     """A bool tensor of `shape`, each element False (dropped) with probability p (to within 2^-17)."""
-    n = math.prod(shape)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # all 64 bits
-    return (bits.view(torch.int16)[:n] >= _INT16_MIN + round(p * 2**16)).view(shape)
+    return torch.from_numpy(_mask(math.prod(shape), p, np.dtype(np.bool_))).view(shape)
+
+
+def scaled_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The dropout mask as numbers: 0 with probability p (to within 2^-17), else 1 / (1 - p)."""
+    np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
+    return torch.from_numpy(_mask(math.prod(shape), p, np_dtype, 1.0 / (1.0 - p))).view(shape)
 
 
 class _Masked(torch.autograd.Function):
@@ -46,9 +91,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
-    dtype = x.dtype if x.dtype == torch.float64 else torch.float32
-    mask = keep_mask(x.shape, p, x.device).to(dtype).mul_(1.0 / (1.0 - p))  # 0 or 1 / (1 - p)
-    return _Masked.apply(x, mask)
+    return _Masked.apply(x, scaled_mask(x.shape, p, torch.float64 if x.dtype == torch.float64 else torch.float32))
 
 
 class Dropout(nn.Dropout):

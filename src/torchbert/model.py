@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 import torch.nn.functional as F
@@ -69,22 +69,27 @@ class Layout:
     index: Tensor | None = None  # [N] row of each packed token in the block: seq * T + position
     pad: Tensor | None = None  # [B*T - N] the block's rows that are padding
 
-    def heads(self, t: Tensor, heads: int, head_size: int) -> Tensor:
-        """Projections [B, T, P*H] or packed [N, P*H] -> [P, B, A, T, D], each part contiguous for the
-        attention products (padding rows zero: little of them in length-sorted batches)."""
-        B, T, A, D = self.batch, self.seqlen, heads, head_size
-        P = t.shape[-1] // (A * D)
-        if self.index is not None:
-            t = _Rows.apply(t, self.index, self.pad, True)  # [B*T, P*H]
-        return t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()
+    def heads(self, t: Tensor, heads: int, head_size: int) -> tuple[Tensor, ...]:
+        """Projections [B, T, P*H] or packed [N, P*H] -> P tensors [B, A, T, D], each contiguous for
+        the attention products (padding rows zero: little of them in length-sorted batches)."""
+        return _Heads.apply(t, self, heads, head_size)
 
     def tokens(self, ctx: Tensor) -> Tensor:
         """Attention output [B, A, T, D] -> [B, T, H], or packed [N, H] (the real tokens)."""
         B, A, T, D = ctx.shape
-        ctx = ctx.transpose(1, 2).reshape(B, T, A * D)
         if self.index is None:
-            return ctx
-        return _Rows.apply(ctx.view(B * T, A * D), self.index, self.pad, False)  # [N, H]
+            return ctx.transpose(1, 2).reshape(B, T, A * D)
+        return _Tokens.apply(ctx, self)
+
+    @cached_property
+    def pos(self) -> Tensor:
+        """[N] the position of each packed token in its row of the block."""
+        return self.index - self.seq * self.seqlen
+
+    @cached_property
+    def pad_rows(self) -> tuple[Tensor, Tensor]:
+        """The padding slots of the block as (sequence, position), each [B*T - N]."""
+        return self.pad // self.seqlen, self.pad % self.seqlen
 
     def key_bias(self, dtype: torch.dtype) -> Tensor:
         """[B, 1, 1, T]: 0 at real tokens, the most negative `dtype` value at padding."""
@@ -92,28 +97,58 @@ class Layout:
             ~self.key_mask, torch.finfo(dtype).min)
 
 
-class _Rows(torch.autograd.Function):
-    """Rows from packed [N, F] to a block [N + P, F] (`index` the rows they go to, `pad` the P rows
-    set to zero), or back; each direction is the other's backward. One pass either way, where
-    autograd's own backward of indexing zero-fills and accumulates."""
+class _Heads(torch.autograd.Function):
+    """Projections [B, T, P*A*D] or packed [N, P*A*D] -> P contiguous [B, A, T, D] blocks, in one
+    pass: packed rows are scattered straight to their heads (the padding slots set to zero). The
+    backward gathers each block's gradient straight back into the [.., P*A*D] layout, where
+    autograd's own backward would stack the P gradients and then reorder and gather them."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor, pad: Tensor, to_block: bool) -> Tensor:
-        ctx.save_for_backward(index, pad)
-        ctx.to_block = to_block
-        return _to_block(x, index, pad) if to_block else x[index]
+    def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int) -> tuple[Tensor, ...]:
+        B, T, A, D = layout.batch, layout.seqlen, heads, head_size
+        P = t.shape[-1] // (A * D)
+        ctx.layout, ctx.shape = layout, t.shape
+        if layout.index is None:
+            out = t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [P, B, A, T, D]
+        else:
+            out = t.new_empty(P, B, A, T, D)
+            slots = out.permute(1, 3, 0, 2, 4)  # [B, T, P, A, D], a view
+            slots[layout.seq, layout.pos] = t.view(-1, P, A, D)
+            slots[layout.pad_rows] = 0
+        return out.unbind(0)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        layout, P = ctx.layout, len(grads)
+        B, A, T, D = grads[0].shape
+        if layout.index is None:
+            g = grads[0].new_empty(B, T, P, A, D)
+            for p, gp in enumerate(grads):
+                g[:, :, p] = gp.transpose(1, 2)
+        else:
+            g = grads[0].new_empty(layout.seq.numel(), P, A, D)  # [N, P, A, D]
+            for p, gp in enumerate(grads):
+                g[:, p] = gp.permute(0, 2, 1, 3)[layout.seq, layout.pos]
+        return g.view(ctx.shape), None, None, None
+
+
+class _Tokens(torch.autograd.Function):
+    """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one scatter."""
+
+    @staticmethod
+    def forward(ctx, blk: Tensor, layout: Layout) -> Tensor:
+        B, A, T, D = blk.shape
+        ctx.layout, ctx.shape = layout, blk.shape
+        return blk.permute(0, 2, 1, 3)[layout.seq, layout.pos].view(-1, A * D)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        index, pad = ctx.saved_tensors
-        return (grad[index] if ctx.to_block else _to_block(grad, index, pad)), None, None, None
-
-
-def _to_block(x: Tensor, index: Tensor, pad: Tensor) -> Tensor:
-    block = x.new_empty(index.numel() + pad.numel(), *x.shape[1:])
-    block[index] = x
-    block[pad] = 0
-    return block
+        layout, (B, A, T, D) = ctx.layout, ctx.shape
+        out = grad.new_empty(B, A, T, D)
+        slots = out.permute(0, 2, 1, 3)  # [B, T, A, D], a view
+        slots[layout.seq, layout.pos] = grad.view(-1, A, D)
+        slots[layout.pad_rows] = 0
+        return out, None
 
 
 @dataclass
@@ -181,9 +216,15 @@ class SelfAttention(nn.Module):
         # is on, only with a slower dropout mask (dropout.py); so training on CPU takes this path.
         if need_weights or (dropout_p > 0 and x.device.type == "cpu"):
             # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
-            scores = (q @ k.transpose(-2, -1)).mul_(1 / math.sqrt(H // A))  # [B, A, T, T]
-            if layout.key_mask is not None:
-                scores.add_(layout.key_bias(scores.dtype))  # the most negative float at padding keys
+            B, _, Tq, D = q.shape
+            Tk = k.shape[2]
+            if layout.key_mask is None:
+                bias, beta = q.new_zeros(()), 0
+            else:  # the most negative float at padding keys
+                bias, beta = layout.key_bias(q.dtype).expand(B, A, 1, Tk).reshape(B * A, 1, Tk), 1
+            # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
+            scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
+                                   beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
             probs = scores.softmax(dim=-1)
             ctx = dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
             probs = probs if need_weights else None
