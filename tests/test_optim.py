@@ -9,10 +9,11 @@ import transformers
 from torch import nn
 
 from torchbert import BertConfig
-from torchbert.heads import BertForPreTraining
+from torchbert.heads import BertForPreTraining, BertForTokenClassification
 from torchbert.train.optim import (
     SCHEDULES,
     Lamb,
+    SparseRows,
     clipped_step,
     lr_factor,
     make_optimizer,
@@ -174,3 +175,51 @@ def test_clipped_step_equals_clip_grad_norm_then_step(name, grad_size):
             for key, atol in (("exp_avg", 1e-9), ("exp_avg_sq", 1e-13)):  # values up to ~1e-3 and ~1e-6
                 torch.testing.assert_close(opt_a.state[p][key], opt_b.state[q][key], rtol=1e-5, atol=atol,
                                            msg=f"{n} {key}")
+
+
+@pytest.mark.parametrize("kind", ["token", "pretraining"])
+def test_sparse_rows_step_as_dense_gradients(kind):
+    """With SparseRows the embeddings' gradients arrive as rows and are added into buffers that live
+    across steps; the gradients the optimizer sees, and so the weights, are those of the dense
+    lookup, step after step (stale rows left in a buffer would show in the next step), with two
+    micro-batches per step. In pretraining the word embeddings are tied to the MLM decoder, whose
+    dense gradient joins the rows: nothing is kept then."""
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, extra={"num_labels": 3})
+    make = (lambda: BertForTokenClassification(config)) if kind == "token" else (lambda: BertForPreTraining(config))
+    torch.manual_seed(0)
+    dense, sparse = make(), make()
+    sparse.load_state_dict(dense.state_dict())
+    opt_d, opt_s = make_optimizer(dense, lr=1e-2), make_optimizer(sparse, lr=1e-2)
+    rows = SparseRows(sparse)
+    assert len(rows.embeddings) == 3  # word, position, token type
+
+    def loss(model, step, micro):
+        g = torch.Generator().manual_seed(100 * step + micro)
+        ids = torch.randint(5, 60 if step % 2 else 120, (4, 12), generator=g)  # rows differ between steps
+        torch.manual_seed(step * 10 + micro)  # the same dropout masks on both sides
+        if kind == "token":
+            return model(ids, labels=torch.randint(0, 3, (4, 12), generator=g)).loss
+        return model(ids, labels=ids, next_sentence_label=torch.tensor([0, 1, 0, 1])).loss
+
+    with rows:
+        for step in range(4):
+            for micro in range(2):
+                loss(dense, step, micro).backward()
+                loss(sparse, step, micro).backward()
+            word = sparse.bert.embeddings.word.weight
+            assert word.grad.is_sparse == (kind == "token")
+            rows.densify()
+            for (n, p), q in zip(dense.named_parameters(), sparse.parameters()):
+                assert not q.grad.is_sparse
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+            assert (word.grad is rows.buffers.get(word)) == (kind == "token")
+            for model, opt, r in ((dense, opt_d, None), (sparse, opt_s, rows)):
+                clipped_step(opt, model.parameters(), 1.0)
+                opt.zero_grad(set_to_none=True)
+                if r is not None:
+                    r.reset()
+            assert all(not b.any() for b in rows.buffers.values())
+    assert not any(m.sparse for m in rows.embeddings)  # the lookups are dense again after the block
+    for (n, p), q in zip(dense.named_parameters(), sparse.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda m: f"{n}: {m}")

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
-from .optim import clipped_step, make_optimizer, make_scheduler
+from .optim import SparseRows, clipped_step, make_optimizer, make_scheduler
 
 
 class TrainingError(RuntimeError):
@@ -175,59 +175,68 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     bad_in_a_row = 0
     last_eval = None
     started = time.perf_counter() - state["seconds"]
-    while step < cfg.steps:
-        micro = [stream.next() for _ in range(cfg.grad_accum)]
-        micro = [b.to(device) for b in micro]
-        totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
-        if totals is None:
-            local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
-            totals = dict(zip(task.parts, dist.all_reduce(local, device)))
-        step_loss = 0.0
-        for i, b in enumerate(micro):
-            # DDP: synchronize gradients on the last micro-batch only
-            sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
-                parts = task.forward(model, b)
-                loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
-            # gradients are averaged over processes: scale so that they sum instead
-            (loss * dist.world_size).backward()
-            step_loss += float(loss.detach())
-            window.add(parts, task.counts(b), b.num_tokens)
-        step_loss = sum(dist.all_reduce([step_loss], device))
-        if not math.isfinite(step_loss):
+    # embeddings' gradients come as rows (optim.SparseRows) in one plain process: DDP and FSDP
+    # reduce dense gradients, and the compiler traces dense ones
+    plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None
+    rows = SparseRows(model) if plain else None
+    with rows or contextlib.nullcontext():
+        while step < cfg.steps:
+            micro = [stream.next() for _ in range(cfg.grad_accum)]
+            micro = [b.to(device) for b in micro]
+            totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
+            if totals is None:
+                local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
+                totals = dict(zip(task.parts, dist.all_reduce(local, device)))
+            step_loss = 0.0
+            for i, b in enumerate(micro):
+                # DDP: synchronize gradients on the last micro-batch only
+                sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
+                with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
+                    parts = task.forward(model, b)
+                    loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
+                # gradients are averaged over processes: scale so that they sum instead
+                (loss * dist.world_size).backward()
+                step_loss += float(loss.detach())
+                window.add(parts, task.counts(b), b.num_tokens)
+            step_loss = sum(dist.all_reduce([step_loss], device))
+            if not math.isfinite(step_loss):
+                optimizer.zero_grad(set_to_none=True)
+                state["skipped_steps"] += 1
+                bad_in_a_row += 1
+                window.discard()
+                log(f"step {step + 1}: loss is {step_loss}; step skipped ({state['skipped_steps']} so far)")
+                if bad_in_a_row >= cfg.max_bad_steps:
+                    raise TrainingError(f"the loss was NaN or inf for {bad_in_a_row} steps in a row; stopping. "
+                                        "Lower --lr, use fp32, or check the data")
+                continue
+            bad_in_a_row = 0
+            lr = optimizer.param_groups[0]["lr"]
+            if rows is not None:
+                rows.densify()
+            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm)
+            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            state["skipped_steps"] += 1
-            bad_in_a_row += 1
-            window.discard()
-            log(f"step {step + 1}: loss is {step_loss}; step skipped ({state['skipped_steps']} so far)")
-            if bad_in_a_row >= cfg.max_bad_steps:
-                raise TrainingError(f"the loss was NaN or inf for {bad_in_a_row} steps in a row; stopping. "
-                                    "Lower --lr, use fp32, or check the data")
-            continue
-        bad_in_a_row = 0
-        lr = optimizer.param_groups[0]["lr"]
-        clipped_step(optimizer, model.parameters(), cfg.max_grad_norm)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        state["tokens"] += window.commit()
-        state["seconds"] = time.perf_counter() - started
-        state.update(stream.position())
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(window.postfix(state, lr), refresh=False)
+            if rows is not None:
+                rows.reset()
+            step += 1
+            state["tokens"] += window.commit()
+            state["seconds"] = time.perf_counter() - started
+            state.update(stream.position())
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(window.postfix(state, lr), refresh=False)
 
-        do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
-        if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
-            record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
-                      "seconds": round(state["seconds"], 3)}
-            if do_eval:
-                last_eval = _evaluate(model, evaluate)
-                record.update({f"eval_{k}": v for k, v in last_eval.items()})
-            if dist.is_main:
-                _append_jsonl(metrics_path, record)
-        if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
-            _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
+            do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
+            if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
+                record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
+                          "seconds": round(state["seconds"], 3)}
+                if do_eval:
+                    last_eval = _evaluate(model, evaluate)
+                    record.update({f"eval_{k}": v for k, v in last_eval.items()})
+                if dist.is_main:
+                    _append_jsonl(metrics_path, record)
+            if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
+                _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
     if bar is not None:
         bar.close()
     _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
