@@ -71,6 +71,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -255,6 +256,7 @@ def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_
                   args: argparse.Namespace, epochs: int, work: Path) -> Run:
     task_type = TASKS[task][0]
     out = work / "torchbert"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (--repeat)
     argv = ["finetune", "--task", task_type, "--model", realdata.minilm_dir(), "--train", train_path,
             "--dev", dev_path, "--out", out, "--epochs", epochs, "--lr", args.lr, "--batch-size", args.batch_size,
             "--max-length", args.max_length, "--warmup-ratio", args.warmup_ratio, "--weight-decay", WEIGHT_DECAY,

@@ -64,9 +64,10 @@ from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
-from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
+from torchbert.train.optim import SparseRows, clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
+ROWS: dict[int, SparseRows] = {}  # id(model) -> its SparseRows, for the torchbert models the loop would give them
 
 
 def load_average() -> str:
@@ -138,17 +139,23 @@ def packed_inputs(b: Batch) -> dict:
 
 
 def train_step(model, optimizer, inputs: dict) -> float:
-    """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch). torchbert clips
-    as its loop does (train/optim.clipped_step: the scale rides in the fused AdamW); transformers
-    as its Trainer does (clip_grad_norm_, then step)."""
+    """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch). torchbert steps
+    as its loop does in one process: the embeddings' gradients as rows (train/optim.SparseRows) and
+    the clipping scale riding in the fused AdamW (clipped_step); transformers as its Trainer does
+    (clip_grad_norm_, then step)."""
     loss = model(**inputs).loss
     loss.backward()
+    rows = ROWS.get(id(model))
     if isinstance(model, BertForPreTraining):
+        if rows is not None:
+            rows.densify()
         clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM)
     else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if rows is not None:
+        rows.reset()
     return float(loss.detach())
 
 
@@ -219,6 +226,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
     def fresh_models():
         """Both models from the same saved weights, each with its own AdamW, in training mode."""
         ours = BertForPreTraining.from_pretrained(init).train()
+        ROWS.clear()
+        ROWS[id(ours)] = SparseRows(ours).__enter__()  # for the rest of the run
         theirs = transformers.BertForPreTraining.from_pretrained(init, attn_implementation="sdpa",
                                                                  dtype=torch.float32).train()
         return ours, make_optimizer(ours), theirs, make_optimizer(theirs)

@@ -6,7 +6,8 @@ Per optimizer step:
      so the loss of the accumulated batch is normalized exactly as one big batch would be;
   3. forward and backward each micro-batch (autocast in bf16 when asked);
   4. skip the step if the loss is NaN or inf (counted; too many in a row stops the run);
-  5. clip the gradient norm, step the optimizer and the schedule;
+  5. clip the gradient norm, step the optimizer and the schedule (in one process the embeddings'
+     gradients arrive as rows and are added into dense buffers kept across steps: optim.SparseRows);
   6. log, evaluate and checkpoint on their cadences.
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
