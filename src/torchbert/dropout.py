@@ -37,16 +37,13 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _fill(out: np.ndarray, seed: int, threshold: int, scale: float) -> None:
-    """out[i] = keep_i * scale (or keep_i for a bool out), keep_i = 16 random bits >= threshold."""
+    """out[i] = keep_i * scale, keep_i = (16 random bits >= threshold)."""
     n = out.shape[0]
     bits = np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.int16)[:n]
-    if out.dtype == np.bool_:
-        np.greater_equal(bits, threshold, out=out)
-    else:
-        np.multiply(bits >= threshold, out.dtype.type(scale), out=out)
+    np.multiply(bits >= threshold, out.dtype.type(scale), out=out)
 
 
-def _mask(n: int, p: float, dtype: np.dtype, scale: float = 1.0) -> np.ndarray:
+def _mask(n: int, p: float, dtype: np.dtype, scale: float) -> np.ndarray:
     out = np.empty(n, dtype)
     threshold = _INT16_MIN + round(p * 2**16)
     seeds = torch.randint(0, 2**62, (2,)).tolist()  # from torch's generator
@@ -60,15 +57,16 @@ def _mask(n: int, p: float, dtype: np.dtype, scale: float = 1.0) -> np.ndarray:
     return out
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
-    """A bool tensor of `shape`, each element False (dropped) with probability p (to within 2^-17)."""
-    return torch.from_numpy(_mask(math.prod(shape), p, np.dtype(np.bool_))).view(shape)
-
-
 def scaled_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The dropout mask as numbers: 0 with probability p (to within 2^-17), else 1 / (1 - p)."""
+    """The dropout mask as numbers: 0 with probability p (to within 2^-17), else 1 / (1 - p); in
+    float64 for float64 data, else in float32 (so 1 / (1 - p) is exact enough under bf16 too)."""
     np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
     return torch.from_numpy(_mask(math.prod(shape), p, np_dtype, 1.0 / (1.0 - p))).view(shape)
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
+    """A bool tensor of `shape`, each element False (dropped) with probability p (to within 2^-17)."""
+    return scaled_mask(shape, p) != 0
 
 
 class _Masked(torch.autograd.Function):
@@ -91,7 +89,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
-    return _Masked.apply(x, scaled_mask(x.shape, p, torch.float64 if x.dtype == torch.float64 else torch.float32))
+    return _Masked.apply(x, scaled_mask(x.shape, p, x.dtype))
 
 
 class Dropout(nn.Dropout):
