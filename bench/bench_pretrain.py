@@ -149,7 +149,7 @@ def train_step(model, optimizer, inputs: dict) -> float:
     if isinstance(model, BertForPreTraining):
         if rows is not None:
             rows.densify()
-        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM)
+        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM, rows.norms() if rows is not None else None)
     else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()

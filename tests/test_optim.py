@@ -214,8 +214,14 @@ def test_sparse_rows_step_as_dense_gradients(kind):
                 assert not q.grad.is_sparse
                 torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
             assert (word.grad is rows.buffers.get(word)) == (kind == "token")
+            norms = rows.norms()  # read from the rows: the dense gradients' norms
+            assert (word in norms) == (kind == "token") and len(norms) == 2 + (kind == "token")
+            for n, p in sparse.named_parameters():
+                if p in norms:
+                    torch.testing.assert_close(norms[p], p.grad.norm(), rtol=1e-5, atol=0, msg=lambda m: f"{n}: {m}")
+            assert torch.nn.utils.get_total_norm([p.grad for p in dense.parameters()]) > 1  # clipping is on
             for model, opt, r in ((dense, opt_d, None), (sparse, opt_s, rows)):
-                clipped_step(opt, model.parameters(), 1.0)
+                clipped_step(opt, model.parameters(), 1.0, r.norms() if r is not None else None)
                 opt.zero_grad(set_to_none=True)
                 if r is not None:
                     r.reset()

@@ -91,6 +91,37 @@ class Layout:
         """The padding slots of the block as (sequence, position), each [B*T - N]."""
         return self.pad // self.seqlen, self.pad % self.seqlen
 
+    def head_rows(self, heads: int, parts: int = 1) -> Tensor:
+        """[N*P*A]: where head a of part p of each packed token sits in P blocks [P, B, A, T, D] seen as
+        [P*B*A*T, D] rows, in the order of the packed [N, P, A, D] rows."""
+        key = ("rows", heads, parts)
+        if key not in self._cache:
+            A, device = heads, self.seq.device
+            a = torch.arange(A, device=device)
+            p = torch.arange(parts, device=device)[:, None] * (self.batch * A * self.seqlen)  # [P, 1]
+            rows = (self.seq[:, None] * A + a) * self.seqlen + self.pos[:, None]  # [N, A] in one block
+            self._cache[key] = (rows[:, None, :] + p).flatten()
+        return self._cache[key]
+
+    def head_sources(self, heads: int, parts: int = 1) -> tuple[Tensor, Tensor]:
+        """The inverse of `head_rows`: for every row of the P blocks, the packed row it comes from (0 at
+        padding), and the padding rows."""
+        key = ("sources", heads, parts)
+        if key not in self._cache:
+            B, T, A, device = self.batch, self.seqlen, heads, self.seq.device
+            rows = self.head_rows(A, parts)
+            src = torch.zeros(parts * B * A * T, dtype=torch.long, device=device)
+            src[rows] = torch.arange(rows.numel(), device=device)
+            b, t = self.pad_rows
+            pad = (b[:, None] * A + torch.arange(A, device=device)) * T + t[:, None]  # [B*T - N, A] in one block
+            p = torch.arange(parts, device=device)[:, None] * (B * A * T)  # [P, 1]
+            self._cache[key] = (src, (pad.flatten() + p).flatten())
+        return self._cache[key]
+
+    @cached_property
+    def _cache(self) -> dict:
+        return {}
+
     def key_bias(self, dtype: torch.dtype) -> Tensor:
         """[B, 1, 1, T]: 0 at real tokens, the most negative `dtype` value at padding."""
         return torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device).masked_fill_(
@@ -99,9 +130,10 @@ class Layout:
 
 class _Heads(torch.autograd.Function):
     """Projections [B, T, P*A*D] or packed [N, P*A*D] -> P contiguous [B, A, T, D] blocks, in one
-    pass: packed rows are scattered straight to their heads (the padding slots set to zero). The
-    backward gathers each block's gradient straight back into the [.., P*A*D] layout, where
-    autograd's own backward would stack the P gradients and then reorder and gather them."""
+    pass: each block row (one head of one slot, D numbers) is gathered from its packed token (the
+    padding slots set to zero). The backward gathers each block's gradient straight back into the
+    [.., P*A*D] layout, where autograd's own backward would stack the P gradients and then reorder
+    and gather them."""
 
     @staticmethod
     def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int) -> tuple[Tensor, ...]:
@@ -111,10 +143,8 @@ class _Heads(torch.autograd.Function):
         if layout.index is None:
             out = t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [P, B, A, T, D]
         else:
-            out = t.new_empty(P, B, A, T, D)
-            slots = out.permute(1, 3, 0, 2, 4)  # [B, T, P, A, D], a view
-            slots[layout.seq, layout.pos] = t.view(-1, P, A, D)
-            slots[layout.pad_rows] = 0
+            src, pad = layout.head_sources(A, P)
+            out = t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(P, B, A, T, D)
         return out.unbind(0)
 
     @staticmethod
@@ -126,29 +156,25 @@ class _Heads(torch.autograd.Function):
             for p, gp in enumerate(grads):
                 g[:, :, p] = gp.transpose(1, 2)
         else:
-            g = grads[0].new_empty(layout.seq.numel(), P, A, D)  # [N, P, A, D]
-            for p, gp in enumerate(grads):
-                g[:, p] = gp.permute(0, 2, 1, 3)[layout.seq, layout.pos]
+            blocks = torch.cat(grads) if P > 1 else grads[0].contiguous()  # [P*B, A, T, D]
+            g = blocks.view(-1, D).index_select(0, layout.head_rows(A, P))  # [N*P*A, D]
         return g.view(ctx.shape), None, None, None
 
 
 class _Tokens(torch.autograd.Function):
-    """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one scatter."""
+    """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one gather."""
 
     @staticmethod
     def forward(ctx, blk: Tensor, layout: Layout) -> Tensor:
         B, A, T, D = blk.shape
         ctx.layout, ctx.shape = layout, blk.shape
-        return blk.permute(0, 2, 1, 3)[layout.seq, layout.pos].view(-1, A * D)
+        return blk.reshape(-1, D).index_select(0, layout.head_rows(A)).view(-1, A * D)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         layout, (B, A, T, D) = ctx.layout, ctx.shape
-        out = grad.new_empty(B, A, T, D)
-        slots = out.permute(0, 2, 1, 3)  # [B, T, A, D], a view
-        slots[layout.seq, layout.pos] = grad.view(-1, A, D)
-        slots[layout.pad_rows] = 0
-        return out, None
+        src, pad = layout.head_sources(A)
+        return grad.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(B, A, T, D), None
 
 
 @dataclass

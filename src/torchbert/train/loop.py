@@ -214,7 +214,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             lr = optimizer.param_groups[0]["lr"]
             if rows is not None:
                 rows.densify()
-            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm)
+            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows.norms() if rows is not None else None)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if rows is not None:
