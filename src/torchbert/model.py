@@ -227,16 +227,17 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
-                queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:
+                queries: Queries | None = None, xq: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         # x [B, T, H] or [N, H]. With `queries`, only those tokens ask (their q rows and attention
-        # rows are computed); every token is still a key and value. The output is then [K, H].
+        # rows are computed, from xq [K, H]: x at queries.rows); every token is still a key and
+        # value. The output is then [K, H].
         H, A = x.shape[-1], self.heads
         if queries is None or need_weights:
             q, k, v = layout.heads(self.qkv(x), A, H // A)  # each [B, A, T, D]
         else:
             w, b = self.qkv.weight, self.qkv.bias
             k, v = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # each [B, A, T, D]
-            q = queries.layout.heads(F.linear(x.reshape(-1, H)[queries.rows], w[:H], b[:H]), A, H // A)[0]
+            q = queries.layout.heads(F.linear(xq, w[:H], b[:H]), A, H // A)[0]
         dropout_p = self.dropout_p if self.training else 0.0
         # On CPU, scaled_dot_product_attention computes these same steps whenever attention dropout
         # is on, only with a slower dropout mask (dropout.py); so training on CPU takes this path.
@@ -291,9 +292,10 @@ class Layer(nn.Module):
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
                 queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:
         # With `queries` (K tokens) the output is computed for those tokens only: [K, H].
-        a, probs = self.attention(x, layout, need_weights, queries)
-        if queries is not None:
-            x = x.reshape(-1, x.shape[-1])[queries.rows]  # [K, H]
+        xq = None if queries is None else x.reshape(-1, x.shape[-1]).index_select(0, queries.rows)  # [K, H]
+        a, probs = self.attention(x, layout, need_weights, queries, xq)
+        if xq is not None:
+            x = xq
         x = self.attention_norm(x + self.dropout(a))
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, probs
