@@ -145,17 +145,12 @@ def train_step(model, optimizer, inputs: dict) -> float:
     (clip_grad_norm_, then step)."""
     loss = model(**inputs).loss
     loss.backward()
-    rows = ROWS.get(id(model))
     if isinstance(model, BertForPreTraining):
-        if rows is not None:
-            rows.densify()
-        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM, rows.norms() if rows is not None else None)
+        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM, ROWS.get(id(model)))
     else:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if rows is not None:
-        rows.reset()
     return float(loss.detach())
 
 

@@ -212,13 +212,9 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 continue
             bad_in_a_row = 0
             lr = optimizer.param_groups[0]["lr"]
-            if rows is not None:
-                rows.densify()
-            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows.norms() if rows is not None else None)
+            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            if rows is not None:
-                rows.reset()
             step += 1
             state["tokens"] += window.commit()
             state["seconds"] = time.perf_counter() - started

@@ -53,15 +53,27 @@ def make_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weig
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                 norms: dict[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 rows: SparseRows | None = None) -> None:
     """optimizer.step() after clipping the gradients of `params` to a total norm of max_norm (none
     when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step().
 
     With a fused torch AdamW over plain tensors the scaling rides in its step: the step divides
     each gradient by the optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of
-    its own over the gradients (the word embeddings' alone are half of a small BERT's). `norms`
-    gives the gradient norms of some parameters, known cheaper than by reading their gradients
-    (SparseRows.norms)."""
+    its own over the gradients (the word embeddings' alone are half of a small BERT's).
+
+    `rows`: the embeddings' gradients came as rows (SparseRows): they are made dense before the
+    step, their norms read from their rows only, and the rows cleared after it."""
+    if rows is not None:
+        rows.densify()
+    try:
+        _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {})
+    finally:
+        if rows is not None:
+            rows.reset()
+
+
+def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
+                  norms: dict[torch.Tensor, torch.Tensor]) -> None:
     if max_norm <= 0:
         optimizer.step()
         return
@@ -71,7 +83,6 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
         torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         return
-    norms = norms or {}
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p not in norms])
     if norms:
         total = torch.linalg.vector_norm(torch.stack([total, *norms.values()]))
@@ -126,7 +137,7 @@ class SparseRows:
         return {p: self.buffers[p].index_select(0, rows.unique()).norm() for p, rows in self.rows.items()}
 
     def reset(self) -> None:
-        """Zero the rows `densify` filled (call after the step, with the gradients set to None)."""
+        """Zero the rows `densify` filled (after the step: the buffers are the next step's gradients)."""
         for p, rows in self.rows.items():
             self.buffers[p].index_fill_(0, rows, 0.0)
         self.rows.clear()
