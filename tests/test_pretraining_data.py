@@ -522,3 +522,20 @@ def test_dynamic_whole_word(work, zh_corpus, zh_tok):
             for g in np.unique(group[m]):
                 assert m[group == g].all()
     assert not torch.equal(data.batch(idx, epoch=0).mlm_positions, data.batch(idx, epoch=1).mlm_positions)
+
+
+def test_cli_vocab_explains_a_vocab_larger_than_asked(work, zh_corpus, capsys):
+    """Every character the trainer keeps is a token, so a Chinese corpus can outgrow --vocab-size:
+    the command says why and what to do; --limit-alphabet brings the vocab back down."""
+    chars = {c for c in zh_corpus.read_text(encoding="utf-8") if not c.isspace()}
+    assert len(chars) > 1000
+    big = work / "tok-alphabet"
+    assert main(["vocab", "--corpus", str(zh_corpus), "--vocab-size", "1000", "--out", str(big), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert BertTokenizer.from_pretrained(big).vocab_size > 1000
+    assert "more tokens than --vocab-size 1000" in out and "--limit-alphabet" in out
+    small = work / "tok-limited"
+    assert main(["vocab", "--corpus", str(zh_corpus), "--vocab-size", "1000", "--limit-alphabet", "500",
+                 "--out", str(small), "--quiet"]) == 0
+    assert "more tokens than" not in capsys.readouterr().out
+    assert BertTokenizer.from_pretrained(small).vocab_size <= 1000

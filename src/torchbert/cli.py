@@ -217,6 +217,10 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     tok.save_pretrained(out)
     print(f"wrote {out}: vocab of {tok.vocab_size} tokens ({'lowercased' if args.lowercase else 'cased'}) "
           f"in {time.perf_counter() - start:.1f}s")
+    if tok.vocab_size > args.vocab_size:  # the trainer keeps every character it keeps at all
+        print(f"note: more tokens than --vocab-size {args.vocab_size}: the corpus has that many distinct "
+              f"characters (up to --limit-alphabet {args.limit_alphabet}) and each is a token; lower "
+              "--limit-alphabet for a smaller vocab (rarer characters then become [UNK])")
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
@@ -375,7 +379,8 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (pays on long runs; the first steps wait for the compiler)")
+                   help="torch.compile the model, for GPUs: on CPU the plain model measured faster (4-20%% "
+                        "per step; bench/README.md), and the first steps wait for the compiler")
     p.add_argument("--fsdp", action="store_true",
                    help="shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
@@ -706,7 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_VOCAB, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
                    help="UTF-8 text files (.jsonl/.json: the `text` field of each line)")
-    v.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocab, special tokens included")
+    v.add_argument("--vocab-size", type=int, required=True,
+                   help="tokens in the vocab, special tokens included (more if the corpus has more distinct "
+                        "characters than that, up to --limit-alphabet: each character is a token)")
     v.add_argument("--out", required=True, help="output tokenizer folder")
     v.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
                    help="lowercase and strip accents (uncased BERT; default: on)")

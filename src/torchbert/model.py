@@ -72,14 +72,18 @@ class Layout:
     def heads(self, t: Tensor, heads: int, head_size: int) -> tuple[Tensor, ...]:
         """Projections [B, T, P*H] or packed [N, P*H] -> P tensors [B, A, T, D], each contiguous for
         the attention products (padding rows zero: little of them in length-sorted batches)."""
-        return _Heads.apply(t, self, heads, head_size)
+        P = t.shape[-1] // (heads * head_size)
+        # the row maps are made here, not inside the autograd function, which the compiler traces
+        # as a graph of its own that cannot fill the cache
+        maps = None if self.index is None else (*self.head_sources(heads, P), self.head_rows(heads, P))
+        return _Heads.apply(t, self, heads, head_size, maps)
 
     def tokens(self, ctx: Tensor) -> Tensor:
         """Attention output [B, A, T, D] -> [B, T, H], or packed [N, H] (the real tokens)."""
         B, A, T, D = ctx.shape
         if self.index is None:
             return ctx.transpose(1, 2).reshape(B, T, A * D)
-        return _Tokens.apply(ctx, self)
+        return _Tokens.apply(ctx, self.head_rows(A), *self.head_sources(A))
 
     @cached_property
     def pos(self) -> Tensor:
@@ -136,45 +140,50 @@ class _Heads(torch.autograd.Function):
     and gather them."""
 
     @staticmethod
-    def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int) -> tuple[Tensor, ...]:
+    def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int,
+                maps: tuple[Tensor, Tensor, Tensor] | None) -> tuple[Tensor, ...]:
+        # maps (packed only): Layout.head_sources (src, pad) and head_rows, for P = t's parts
         B, T, A, D = layout.batch, layout.seqlen, heads, head_size
         P = t.shape[-1] // (A * D)
-        ctx.layout, ctx.shape = layout, t.shape
-        if layout.index is None:
+        ctx.shape, ctx.packed = t.shape, maps is not None
+        if maps is None:
             out = t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [P, B, A, T, D]
         else:
-            src, pad = layout.head_sources(A, P)
+            src, pad, rows = maps
+            ctx.save_for_backward(rows)
             out = t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(P, B, A, T, D)
         return out.unbind(0)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        layout, P = ctx.layout, len(grads)
+        P = len(grads)
         B, A, T, D = grads[0].shape
-        if layout.index is None:
+        if not ctx.packed:
             g = grads[0].new_empty(B, T, P, A, D)
             for p, gp in enumerate(grads):
                 g[:, :, p] = gp.transpose(1, 2)
         else:
             blocks = torch.cat(grads) if P > 1 else grads[0].contiguous()  # [P*B, A, T, D]
-            g = blocks.view(-1, D).index_select(0, layout.head_rows(A, P))  # [N*P*A, D]
-        return g.view(ctx.shape), None, None, None
+            g = blocks.view(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*P*A, D]
+        return g.view(ctx.shape), None, None, None, None
 
 
 class _Tokens(torch.autograd.Function):
     """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one gather."""
 
     @staticmethod
-    def forward(ctx, blk: Tensor, layout: Layout) -> Tensor:
+    def forward(ctx, blk: Tensor, rows: Tensor, src: Tensor, pad: Tensor) -> Tensor:
+        # rows: Layout.head_rows, and its inverse src, pad: Layout.head_sources (one part)
         B, A, T, D = blk.shape
-        ctx.layout, ctx.shape = layout, blk.shape
-        return blk.reshape(-1, D).index_select(0, layout.head_rows(A)).view(-1, A * D)
+        ctx.shape = blk.shape
+        ctx.save_for_backward(src, pad)
+        return blk.reshape(-1, D).index_select(0, rows).view(-1, A * D)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        layout, (B, A, T, D) = ctx.layout, ctx.shape
-        src, pad = layout.head_sources(A)
-        return grad.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(B, A, T, D), None
+        src, pad = ctx.saved_tensors
+        g = grad.reshape(-1, ctx.shape[-1]).index_select(0, src).index_fill_(0, pad, 0).view(ctx.shape)
+        return g, None, None, None
 
 
 @dataclass

@@ -9,6 +9,7 @@ checkpoints/ with the newest training states for --resume.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,9 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     config = model.config
     if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
         model.compile(dynamic=True)
+        # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
+        # design; the compiler's advice on each such .item() is not for our users
+        logging.getLogger("torch._dynamo.variables.tensor").setLevel(logging.ERROR)
     model = wrap(model.to(device), dist, device)
     evaluate = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
