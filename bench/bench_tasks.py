@@ -99,6 +99,8 @@ def finetune(work: Path, name: str, task: str, model, train: Path, dev: Path, *e
         *extra)
     m = json.loads((out / "metrics.json").read_text())
     m["wall_seconds"] = time.perf_counter() - start
+    print(f"# {name}: {metric_text(m)} (best epoch {m['best_epoch']}), {m['wall_seconds']:.0f} s", file=sys.stderr,
+          flush=True)
     return m
 
 
@@ -173,11 +175,11 @@ def task_shared(work: Path, s: float, minilm: Path, which: list[str]) -> list[tu
         dev_lines = (SHARED / "en_spam" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:][:int(600 * s)]
         write_tsv(work / "spam_dev.tsv", ("sentence", "label"), [r.split("\t") for r in dev_lines])
         m = finetune(work, "spam", "classification", minilm, work / "spam_train.tsv", work / "spam_dev.tsv",
-                     "--epochs", "2", "--max-length", "128")
+                     "--epochs", "3", "--max-length", "128", "--lr", "1e-4")
         results.append((f"en_spam, MiniLM ({int(1500 * s)} / {len(dev_lines)}, max_length 128)", m))
     if "en_nli" in which:
         m = finetune(work, "nli", "pair", minilm, SHARED / "en_nli_presup" / "train.tsv",
-                     SHARED / "en_nli_presup" / "dev.tsv", "--epochs", "5", "--lr", "5e-5", "--batch-size", "16")
+                     SHARED / "en_nli_presup" / "dev.tsv", "--epochs", "5", "--lr", "1e-4", "--batch-size", "16")
         results.append(("en_nli_presup, MiniLM (590 / 142)", m))
     if "en_qa" in which:
         data = json.loads((SHARED / "en_qa_disfl" / "train.json").read_text(encoding="utf-8"))
@@ -212,7 +214,7 @@ def task_shared(work: Path, s: float, minilm: Path, which: list[str]) -> list[tu
         rng.shuffle(dev)
         (work / "mc_dev.jsonl").write_text("\n".join(dev[:int(500 * s)]) + "\n", encoding="utf-8")
         m = finetune(work, "mc", "multiple-choice", minilm, work / "mc_train.jsonl", work / "mc_dev.jsonl",
-                     "--epochs", "2", "--max-length", "64", "--batch-size", "16")
+                     "--epochs", "3", "--max-length", "64", "--batch-size", "16", "--lr", "1e-4")
         results.append((f"en_mc_wikihow, MiniLM ({int(1500 * s)} / {int(500 * s)}, 2 or 4 choices)", m))
     if "zh_ner" in which:
         train, dev = tag_split(read_conll_sentences(SHARED / "zh_ner" / "train.conll"), int(3000 * s), 0)
@@ -220,7 +222,7 @@ def task_shared(work: Path, s: float, minilm: Path, which: list[str]) -> list[tu
         write_conll(work / "zhner_train.conll", train)
         write_conll(work / "zhner_dev.conll", dev)
         m = finetune(work, "zhner", "token", minilm, work / "zhner_train.conll", work / "zhner_dev.conll",
-                     "--epochs", "2", "--lr", "1e-4")
+                     "--epochs", "3", "--lr", "1e-4")
         results.append((f"zh_ner (People's Daily PER/LOC/ORG), MiniLM ({len(train)} / {len(dev)} sentences)", m))
     return results
 
