@@ -83,7 +83,9 @@ class Layout:
         B, A, T, D = ctx.shape
         if self.index is None:
             return ctx.transpose(1, 2).reshape(B, T, A * D)
-        return _Tokens.apply(ctx, self.head_rows(A), *self.head_sources(A))
+        # the inverse map serves the backward only: not made when no gradient will flow (inference)
+        back = self.head_sources(A) if torch.is_grad_enabled() and ctx.requires_grad else (None, None)
+        return _Tokens.apply(ctx, self.head_rows(A), *back)
 
     @cached_property
     def pos(self) -> Tensor:
@@ -172,8 +174,9 @@ class _Tokens(torch.autograd.Function):
     """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one gather."""
 
     @staticmethod
-    def forward(ctx, blk: Tensor, rows: Tensor, src: Tensor, pad: Tensor) -> Tensor:
-        # rows: Layout.head_rows, and its inverse src, pad: Layout.head_sources (one part)
+    def forward(ctx, blk: Tensor, rows: Tensor, src: Tensor | None, pad: Tensor | None) -> Tensor:
+        # rows: Layout.head_rows, and its inverse src, pad: Layout.head_sources (one part; for the
+        # backward, None without one)
         B, A, T, D = blk.shape
         ctx.shape = blk.shape
         ctx.save_for_backward(src, pad)
