@@ -369,9 +369,11 @@ def test_postprocess_qa_null_threshold_and_limits(tok):
     s[0], e[0] = 3.0, 3.0  # null score 6
     s[head + 2], e[head + 3] = 2.0, 2.0  # "brown fox": 4
     out = postprocess_qa([ex], enc, [s], [e], v2=True)["a"]
-    assert out == {"text": "", "score": 6.0, "null_score": 6.0, "start": -1}
+    # "" wins, and the best span comes along for choosing a threshold later
+    assert out == {"text": "", "score": 6.0, "null_score": 6.0, "start": -1, "span": "brown fox", "span_score": 4.0}
     out = postprocess_qa([ex], enc, [s], [e], v2=True, null_threshold=2.5)["a"]
-    assert out == {"text": "brown fox", "score": 4.0, "null_score": 6.0, "start": 10}
+    assert out == {"text": "brown fox", "score": 4.0, "null_score": 6.0, "start": 10, "span": "brown fox",
+                   "span_score": 4.0}
     assert postprocess_qa([ex], enc, [s], [e])["a"]["text"] == "brown fox"  # v1 never answers ""
     # max_answer_length: the best end is too far; the next best within 2 tokens wins
     e[head + 3], e[head + 5], e[head + 2] = -1.0, 3.5, 1.0

@@ -247,7 +247,8 @@ def test_question_answering_v2_run_and_predict(minilm_dir, tmp_path, capsys):
                        "--doc-stride", "16", "--batch-size", "8", "--quiet")
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
-    assert {"exact_match", "f1", "HasAns_f1", "NoAns_f1"} <= set(m)
+    assert {"exact_match", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "best_f1_threshold"} <= set(m)
+    assert m["best_f1"] >= m["f1"]  # the search includes the threshold used (0), or one at least as good
     code, _, err = cli(capsys, "predict", "--model", out, "--input", tmp_path / "dev.json", "--out",
                        tmp_path / "answers.jsonl", "--quiet")
     assert code == 0, err
@@ -255,6 +256,9 @@ def test_question_answering_v2_run_and_predict(minilm_dir, tmp_path, capsys):
     assert [p["id"] for p in preds] == [f"q{i}" for i in range(45, len(items))]
     for p, (context, _, _) in zip(preds, items[45:]):
         assert p["answer"] == "" or context[p["start"]:p["start"] + len(p["answer"])] == p["answer"]
+        assert p["span"] in context and (p["answer"] in ("", p["span"]))  # the best span, even when "" wins
+        if p["span"]:
+            assert (p["answer"] == "") == (p["null_score"] - p["span_score"] > 0)
     assert transformers.BertForQuestionAnswering.from_pretrained(out) is not None
 
 

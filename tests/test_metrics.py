@@ -17,6 +17,7 @@ from torchbert.eval.metrics import (
     metric_names,
     normalize_answer,
     regression_scores,
+    squad_best_thresholds,
     squad_scores,
 )
 
@@ -249,6 +250,27 @@ def test_squad_v2_split():
                            "NoAns_exact_match": 1.0, "NoAns_f1": 1.0, "NoAns_total": 1.0}
 
 
+def test_squad_v2_best_thresholds_by_hand():
+    gold = {"q1": ["Paris"], "q2": [], "q3": ["the big red dog"], "q4": [], "q5": ["cat"]}
+    spans = {"q1": "Paris", "q2": "London", "q3": "red dog", "q5": "cat"}  # q4 has no valid span
+    margins = {"q1": -1.0, "q2": 0.5, "q3": 2.0, "q5": 3.0}  # null score minus span score
+    # all "": EM = F1 = 2 (q2, q4). Switched by margin: q1 +1 (3), q2 -1 (2), q3 +0 EM / +0.8 F1, q5 +1
+    # EM peaks at 3 after q1 (first reached: halfway between -1.0 and 0.5); F1 at 3.8 after q5 (3.0 + 1)
+    best = squad_best_thresholds(gold, spans, margins)
+    assert best == pytest.approx({"best_exact_match": 3 / 5, "best_exact_match_threshold": -0.25,
+                                  "best_f1": 3.8 / 5, "best_f1_threshold": 4.0})
+    # each threshold, used as postprocess_qa's rule (span when margin <= t), scores what was reported
+    for name in ("exact_match", "f1"):
+        t = best[f"best_{name}_threshold"]
+        preds = {q: spans[q] if q in spans and margins[q] <= t else "" for q in gold}
+        assert squad_scores(gold, preds)[name] == pytest.approx(best[f"best_{name}"])
+    # when answering nothing is best, the threshold sits below every margin
+    assert squad_best_thresholds({"q": []}, {"q": "x"}, {"q": 1.5}) == {
+        "best_exact_match": 1.0, "best_exact_match_threshold": 0.5, "best_f1": 1.0, "best_f1_threshold": 0.5}
+    with pytest.raises(ValueError, match="no predictions to score"):
+        squad_best_thresholds({}, {}, {})
+
+
 def test_squad_missing_prediction_counts_as_wrong():
     with pytest.warns(UserWarning, match="Missing prediction for 2 of 3 questions"):
         s = squad_scores({"q1": ["cat"], "q2": ["dog"], "q3": []}, {"q1": "cat"})
@@ -273,7 +295,8 @@ def test_metric_names():
         "classification": classification_scores([0, 1], [0, 1], 2),
         "regression": regression_scores([0.0, 1.0], [0.0, 1.0]),
         "token": entity_scores([["B-X"]], [["B-X"]]),
-        "qa-v2": squad_scores({"a": ["x"], "b": []}, {"a": "x", "b": ""}),
+        "qa-v2": {**squad_scores({"a": ["x"], "b": []}, {"a": "x", "b": ""}),
+                  **squad_best_thresholds({"a": ["x"], "b": []}, {"a": "x"}, {"a": 0.0})},
         "multiple-choice": {"accuracy": accuracy([0], [0])},
     }
     produced["pair"], produced["qa"] = produced["classification"], produced["qa-v2"]

@@ -440,7 +440,8 @@ examples:
 The input has the layout of the task's training file; labels may be missing. One JSON object per
 example, in input order, with the example's id: {"label", "probability", "probabilities"} for
 classification, {"score"} for regression, {"words", "tags"} for tagging, {"answer", "score",
-"start"} (+ "null_score" for v2) for QA, {"choice", "text", "probability"} for multiple choice.
+"start"} for QA (v2 adds "null_score" and the best span, "span" and "span_score", even when the
+answer is ""), {"choice", "text", "probability"} for multiple choice.
 """
 
 
@@ -558,7 +559,8 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--n-best", type=int, default=20, help="QA: start and end candidates per window (default: 20)")
     f.add_argument("--max-answer-length", type=int, default=30, help="QA: longest answer in tokens (default: 30)")
     f.add_argument("--null-threshold", type=float, default=0.0,
-                   help="qa-v2: answer nothing when the null score beats the best span by more (default: 0)")
+                   help="qa-v2: answer nothing when the null score beats the best span by more (default: 0); "
+                        "dev scoring reports best_f1_threshold, the value that scored best on dev")
     f.add_argument("--frozen", action="store_true",
                    help="token tasks: keep BERT fixed and train a tagger on its features (see below)")
     f.add_argument("--features", metavar="STRATEGY",

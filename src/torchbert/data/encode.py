@@ -364,7 +364,9 @@ def postprocess_qa(
     the context never loses a valid span to a question token); a span needs end >= start and at most
     max_answer_length tokens.  `null_score` is the lowest [CLS] score (start + end logit at 0) over
     the windows; with v2 the answer is "" when null_score - best span score > null_threshold, and
-    `score` is then the null score.  `start` is the answer's character offset, -1 for "".
+    `score` is then the null score.  `start` is the answer's character offset, -1 for "".  `span` and
+    `span_score` are the best span and its score even when "" wins ("" and -inf when no span is valid),
+    for choosing the threshold afterwards (metrics.squad_best_thresholds).
     """
     if encoded.offsets is None:
         raise ValueError("postprocess_qa needs an Encoded from encode_qa (it has no offsets)")
@@ -399,11 +401,12 @@ def postprocess_qa(
             if scores[i, j] > best_score:
                 best_score = float(scores[i, j])
                 best_span = (offsets[top_s[i]][0], offsets[top_e[j]][1])
+        span = "" if best_span is None else ex.context[best_span[0]:best_span[1]]
         if best_span is None or (v2 and null_score - best_score > null_threshold):
             results[ex.id] = {"text": "", "score": null_score, "null_score": null_score, "start": -1}
         else:
-            a, b = best_span
-            results[ex.id] = {"text": ex.context[a:b], "score": best_score, "null_score": null_score, "start": a}
+            results[ex.id] = {"text": span, "score": best_score, "null_score": null_score, "start": best_span[0]}
+        results[ex.id].update(span=span, span_score=best_score)
     return results
 
 

@@ -31,7 +31,8 @@ _METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "regression": ("pearson", "spearman", "mse"),
     "token": ("f1", "precision", "recall", "token_accuracy"),
     "qa": ("f1", "exact_match"),
-    "qa-v2": ("f1", "exact_match", "HasAns_f1", "HasAns_exact_match", "NoAns_f1", "NoAns_exact_match"),
+    "qa-v2": ("f1", "exact_match", "HasAns_f1", "HasAns_exact_match", "NoAns_f1", "NoAns_exact_match",
+              "best_f1", "best_f1_threshold", "best_exact_match", "best_exact_match_threshold"),
     "multiple-choice": ("accuracy",),
 }
 
@@ -206,3 +207,47 @@ def squad_scores(gold: Mapping[str, Sequence[str]], predictions: Mapping[str, st
             scores.update(mean(has_ans, "HasAns_"))
         scores.update(mean(no_ans, "NoAns_"))
     return scores
+
+
+def squad_best_thresholds(gold: Mapping[str, Sequence[str]], spans: Mapping[str, str],
+                          margins: Mapping[str, float]) -> dict[str, float]:
+    """SQuAD v2.0: the best exact match and F1 over null thresholds, and a threshold reaching each.
+
+    spans: question id -> its best non-null answer ("" when it has none); margins: id -> null score
+    minus that answer's score. At threshold t a question gets its span when its margin is at most t,
+    else "" (postprocess_qa's rule). As in the official v2.0 script's search, every question starts
+    at "" and they switch to their spans in order of margin; the score is kept at its best. The
+    threshold returned lies halfway between the last margin switched and the next (1.0 outside them),
+    so `--null-threshold` can take it. Questions without a span or margin stay at "".
+    """
+    if not gold:
+        raise ValueError("no predictions to score")
+    order = sorted((q for q in gold if q in spans and q in margins), key=lambda q: margins[q])
+
+    def one(answers: Sequence[str], pred: str, measure) -> float:
+        golds = [a for a in answers if normalize_answer(a)] or [""]
+        return max(measure(a, pred) for a in golds)
+
+    def exact(a: str, p: str) -> float:
+        return float(normalize_answer(a) == normalize_answer(p))
+
+    out: dict[str, float] = {}
+    for name, measure in (("exact_match", exact), ("f1", _token_f1)):
+        current = sum(one(answers, "", measure) for answers in gold.values())
+        best, switched = current, 0  # the best score, reached with the first `switched` questions answered
+        for i, q in enumerate(order):
+            current += one(gold[q], spans[q], measure) - one(gold[q], "", measure)
+            if current > best:
+                best, switched = current, i + 1
+        m = [float(margins[q]) for q in order]
+        if not m:
+            threshold = 0.0
+        elif switched == 0:
+            threshold = m[0] - 1.0
+        elif switched == len(m):
+            threshold = m[-1] + 1.0
+        else:
+            threshold = (m[switched - 1] + m[switched]) / 2
+        out[f"best_{name}"] = best / len(gold)
+        out[f"best_{name}_threshold"] = threshold
+    return out

@@ -273,8 +273,9 @@ def _records(examples, e, rows_out, per_example, ts: TaskSettings, id2label) -> 
         for ex in examples:
             a = answers[ex.id]
             rec = {"id": ex.id, "answer": a["text"], "score": round(float(a["score"]), 6), "start": a["start"]}
-            if "null_score" in a:
-                rec["null_score"] = round(float(a["null_score"]), 6)
+            if ts.type == "qa-v2":  # the best span even when "" wins, to choose --null-threshold on dev
+                rec.update(null_score=round(float(a["null_score"]), 6), span=a["span"],
+                           span_score=round(float(a["span_score"]), 6) if a["span"] else None)
             records.append(rec)
     else:
         for ex, probs in zip(examples, per_example):
@@ -296,7 +297,12 @@ def score(records: list[dict[str, Any]], examples: list, ts: TaskSettings, label
         return metrics.entity_scores([list(x.tags) for x in examples], [r["tags"] for r in records])
     if ts.type in ("qa", "qa-v2"):
         gold = {x.id: [a.text for a in x.answers] for x in examples}
-        return metrics.squad_scores(gold, {r["id"]: r["answer"] for r in records})
+        scores = metrics.squad_scores(gold, {r["id"]: r["answer"] for r in records})
+        if ts.type == "qa-v2":
+            spans = {r["id"]: r["span"] for r in records if r.get("span")}
+            margins = {r["id"]: r["null_score"] - r["span_score"] for r in records if r.get("span")}
+            scores.update(metrics.squad_best_thresholds(gold, spans, margins))
+        return scores
     return {"accuracy": metrics.accuracy([r["choice"] for r in records], [x.label for x in examples])}
 
 
