@@ -17,7 +17,9 @@ Tasks and data:
                  500-review slice.
   en_spam, en_nli, en_qa, en_mc, zh_ner
                  the sets in ../shared/data (see its README), from MiniLM, when that folder exists;
-                 subsampled to the sizes below (--scale multiplies them).
+                 subsampled to the sizes below (--scale multiplies them). zh_ner also runs from the
+                 zh_sentiment task's two mini BERTs (a Chinese vocab; pretrained here, and random init),
+                 whose corpus leaves out the People's Daily paragraphs that hold zh_ner's dev sentences.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -119,15 +122,22 @@ def task_wnut(work: Path, s: float, minilm: Path) -> list[tuple[str, dict]]:
     return [(f"WNUT-16 NER, MiniLM ({len(train)} / {len(dev)} sentences)", m)]
 
 
-def task_zh_sentiment(work: Path, s: float, pretrain_steps: int) -> list[tuple[str, dict]]:
+def zh_models(work: Path, s: float, pretrain_steps: int) -> tuple[str, dict]:
+    """zh-bert (pretrained here) and zh-random (its architecture, fresh weights) in `work`.
+
+    The corpus: the People's Daily paragraphs, one document per 5, without those that hold a sentence
+    of zh_ner's dev set (that set is cut from the same text), plus the sentiment task's training reviews.
+    """
     rows = sentiment_reviews()  # the demo's split: deduplicated, fixed order
     n_dev = int(1000 * s)
-    dev, train = rows[:n_dev], rows[n_dev:n_dev + int(8000 * s)]
-    write_tsv(work / "senti_dev.tsv", ("sentence", "label"), dev)
-    write_tsv(work / "senti_train.tsv", ("sentence", "label"), train)
-    write_tsv(work / "senti_train500.tsv", ("sentence", "label"), train[:500])
-    # the pretraining corpus: People's Daily paragraphs, one document per 5, plus the training reviews
-    lines = realdata.peoples_daily_lines()
+    train = rows[n_dev:n_dev + int(8000 * s)]
+    lines = list(realdata.peoples_daily_lines())
+    if (SHARED / "zh_ner" / "dev.conll").is_file():
+        held = {"".join(words)[:20] for words, _ in read_conll_sentences(SHARED / "zh_ner" / "dev.conll")}
+        kept = [x for x in lines if not any(t[:20] in held for t in re.findall(r".+?(?:[。！？]+[”’」』]?|$)", x))]
+        print(f"# pretraining corpus: {len(lines) - len(kept)} of {len(lines)} People's Daily paragraphs left out "
+              "(they hold zh_ner dev sentences)", file=sys.stderr, flush=True)
+        lines = kept
     docs = ["\n".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
     docs += ["\n".join(t for t, _ in train[i:i + 10]) for i in range(0, len(train), 10)]
     (work / "corpus.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
@@ -146,8 +156,18 @@ def task_zh_sentiment(work: Path, s: float, pretrain_steps: int) -> list[tuple[s
     for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
         if (work / "zh-bert" / f).is_file():
             shutil.copyfile(work / "zh-bert" / f, work / "zh-random" / f)
-    results = [(f"pretraining, mini preset, {pretrain_steps} steps (held-out MLM acc "
-                f"{pre['eval']['mlm_accuracy']:.3f}, NSP acc {pre['eval']['nsp_accuracy']:.3f})", pre)]
+    return (f"pretraining, mini preset, {pretrain_steps} steps (held-out MLM acc "
+            f"{pre['eval']['mlm_accuracy']:.3f}, NSP acc {pre['eval']['nsp_accuracy']:.3f})", pre)
+
+
+def task_zh_sentiment(work: Path, s: float) -> list[tuple[str, dict]]:
+    rows = sentiment_reviews()  # the demo's split: deduplicated, fixed order
+    n_dev = int(1000 * s)
+    dev, train = rows[:n_dev], rows[n_dev:n_dev + int(8000 * s)]
+    write_tsv(work / "senti_dev.tsv", ("sentence", "label"), dev)
+    write_tsv(work / "senti_train.tsv", ("sentence", "label"), train)
+    write_tsv(work / "senti_train500.tsv", ("sentence", "label"), train[:500])
+    results = []
     majority = max(sum(1 for _, y in dev if y == c) for c in ("pos", "neg")) / len(dev)
     for regime, train_file, epochs in (("all", "senti_train.tsv", "3"), ("500", "senti_train500.tsv", "10")):
         for init in ("zh-bert", "zh-random"):
@@ -221,9 +241,15 @@ def task_shared(work: Path, s: float, minilm: Path, which: list[str]) -> list[tu
         dev = read_conll_sentences(SHARED / "zh_ner" / "dev.conll")[:int(600 * s)]
         write_conll(work / "zhner_train.conll", train)
         write_conll(work / "zhner_dev.conll", dev)
+        size = f"{len(train)} / {len(dev)} sentences"
         m = finetune(work, "zhner", "token", minilm, work / "zhner_train.conll", work / "zhner_dev.conll",
                      "--epochs", "3", "--lr", "1e-4")
-        results.append((f"zh_ner (People's Daily PER/LOC/ORG), MiniLM ({len(train)} / {len(dev)} sentences)", m))
+        results.append((f"zh_ner (People's Daily PER/LOC/ORG), MiniLM ({size})", m))
+        # a Chinese vocab: the mini BERT pretrained here (its corpus leaves out the dev sentences), and fresh
+        for init, label in (("zh-bert", "mini BERT pretrained here"), ("zh-random", "mini BERT, random init")):
+            m = finetune(work, f"zhner-{init}", "token", work / init, work / "zhner_train.conll",
+                         work / "zhner_dev.conll", "--epochs", "3", "--lr", "3e-4", "--batch-size", "16")
+            results.append((f"zh_ner, {label} ({size})", m))
     return results
 
 
@@ -247,8 +273,10 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         if "wnut" in args.tasks:
             results += task_wnut(work, args.scale, minilm)
+        if "zh_sentiment" in args.tasks or "zh_ner" in args.tasks and SHARED.is_dir():
+            results.append(zh_models(work, args.scale, args.pretrain_steps))
         if "zh_sentiment" in args.tasks:
-            results += task_zh_sentiment(work, args.scale, args.pretrain_steps)
+            results += task_zh_sentiment(work, args.scale)
         results += task_shared(work, args.scale, minilm, args.tasks)
 
     print(f"\n# {started}; {cpu_name()}; torch {torch.__version__}; {args.threads} threads, fp32; scale {args.scale}")
