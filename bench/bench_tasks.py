@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -128,13 +127,11 @@ def zh_models(work: Path, s: float, pretrain_steps: int) -> tuple[str, dict]:
     The corpus: the People's Daily paragraphs, one document per 5, without those that hold a sentence
     of zh_ner's dev set (that set is cut from the same text), plus the sentiment task's training reviews.
     """
-    rows = sentiment_reviews()  # the demo's split: deduplicated, fixed order
-    n_dev = int(1000 * s)
-    train = rows[n_dev:n_dev + int(8000 * s)]
+    _, train = sentiment_split(s)
     lines = list(realdata.peoples_daily_lines())
     if (SHARED / "zh_ner" / "dev.conll").is_file():
         held = {"".join(words)[:20] for words, _ in read_conll_sentences(SHARED / "zh_ner" / "dev.conll")}
-        kept = [x for x in lines if not any(t[:20] in held for t in re.findall(r".+?(?:[。！？]+[”’」』]?|$)", x))]
+        kept = [x for x in lines if not any(t[:20] in held for t in realdata.paragraph_sentences(x))]
         print(f"# pretraining corpus: {len(lines) - len(kept)} of {len(lines)} People's Daily paragraphs left out "
               "(they hold zh_ner dev sentences)", file=sys.stderr, flush=True)
         lines = kept
@@ -160,10 +157,15 @@ def zh_models(work: Path, s: float, pretrain_steps: int) -> tuple[str, dict]:
             f"{pre['eval']['mlm_accuracy']:.3f}, NSP acc {pre['eval']['nsp_accuracy']:.3f})", pre)
 
 
-def task_zh_sentiment(work: Path, s: float) -> list[tuple[str, dict]]:
-    rows = sentiment_reviews()  # the demo's split: deduplicated, fixed order
+def sentiment_split(s: float) -> tuple[list, list]:
+    """(dev, train) reviews: the demo's deduplicated, fixed order; 1,000 and 8,000 times the scale."""
+    rows = sentiment_reviews()
     n_dev = int(1000 * s)
-    dev, train = rows[:n_dev], rows[n_dev:n_dev + int(8000 * s)]
+    return rows[:n_dev], rows[n_dev:n_dev + int(8000 * s)]
+
+
+def task_zh_sentiment(work: Path, s: float) -> list[tuple[str, dict]]:
+    dev, train = sentiment_split(s)
     write_tsv(work / "senti_dev.tsv", ("sentence", "label"), dev)
     write_tsv(work / "senti_train.tsv", ("sentence", "label"), train)
     write_tsv(work / "senti_train500.tsv", ("sentence", "label"), train[:500])

@@ -52,12 +52,17 @@ def peoples_daily_lines() -> tuple[str, ...]:
     return tuple(out)
 
 
+def paragraph_sentences(para: str) -> list[str]:
+    """A paragraph cut into sentences after 。！？ (closing quotes stay with their sentence)."""
+    return [s for s in re.findall(r".+?(?:[。！？]+[”’」』]?|$)", para) if s.strip()]
+
+
 @functools.cache
 def peoples_daily_sentences() -> tuple[str, ...]:
     """The corpus cut into sentences after 。！？ (closing quotes stay with their sentence)."""
     out = []
     for para in peoples_daily_lines():
-        out += [s for s in re.findall(r".+?(?:[。！？]+[”’」』]?|$)", para) if s.strip()]
+        out += paragraph_sentences(para)
     return tuple(out)
 
 

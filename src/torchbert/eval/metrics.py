@@ -167,6 +167,14 @@ def _token_f1(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _question_scores(answers: Sequence[str], pred: str) -> tuple[float, float]:
+    """(exact match, F1) of one prediction against its best gold; golds that normalize to "" are
+    dropped, and a question left with none has the single gold "" (the v2.0 script's rule)."""
+    golds = [a for a in answers if normalize_answer(a)] or [""]
+    return (max(float(normalize_answer(a) == normalize_answer(pred)) for a in golds),
+            max(_token_f1(a, pred) for a in golds))
+
+
 def squad_scores(gold: Mapping[str, Sequence[str]], predictions: Mapping[str, str]) -> dict[str, float]:
     """{"exact_match", "f1", "total"} over the questions of `gold`, and the HasAns / NoAns split for v2.0.
 
@@ -187,10 +195,7 @@ def squad_scores(gold: Mapping[str, Sequence[str]], predictions: Mapping[str, st
             missing.append(qid)
             exact[qid] = f1[qid] = 0.0
             continue
-        pred = predictions[qid]
-        golds = [a for a in answers if normalize_answer(a)] or [""]
-        exact[qid] = max(float(normalize_answer(a) == normalize_answer(pred)) for a in golds)
-        f1[qid] = max(_token_f1(a, pred) for a in golds)
+        exact[qid], f1[qid] = _question_scores(answers, predictions[qid])
     if missing:
         warnings.warn(f"Missing prediction for {len(missing)} of {len(gold)} questions "
                       f"(e.g. {', '.join(missing[:3])}); they count as wrong", stacklevel=2)
@@ -223,23 +228,18 @@ def squad_best_thresholds(gold: Mapping[str, Sequence[str]], spans: Mapping[str,
     if not gold:
         raise ValueError("no predictions to score")
     order = sorted((q for q in gold if q in spans and q in margins), key=lambda q: margins[q])
-
-    def one(answers: Sequence[str], pred: str, measure) -> float:
-        golds = [a for a in answers if normalize_answer(a)] or [""]
-        return max(measure(a, pred) for a in golds)
-
-    def exact(a: str, p: str) -> float:
-        return float(normalize_answer(a) == normalize_answer(p))
+    m = [float(margins[q]) for q in order]
+    empty = {q: _question_scores(answers, "") for q, answers in gold.items()}  # q -> (exact, f1)
+    gain = [np.subtract(_question_scores(gold[q], spans[q]), empty[q]) for q in order]  # switching q to its span
 
     out: dict[str, float] = {}
-    for name, measure in (("exact_match", exact), ("f1", _token_f1)):
-        current = sum(one(answers, "", measure) for answers in gold.values())
+    for k, name in enumerate(("exact_match", "f1")):
+        current = sum(e[k] for e in empty.values())
         best, switched = current, 0  # the best score, reached with the first `switched` questions answered
-        for i, q in enumerate(order):
-            current += one(gold[q], spans[q], measure) - one(gold[q], "", measure)
+        for i, g in enumerate(gain):
+            current += g[k]
             if current > best:
                 best, switched = current, i + 1
-        m = [float(margins[q]) for q in order]
         if not m:
             threshold = 0.0
         elif switched == 0:
@@ -248,6 +248,6 @@ def squad_best_thresholds(gold: Mapping[str, Sequence[str]], spans: Mapping[str,
             threshold = m[-1] + 1.0
         else:
             threshold = (m[switched - 1] + m[switched]) / 2
-        out[f"best_{name}"] = best / len(gold)
-        out[f"best_{name}_threshold"] = threshold
+        out[f"best_{name}"] = float(best) / len(gold)
+        out[f"best_{name}_threshold"] = float(threshold)
     return out
