@@ -299,9 +299,9 @@ def score(records: list[dict[str, Any]], examples: list, ts: TaskSettings, label
         gold = {x.id: [a.text for a in x.answers] for x in examples}
         scores = metrics.squad_scores(gold, {r["id"]: r["answer"] for r in records})
         if ts.type == "qa-v2":
-            spans = {r["id"]: r["span"] for r in records if r.get("span")}
-            margins = {r["id"]: r["null_score"] - r["span_score"] for r in records if r.get("span")}
-            scores.update(metrics.squad_best_thresholds(gold, spans, margins))
+            with_span = [r for r in records if r.get("span")]
+            scores.update(metrics.squad_best_thresholds(gold, {r["id"]: r["span"] for r in with_span},
+                                                        {r["id"]: r["null_score"] - r["span_score"] for r in with_span}))
         return scores
     return {"accuracy": metrics.accuracy([r["choice"] for r in records], [x.label for x in examples])}
 
