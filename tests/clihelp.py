@@ -1,5 +1,7 @@
 """Small helpers the command-line tests share."""
 
+import json
+
 from torchbert.cli import main
 from torchbert.samples import conll_text
 
@@ -14,3 +16,17 @@ def cli(capsys, *argv):
 def write_conll(path, sentences):
     """(words, tags) sentences as CoNLL: word TAB tag per line, a blank line after each sentence."""
     path.write_text(conll_text(sentences), encoding="utf-8")
+
+
+def squad_file(path, items, v2, first=0):
+    """items: (context, question, answer or None); ids q{first}, q{first + 1}, ..."""
+    paragraphs = []
+    for i, (context, question, answer) in enumerate(items, start=first):
+        qa = {"id": f"q{i}", "question": question, "answers": []}
+        if answer is not None:
+            qa["answers"] = [{"text": answer, "answer_start": context.index(answer)}]
+        if v2:
+            qa["is_impossible"] = answer is None
+        paragraphs.append({"context": context, "qas": [qa]})
+    path.write_text(json.dumps({"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs":
+                                                                                 paragraphs}]}), encoding="utf-8")

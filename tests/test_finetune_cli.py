@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import realdata
-from clihelp import cli, write_conll
+from clihelp import cli, squad_file, write_conll
 from torchbert.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -213,20 +213,6 @@ def test_pair_regression_and_multiple_choice_run(minilm_dir, tmp_path, capsys):
     preds = [json.loads(x) for x in (tmp_path / "mc.jsonl.out").read_text().splitlines()]
     assert [p["id"] for p in preds] == [f"q{i}" for i in range(40)]
     assert [len(p["probabilities"]) for p in preds] == [2 if i % 3 == 0 else 4 for i in range(40)]
-
-
-def squad_file(path, items, v2, first=0):
-    """items: (context, question, answer or None); ids q{first}, q{first + 1}, ..."""
-    paragraphs = []
-    for i, (context, question, answer) in enumerate(items, start=first):
-        qa = {"id": f"q{i}", "question": question, "answers": []}
-        if answer is not None:
-            qa["answers"] = [{"text": answer, "answer_start": context.index(answer)}]
-        if v2:
-            qa["is_impossible"] = answer is None
-        paragraphs.append({"context": context, "qas": [qa]})
-    path.write_text(json.dumps({"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs":
-                                                                                 paragraphs}]}), encoding="utf-8")
 
 
 def test_question_answering_v2_run_and_predict(minilm_dir, tmp_path, capsys):
