@@ -160,3 +160,68 @@ def test_finetune_takes_the_steps_of_transformers(model_dir, task_type, tmp_path
     moved = max((weights[k] - start[k]).abs().max().item() for k in compared)
     apart = max((trained[k] - weights[k]).abs().max().item() for k in compared)
     assert moved > 2 * LR and apart < 1e-6, (moved, apart)
+
+
+def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
+    """MLM + NSP on packed batches, the tied decoder's gradient joining the embedding rows, against
+    transformers.BertForPreTraining on the same batches padded, in the textbook loop."""
+    from torchbert.config import BertConfig
+    from torchbert.data.shards import PretrainingData
+    from torchbert.heads import BertForPreTraining
+
+    data = PretrainingData(prepared / "data", seed=SEED)
+    config = BertConfig.from_name("tiny", vocab_size=data.vocab_size, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    torch.manual_seed(SEED)
+    start = tmp_path / "start"
+    BertForPreTraining(config).save_pretrained(start)
+    (start / "vocab.txt").write_bytes((prepared / "tok" / "vocab.txt").read_bytes())
+    steps, batch, lr = 10, 8, 1e-3
+    out = tmp_path / "run"
+    code = main([str(a) for a in (
+        "pretrain", "--data", prepared / "data", "--out", out, "--init", start, "--steps", steps, "--batch-size", batch,
+        "--lr", lr, "--warmup-steps", 2, "--schedule", "linear", "--weight-decay", DECAY, "--max-grad-norm", CLIP,
+        "--seed", SEED, "--log-every", 1, "--eval-every", 0, "--precision", "fp32", "--device", "cpu", "--quiet")])
+    assert code == 0
+    ours = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    model = transformers.BertForPreTraining.from_pretrained(start, attn_implementation="eager")
+    model.train()
+    named = list(model.named_parameters())
+    groups = [{"params": [p for k, p in named if decayed(k)], "weight_decay": DECAY},
+              {"params": [p for k, p in named if not decayed(k)], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-6, foreach=False)
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, 2, steps)
+    theirs = []
+    stream = (b for epoch in range(steps) for b in data.batches(batch, epoch=epoch))
+    for b in (next(stream) for _ in range(steps)):
+        lengths = b.cu_seqlens.diff().tolist()
+        width = max(lengths)
+        real = torch.arange(width) < torch.tensor(lengths)[:, None]  # [B, T]
+
+        def padded(flat, fill):
+            x = torch.full((len(lengths), width), fill, dtype=flat.dtype)
+            x[real] = flat
+            return x
+
+        labels = torch.full((len(b.input_ids),), -100)
+        labels[b.mlm_positions] = b.mlm_labels
+        loss = model(input_ids=padded(b.input_ids, 0), token_type_ids=padded(b.token_type_ids, 0),
+                     attention_mask=real.long(), labels=padded(labels, -100), next_sentence_label=b.nsp_labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        theirs.append(float(loss))
+    assert len(ours) == steps
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
+    assert theirs[-1] < theirs[0]
+
+    trained = load_file(out / "model.safetensors")
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    first = load_file(start / "model.safetensors")
+    assert set(trained) <= set(weights)
+    moved = max((weights[k] - first[k]).abs().max().item() for k in trained)
+    apart = max((trained[k] - weights[k]).abs().max().item() for k in trained)
+    assert moved > 2 * lr and apart < 1e-6, (moved, apart)
