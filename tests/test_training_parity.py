@@ -1,6 +1,6 @@
-"""`torchbert finetune` takes the same optimizer steps as transformers' model in a textbook loop.
+"""`torchbert finetune` and `pretrain` take the same optimizer steps as transformers' models in a textbook loop.
 
-Each task type's loss, gradients and update path (packed batches, the loss normalized per step,
+Each task type's loss (and pretraining's MLM + NSP), gradients and update path (packed batches, the loss normalized per step,
 embedding gradients as rows, clipping folded into the fused AdamW) is checked against
 `transformers.BertFor...` on padded batches with `torch.optim.AdamW`, `clip_grad_norm_` and
 transformers' own linear schedule: the same start weights, the same batches in the same order,
