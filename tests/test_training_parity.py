@@ -1,12 +1,12 @@
 """`torchbert finetune` and `pretrain` take the same optimizer steps as transformers' models in a textbook loop.
 
-Each task type's loss (and pretraining's MLM + NSP), gradients and update path (packed batches, the loss normalized per step,
-embedding gradients as rows, clipping folded into the fused AdamW) is checked against
-`transformers.BertFor...` on padded batches with `torch.optim.AdamW`, `clip_grad_norm_` and
-transformers' own linear schedule: the same start weights, the same batches in the same order,
-dropout off on both sides so the two runs are deterministic. Equal losses at every step and equal
-weights at the end mean a run's result (a QA model that still answers "no answer", say) is what
-transformers would have reached in the same steps.
+Each task type's loss (and pretraining's MLM + NSP), gradients and update path (packed batches,
+the loss normalized per step, embedding gradients as rows, clipping folded into the fused AdamW)
+is checked against `transformers.BertFor...` on padded batches with `torch.optim.AdamW`,
+`clip_grad_norm_` and transformers' own linear schedule: the same start weights, the same batches
+in the same order, dropout off on both sides so the two runs are deterministic. Equal losses at
+every step and equal weights at the end mean a run's result (a QA model that still answers "no
+answer", say) is what transformers would have reached in the same steps.
 """
 
 import json
