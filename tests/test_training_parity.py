@@ -66,8 +66,22 @@ def write_task(task_type, path):
     return 64, 32
 
 
-def decayed(name):
-    return not (name.endswith("bias") or "LayerNorm" in name)
+def textbook_optimizer(model, lr, warmup, steps):
+    """torch's AdamW (no decay on biases and LayerNorm weights) and transformers' linear schedule."""
+    named = list(model.named_parameters())
+    decayed = [not (k.endswith("bias") or "LayerNorm" in k) for k, _ in named]
+    groups = [{"params": [p for (_, p), d in zip(named, decayed) if d], "weight_decay": DECAY},
+              {"params": [p for (_, p), d in zip(named, decayed) if not d], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-6, foreach=False)
+    return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, steps)
+
+
+def textbook_step(model, loss, optimizer, scheduler):
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
 
 
 def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, work):
@@ -90,12 +104,8 @@ def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, w
     else:
         per_step = BATCH  # windows or sequence pairs: every full batch holds BATCH of them
 
-    named = list(model.named_parameters())
-    groups = [{"params": [p for k, p in named if decayed(k)], "weight_decay": DECAY},
-              {"params": [p for k, p in named if not decayed(k)], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=LR, eps=1e-6, foreach=False)
     steps = EPOCHS * data.batches_per_epoch(BATCH)
-    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, round(WARMUP * steps), steps)
+    optimizer, scheduler = textbook_optimizer(model, LR, round(WARMUP * steps), steps)
     losses = []
     for epoch in range(EPOCHS):
         for rows in data.order(BATCH, epoch):
@@ -123,11 +133,7 @@ def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, w
             else:
                 out = model(**inputs, labels=torch.tensor([encoded.labels[r] for r in rows]))
                 mean, loss = out.loss, out.loss * len(rows) / per_step
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
+            textbook_step(model, loss, optimizer, scheduler)
             losses.append(float(mean))
     return losses, {k: v.detach() for k, v in model.state_dict().items()}
 
@@ -187,11 +193,7 @@ def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
 
     model = transformers.BertForPreTraining.from_pretrained(start, attn_implementation="eager")
     model.train()
-    named = list(model.named_parameters())
-    groups = [{"params": [p for k, p in named if decayed(k)], "weight_decay": DECAY},
-              {"params": [p for k, p in named if not decayed(k)], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-6, foreach=False)
-    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, 2, steps)
+    optimizer, scheduler = textbook_optimizer(model, lr, 2, steps)
     theirs = []
     stream = (b for epoch in range(steps) for b in data.batches(batch, epoch=epoch))
     for b in (next(stream) for _ in range(steps)):
@@ -208,11 +210,7 @@ def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
         labels[b.mlm_positions] = b.mlm_labels
         loss = model(input_ids=padded(b.input_ids, 0), token_type_ids=padded(b.token_type_ids, 0),
                      attention_mask=real.long(), labels=padded(labels, -100), next_sentence_label=b.nsp_labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
+        textbook_step(model, loss, optimizer, scheduler)
         theirs.append(float(loss))
     assert len(ours) == steps
     assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
