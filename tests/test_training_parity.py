@@ -76,6 +76,17 @@ def textbook_optimizer(model, lr, warmup, steps):
     return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, steps)
 
 
+def weight_gaps(trained_file, reference, start_file, skip=()):
+    """(how far the reference's weights moved from the start, how far torchbert's ended from them):
+    the largest absolute difference over the checkpoint's tensors, but those in `skip`."""
+    trained, start = load_file(trained_file), load_file(start_file)
+    assert set(trained) <= set(reference)
+    names = [k for k in trained if k not in skip]
+    moved = max((reference[k] - start[k]).abs().max().item() for k in names)
+    apart = max((trained[k] - reference[k]).abs().max().item() for k in names)
+    return moved, apart
+
+
 def textbook_step(model, loss, optimizer, scheduler):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -157,14 +168,10 @@ def test_finetune_takes_the_steps_of_transformers(model_dir, task_type, tmp_path
     assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
     assert theirs[-1] < theirs[0]  # the steps move the model: a comparison of standing weights proves nothing
 
-    trained = load_file(out / "model.safetensors")
-    start = load_file(tmp_path / "start" / "model.safetensors")
-    assert set(trained) <= set(weights)
     # qa_outputs.bias adds one number to every position's start (or end) logit, which a softmax over
     # the positions cancels: its gradient is 0 but for rounding, which AdamW scales up on both sides
-    compared = [k for k in trained if k != "qa_outputs.bias"]
-    moved = max((weights[k] - start[k]).abs().max().item() for k in compared)
-    apart = max((trained[k] - weights[k]).abs().max().item() for k in compared)
+    moved, apart = weight_gaps(out / "model.safetensors", weights, tmp_path / "start" / "model.safetensors",
+                               skip=("qa_outputs.bias",))
     assert moved > 2 * LR and apart < 1e-6, (moved, apart)
 
 
@@ -197,29 +204,13 @@ def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
     theirs = []
     stream = (b for epoch in range(steps) for b in data.batches(batch, epoch=epoch))
     for b in (next(stream) for _ in range(steps)):
-        lengths = b.cu_seqlens.diff().tolist()
-        width = max(lengths)
-        real = torch.arange(width) < torch.tensor(lengths)[:, None]  # [B, T]
-
-        def padded(flat, fill):
-            x = torch.full((len(lengths), width), fill, dtype=flat.dtype)
-            x[real] = flat
-            return x
-
-        labels = torch.full((len(b.input_ids),), -100)
-        labels[b.mlm_positions] = b.mlm_labels
-        loss = model(input_ids=padded(b.input_ids, 0), token_type_ids=padded(b.token_type_ids, 0),
-                     attention_mask=real.long(), labels=padded(labels, -100), next_sentence_label=b.nsp_labels).loss
+        loss = model(**b.padded()).loss  # [B, T] with labels -100 where nothing is masked
         textbook_step(model, loss, optimizer, scheduler)
         theirs.append(float(loss))
     assert len(ours) == steps
     assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
     assert theirs[-1] < theirs[0]
 
-    trained = load_file(out / "model.safetensors")
     weights = {k: v.detach() for k, v in model.state_dict().items()}
-    first = load_file(start / "model.safetensors")
-    assert set(trained) <= set(weights)
-    moved = max((weights[k] - first[k]).abs().max().item() for k in trained)
-    apart = max((trained[k] - weights[k]).abs().max().item() for k in trained)
+    moved, apart = weight_gaps(out / "model.safetensors", weights, start / "model.safetensors")
     assert moved > 2 * lr and apart < 1e-6, (moved, apart)
