@@ -1,14 +1,17 @@
 """Pretraining heads against transformers on real weights and text, fp32; checkpoints both ways."""
 
+import contextlib
+
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
 
 import realdata
-from torchbert import BertConfig
+from torchbert import BertConfig, heads
 from torchbert.heads import BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining
 from torchbert.model import unpad
+from torchbert.train.optim import SparseRows
 from torchbert.tokenizer import BertTokenizer
 
 TOL = 1e-5
@@ -118,6 +121,54 @@ def test_packed_equals_padded(minilm_with_heads, real_batch):
     assert abs(packed.loss.item() - padded.loss.item()) < TOL
     assert (packed.mlm_logits - padded.mlm_logits).abs().max() < TOL
     assert (packed.nsp_logits - padded.nsp_logits).abs().max() < TOL
+
+
+def plain_decoder_loss(h, weight, bias, targets):
+    logits = torch.nn.functional.linear(h, weight, bias)
+    return torch.nn.functional.cross_entropy(logits, targets), logits
+
+
+def training_gradients(model, inputs, labels, nsp, use_logits: bool, rows: bool):
+    """Loss, MLM logits and every parameter's gradient of one backward, dropout off; the embeddings'
+    gradients as rows made dense (SparseRows, as the pretraining loop does) when `rows`."""
+    model.zero_grad(set_to_none=True)
+    with SparseRows(model) if rows else contextlib.nullcontext() as sparse:
+        out = model(**inputs, labels=labels, next_sentence_label=nsp)
+        mlm = out.mlm_loss if out.mlm_loss.isfinite() else 0.0  # nothing scored: the loss is nan
+        loss = 0.7 * mlm + out.nsp_loss
+        if use_logits:  # as the loop does for a micro-batch with no masked token
+            loss = loss + out.mlm_logits.pow(2).mean()
+        loss.backward()
+        if rows:
+            sparse.densify()
+    return out.mlm_loss.detach(), out.mlm_logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", ["loss", "loss and logits", "rows", "nothing scored"])
+def test_fused_decoder_loss_equals_the_plain_path(minilm_with_heads, real_batch, monkeypatch, case):
+    """With gradients on, the MLM decoder and its cross-entropy run as one function that makes the
+    logits' gradient in its forward (heads._DecoderCrossEntropy), on the word embeddings taken
+    through heads._Tied; F.linear + F.cross_entropy on the weight itself must give the same loss,
+    logits and gradient for every parameter, the tied embeddings' included."""
+    model = BertForPreTraining.from_pretrained(minilm_with_heads[BertForPreTraining]).eval()  # dropout off
+    inputs, labels, nsp = real_batch
+    if case == "nothing scored":
+        labels = torch.full_like(labels, -100)
+    kw = dict(use_logits=case in ("loss and logits", "nothing scored"), rows=case == "rows")
+    fused = training_gradients(model, inputs, labels, nsp, **kw)
+    monkeypatch.setattr(heads._DecoderCrossEntropy, "apply", plain_decoder_loss)
+    monkeypatch.setattr(heads._Tied, "apply", lambda w: w)
+    plain = training_gradients(model, inputs, labels, nsp, **kw)
+    if case == "nothing scored":
+        assert fused[0].isnan() and plain[0].isnan() and fused[1].shape[0] == 0
+    else:
+        assert abs(fused[0] - plain[0]) < 1e-6
+    assert torch.equal(fused[1], plain[1])
+    assert fused[2].keys() == plain[2].keys()
+    for name, g in plain[2].items():
+        scale = g.abs().max()
+        assert (fused[2][name] - g).abs().max() <= 1e-5 * scale, name
+    assert plain[2]["bert.embeddings.word.weight"].abs().sum() > 0
 
 
 def test_decoder_is_tied_and_every_parameter_learns():
