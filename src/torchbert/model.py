@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .dropout import Dropout, dropout
+from .dropout import Dropout, dropout, scaled_mask
 from .io.hf import HFCheckpoint
 
 
@@ -69,9 +69,9 @@ class Layout:
     index: Tensor | None = None  # [N] row of each packed token in the block: seq * T + position
     pad: Tensor | None = None  # [B*T - N] the block's rows that are padding
 
-    def heads(self, t: Tensor, heads: int, head_size: int) -> tuple[Tensor, ...]:
-        """Projections [B, T, P*H] or packed [N, P*H] -> P tensors [B, A, T, D], each contiguous for
-        the attention products (padding rows zero: little of them in length-sorted batches)."""
+    def heads(self, t: Tensor, heads: int, head_size: int) -> Tensor:
+        """Projections [B, T, P*H] or packed [N, P*H] -> one block [P, B, A, T, D] of P contiguous parts
+        for the attention products (padding rows zero: little of them in length-sorted batches)."""
         P = t.shape[-1] // (heads * head_size)
         # the row maps are made here, not inside the autograd function, which the compiler traces
         # as a graph of its own that cannot fill the cache
@@ -128,18 +128,22 @@ class Layout:
     def _cache(self) -> dict:
         return {}
 
-    def key_bias(self, dtype: torch.dtype) -> Tensor:
-        """[B, 1, 1, T]: 0 at real tokens, the most negative `dtype` value at padding."""
-        return torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device).masked_fill_(
-            ~self.key_mask, torch.finfo(dtype).min)
+    def score_bias(self, like: Tensor, heads: int) -> tuple[Tensor, int]:
+        """(bias, beta) for baddbmm(bias, q, k^T, beta=beta), in the dtype and on the device of `like`:
+        [B*A, 1, T], 0 at real tokens and the most negative value at padding keys, with beta 1; a zero
+        scalar and beta 0 when no key is padding."""
+        if self.key_mask is None:
+            return like.new_zeros(()), 0
+        B, T = self.batch, self.seqlen
+        bias = like.new_zeros(self.key_mask.shape).masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)  # [B, 1, 1, T]
+        return bias.expand(B, heads, 1, T).reshape(B * heads, 1, T), 1
 
 
 class _Heads(torch.autograd.Function):
-    """Projections [B, T, P*A*D] or packed [N, P*A*D] -> P contiguous [B, A, T, D] blocks, in one
-    pass: each block row (one head of one slot, D numbers) is gathered from its packed token (the
-    padding slots set to zero). The backward gathers each block's gradient straight back into the
-    [.., P*A*D] layout, where autograd's own backward would stack the P gradients and then reorder
-    and gather them."""
+    """Projections [B, T, P*A*D] or packed [N, P*A*D] -> a block [P, B, A, T, D], in one pass: each
+    block row (one head of one slot, D numbers) is gathered from its packed token (the padding slots
+    set to zero). The backward gathers the block's gradient straight back into the [.., P*A*D]
+    layout, where autograd's own backward would reorder and then gather it."""
 
     @staticmethod
     def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int,
@@ -154,19 +158,15 @@ class _Heads(torch.autograd.Function):
             src, pad, rows = maps
             ctx.save_for_backward(rows)
             out = t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(P, B, A, T, D)
-        return out.unbind(0)
+        return out
 
     @staticmethod
-    def backward(ctx, *grads: Tensor):
-        P = len(grads)
-        B, A, T, D = grads[0].shape
+    def backward(ctx, grad: Tensor):
+        D = grad.shape[-1]
         if not ctx.packed:
-            g = grads[0].new_empty(B, T, P, A, D)
-            for p, gp in enumerate(grads):
-                g[:, :, p] = gp.transpose(1, 2)
+            g = grad.permute(1, 3, 0, 2, 4).reshape(ctx.shape)  # [B, T, P, A, D] -> [B, T, P*A*D]
         else:
-            blocks = torch.cat(grads) if P > 1 else grads[0].contiguous()  # [P*B, A, T, D]
-            g = blocks.view(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*P*A, D]
+            g = grad.reshape(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*P*A, D]
         return g.view(ctx.shape), None, None, None, None
 
 
@@ -187,6 +187,50 @@ class _Tokens(torch.autograd.Function):
         src, pad = ctx.saved_tensors
         g = grad.reshape(-1, ctx.shape[-1]).index_select(0, src).index_fill_(0, pad, 0).view(ctx.shape)
         return g, None, None, None
+
+
+class _Attention(torch.autograd.Function):
+    """SelfAttention's plain path with dropout, dropout(softmax(q k^T / sqrt(D) + mask)) v, in one
+    function for training on CPU, where its backward beats autograd's: it writes the gradients of k
+    and v (and of q, when q comes in the same block) into one block, the layout _Heads gathers back
+    from, where autograd would stack them; and 1 / sqrt(D) rides in the products, where autograd
+    scales the gradients of q and k in passes of their own. A test holds it to the plain path."""
+
+    @staticmethod
+    def forward(ctx, blocks: Tensor, q: Tensor | None, bias: Tensor, beta: int, p: float) -> Tensor:
+        # blocks [3, B, A, T, D] (q, k, v), or [2, B, A, T, D] (k, v) with q [B, A, Q, D] given;
+        # bias, beta: Layout.score_bias. Output [B, A, Q, D] (Q = T when q is in the block).
+        P, B, A, T, D = blocks.shape
+        qs, k, v = _Attention.operands(blocks, q)
+        ctx.scale = 1 / math.sqrt(D)
+        scores = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
+        probs = scores.softmax(dim=-1)
+        mask = scaled_mask(probs.shape, p, probs.dtype)
+        dropped = probs * mask
+        ctx.save_for_backward(blocks, q, probs, mask, dropped)
+        return torch.bmm(dropped, v).view(B, A, -1, D)
+
+    @staticmethod
+    def operands(blocks: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B*A, Q, D], k and v [B*A, T, D]: views into the block (and into q)."""
+        P, B, A, T, D = blocks.shape
+        flat = blocks.view(P, B * A, T, D)
+        return flat[0] if q is None else q.reshape(B * A, -1, D), flat[-2], flat[-1]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        blocks, q, probs, mask, dropped = ctx.saved_tensors
+        P, B, A, T, D = blocks.shape
+        qs, k, v = _Attention.operands(blocks, q)
+        g = grad.reshape(B * A, -1, D)  # [B*A, Q, D]
+        d_blocks = torch.empty_like(blocks)
+        dq, dk, dv = _Attention.operands(d_blocks, None if q is None else torch.empty_like(q))
+        torch.bmm(dropped.transpose(1, 2), g, out=dv)
+        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T]
+        d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
+        torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
+        torch.baddbmm(dk, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale, out=dk)
+        return d_blocks, None if q is None else dq.view(q.shape), None, None, None
 
 
 @dataclass
@@ -245,22 +289,26 @@ class SelfAttention(nn.Module):
         # value. The output is then [K, H].
         H, A = x.shape[-1], self.heads
         if queries is None or need_weights:
-            q, k, v = layout.heads(self.qkv(x), A, H // A)  # each [B, A, T, D]
+            blocks, q = layout.heads(self.qkv(x), A, H // A), None  # [3, B, A, T, D]: q, k, v
         else:
             w, b = self.qkv.weight, self.qkv.bias
-            k, v = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # each [B, A, T, D]
-            q = queries.layout.heads(F.linear(xq, w[:H], b[:H]), A, H // A)[0]
+            blocks = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # [2, B, A, T, D]: k, v
+            q = queries.layout.heads(F.linear(xq, w[:H], b[:H]), A, H // A)[0]  # [B, A, Q, D]
         dropout_p = self.dropout_p if self.training else 0.0
-        # On CPU, scaled_dot_product_attention computes these same steps whenever attention dropout
-        # is on, only with a slower dropout mask (dropout.py); so training on CPU takes this path.
-        if need_weights or (dropout_p > 0 and x.device.type == "cpu"):
+        # On CPU, scaled_dot_product_attention computes the plain path's steps whenever attention
+        # dropout is on, only with a slower dropout mask (dropout.py); so training on CPU takes the
+        # plain path, as one function with its own backward (_Attention) where nothing is traced.
+        cpu_dropout = dropout_p > 0 and x.device.type == "cpu"
+        if cpu_dropout and not need_weights and not torch.is_autocast_enabled("cpu") \
+                and not torch.compiler.is_compiling():
+            bias, beta = layout.score_bias(blocks, A)
+            ctx, probs = _Attention.apply(blocks, q, bias, beta, dropout_p), None  # [B, A, T, D]
+        elif need_weights or cpu_dropout:
+            q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
             # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
             B, _, Tq, D = q.shape
             Tk = k.shape[2]
-            if layout.key_mask is None:
-                bias, beta = q.new_zeros(()), 0
-            else:  # the most negative float at padding keys
-                bias, beta = layout.key_bias(q.dtype).expand(B, A, 1, Tk).reshape(B * A, 1, Tk), 1
+            bias, beta = layout.score_bias(q, A)  # the most negative float at padding keys
             # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
             scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
                                    beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
@@ -268,6 +316,7 @@ class SelfAttention(nn.Module):
             ctx = dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
             probs = probs if need_weights else None
         else:
+            q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
             probs = None
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
         if queries is None:
