@@ -14,7 +14,8 @@ Two input paths give the same numbers (tested to 1e-5 in fp32):
   * unpadded: input_ids [N], the real tokens of all sequences packed end to end, with
     cu_seqlens [B + 1] (cumulative lengths, starting at 0) and max_seqlen. Embeddings, projections
     and the feed-forward then run on real tokens only; attention runs per sequence (packed q/k/v are
-    scattered into a [B, A, T, D] block for scaled_dot_product_attention and gathered back).
+    scattered into a [B, A, T, D] block for scaled_dot_product_attention and gathered back; training
+    on CPU runs the same steps in _Attention, with dropout.py's mask and a backward of its own).
 
 Parameter names are our own and short; `io/hf.py` holds the one key map to Hugging Face's.
 Self-attention uses one fused [H -> 3H] projection for q, k, v: one matrix product instead of three.
