@@ -263,6 +263,16 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     assert ours[1]["bert.layers.0.attention.qkv.weight"].abs().sum() > 0
 
 
+def test_attention_dropout_of_one_trains():
+    """p = 1 drops every attention weight (F.dropout's rule), where a mask scaled by 1 / (1 - p) cannot be made."""
+    torch.manual_seed(0)
+    m = BertModel(BertConfig.from_name("tiny", vocab_size=100, attention_probs_dropout_prob=1.0)).train()
+    out = m(torch.randint(1, 100, (2, 5)))
+    out.last_hidden_state.sum().backward()
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert torch.isfinite(m.layers[0].attention.qkv.weight.grad).all()
+
+
 def test_bad_inputs_give_clear_errors(ours):
     long = torch.ones(1, 513, dtype=torch.long)
     with pytest.raises(ValueError, match="longer than max_position_embeddings 512; truncate"):

@@ -300,7 +300,7 @@ class SelfAttention(nn.Module):
         # dropout is on, only with a slower dropout mask (dropout.py); so training on CPU takes the
         # plain path, as one function with its own backward (_Attention) where nothing is traced.
         cpu_dropout = dropout_p > 0 and x.device.type == "cpu"
-        if cpu_dropout and not need_weights and not torch.is_autocast_enabled("cpu") \
+        if cpu_dropout and dropout_p < 1 and not need_weights and not torch.is_autocast_enabled("cpu") \
                 and not torch.compiler.is_compiling():
             bias, beta = layout.score_bias(blocks, A)
             ctx, probs = _Attention.apply(blocks, q, bias, beta, dropout_p), None  # [B, A, T, D]
