@@ -123,11 +123,6 @@ def test_packed_equals_padded(minilm_with_heads, real_batch):
     assert (packed.nsp_logits - padded.nsp_logits).abs().max() < TOL
 
 
-def plain_decoder_loss(h, weight, bias, targets):
-    logits = torch.nn.functional.linear(h, weight, bias)
-    return torch.nn.functional.cross_entropy(logits, targets), logits
-
-
 def training_gradients(model, inputs, labels, nsp, use_logits: bool, rows: bool):
     """Loss, MLM logits and every parameter's gradient of one backward, dropout off; the embeddings'
     gradients as rows made dense (SparseRows, as the pretraining loop does) when `rows`."""
@@ -156,7 +151,7 @@ def test_fused_decoder_loss_equals_the_plain_path(minilm_with_heads, real_batch,
         labels = torch.full_like(labels, -100)
     kw = dict(use_logits=case in ("loss and logits", "nothing scored"), rows=case == "rows")
     fused = training_gradients(model, inputs, labels, nsp, **kw)
-    monkeypatch.setattr(heads._DecoderCrossEntropy, "apply", plain_decoder_loss)
+    monkeypatch.setattr(heads._DecoderCrossEntropy, "apply", heads.decoder_cross_entropy)
     monkeypatch.setattr(heads._Tied, "apply", lambda w: w)
     plain = training_gradients(model, inputs, labels, nsp, **kw)
     if case == "nothing scored":

@@ -7,7 +7,6 @@ import transformers
 import realdata
 from torchbert import BertConfig, BertModel
 import torchbert.model as model_module
-from torchbert.dropout import dropout
 from torchbert.heads import BertForPreTraining
 from torchbert.model import pad, unpad
 
@@ -214,13 +213,10 @@ def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
             assert max_diff(p.grad, g_full[n]) <= 1e-6 * (1 + g_full[n].abs().max()), n
 
 
-def plain_attention(blocks, q, bias, beta, p):
-    """_Attention's forward in autograd's hands: the same products, softmax and dropout mask."""
-    P, B, A, T, D = blocks.shape
-    qs = (blocks[0] if q is None else q).reshape(B * A, -1, D)
-    k, v = blocks[-2].reshape(B * A, T, D), blocks[-1].reshape(B * A, T, D)
-    probs = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=D ** -0.5).softmax(-1)
-    return (dropout(probs, p) @ v).view(B, A, -1, D)
+def autograd_attention(blocks, q, bias, beta, p):
+    """_Attention's steps in autograd's hands: the model's plain path on the same q, k, v."""
+    q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))
+    return model_module.plain_attention(q, k, v, bias, beta, p)[0]
 
 
 @pytest.mark.parametrize("inputs", ["packed", "padded"])
@@ -255,7 +251,7 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     monkeypatch.setattr(model_module._Attention, "backward", staticmethod(lambda *a: used.append(1) or backward(*a)))
     ours = run()
     assert len(used) == cfg.num_hidden_layers  # every layer took the hand-written backward
-    monkeypatch.setattr(model_module._Attention, "apply", plain_attention)
+    monkeypatch.setattr(model_module._Attention, "apply", autograd_attention)
     reference = run()
     assert abs(ours[0] - reference[0]) < 1e-6
     for name, g in reference[1].items():

@@ -67,22 +67,27 @@ class MaskedLMHead(nn.Module):
         h = self.norm(self.act(self.dense(h)))  # [M, H]
         if targets is None:
             return F.linear(h, word_embeddings, self.bias), None
-        if torch.is_grad_enabled() and not torch.is_autocast_enabled(h.device.type) \
-                and not torch.compiler.is_compiling():
-            loss, logits = _DecoderCrossEntropy.apply(h, word_embeddings, self.bias, targets)
-            return logits, loss
-        logits = F.linear(h, word_embeddings, self.bias)  # [M, V]
-        return logits, F.cross_entropy(logits, targets)
+        fused = torch.is_grad_enabled() and not torch.is_autocast_enabled(h.device.type) \
+            and not torch.compiler.is_compiling()
+        decode = _DecoderCrossEntropy.apply if fused else decoder_cross_entropy
+        loss, logits = decode(h, word_embeddings, self.bias, targets)
+        return logits, loss
+
+
+def decoder_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean cross-entropy, logits [M, V]) of the MLM decoder, as autograd sees it."""
+    logits = F.linear(h, weight, bias)  # [M, V]
+    return F.cross_entropy(logits, targets), logits
 
 
 class _DecoderCrossEntropy(torch.autograd.Function):
-    """The MLM decoder and its loss, F.cross_entropy(F.linear(h, W, b), targets), in one function whose
-    forward also makes the loss's gradient with respect to the logits, softmax - one_hot, from the
-    log-probabilities the loss needs anyway (one pass over the [M, V] logits, in place). Autograd's
-    own backward makes a zero [M, V] tensor for the loss, then runs the log-softmax backward over
-    two more: about 1.5% of a pretraining step. The backward scales by the incoming gradient inside
-    the products (alpha). Used in training in fp32; under autocast and the compiler the plain
-    path above runs, and a test holds the two to the same loss and gradients."""
+    """decoder_cross_entropy in one function whose forward also makes the loss's gradient with respect
+    to the logits, softmax - one_hot, from the log-probabilities the loss needs anyway (one pass over
+    the [M, V] logits, in place). Autograd's own backward makes a zero [M, V] tensor for the loss,
+    then runs the log-softmax backward over two more: about 1.5% of a pretraining step. The backward
+    scales by the incoming gradient inside the products (alpha). Used in training in fp32; under
+    autocast and the compiler decoder_cross_entropy runs; a test holds the two to the same loss and
+    gradients."""
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:

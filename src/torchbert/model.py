@@ -190,12 +190,25 @@ class _Tokens(torch.autograd.Function):
         return g, None, None, None
 
 
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, beta: int, p: float) -> tuple[Tensor, Tensor]:
+    """dropout(softmax(q k^T / sqrt(D) + bias)) v, as autograd sees it: q [B, A, Q, D], k and v
+    [B, A, T, D], (bias, beta) from Layout.score_bias (the most negative float at padding keys).
+    -> (output [B, A, Q, D], probabilities [B, A, Q, T], before dropout)."""
+    B, A, Tq, D = q.shape
+    Tk = k.shape[2]
+    # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
+    scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
+                           beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
+    probs = scores.softmax(dim=-1)
+    return dropout(probs, p) @ v, probs
+
+
 class _Attention(torch.autograd.Function):
-    """SelfAttention's plain path with dropout, dropout(softmax(q k^T / sqrt(D) + mask)) v, in one
-    function for training on CPU, where its backward beats autograd's: it writes the gradients of k
-    and v (and of q, when q comes in the same block) into one block, the layout _Heads gathers back
-    from, where autograd would stack them; and 1 / sqrt(D) rides in the products, where autograd
-    scales the gradients of q and k in passes of their own. A test holds it to the plain path."""
+    """plain_attention with dropout in one function for training on CPU, where its backward beats
+    autograd's: it writes the gradients of k and v (and of q, when q comes in the same block) into
+    one block, the layout _Heads gathers back from, where autograd would stack them; and 1 / sqrt(D)
+    rides in the products, where autograd scales the gradients of q and k in passes of their own.
+    A test holds it to plain_attention."""
 
     @staticmethod
     def forward(ctx, blocks: Tensor, q: Tensor | None, bias: Tensor, beta: int, p: float) -> Tensor:
@@ -304,22 +317,14 @@ class SelfAttention(nn.Module):
                 and not torch.compiler.is_compiling():
             bias, beta = layout.score_bias(blocks, A)
             ctx, probs = _Attention.apply(blocks, q, bias, beta, dropout_p), None  # [B, A, T, D]
-        elif need_weights or cpu_dropout:
-            q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
-            # the plain path: softmax(q k^T / sqrt(D) + mask) v, keeping the probabilities
-            B, _, Tq, D = q.shape
-            Tk = k.shape[2]
-            bias, beta = layout.score_bias(q, A)  # the most negative float at padding keys
-            # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
-            scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
-                                   beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
-            probs = scores.softmax(dim=-1)
-            ctx = dropout(probs, dropout_p, self.training) @ v  # [B, A, T, D]
-            probs = probs if need_weights else None
         else:
             q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
-            probs = None
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
+            if need_weights or cpu_dropout:  # the plain path, keeping the probabilities
+                ctx, probs = plain_attention(q, k, v, *layout.score_bias(q, A), dropout_p)
+                probs = probs if need_weights else None
+            else:
+                probs = None
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
         if queries is None:
             ctx = layout.tokens(ctx).reshape(x.shape)  # [B, T, H] or [N, H]
         elif need_weights:
