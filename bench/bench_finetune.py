@@ -92,6 +92,7 @@ from torchbert.data.taskdata import TaskData  # noqa: E402
 from torchbert.eval import metrics  # noqa: E402
 from torchbert.tokenizer import BertTokenizer  # noqa: E402
 from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, predict, task_config  # noqa: E402
+from torchbert.train.memory import keep_freed_memory  # noqa: E402
 from torchbert.train.optim import make_optimizer, make_scheduler  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
@@ -511,6 +512,7 @@ def main() -> None:
         ap.error("--train-size, --dev-size, --repeat and --epochs must be >= 1")
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # what torchbert's training loop sets for its process; from here on both systems run with it
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # read when the tokenizers' pool first starts
     import transformers
 

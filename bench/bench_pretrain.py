@@ -26,11 +26,13 @@ agree within 1e-4 (the table header gives the largest difference).
 
 tokens/s counts real (non-padding) tokens. % of peak compares the useful FLOPs of a step with the
 best fp32 matrix product the machine runs in this process ([4096, 512] x [512, 2048] and
-[4096, 2048] x [2048, 512], best of several at the start and at the end). % of local peak compares
+[4096, 2048] x [2048, 512] into outputs kept from one product to the next, so no page faults;
+best of several at the start and at the end). % of local peak compares
 each step with the speed of those products just before and just after it (the better of the two),
 summed over the steps: on a shared VM the same product runs anywhere between about 70 and 150
 GFLOP/s from one few seconds to the next, so a best-of taken once mostly measures the luckiest
-moment of the run. Useful FLOPs of a step, for a batch of sequences of
+moment of the run. The process keeps freed memory for reuse (train/memory.py), as the training
+loop sets it. Useful FLOPs of a step, for a batch of sequences of
 lengths T_i (N = sum T_i real tokens) with M masked tokens, L layers, hidden H, intermediate I,
 vocab V (a multiply-add is 2 FLOPs; backward costs twice the forward, so fwd+bwd = 3x forward):
 
@@ -68,6 +70,7 @@ from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
+from torchbert.train.memory import keep_freed_memory  # noqa: E402
 from torchbert.train.optim import SparseRows, clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
@@ -93,15 +96,17 @@ class MatmulPeak:
     seconds to the next, so a step is compared with the speed the machine gave at that time."""
 
     def __init__(self):
-        self.operands = [(torch.randn(m, k), torch.randn(k, n)) for (m, k), n in PEAK_SHAPES]
-        for a, b in self.operands:
-            torch.mm(a, b)
+        # each product writes into an output kept from the first: the peak is the product's speed,
+        # without the page faults of a fresh 32 MB output
+        self.operands = [(torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)) for (m, k), n in PEAK_SHAPES]
+        for a, b, c in self.operands:
+            torch.mm(a, b, out=c)
 
     def now(self) -> float:
         best = 0.0
-        for a, b in self.operands:
+        for a, b, c in self.operands:
             start = time.perf_counter()
-            torch.mm(a, b)
+            torch.mm(a, b, out=c)
             best = max(best, 2 * a.shape[0] * a.shape[1] * b.shape[1] / (time.perf_counter() - start) / 1e9)
         return best
 
@@ -228,6 +233,7 @@ def main() -> None:
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's pool, while preparing
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    keep_freed_memory()  # as train/loop.py does before its first step; both systems run with it
     with tempfile.TemporaryDirectory(prefix="bench_pretrain.") as tmp:
         bench(args, Path(tmp), warmup=2)
 

@@ -166,6 +166,42 @@ def test_fused_decoder_loss_equals_the_plain_path(minilm_with_heads, real_batch,
     assert plain[2]["bert.embeddings.word.weight"].abs().sum() > 0
 
 
+def test_fused_decoder_reuses_its_gradient_buffer_safely(monkeypatch):
+    """The [M, V] loss gradient's buffer passes from a backward to the next forward (heads._FREE): the
+    next step gets the same memory and the same result as with fresh buffers; a retained graph run
+    twice gives the same gradients, unless a later forward took its buffer meanwhile: then autograd
+    refuses, as for any in-place change of a saved tensor."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=300)).eval()
+    ids = torch.randint(5, 300, (4, 12))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:6] = ids[:, 3:6]
+    monkeypatch.setattr(heads, "_FREE", [])
+
+    def grads(retain=False):
+        model.zero_grad()
+        out = model(ids, labels=labels)
+        out.mlm_loss.backward(retain_graph=retain)
+        return out, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    _, first = grads()
+    assert len(heads._FREE) == 1
+    kept = heads._FREE[0].data_ptr()
+    _, second = grads()
+    assert heads._FREE[0].data_ptr() == kept and len(heads._FREE) == 1  # the same buffer, taken and given back
+    assert len(first) == len(second) > 10 and all(torch.equal(a, b) for a, b in zip(first, second))
+
+    out, once = grads(retain=True)
+    model.zero_grad()
+    out.mlm_loss.backward(retain_graph=True)  # again: its buffer is back in _FREE, untouched
+    again = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(once) == len(again) and all(torch.equal(a, b) for a, b in zip(once, again))
+    assert len(heads._FREE) == 1  # given back once
+    model(ids, labels=labels).mlm_loss  # a new forward takes that buffer and writes into it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.mlm_loss.backward()
+
+
 def test_decoder_is_tied_and_every_parameter_learns():
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=300))

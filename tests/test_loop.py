@@ -11,6 +11,7 @@ from torchbert import BertConfig
 from torchbert.data.shards import Batch
 from torchbert.heads import BertForPreTraining
 from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints
+from torchbert.train import loop
 from torchbert.train.loop import PretrainingTask, TrainConfig, TrainingError, train
 
 V = 60
@@ -167,6 +168,13 @@ def test_nan_steps_are_skipped_and_counted(tmp_path):
     with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row"):
         train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3), tmp_path / "x",
               log=lambda s: None)
+
+
+def test_the_loop_keeps_freed_memory(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append(True))
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=1), tmp_path, log=lambda s: None)
+    assert calls == [True]
 
 
 def test_a_task_per_step_count_divides_each_step_instead_of_its_own_count(tmp_path):

@@ -92,7 +92,8 @@ class _DecoderCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         logits = torch.addmm(bias, h, weight.t())  # [M, V]
-        logp = torch.log_softmax(logits, dim=-1)
+        ctx.buffer = _take_buffer(logits.numel(), logits)
+        logp = torch.log_softmax(logits, dim=-1, out=ctx.buffer[:logits.numel()].view_as(logits))
         scored = targets != IGNORE  # [M]
         rows = torch.where(scored, targets, 0)[:, None]  # [M, 1]
         count = scored.sum()
@@ -116,7 +117,38 @@ class _DecoderCrossEntropy(torch.autograd.Function):
         # addmm with beta 0 reads nothing from its first argument and scales the product in place
         dw = torch.addmm(weight, grad.t(), h, beta=0, alpha=scale) if ctx.needs_input_grad[1] else None
         db = grad.sum(0).mul_(scale) if ctx.needs_input_grad[2] else None
+        buffer, ctx.buffer = ctx.buffer, None  # given back once, also when a retained graph runs twice
+        if buffer is not None:
+            _give_buffer(buffer)
         return dh, dw, db, None
+
+
+# Buffers for _DecoderCrossEntropy's [M, V] loss gradient on CPU, kept from its backward to the next
+# forward: the gradient is above glibc's largest mmap threshold (32 MB for a Chinese vocabulary at
+# 500 masked tokens), so a fresh one is mapped and faulted in page by page every step (about 10,000
+# faults). A buffer is handed out by a forward and back by its backward; a graph freed without a
+# backward just drops its own. A second backward of a retained graph whose buffer a later forward
+# has taken fails on the version counter of the saved gradient, as any in-place change does.
+_FREE: list[Tensor] = []
+
+
+def _take_buffer(n: int, like: Tensor) -> Tensor:
+    """A 1-D buffer of at least n elements of like's dtype: from _FREE when one fits; a new one on CPU
+    with a quarter to spare, for the next batches' counts of masked tokens."""
+    if like.device.type != "cpu":
+        return torch.empty(n, dtype=like.dtype, device=like.device)
+    for i, buf in enumerate(_FREE):
+        if buf.dtype == like.dtype and buf.numel() >= n:
+            return _FREE.pop(i)
+    return torch.empty(n + n // 4, dtype=like.dtype)
+
+
+def _give_buffer(buf: Tensor) -> None:
+    """Keep buf for a later forward (CPU; the two largest given back)."""
+    if buf.device.type == "cpu":
+        _FREE.append(buf)
+        _FREE.sort(key=Tensor.numel, reverse=True)
+        del _FREE[2:]
 
 
 class _Tied(torch.autograd.Function):

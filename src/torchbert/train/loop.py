@@ -9,6 +9,7 @@ Per optimizer step:
   5. clip the gradient norm, step the optimizer and the schedule (in one process the embeddings'
      gradients arrive as rows and are added into dense buffers kept across steps: optim.SparseRows);
   6. log, evaluate and checkpoint on their cadences.
+Before the first, glibc's malloc is told to keep freed memory for the next step (memory.py).
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
+from .memory import keep_freed_memory
 from .optim import SparseRows, clipped_step, make_optimizer, make_scheduler
 
 
@@ -147,6 +149,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         log = lambda _: None  # noqa: E731  (one process speaks)
     device = device or next(model.parameters()).device
     seed_everything(cfg.seed)
+    keep_freed_memory()  # the next step reuses this one's memory instead of faulting in fresh pages
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
     state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "skipped_steps": 0}
