@@ -34,6 +34,8 @@ Systems:
                   of each word labelled for NER, forward, backward, clip, AdamW and schedule from
                   torchbert.train.optim, so only the model and the batching differ. Dev predictions in input
                   order, batches of 64, scored with the same torchbert.eval.metrics functions.
+The process keeps freed memory for reuse from the start (train/memory.py, which torchbert's training loop
+sets for its own process), so both systems run with the same allocator settings.
 Both start from the same classifier head too: the transformers head is given the weights torchbert's
 draws with the same seed (as run_finetuning: torch.manual_seed(seed), then load_task_model). Before
 training, both untrained models predict the dev set (not timed); with the same weights and inputs their
