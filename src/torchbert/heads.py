@@ -124,11 +124,12 @@ class _DecoderCrossEntropy(torch.autograd.Function):
 
 
 # Buffers for _DecoderCrossEntropy's [M, V] loss gradient on CPU, kept from its backward to the next
-# forward: the gradient is above glibc's largest mmap threshold (32 MB for a Chinese vocabulary at
-# 500 masked tokens), so a fresh one is mapped and faulted in page by page every step (about 10,000
-# faults). A buffer is handed out by a forward and back by its backward; a graph freed without a
-# backward just drops its own. A second backward of a retained graph whose buffer a later forward
-# has taken fails on the version counter of the saved gradient, as any in-place change does.
+# forward. The gradient (42 MB for a Chinese vocabulary at 500 masked tokens) is above glibc's
+# largest mmap threshold, 32 MB: whenever the heap holds no free chunk that fits it, a fresh one is
+# mapped and faulted in page by page (about 10,000 faults). A buffer is handed out by a forward and
+# back by its backward; a graph freed without a backward just drops its own. A second backward of a
+# retained graph whose buffer a later forward has taken fails on the version counter of the saved
+# gradient, as any in-place change does.
 _FREE: list[Tensor] = []
 
 
