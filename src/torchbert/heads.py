@@ -92,7 +92,7 @@ class _DecoderCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         logits = torch.addmm(bias, h, weight.t())  # [M, V]
-        ctx.buffer = _take_buffer(logits.numel(), logits)
+        ctx.buffer = _take_buffer(logits)
         logp = torch.log_softmax(logits, dim=-1, out=ctx.buffer[:logits.numel()].view_as(logits))
         scored = targets != IGNORE  # [M]
         rows = torch.where(scored, targets, 0)[:, None]  # [M, 1]
@@ -133,9 +133,10 @@ class _DecoderCrossEntropy(torch.autograd.Function):
 _FREE: list[Tensor] = []
 
 
-def _take_buffer(n: int, like: Tensor) -> Tensor:
-    """A 1-D buffer of at least n elements of like's dtype: from _FREE when one fits; a new one on CPU
-    with a quarter to spare, for the next batches' counts of masked tokens."""
+def _take_buffer(like: Tensor) -> Tensor:
+    """A 1-D buffer of at least like.numel() elements of like's dtype: from _FREE when one fits; a new
+    one on CPU with a quarter to spare, for the next batches' counts of masked tokens."""
+    n = like.numel()
     if like.device.type != "cpu":
         return torch.empty(n, dtype=like.dtype, device=like.device)
     for i, buf in enumerate(_FREE):

@@ -12,10 +12,10 @@ against 4.7 ms into a kept one.
 freed memory stays in the heap for the next step. A request above 32 MB that no free chunk of the
 heap fits is still mapped afresh and given back when freed, so a huge one-off tensor (an eval
 batch's logits over the vocabulary) does not pin its memory for the rest of the run; the MLM
-head keeps its own [M, V] buffer (heads._FREE). The cost: the process keeps the high-water mark of its
-heap, which a training process reaches in its first steps anyway. Settings given through glibc's
-environment variables (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_MAX_, ..., GLIBC_TUNABLES) win: then
-nothing is changed.
+head keeps its own [M, V] buffer (heads._FREE). The cost: the process keeps the high-water mark
+of its heap, which a training process reaches in its first steps anyway. Settings given through
+glibc's environment variables (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_MAX_, ..., GLIBC_TUNABLES)
+win: then nothing is changed.
 """
 
 from __future__ import annotations
