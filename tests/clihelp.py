@@ -30,3 +30,22 @@ def squad_file(path, items, v2, first=0):
         paragraphs.append({"context": context, "qas": [qa]})
     path.write_text(json.dumps({"version": "v2.0" if v2 else "1.1", "data": [{"title": "t", "paragraphs":
                                                                                  paragraphs}]}), encoding="utf-8")
+
+
+def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0):
+    """A tiny random BERT (2 layers, hidden 128) with MiniLM's vocab and tokenizer files: fine-tuning
+    runs through every real code path in seconds."""
+    import shutil
+
+    import torch
+
+    from torchbert import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig.from_name("tiny", vocab_size=30522, hidden_dropout_prob=dropout,
+                               attention_probs_dropout_prob=dropout)
+    BertModel(cfg).save_pretrained(folder)
+    for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (minilm_dir / f).is_file():
+            shutil.copyfile(minilm_dir / f, folder / f)
+    return folder

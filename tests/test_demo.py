@@ -5,7 +5,8 @@ import json
 import pytest
 from clihelp import cli
 
-from torchbert.cli import UserError, clear_demo_out
+import torchbert.demo
+from torchbert.cli import UserError, check_demo_out, main
 from torchbert.demo import MARKER
 
 
@@ -34,13 +35,28 @@ def test_demo_replaces_only_its_own_folder(tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
     with pytest.raises(UserError, match="--overwrite"):
-        clear_demo_out(mine, overwrite=False)
+        check_demo_out(mine, overwrite=False)
     assert (mine / "notes.txt").read_text() == "keep"
     earlier = tmp_path / "demo"
     earlier.mkdir()
     (earlier / MARKER).write_text("")
+    assert check_demo_out(earlier, overwrite=False) and check_demo_out(mine, overwrite=True)
+    assert not check_demo_out(tmp_path / "none", overwrite=False)
+
+
+def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
+    earlier = tmp_path / "demo"
+    earlier.mkdir()
+    (earlier / MARKER).write_text("")
     (earlier / "summary.md").write_text("old")
-    clear_demo_out(earlier, overwrite=False)
-    assert not earlier.exists()
-    clear_demo_out(mine, overwrite=True)
-    assert not mine.exists()
+
+    def fails(out, **kw):
+        (out / "vocab").mkdir()
+        raise ValueError("the corpus broke")
+
+    monkeypatch.setattr(torchbert.demo, "run_demo", fails)
+    assert main(["demo", "--out", str(earlier)]) == 2
+    assert "the corpus broke" in capsys.readouterr().err
+    assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.md"])
+    assert (earlier / "summary.md").read_text() == "old"
+    assert not list(tmp_path.glob(".demo*"))  # nothing left aside

@@ -250,10 +250,13 @@ def test_question_answering_v2_run_and_predict(minilm_dir, tmp_path, capsys):
 
 def test_finetune_refuses_an_existing_run_and_a_mismatched_checkpoint(ner_run, wnut, tmp_path, capsys):
     root, _, _ = wnut
-    args = ["finetune", "--task", "token", "--model", ner_run, "--train", root / "train.conll", "--out", ner_run,
-            "--quiet"]
-    code, _, err = cli(capsys, *args)
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "notes.txt").write_text("mine")
+    args = ["finetune", "--task", "token", "--model", ner_run, "--train", root / "train.conll", "--quiet"]
+    code, _, err = cli(capsys, *args, "--out", tmp_path / "existing")
     assert code == 2 and "--resume" in err and "--overwrite" in err
+    code, _, err = cli(capsys, *args, "--out", ner_run, "--overwrite")
+    assert code == 2 and f"--out {ner_run} is the input --model {ner_run}" in err
     # a checkpoint fine-tuned on other labels
     train, _ = mentions_split(40, 0)
     write_tsv(tmp_path / "t.tsv", ("sentence", "label"), train)

@@ -4,18 +4,16 @@ taking the same steps as 1. A tiny random BERT with MiniLM's vocab keeps it fast
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-import torch
-from safetensors.torch import load_file
-
 import realdata
-from torchbert import BertConfig, BertModel
+import torch
+from clihelp import tiny_bert
+from safetensors.torch import load_file
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +28,7 @@ def setup(minilm_dir, tmp_path_factory):
         (root / f"{name}.conll").write_text(
             "".join("".join(f"{w}\t{t}\n" for w, t in zip(*s)) + "\n" for s in part), encoding="utf-8")
     for name, dropout in (("tiny", 0.1), ("tiny-nodrop", 0.0)):
-        torch.manual_seed(0)
-        cfg = BertConfig.from_name("tiny", vocab_size=30522, hidden_dropout_prob=dropout,
-                                   attention_probs_dropout_prob=dropout)
-        BertModel(cfg).save_pretrained(root / name)
-        for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-            if (minilm_dir / f).is_file():
-                shutil.copyfile(minilm_dir / f, root / name / f)
+        tiny_bert(root / name, minilm_dir, dropout)
     return root
 
 

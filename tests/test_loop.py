@@ -9,6 +9,7 @@ import torch
 
 from torchbert import BertConfig
 from torchbert.data.shards import Batch
+from torchbert.errors import OutOfSpace, UserError
 from torchbert.heads import BertForPreTraining
 from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints
 from torchbert.train import loop
@@ -135,7 +136,7 @@ def test_failed_checkpoint_write_keeps_the_previous(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ck, "save_file", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OutOfSpace, match="no space left on .*checkpoints"):
         train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, save_every=2), tmp_path, resume=True,
               log=lambda s: None)
     names = [p.name for p in (tmp_path / "checkpoints").iterdir()]
@@ -217,7 +218,7 @@ def test_finetuning_divides_by_the_average_step_count():
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(TrainingError, match="found no complete checkpoint"):
+    with pytest.raises(UserError, match="holds no whole checkpoint"):
         train(tiny_model(), RepeatData(), PretrainingTask(), cfg(), tmp_path, resume=True, log=lambda s: None)
 
 

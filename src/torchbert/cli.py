@@ -1,16 +1,24 @@
 """torchbert <verb>: the command line. Each verb is a typed function over parsed arguments.
 
-Errors a user can fix (bad files, bad arguments) print one line, `torchbert: error: ...`, and exit 2;
-nothing is written unless the whole job succeeded.
+Every expected failure is one line on standard error, `torchbert: error: ...`, naming the file or
+argument (errors.py): exit status 2 for bad input, 1 for a run that could not finish (a full disk, a
+diverged loss), 130 for an interrupt. Nothing is written unless the whole job succeeded, outputs are
+checked before any work, and standard output holds only the result. `torchbert --debug COMMAND`
+(or TORCHBERT_DEBUG=1) shows the traceback behind an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import shlex
 import sys
-import tempfile
 import time
+import warnings
 from pathlib import Path
+
+from .errors import Interrupted, OutOfSpace, RunFailed, UserError
 
 EPILOG_EMBED = """\
 examples:
@@ -79,10 +87,6 @@ Masked tokens show as [MASK→original] (or random→original, or =original when
 """
 
 
-class UserError(Exception):
-    """An error in the user's input: printed as one line, exit status 2."""
-
-
 def resolve_model(name: str) -> Path:
     """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
     path = Path(name)
@@ -124,7 +128,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
     from .features import embed, parse_strategy
-    from .io.files import atomic_write
+    from .io.files import atomic_write, check_output_file
     from .io.texts import read_texts
     from .model import BertModel
     from .tokenizer import BertTokenizer
@@ -132,6 +136,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.suffix not in (".npy", ".safetensors"):
         raise UserError(f"--out {out}: must end in .npy or .safetensors")
+    check_output_file(out, inputs={"--input": args.input})
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     parse_strategy(args.layers)
@@ -191,13 +196,26 @@ def _check_corpus(paths: list[str]) -> None:
             raise UserError(f"{name}: the corpus file is empty")
 
 
+def check_out_folder(out: Path, overwrite: bool, inputs: list) -> None:
+    """--out is apart from the inputs, and a folder with files in it is replaced only with --overwrite."""
+    from .io.files import check_apart
+
+    check_apart(out, inputs)
+    if _holds_files(out) and not overwrite:
+        raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to replace it")
+
+
 def cmd_vocab(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from .io.files import atomic_folder
     from .tokenizer import BertTokenizer
 
     if args.vocab_size < 6:
         raise UserError(f"--vocab-size must be >= 6 (5 special tokens and one more), got {args.vocab_size}")
-    _check_corpus(args.corpus)
     out = Path(args.out)
+    check_out_folder(out, args.overwrite, [("--corpus", c) for c in args.corpus])
+    _check_corpus(args.corpus)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         files = []
@@ -214,20 +232,23 @@ def cmd_vocab(args: argparse.Namespace) -> None:
         tok = BertTokenizer.train(files, vocab_size=args.vocab_size, lowercase=args.lowercase,
                                   min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                   show_progress=not args.quiet)
-    tok.save_pretrained(out)
+    with atomic_folder(out) as tmp:  # the whole vocabulary folder or none
+        tok.save_pretrained(tmp)
     print(f"wrote {out}: vocab of {tok.vocab_size} tokens ({'lowercased' if args.lowercase else 'cased'}) "
           f"in {time.perf_counter() - start:.1f}s")
     if tok.vocab_size > args.vocab_size:  # the trainer keeps every character it keeps at all
         print(f"note: more tokens than --vocab-size {args.vocab_size}: the corpus has that many distinct "
               f"characters (up to --limit-alphabet {args.limit_alphabet}) and each is a token; lower "
-              "--limit-alphabet for a smaller vocab (rarer characters then become [UNK])")
+              "--limit-alphabet for a smaller vocab (rarer characters then become [UNK])", file=sys.stderr)
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
     from .data.pretraining import PrepareSettings, prepare
 
+    check_out_folder(Path(args.out), args.overwrite, [("--tokenizer", args.tokenizer),
+                                                      *[("--corpus", c) for c in args.corpus]])
     _check_corpus(args.corpus)
-    if not Path(args.tokenizer).exists():
+    if not Path(args.tokenizer).is_dir():
         raise UserError(f"--tokenizer {args.tokenizer}: no such folder")
     settings = PrepareSettings(
         max_seq_len=args.max_seq_len, masking=args.masking, whole_word=args.whole_word,
@@ -312,6 +333,7 @@ the global batch is batch-size x processes x grad-accum; --fsdp shards the model
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
+    from .config import PRESETS
     from .train.loop import TrainConfig
     from .train.optim import OPTIMIZERS, SCHEDULES
     from .train.pretrain import PretrainSettings, run_pretraining
@@ -325,6 +347,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    if args.config is not None and args.config not in PRESETS and not Path(args.config).is_file():
+        raise UserError(f"--config {args.config}: neither a preset ({', '.join(PRESETS)}) nor a config.json file")
     from .train.distributed import init_distributed
 
     try:
@@ -359,7 +383,8 @@ def add_pretrain_parser(sub) -> None:
                        epilog=EPILOG_PRETRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder written by torchbert prepare")
     p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
-    p.add_argument("--config", default="small", help="preset name or config.json (default: small, L4 H512 A8)")
+    p.add_argument("--config", help="preset name or config.json (default: small, L4 H512 A8; "
+                                     "with --resume: the run's own)")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
     p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
@@ -512,9 +537,11 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     import json
 
-    from .io.files import atomic_write_text
+    from .io.files import atomic_write_text, check_output_file
     from .train.finetune import run_evaluate
 
+    if args.out:
+        check_output_file(Path(args.out), inputs={"--data": args.data})
     scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, pick_device(args.device),
                              args.batch_size, progress=not args.quiet)
     text = json.dumps(scores, indent=2)
@@ -526,9 +553,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> None:
     import json
 
-    from .io.files import atomic_write_text
+    from .io.files import atomic_write_text, check_output_file
     from .train.finetune import run_predict
 
+    check_output_file(Path(args.out), inputs={"--input": args.input})
     records = run_predict(resolve_model(args.model), Path(args.input), pick_device(args.device), args.batch_size,
                           progress=not args.quiet)
     atomic_write_text(Path(args.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -622,10 +650,14 @@ plots, and each run. An earlier demo's folder is replaced.
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
+    from .train.distributed import Dist
+    from .train.rundir import RunFolder
 
     out = Path(args.out)
-    clear_demo_out(out, args.overwrite)
-    run_demo(out, quick=args.quick, seed=args.seed, log=print)
+    replace = check_demo_out(out, args.overwrite)
+    folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print)
+    with folder.opened(Dist()):  # an earlier demo is put back if this one fails
+        run_demo(out, quick=args.quick, seed=args.seed, log=print)
 
 
 def _holds_files(out: Path) -> bool:
@@ -635,18 +667,16 @@ def _holds_files(out: Path) -> bool:
     return out.is_dir() and any(out.iterdir())
 
 
-def clear_demo_out(out: Path, overwrite: bool) -> None:
-    """Make --out ready for a demo: a previous demo there is replaced, anything else only with --overwrite."""
+def check_demo_out(out: Path, overwrite: bool) -> bool:
+    """Whether --out holds something the demo replaces: a previous demo, or anything with --overwrite."""
     from .demo import MARKER
 
-    if _holds_files(out):
-        if not (overwrite or (out / MARKER).is_file()):
-            raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
-                            "to replace it")
-        import shutil
-
-        print(f"replacing {out}")
-        shutil.rmtree(out)
+    if not _holds_files(out):
+        return False
+    if not (overwrite or (out / MARKER).is_file()):
+        raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
+                        "to replace it")
+    return True
 
 
 EPILOG_SAMPLES = """\
@@ -683,6 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="BERT on PyTorch: tokenize, embed, pretrain and fine-tune; reads and writes "
                     "Hugging Face checkpoints.")
     p.add_argument("--version", action="version", version=f"torchbert {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback behind an error (also: TORCHBERT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     e = sub.add_parser("embed", help="sentence embeddings (or pooled features) for each line of a file",
@@ -722,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--min-frequency", type=int, default=2, help="drop pieces seen fewer times (default: 2)")
     v.add_argument("--limit-alphabet", type=int, default=10000,
                    help="keep at most this many distinct characters, the most frequent (default: 10000)")
+    v.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_vocab)
 
@@ -789,16 +822,76 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+             PermissionError, UnicodeError)
+
+
+def describe(e: BaseException) -> tuple[int, str]:
+    """(exit status, one line) for an exception that ended a command."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return 1, str(OutOfSpace(os.path.dirname(e.filename) if e.filename else "the disk"))
+    if isinstance(e, OSError) and e.errno is not None and e.filename:  # the system's own words
+        return (2 if isinstance(e, BAD_INPUT) else 1), f"{e.filename}: {e.strerror}"
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    if isinstance(e, RunFailed):
+        return 1, text
+    if isinstance(e, BAD_INPUT):
+        return 2, text
+    if isinstance(e, OSError):
+        return 1, text
+    return 1, (f"unexpected {type(e).__name__}: {text} (a bug in torchbert: please report it with the output of "
+               "`torchbert --debug ...`, which shows where it happened)")
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues an interrupted run: the same, with --resume."""
+    args = [a for a in argv if a not in ("--overwrite", "--resume", "--debug")]
+    return shlex.join(["torchbert", *args, "--resume"])
+
+
+def _interrupted(e: Interrupted | None, args: argparse.Namespace, argv: list[str]) -> str:
+    trains = args.command in ("pretrain", "finetune")
+    if e is not None and e.checkpoint is not None:
+        return (f"{e.signal_name}: stopped at step {e.step} and saved {e.checkpoint}; continue with: "
+                f"{resume_command(argv)}")
+    if trains:
+        from .io.checkpoint import latest_checkpoint
+
+        out = Path(args.out)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            last = latest_checkpoint(out) if out.is_dir() else None
+        if last is not None:
+            return f"interrupted; {last} is kept; continue with: {resume_command(argv)}"
+        return f"interrupted before the first checkpoint; {out} is as it was before this run"
+    return "interrupted; no output was written"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"torchbert: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except (UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-        print(f"torchbert: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("torchbert: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    debug = args.debug or os.environ.get("TORCHBERT_DEBUG", "") not in ("", "0")
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _one_line_warning
+        try:
+            args.func(args)
+        except Interrupted as e:
+            print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)
+            return 130
+        except KeyboardInterrupt:
+            print(f"torchbert: {_interrupted(None, args, argv)}", file=sys.stderr)
+            return 130
+        except Exception as e:
+            if debug:
+                raise
+            code, text = describe(e)
+            print(f"torchbert: error: {text}", file=sys.stderr)
+            return code
     return 0
 
 

@@ -62,12 +62,22 @@ def _label_id(label: Any, label2id: dict[str, int], where: str) -> int:
 # sequence classification and regression
 
 
+def check_room(max_length: int, pairs: bool) -> None:
+    """Room for at least one token of each text beside [CLS] and [SEP]: below it a model would learn
+    from the special tokens alone."""
+    need = 5 if pairs else 3
+    if max_length < need:
+        raise ValueError(f"--max-length {max_length} leaves no room for the text: "
+                         + ("[CLS] A [SEP] B [SEP] needs at least 5" if pairs else "[CLS] text [SEP] needs at least 3"))
+
+
 def encode_texts(
     tokenizer, examples: list[TextExample], max_length: int, label2id: dict[str, int] | None, regression: bool = False
 ) -> Encoded:
     """Single texts and pairs, cut "longest_first" to max_length; labels None for unlabelled examples."""
     singles = [i for i, ex in enumerate(examples) if ex.text_b is None]
     pairs = [i for i, ex in enumerate(examples) if ex.text_b is not None]
+    check_room(max_length, pairs=bool(pairs))
     rows: list[Any] = [None] * len(examples)
     # One batched call per kind (the tokenizer takes all-single or all-pair batches).
     for indices, is_pair in ((singles, False), (pairs, True)):
@@ -416,11 +426,15 @@ def postprocess_qa(
 
 def encode_choices(tokenizer, examples: list[ChoiceExample], max_length: int) -> Encoded:
     """One `(context, question + " " + choice)` pair per choice, cut "longest_first"; rows grouped by example."""
+    check_room(max_length, pairs=True)
     firsts, seconds, example_index, num_choices = [], [], [], []
     for e, ex in enumerate(examples):
         if not ex.choices:
             raise ValueError(f"{_where(ex, e)}: no choices")
-        for choice in ex.choices:
+        for k, choice in enumerate(ex.choices):
+            if not choice.strip():
+                raise ValueError(f"{_where(ex, e)}: choice {k} is empty; every choice needs its text (a row with "
+                                 "an empty ending would train the model on the context alone)")
             firsts.append(ex.context)
             seconds.append(f"{ex.question} {choice}" if ex.question else choice)
             example_index.append(e)

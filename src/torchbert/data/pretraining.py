@@ -606,9 +606,9 @@ def prepare(
     prepared (static masking, one pass) in `out/heldout`, a data folder of its own for evaluation.
     The folder is built next to `out` and renamed into place at the end, so `out` never holds a
     half-written dataset.  manifest["timings"] gives the seconds of each stage."""
-    import shutil
     import time
 
+    from ..io.files import atomic_folder
     from ..tokenizer import MASK, BertTokenizer
 
     s = settings or PrepareSettings()
@@ -629,11 +629,7 @@ def prepare(
     read_seconds = time.perf_counter() - t0
     heldout, docs = split_heldout(docs, s.heldout_docs, s.seed, names)
 
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_folder(out) as tmp:  # the whole data folder or none; an older one is replaced whole
         manifest = _build(docs, tokenizer, tokenizer_dir, s, tmp, corpus_paths, progress)
         manifest["timings"] = {"read": read_seconds, **manifest["timings"]}
         if heldout:
@@ -643,16 +639,6 @@ def prepare(
             manifest["heldout"] = {"folder": "heldout", **held["counts"]}
         _write_manifest(tmp, manifest)
         _check_out(out, overwrite)  # nothing appeared meanwhile
-        if out.exists():
-            trash = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, trash)
-            os.rename(tmp, out)
-            shutil.rmtree(trash)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 

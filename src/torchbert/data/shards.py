@@ -129,6 +129,14 @@ def _vocab_identity(tokenizer_or_vocab_path) -> tuple[int, str, str]:
     return tok.vocab_size, vocab_sha256(tok), "the tokenizer"
 
 
+def _load_array(path: Path) -> np.ndarray:
+    """A shard's array, memory-mapped; a missing or damaged file is an error that names it."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{path}: damaged or missing shard file ({e}); run torchbert prepare again") from None
+
+
 class PretrainingData:
     """A prepared data folder, read through memory maps; yields packed `Batch`es in a resumable order."""
 
@@ -137,7 +145,10 @@ class PretrainingData:
         manifest_path = self.folder / "manifest.json"
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{self.folder}: no manifest.json (not a folder written by torchbert prepare)")
-        self.manifest: dict = json.loads(manifest_path.read_text(encoding="utf-8"))
+        try:
+            self.manifest: dict = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except ValueError as e:  # invalid JSON or UTF-8
+            raise ValueError(f"{manifest_path}: not valid JSON ({e}); run torchbert prepare again") from None
         if self.manifest.get("format") != FORMAT_NAME or self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{manifest_path}: not a {FORMAT_NAME} v{FORMAT_VERSION} manifest")
         if not 0 <= rank < world_size:
@@ -153,7 +164,7 @@ class PretrainingData:
             names = ["tokens", "word_starts", "offsets", "a_len", "random_next"]
             if not self.dynamic:
                 names += ["mlm_offsets", "mlm_positions", "mlm_input_ids"]
-            self._shards.append({n: np.load(d / f"{n}.npy", mmap_mode="r") for n in names})
+            self._shards.append({n: _load_array(d / f"{n}.npy") for n in names})
         counts = [len(s["a_len"]) for s in self._shards]
         self._shard_starts = np.r_[0, np.cumsum(counts)].astype(np.int64)
         ids = self.manifest["special_ids"]

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ from . import hub
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
 Warn = Callable[[str], object]
+
+
+def note(message: str) -> None:
+    """The default `warn`: a note on standard error, so that standard output holds only results."""
+    print(f"note: {message}", file=sys.stderr)
 PathLike = str | os.PathLike
 
 
@@ -104,7 +110,7 @@ def resolve_task(name: str) -> tuple[str, TaskPreset | None]:
 
 
 def read_examples(path: PathLike, task_type: str, layout: str = "auto", labelled: bool = True,
-                  warn: Warn = print) -> list:
+                  warn: Warn = note) -> list:
     """The examples of a file for a task type; labelled=False reads predict inputs (labels may be missing).
 
     Regression reads one sentence or pairs, whichever the file holds (STS-B is a pair regression)."""
@@ -305,7 +311,7 @@ def _kind(pair: bool | None, regression: bool) -> str:
 
 
 def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layout: str = "auto",
-                       labelled: bool = True, warn: Warn = print) -> list[TextExample]:
+                       labelled: bool = True, warn: Warn = note) -> list[TextExample]:
     """Sentences or sentence pairs with a class label or a score.  pair=None: whichever the file holds.
 
     An example's id is its id column (id, idx or index) where there is one, else its line number.  In the
@@ -422,7 +428,7 @@ def read_conll(path: PathLike, labelled: bool = True) -> list[TokenExample]:
 _SHOWN_ANSWERS = 10  # answers not at their answer_start warned one by one; the rest are only counted
 
 
-def read_squad(path: PathLike, v2: bool, labelled: bool = True, warn: Warn = print) -> list[QAExample]:
+def read_squad(path: PathLike, v2: bool, labelled: bool = True, warn: Warn = note) -> list[QAExample]:
     """The questions of a SQuAD v1.1 (v2=False) or v2.0 JSON file, one example per question.
 
     An answer whose text is not at its answer_start in the context would train the model on the wrong

@@ -7,8 +7,9 @@ A checkpoint is a folder `checkpoints/step-00001000/` holding
     state.json            step, data position, counters, the Python and NumPy RNG states
     manifest.json         sha256 of each file above, written last
 
-It is written into a temporary folder beside its final name and renamed into place, so a
-checkpoint folder either is complete or does not exist. At load time the hashes are checked;
+It is written into a temporary folder beside its final name, fsynced and renamed into place
+(io/files.atomic_folder), so a checkpoint folder either is complete or does not exist; one saved
+again at the same step replaces the old one whole. At load time the hashes are checked;
 a damaged checkpoint is skipped with a warning and the one before it is used.
 """
 
@@ -19,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from .files import atomic_folder
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
 PREFIX = "step-"
@@ -71,10 +73,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model_state: dict[str
 
     extra_rng: the torch RNG states of other processes (`torch_rank1`, ...), saved beside ours."""
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    with atomic_folder(final) as tmp:  # the same step saved again (a resumed run) is replaced whole
         save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
         torch.save({"optimizer": optimizer_state, "scheduler": scheduler_state}, tmp / "optimizer.pt")
         plain, tensors = rng_state()
@@ -82,15 +82,18 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model_state: dict[str
         (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": plain}), encoding="utf-8")
         manifest = {name: _sha256(tmp / name) for name in FILES}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if final.exists():  # the same step saved again (a resumed run): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_leftovers(run_dir: str | os.PathLike) -> None:
+    """Delete the temporary folders of checkpoints that a killed run never finished (`.step-*`)."""
+    root = Path(run_dir) / "checkpoints"
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith("." + PREFIX) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:

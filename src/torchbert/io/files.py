@@ -1,26 +1,102 @@
-"""Atomic file writes: a reader never sees a half-written file, and a failure leaves the old one."""
+"""Writing outputs so that a user's data is never half-written, overwritten by accident, or lost.
+
+- `atomic_write(path, write)`: a file appears whole or not at all (a temporary sibling, fsynced,
+  renamed over the name), and a failure leaves the old file as it was.
+- `atomic_folder(final)`: a folder is built in a temporary sibling, fsynced, and swapped in whole.
+  An older folder of that name is exchanged with the new one in one rename (Linux's renameat2),
+  else moved aside first and deleted only once the new one is in place.
+- Files and folders made here get the permissions the umask gives (as `open` would), not the
+  0600/0700 of mkstemp/mkdtemp, so other users and containers can read a saved model.
+- `writing(folder)`: a full disk, in whatever form the writer reports it, becomes OutOfSpace
+  naming the folder.
+- `check_apart` / `check_output_file`: an output may not be, hold, or sit inside an input.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+from ..errors import OutOfSpace, UserError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (Linux), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _open_mode(path: str | os.PathLike, folder: bool) -> None:
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(folder: str | os.PathLike) -> Iterator[None]:
+    """Turn the writers' ways of saying 'disk full' into OutOfSpace(folder)."""
+    try:
+        yield
+    except OutOfSpace:
+        raise
+    except OSError as e:
+        if e.errno in _FULL:
+            raise OutOfSpace(folder) from e
+        raise
+    except Exception as e:  # torch.save: RuntimeError "unexpected pos"; safetensors: SafetensorError
+        text = str(e)
+        torch_writer = "inline_container" in text or "PytorchStreamWriter" in text
+        if "os error 28" in text or "No space left" in text or (torch_writer and _nearly_full(folder)):
+            raise OutOfSpace(folder) from e
+        raise
+
+
+def _nearly_full(folder: str | os.PathLike) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < 64 << 20
+    except OSError:
+        return False
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, then rename tmp_path over `path` (same folder, so same filesystem)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with writing(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            _open_mode(tmp, folder=False)
+            _fsync(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        _fsync(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -29,3 +105,100 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.write(text)
 
     atomic_write(path, write)
+
+
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `final`; when the block ends without error it becomes
+    `final` in one step (an older `final` is replaced whole). On error it is removed and `final`
+    is untouched."""
+    final = Path(final)
+    with writing(final.parent):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        try:
+            _open_mode(tmp, folder=True)
+            yield tmp
+            for root, _, names in os.walk(tmp):
+                for name in names:
+                    _fsync(os.path.join(root, name))
+                _fsync(root)
+            swap_in(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def swap_in(new: Path, final: Path) -> None:
+    """Rename folder `new` to `final`; an existing `final` is replaced and then deleted."""
+    if not final.exists():
+        os.rename(new, final)
+    elif _exchange(new, final):
+        shutil.rmtree(new)  # it holds the old folder now
+    else:
+        aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+        os.rename(final, aside / final.name)
+        os.rename(new, final)
+        shutil.rmtree(aside)
+    _fsync(final.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one rename (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    func = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if func is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if func(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _relation(out: Path, other: Path) -> str | None:
+    a, b = out.resolve(), other.resolve()
+    if a == b:
+        return "is"
+    if a in b.parents:
+        return "holds"
+    if b in a.parents:
+        return "sits inside"
+    return None
+
+
+Inputs = dict[str, str | os.PathLike | None] | Iterable[tuple[str, str | os.PathLike | None]]
+
+
+def check_apart(out: str | os.PathLike, inputs: Inputs, out_name: str = "--out") -> None:
+    """UserError when output `out` is, holds, or sits inside one of the named inputs."""
+    for name, path in inputs.items() if isinstance(inputs, dict) else inputs:
+        if path is None:
+            continue
+        relation = _relation(Path(out), Path(path))
+        if relation is not None:
+            raise UserError(f"{out_name} {out} {relation} the input {name} {path}; write the output somewhere else")
+
+
+def check_output_file(path: str | os.PathLike, name: str = "--out",
+                      inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
+    """Before any work: `path` can be written as a file (no folder in its place, its parent a folder
+    or creatable, writable), and it is none of the inputs."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{name} {path}: is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{name} {path}: {parent} is a file, so no folder can be made there")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{name} {path}: no permission to write in {parent}")
+    for input_name, other in (inputs or {}).items():
+        if other is not None and _relation(path, Path(other)) == "is":
+            raise UserError(f"{name} {path} is the input {input_name} {other}; write the output somewhere else")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -34,6 +33,7 @@ from ..config import BertConfig
 from ..data import encode as enc
 from ..data import tasks
 from ..data.taskdata import TaskBatch, TaskData
+from ..errors import UserError
 from ..eval import metrics
 from ..feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..heads import (
@@ -44,12 +44,12 @@ from ..heads import (
     BertForTokenClassification,
 )
 from ..io.checkpoint import PREFIX, latest_checkpoint
-from ..io.files import atomic_write_text
+from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.hf import with_labels
 from ..tokenizer import BertTokenizer
 from .distributed import Dist
 from .loop import TrainConfig, train
-from .pretrain import check_run_dir, prepare_run_dir
+from .rundir import RunFolder
 
 MODEL_CLASSES = {
     "classification": BertForSequenceClassification,
@@ -79,11 +79,11 @@ class TaskSettings:
     null_threshold: float = 0.0
 
     @classmethod
-    def from_config(cls, config: BertConfig, where: str) -> "TaskSettings":
+    def from_config(cls, config: BertConfig, where: str) -> TaskSettings:
         saved = config.extra.get("torchbert_task")
         if not isinstance(saved, dict) or saved.get("type") not in MODEL_CLASSES:
-            raise ValueError(f"{where}: config.json has no torchbert_task: not a model fine-tuned by torchbert; "
-                             "pass --task to say what it was trained for")
+            raise ValueError(f"{where}: not a model fine-tuned by torchbert (its config.json has no torchbert_task); "
+                             "fine-tune it first with torchbert finetune")
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 
 
@@ -353,7 +353,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     if s.frozen is not None and task_type != "token":
         raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
                          f"but --task {s.task} is {task_type}")
-    check_run_dir(s.out, s.resume, s.overwrite)
+    folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev}, log=log)
     tokenizer = BertTokenizer.from_pretrained(s.model)
     train_examples = tasks.read_examples(s.train, task_type, ts.layout)
     dev_examples = tasks.read_examples(s.dev, task_type, ts.layout) if s.dev is not None else None
@@ -363,6 +363,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         if dev_examples is not None:
             label_map.check(dev_examples)
     config = task_config(s.model, ts, label_map)
+    if s.resume:
+        check_resumed_task(s.out, config)
     if ts.max_length > config.max_position_embeddings:
         raise ValueError(f"--max-length {ts.max_length} is longer than the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
@@ -392,9 +394,6 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     cfg.eval_every = per_epoch
     cfg.log_every = min(cfg.log_every, per_epoch)
 
-    dist.barrier()
-    if dist.is_main:
-        prepare_run_dir(s.out, s.resume)
     torch.manual_seed(cfg.seed)
     if s.frozen is not None:
         model = FeatureTagger.from_encoder(s.model, config).to(device)
@@ -406,48 +405,70 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     from .distributed import wrap
 
     model = wrap(model, dist, device)
-    best = _Best(s.out, metrics.metric_names(task_type)[0] if preset is None else preset.metric, dist)
-    evaluations = {"step": 0}
-    if s.resume:
-        ckpt = latest_checkpoint(s.out)
-        evaluations["step"] = int(ckpt.name.removeprefix(PREFIX)) if ckpt is not None else 0
-        best.resumed_at(evaluations["step"])
+    with folder.opened(dist):
+        if dist.is_main and not s.resume:
+            config.save(s.out / "config.json")  # what --resume checks the task and labels against
+        best = _Best(s.out, metrics.metric_names(task_type)[0] if preset is None else preset.metric, dist)
+        evaluations = {"step": 0}
+        if s.resume:
+            ckpt = latest_checkpoint(s.out)
+            evaluations["step"] = int(ckpt.name.removeprefix(PREFIX)) if ckpt is not None else 0
+            best.resumed_at(evaluations["step"])
 
-    def evaluate(m: nn.Module) -> dict[str, float]:
-        # the loop evaluates after every epoch's last step and after the last step
-        step = min(cfg.steps, (evaluations["step"] // per_epoch + 1) * per_epoch)
-        evaluations["step"] = step
-        records = predict(m, dev_data, dev_examples, ts, _id2label(config), s.eval_batch_size, device)
-        scores = score(records, dev_examples, ts, label_map)
-        epoch = step // per_epoch if step % per_epoch == 0 else round(step / per_epoch, 2)
-        best.offer(unwrap(m), scores, records, step=step, epoch=epoch)
-        return scores
+        def evaluate(m: nn.Module) -> dict[str, float]:
+            # the loop evaluates after every epoch's last step and after the last step
+            step = min(cfg.steps, (evaluations["step"] // per_epoch + 1) * per_epoch)
+            evaluations["step"] = step
+            records = predict(m, dev_data, dev_examples, ts, _id2label(config), s.eval_batch_size, device)
+            scores = score(records, dev_examples, ts, label_map)
+            epoch = step // per_epoch if step % per_epoch == 0 else round(step / per_epoch, 2)
+            best.offer(unwrap(m), scores, records, step=step, epoch=epoch)
+            return scores
 
-    task = FinetuneTask(task_type, per_step=targets_per_step(train_data, task_type, cfg.batch_size * dist.world_size
-                                                             * cfg.grad_accum))
-    summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
-                    evaluate=evaluate if dev_data is not None else None, device=device, log=log, dist=dist)
-    if not dist.is_main:
-        return summary
-    final_dir = best.folder if best.exists() else None
-    if final_dir is not None:
-        for name in ("config.json", "model.safetensors") + ((TAGGER_FILE,) if s.frozen is not None else ()):
-            shutil.copyfile(final_dir / name, s.out / name)
-        shutil.copyfile(final_dir / "dev_predictions.jsonl", s.out / "dev_predictions.jsonl")
-    else:  # no dev set: the last weights
-        unwrap(model).save_pretrained(s.out)
-    tokenizer.save_pretrained(s.out)
-    result = {"task": s.task, "type": task_type, **(best.metrics() or {}),
-              "best_epoch": best.epoch(), "epochs": s.epochs, "steps": summary["steps"],
-              "train_seconds": summary["train_seconds"], "tokens": summary["tokens"],
-              "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
-              "dev_examples": len(dev_examples) if dev_examples is not None else 0, "history": best.history(),
-              "config": summary["config"]}
-    if s.frozen is not None:
-        result["tagger"] = asdict(s.frozen)
-    atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
-    plot_finetune(s.out, best.name)
-    return result
+        task = FinetuneTask(task_type, per_step=targets_per_step(train_data, task_type, cfg.batch_size * dist.world_size
+                                                                 * cfg.grad_accum))
+        summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
+                        evaluate=evaluate if dev_data is not None else None, device=device, log=log, dist=dist,
+                        on_checkpoint=folder.commit)
+        if not dist.is_main:
+            return summary
+        final_dir = best.folder if best.exists() else None
+        if final_dir is not None:
+            for name in ("config.json", "model.safetensors", "dev_predictions.jsonl") + (
+                    (TAGGER_FILE,) if s.frozen is not None else ()):
+                atomic_copy(final_dir / name, s.out / name)
+        else:  # no dev set: the last weights
+            unwrap(model).save_pretrained(s.out)
+        tokenizer.save_pretrained(s.out)
+        result = {"task": s.task, "type": task_type, **(best.metrics() or {}),
+                  "best_epoch": best.epoch(), "epochs": s.epochs, "steps": summary["steps"],
+                  "train_seconds": summary["train_seconds"], "tokens": summary["tokens"],
+                  "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
+                  "dev_examples": len(dev_examples) if dev_examples is not None else 0, "history": best.history(),
+                  "config": summary["config"]}
+        if s.frozen is not None:
+            result["tagger"] = asdict(s.frozen)
+        atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
+        plot_finetune(s.out, best.name)
+        return result
+
+
+def check_resumed_task(out: Path, config: BertConfig) -> None:
+    """--resume continues the same task with the same labels; anything else is an error here,
+    not a page of state-dict mismatches later."""
+    path = out / "config.json"
+    if not path.is_file():
+        return  # a run started by an older torchbert: the checkpoint's shapes are checked on load
+    saved = BertConfig.load(path).extra
+    old, new = saved.get("torchbert_task", {}), config.extra["torchbert_task"]
+    if old.get("type") != new["type"]:
+        raise UserError(f"--resume: the run in {out} fine-tunes a {old.get('type')} task, not {new['type']}; "
+                        "resume with the --task it started with")
+    labels = [saved.get("id2label", {}).get(str(i)) for i in range(len(saved.get("id2label", {})))]
+    have = [config.extra.get("id2label", {}).get(str(i)) for i in range(len(config.extra.get("id2label", {})))]
+    if labels != have:
+        raise UserError(f"--resume: the run in {out} was started with the labels {labels}, but --train has {have}; "
+                        "resume with the training file it started with, or start again with --overwrite")
 
 
 def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
@@ -531,13 +552,10 @@ class _Best:
         if self.better(scores[self.name]):
             self.state.update(metrics=scores, epoch=epoch)
             if self.dist.is_main:
-                tmp = self.out / "best.tmp"
-                shutil.rmtree(tmp, ignore_errors=True)
-                model.save_pretrained(tmp)
-                (tmp / "dev_predictions.jsonl").write_text(
-                    "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-                shutil.rmtree(self.folder, ignore_errors=True)
-                tmp.rename(self.folder)
+                with atomic_folder(self.folder) as tmp:  # the earlier best stays until the new one is whole
+                    model.save_pretrained(tmp)
+                    (tmp / "dev_predictions.jsonl").write_text(
+                        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
         if self.dist.is_main:
             atomic_write_text(self.state_file, json.dumps(self.state, indent=2) + "\n")
 

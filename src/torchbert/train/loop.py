@@ -8,7 +8,12 @@ Per optimizer step:
   4. skip the step if the loss is NaN or inf (counted; too many in a row stops the run);
   5. clip the gradient norm, step the optimizer and the schedule (in one process the embeddings'
      gradients arrive as rows and are added into dense buffers kept across steps: optim.SparseRows);
-  6. log, evaluate and checkpoint on their cadences.
+     a NaN or inf gradient norm skips the step like a NaN loss;
+  6. log, evaluate and checkpoint on their cadences;
+  7. after SIGINT or SIGTERM (Ctrl-C, a scheduler's stop): checkpoint and raise Interrupted. The
+     signal is only noted when it comes; the step in flight finishes, and under torchrun the
+     processes agree on it through the all-reduce each step makes anyway. A second signal abandons
+     the step at once (KeyboardInterrupt) and keeps the checkpoints already written.
 Before the first, glibc's malloc is told to keep freed memory for the next step (memory.py).
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
@@ -28,23 +33,26 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..io.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..errors import Interrupted, RunFailed, UserError
+from ..io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, remove_leftovers, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .memory import keep_freed_memory
 from .optim import SparseRows, clipped_step, make_optimizer, make_scheduler
 
 
-class TrainingError(RuntimeError):
+class TrainingError(RunFailed):
     """The run cannot go on (e.g. the loss stayed NaN); the last good checkpoint is kept."""
 
 
@@ -128,23 +136,53 @@ class Stream:
                 self.start += 1
                 return batch
             if self.start == 0:
-                raise TrainingError("the training data yields no batch: fewer instances than one global batch")
+                raise UserError("the training data yields no batch: fewer instances than one global batch")
             self.epoch, self.start, self._it = self.epoch + 1, 0, None
 
     def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "start": self.start}
 
 
+SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+class StopSignals:
+    """While open, SIGINT and SIGTERM are noted (`caught`) instead of stopping the process; a second
+    one raises KeyboardInterrupt. Only the main thread can take signals: elsewhere it does nothing."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log, self.caught, self._old = log, None, {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.caught is not None:
+            raise KeyboardInterrupt
+        self.caught = SIGNALS[signum]
+        self.log(f"{self.caught}: stopping after this step and saving a checkpoint (again to stop at once, "
+                 "keeping only the checkpoints already written)")
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
 def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | os.PathLike, *,
           resume: bool = False, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
           device: torch.device | None = None, log: Callable[[str], None] = print,
-          dist: Dist | None = None) -> dict[str, Any]:
+          dist: Dist | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Train `model` (wrapped for DDP/FSDP when `dist` says so) for cfg.steps optimizer steps;
-    returns the summary written to metrics.json."""
+    returns the summary written to metrics.json. `on_checkpoint(folder)` is called (in process 0)
+    after each checkpoint is written. Raises Interrupted after SIGINT/SIGTERM, once a checkpoint
+    of the last whole step is saved."""
     run_dir = Path(run_dir)
     dist = dist or Dist()
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(run_dir)  # a killed run's half-written checkpoint
     else:
         log = lambda _: None  # noqa: E731  (one process speaks)
     device = device or next(model.parameters()).device
@@ -155,16 +193,21 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "skipped_steps": 0}
     step = 0
     metrics_path = run_dir / "metrics.jsonl"
+    window_sums = None
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
-            raise TrainingError(f"{run_dir}: --resume found no complete checkpoint")
+            found = len(list_checkpoints(run_dir))
+            raise UserError(f"--resume: {run_dir} holds no whole checkpoint to continue from"
+                            + (f" ({found} damaged, see the warnings above)" if found else "")
+                            + "; start again with --overwrite")
         saved = load_checkpoint(ckpt)
         load_full_state(model, optimizer, saved.model, saved.optimizer, dist)
         scheduler.load_state_dict(saved.scheduler)
         saved.restore_rng(dist.rank)
         state = saved.state
         step = state.pop("step")
+        window_sums = state.pop("window", None)
         dist.barrier()  # every process has read the checkpoint before process 0 writes anything
         if dist.is_main:
             _truncate_metrics(metrics_path, step)
@@ -176,6 +219,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     model.train()
     bar = _progress(cfg, step) if dist.is_main else None
     window = _Window(task.parts, dist, device)
+    if window_sums is not None:  # the log line in progress when the checkpoint was saved
+        window.sums = window_sums
     bad_in_a_row = 0
     last_eval = None
     started = time.perf_counter() - state["seconds"]
@@ -183,7 +228,16 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     # reduce dense gradients, and the compiler traces dense ones
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None
     rows = SparseRows(model) if plain else None
-    with rows or contextlib.nullcontext():
+
+    def checkpoint() -> Path | None:
+        folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.sums},
+                             cfg.keep, dist)
+        if folder is not None and on_checkpoint is not None:
+            on_checkpoint(folder)
+        return folder
+
+    saved_at = step if resume else None
+    with rows or contextlib.nullcontext(), StopSignals(log) as signals:
         while step < cfg.steps:
             micro = [stream.next() for _ in range(cfg.grad_accum)]
             micro = [b.to(device) for b in micro]
@@ -202,20 +256,30 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 (loss * dist.world_size).backward()
                 step_loss += float(loss.detach())
                 window.add(parts, task.counts(b), b.num_tokens)
-            step_loss = sum(dist.all_reduce([step_loss], device))
-            if not math.isfinite(step_loss):
+            # the one value all processes share each step also carries whether any was signalled
+            step_loss, stop = dist.all_reduce([step_loss, float(signals.caught is not None)], device)
+            lr = optimizer.param_groups[0]["lr"]
+            bad = f"loss is {step_loss}" if not math.isfinite(step_loss) else None
+            if bad is None and not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows):
+                bad = f"the gradient norm is not finite (loss {step_loss:.4g})"
+            if bad is not None:
                 optimizer.zero_grad(set_to_none=True)
                 state["skipped_steps"] += 1
                 bad_in_a_row += 1
                 window.discard()
-                log(f"step {step + 1}: loss is {step_loss}; step skipped ({state['skipped_steps']} so far)")
+                state.update(stream.position())  # the skipped batches stay used, as in a run that goes on
+                log(f"step {step + 1}: {bad}; step skipped ({state['skipped_steps']} so far)")
                 if bad_in_a_row >= cfg.max_bad_steps:
-                    raise TrainingError(f"the loss was NaN or inf for {bad_in_a_row} steps in a row; stopping. "
-                                        "Lower --lr, use fp32, or check the data")
+                    last = latest_checkpoint(run_dir) if dist.is_main else None
+                    raise TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
+                                        f"at step {step + 1}; stopping"
+                                        + (f" (the last good checkpoint, {last}, is kept)" if last else "")
+                                        + ". Lower --lr, use fp32, or check the data")
+                if stop:
+                    raise Interrupted(signals.caught or "a signal to another process", step,
+                                      checkpoint() if saved_at != step else latest_checkpoint(run_dir))
                 continue
             bad_in_a_row = 0
-            lr = optimizer.param_groups[0]["lr"]
-            clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -236,10 +300,16 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 if dist.is_main:
                     _append_jsonl(metrics_path, record)
             if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
-                _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
+                checkpoint()
+                saved_at = step
+            if stop and step != cfg.steps:
+                if bar is not None:
+                    bar.close()
+                raise Interrupted(signals.caught or "a signal to another process", step,
+                                  checkpoint() if saved_at != step else latest_checkpoint(run_dir))
     if bar is not None:
         bar.close()
-    _checkpoint(run_dir, step, model, optimizer, scheduler, state, cfg.keep, dist)
+    checkpoint()
     summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
@@ -248,8 +318,9 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     return summary
 
 
-def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: Dist) -> None:
-    """Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes."""
+def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: Dist) -> Path | None:
+    """Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes;
+    returns its folder in process 0."""
     import torch.distributed as torch_dist
 
     model_state = full_state_dict(model, dist)
@@ -259,9 +330,12 @@ def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: D
         states = [None] * dist.world_size
         torch_dist.all_gather_object(states, torch.get_rng_state())
         extra_rng = {f"torch_rank{r}": s for r, s in enumerate(states)}
+    folder = None
     if dist.is_main:
-        save_checkpoint(run_dir, step, model_state, optim_state, scheduler.state_dict(), state, keep, extra_rng)
+        folder = save_checkpoint(run_dir, step, model_state, optim_state, scheduler.state_dict(), state, keep,
+                                 extra_rng)
     dist.barrier()
+    return folder
 
 
 def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:

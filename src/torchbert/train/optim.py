@@ -53,9 +53,11 @@ def make_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weig
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                 rows: SparseRows | None = None) -> None:
+                 rows: SparseRows | None = None) -> bool:
     """optimizer.step() after clipping the gradients of `params` to a total norm of max_norm (none
-    when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step().
+    when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step(). Returns False, and takes no
+    step, when the gradients' norm is NaN or inf: a finite loss can still have an exploded gradient,
+    which would reach the weights and every later checkpoint.
 
     With a fused torch AdamW over plain tensors the scaling rides in its step: the step divides
     each gradient by the optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of
@@ -66,26 +68,29 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
     if rows is not None:
         rows.densify()
     try:
-        _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {})
+        return _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {})
     finally:
         if rows is not None:
             rows.reset()
 
 
 def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                  norms: dict[torch.Tensor, torch.Tensor]) -> None:
-    if max_norm <= 0:
-        optimizer.step()
-        return
+                  norms: dict[torch.Tensor, torch.Tensor]) -> bool:
     params = [p for p in params if p.grad is not None]
-    fused = isinstance(optimizer, torch.optim.AdamW) and all(g.get("fused") for g in optimizer.param_groups)
-    if not fused or any(type(p.grad) is not torch.Tensor for p in params):  # e.g. FSDP's DTensors
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
-        return
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p not in norms])
     if norms:
         total = torch.linalg.vector_norm(torch.stack([total, *norms.values()]))
+    full = total.full_tensor() if hasattr(total, "full_tensor") else total  # FSDP: a DTensor
+    if not bool(torch.isfinite(full)):
+        return False
+    if max_norm <= 0:
+        optimizer.step()
+        return True
+    fused = isinstance(optimizer, torch.optim.AdamW) and all(g.get("fused") for g in optimizer.param_groups)
+    if not fused or any(type(p.grad) is not torch.Tensor for p in params):  # e.g. FSDP's DTensors
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        optimizer.step()
+        return True
     scale = (total + 1e-6) / max_norm  # clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when below 1
     if scale.item() > 1:
         optimizer.grad_scale = scale.float()
@@ -93,6 +98,7 @@ def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tenso
         optimizer.step()
     finally:
         optimizer.grad_scale = None
+    return True
 
 
 class SparseRows:

@@ -8,9 +8,9 @@ checkpoints/ with the newest training states for --resume.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +18,12 @@ import torch
 
 from ..config import PRESETS, BertConfig
 from ..data.shards import PretrainingData
+from ..errors import UserError
 from ..heads import BertForPreTraining
-from ..io.files import atomic_write_text
+from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
 from .loop import PretrainingTask, TrainConfig, train
+from .rundir import RunFolder
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 
@@ -30,7 +32,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.jso
 class PretrainSettings:
     data: Path
     out: Path
-    config: str = "small"  # a preset name or a config.json path
+    config: str | None = None  # a preset name or a config.json path (None: small, or the resumed run's)
     init: Path | None = None  # start from this checkpoint (two-phase training)
     eval_data: Path | None = None
     eval_batches: int = 20
@@ -50,22 +52,6 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int) -> BertCo
         raise ValueError(f"--config {name_or_path}: max_position_embeddings {config.max_position_embeddings} "
                          f"is shorter than the data's max_seq_len {max_seq_len}")
     return config
-
-
-def check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber a run by accident (read-only: every process checks before any writes)."""
-    if out.exists() and any(out.iterdir()):
-        if not resume and not overwrite:
-            raise ValueError(f"--out {out}: the folder exists and is not empty; pass --resume to continue "
-                             "the run in it or --overwrite to start again")
-    elif resume:
-        raise ValueError(f"--out {out}: nothing to resume (no such run)")
-
-
-def prepare_run_dir(out: Path, resume: bool) -> None:
-    if out.exists() and any(out.iterdir()) and not resume:
-        shutil.rmtree(out)  # --overwrite, checked above
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device):
@@ -95,13 +81,17 @@ def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, dev
 
 def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print,
                     dist: Dist | None = None) -> dict:
+    """Everything is read and checked before the run folder is touched (rundir.RunFolder); a
+    resumed run takes its model config from the run folder."""
     dist = dist or Dist()
+    config_path = s.config if s.config is not None and s.config not in PRESETS else None
+    folder = RunFolder(s.out, s.resume, s.overwrite, {"--data": s.data, "--init": s.init, "--eval-data": s.eval_data,
+                                                      "--config": config_path}, log=log)
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
-    check_run_dir(s.out, s.resume, s.overwrite)
-    dist.barrier()
-    if dist.is_main:
-        prepare_run_dir(s.out, s.resume)
-    if s.init is not None:
+    if s.resume:
+        config = resumed_config(s, data)
+        model = BertForPreTraining(config)  # the checkpoint brings the weights
+    elif s.init is not None:
         data.check_vocab(s.init)
         model = BertForPreTraining.from_pretrained(s.init)
         if model.config.max_position_embeddings < data.max_seq_len:
@@ -109,14 +99,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                              f"is shorter than the data's max_seq_len {data.max_seq_len}")
     else:
         torch.manual_seed(cfg.seed)
-        model = BertForPreTraining(model_config(s.config, data.vocab_size, data.max_seq_len))
+        model = BertForPreTraining(model_config(s.config or "small", data.vocab_size, data.max_seq_len))
     config = model.config
-    if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
-        model.compile(dynamic=True)
-        # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
-        # design; the compiler's advice on each such .item() is not for our users
-        logging.getLogger("torch._dynamo.variables.tensor").setLevel(logging.ERROR)
-    model = wrap(model.to(device), dist, device)
     evaluate = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
         s.eval_data = s.data / "heldout"  # prepare --heldout-docs put it there
@@ -124,23 +108,53 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False)
         data.check_vocab(s.eval_data)
         evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device)
+    if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
+        model.compile(dynamic=True)
+        # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
+        # design; the compiler's advice on each such .item() is not for our users
+        logging.getLogger("torch._dynamo.variables.tensor").setLevel(logging.ERROR)
+    model = wrap(model.to(device), dist, device)
 
-    summary = train(model, data, PretrainingTask(), cfg, s.out, resume=s.resume, evaluate=evaluate,
-                    device=device, log=log, dist=dist)
-
-    state = full_state_dict(model, dist)  # every process takes part under FSDP
-    if not dist.is_main:
-        return summary
-    final = BertForPreTraining(config)
-    final.load_state_dict(state)
-    final.save_pretrained(s.out)
-    for name in TOKENIZER_FILES:
-        if (s.data / name).is_file():
-            shutil.copyfile(s.data / name, s.out / name)
-    summary["data"] = str(s.data)
-    atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
-    plot_curves(s.out)
+    with folder.opened(dist):
+        if dist.is_main and not s.resume:
+            config.save(s.out / "config.json")  # what --resume builds the model from
+        summary = train(model, data, PretrainingTask(), cfg, s.out, resume=s.resume, evaluate=evaluate,
+                        device=device, log=log, dist=dist, on_checkpoint=folder.commit)
+        state = full_state_dict(model, dist)  # every process takes part under FSDP
+        if not dist.is_main:
+            return summary
+        final = BertForPreTraining(config)
+        final.load_state_dict(state)
+        final.save_pretrained(s.out)
+        for name in TOKENIZER_FILES:
+            if (s.data / name).is_file():
+                atomic_copy(s.data / name, s.out / name)
+        summary["data"] = str(s.data)
+        atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
+        plot_curves(s.out)
     return summary
+
+
+def architecture(config: BertConfig) -> dict:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "extra"}
+
+
+def resumed_config(s: PretrainSettings, data: PretrainingData) -> BertConfig:
+    """The config the run in s.out started with; a --config that says otherwise is an error."""
+    saved = s.out / "config.json"
+    if not saved.is_file():
+        raise UserError(f"--resume: {saved} is missing; the run was started by an older torchbert: pass the "
+                        "--config it started with and copy its config.json there, or start again with --overwrite")
+    config = BertConfig.load(saved)
+    if s.config is not None:
+        given = model_config(s.config, data.vocab_size, data.max_seq_len)
+        if architecture(given) != architecture(config):
+            raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
+                            "leave --config out to resume it")
+    if config.vocab_size != data.vocab_size:
+        raise UserError(f"--data {s.data}: vocab size {data.vocab_size} differs from the run's {config.vocab_size}; "
+                        "resume with the data the run started with")
+    return config
 
 
 def plot_curves(run_dir: Path) -> None:

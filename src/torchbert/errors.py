@@ -1,0 +1,33 @@
+"""What can go wrong, sorted by who can put it right. The command line prints each as one line.
+
+UserError    the input is wrong (a file, an argument): exit status 2, fix the input and run again.
+RunFailed    the input was fine but the run could not finish (the loss diverged, the disk filled):
+             exit status 1; what was saved before stays.
+OutOfSpace   a RunFailed for a full disk, naming the folder that could not be written.
+Interrupted  SIGINT or SIGTERM stopped a run after it saved a checkpoint: exit status 130.
+"""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """An error in the user's input: printed as one line, exit status 2."""
+
+
+class RunFailed(RuntimeError):
+    """The run could not finish for a reason other than its input: one line, exit status 1."""
+
+
+class OutOfSpace(RunFailed):
+    def __init__(self, folder) -> None:
+        super().__init__(f"no space left on {folder}: free some space there, or write to another disk, "
+                         "and run again")
+        self.folder = folder
+
+
+class Interrupted(Exception):
+    """A signal stopped the run; `checkpoint` is the folder it saved before stopping (None: nothing)."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint) -> None:
+        super().__init__(f"{signal_name} at step {step}")
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
