@@ -125,7 +125,7 @@ def test_console_script_is_declared():
     from importlib.metadata import entry_points
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("torchbert") == "torchbert.cli:main"
+    assert scripts.get("torchbert") == "torchbert.__main__:run"
 
 
 def test_cli_reference_is_up_to_date():

@@ -850,21 +850,17 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _interrupted(e: Interrupted | None, args: argparse.Namespace, argv: list[str]) -> str:
-    trains = args.command in ("pretrain", "finetune")
     if e is not None and e.checkpoint is not None:
         return (f"{e.signal_name}: stopped at step {e.step} and saved {e.checkpoint}; continue with: "
                 f"{resume_command(argv)}")
-    if trains:
-        from .io.checkpoint import latest_checkpoint
-
-        out = Path(args.out)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            last = latest_checkpoint(out) if out.is_dir() else None
-        if last is not None:
-            return f"interrupted; {last} is kept; continue with: {resume_command(argv)}"
-        return f"interrupted before the first checkpoint; {out} is as it was before this run"
-    return "interrupted; no output was written"
+    if args.command not in ("pretrain", "finetune"):
+        return "interrupted; no output was written"
+    out = Path(args.out)
+    # by name only: torch may be half imported when the interrupt came
+    saved = sorted((out / "checkpoints").glob("step-*/manifest.json")) if e is None else []
+    if saved:  # a second Ctrl-C in a run that had saved checkpoints
+        return f"interrupted; {saved[-1].parent} is kept; continue with: {resume_command(argv)}"
+    return f"interrupted before the first checkpoint; {out} is as it was before this run"
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

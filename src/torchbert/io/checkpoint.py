@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..errors import UserError
 from .files import atomic_folder
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
@@ -117,6 +118,14 @@ def verify(folder: Path) -> str | None:
         if _sha256(folder / name) != manifest.get(name):
             return f"{name} does not match its hash"
     return None
+
+
+def no_checkpoint(run_dir: str | os.PathLike) -> UserError:
+    """The error of a --resume with nothing whole to continue from."""
+    found = len(list_checkpoints(run_dir))
+    return UserError(f"--resume: {run_dir} holds no whole checkpoint to continue from"
+                     + (f" ({found} damaged, see the warnings above)" if found else "")
+                     + "; start again with --overwrite")
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:

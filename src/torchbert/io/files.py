@@ -80,11 +80,31 @@ def _nearly_full(folder: str | os.PathLike) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _parents(folder: Path) -> Iterator[None]:
+    """mkdir -p folder; the folders it made are removed again (when empty) if the block fails."""
+    top = None
+    for p in (folder, *folder.parents):
+        if p.exists():
+            break
+        top = p
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            for p in (folder, *folder.parents):
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+                if p == top:
+                    break
+        raise
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, then rename tmp_path over `path` (same folder, so same filesystem)."""
     path = Path(path)
-    with writing(path.parent):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    with writing(path.parent), _parents(path.parent):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
@@ -117,8 +137,7 @@ def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
     `final` in one step (an older `final` is replaced whole). On error it is removed and `final`
     is untouched."""
     final = Path(final)
-    with writing(final.parent):
-        final.parent.mkdir(parents=True, exist_ok=True)
+    with writing(final.parent), _parents(final.parent):
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
         try:
             _open_mode(tmp, folder=True)

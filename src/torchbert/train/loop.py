@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import Interrupted, RunFailed, UserError
-from ..io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, remove_leftovers, save_checkpoint
+from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .memory import keep_freed_memory
 from .optim import SparseRows, clipped_step, make_optimizer, make_scheduler
@@ -197,10 +197,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
-            found = len(list_checkpoints(run_dir))
-            raise UserError(f"--resume: {run_dir} holds no whole checkpoint to continue from"
-                            + (f" ({found} damaged, see the warnings above)" if found else "")
-                            + "; start again with --overwrite")
+            raise no_checkpoint(run_dir)
         saved = load_checkpoint(ckpt)
         load_full_state(model, optimizer, saved.model, saved.optimizer, dist)
         scheduler.load_state_dict(saved.scheduler)

@@ -20,6 +20,7 @@ from ..config import PRESETS, BertConfig
 from ..data.shards import PretrainingData
 from ..errors import UserError
 from ..heads import BertForPreTraining
+from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
 from .loop import PretrainingTask, TrainConfig, train
@@ -141,6 +142,8 @@ def architecture(config: BertConfig) -> dict:
 
 def resumed_config(s: PretrainSettings, data: PretrainingData) -> BertConfig:
     """The config the run in s.out started with; a --config that says otherwise is an error."""
+    if not list_checkpoints(s.out):
+        raise no_checkpoint(s.out)
     saved = s.out / "config.json"
     if not saved.is_file():
         raise UserError(f"--resume: {saved} is missing; the run was started by an older torchbert: pass the "

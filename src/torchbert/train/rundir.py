@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import Interrupted, UserError
 from ..io.files import check_apart
 from .distributed import Dist
 
@@ -59,9 +59,13 @@ class RunFolder:
         dist.barrier()
         try:
             yield self
-        except BaseException:
-            if dist.is_main and not self.committed:
+        except BaseException as e:
+            if self.committed:
+                raise
+            if dist.is_main:
                 self._restore()
+            if isinstance(e, KeyboardInterrupt):  # the message can then say that nothing changed
+                raise Interrupted("SIGINT", 0, None) from None
             raise
         if dist.is_main:
             self.commit()

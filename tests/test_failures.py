@@ -1,0 +1,682 @@
+"""The failure paths of every command: bad or hostile input gets one line naming the file or argument and
+an exit status (2 bad input, 1 run failed, 130 interrupted), never a traceback; no input and no earlier run
+is lost; Ctrl-C or SIGTERM saves a checkpoint that resumes bit for bit; outputs appear whole or not at all.
+
+Tiny presets and a tiny random BERT with MiniLM's vocab keep each case to seconds."""
+
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import realdata
+import torch
+from clihelp import cli, tiny_bert, write_conll
+from safetensors.torch import load_file
+
+import torchbert.features
+import torchbert.io.files
+from torchbert.cli import main
+from torchbert.errors import OutOfSpace
+from torchbert.io.checkpoint import save_checkpoint
+from torchbert.io.files import atomic_folder, atomic_write_text, umask
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+ENV.pop("TORCHBERT_DEBUG", None)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Every file under path (or path itself) -> sha256: 'byte-identical afterwards' is equality."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def fails(capsys, *argv, code: int, message: str) -> str:
+    """Run the command; it must exit with `code`, end on one `torchbert: error:` line holding
+    `message`, print nothing to stdout and show no traceback."""
+    got, out, err = cli(capsys, *argv)
+    assert got == code, (got, err)
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("torchbert: error: "), err
+    assert message in lines[-1], (message, err)
+    assert "Traceback" not in err and "unexpected " not in err, err
+    assert out == "", out
+    return lines[-1]
+
+
+def hidden_leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.parent.glob(f".{folder.name}*"))
+
+
+def pretrain_args(data, out, *extra):
+    return ["pretrain", "--data", data, "--out", out, "--config", "tiny", "--batch-size", "16", "--lr", "1e-3",
+            "--warmup-steps", "2", "--log-every", "2", "--quiet", *extra]
+
+
+def start(argv):
+    return subprocess.Popen([sys.executable, "-m", "torchbert", *map(str, argv)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, proc, lines: int = 1, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not (path.is_file() and path.read_text().count("\n") >= lines):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be signalled"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def ft(minilm_dir, tmp_path_factory):
+    """A tiny BERT, WNUT-16 train/dev files, and a short NER run fine-tuned from it."""
+    root = tmp_path_factory.mktemp("failures")
+    tiny_bert(root / "tiny", minilm_dir)
+    sents = list(realdata.wnut_sentences())
+    random.Random(5).shuffle(sents)
+    train = sents[:96]
+    known = {t for _, tags in train for t in tags}
+    write_conll(root / "train.conll", train)
+    write_conll(root / "dev.conll", [s for s in sents[96:] if set(s[1]) <= known][:24])
+    assert main(map(str, finetune_args(root, root / "ner", "--epochs", "1"))) == 0
+    return root
+
+
+def finetune_args(root, out, *extra):
+    return ["finetune", "--task", "token", "--model", root / "tiny", "--train", root / "train.conll", "--dev",
+            root / "dev.conll", "--out", out, "--batch-size", "8", "--max-length", "32", "--lr", "1e-3", "--quiet",
+            *extra]
+
+
+# -- data loss: --out against the inputs, --overwrite ------------------------------------------------
+
+def test_pretrain_out_may_not_be_hold_or_sit_inside_its_data(prepared, capsys):
+    data = prepared / "data"
+    before = snapshot(data)
+    fails(capsys, *pretrain_args(data, data, "--overwrite"), code=2, message=f"--out {data} is the input --data")
+    fails(capsys, *pretrain_args(data, data / "run", "--overwrite"), code=2, message="sits inside the input --data")
+    fails(capsys, *pretrain_args(data, prepared, "--overwrite"), code=2, message="holds the input --data")
+    assert snapshot(data) == before
+
+
+def test_finetune_out_may_not_hold_its_train_and_dev_files(ft, tmp_path, capsys):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name in ("train.conll", "dev.conll"):
+        shutil.copyfile(ft / name, proj / name)
+    before = snapshot(proj)
+    fails(capsys, "finetune", "--task", "token", "--model", ft / "tiny", "--train", proj / "train.conll", "--dev",
+          proj / "dev.conll", "--out", proj, "--overwrite", "--quiet", code=2, message="holds the input --train")
+    assert snapshot(proj) == before
+
+
+def test_pretrain_init_may_not_be_its_own_out(prepared, tmp_path, capsys):
+    ph = tmp_path / "ph"
+    assert cli(capsys, *pretrain_args(prepared / "data", ph, "--steps", "2"))[0] == 0
+    before = snapshot(ph)
+    fails(capsys, *pretrain_args(prepared / "data", ph, "--init", ph, "--steps", "2", "--overwrite"), code=2,
+          message="is the input --init")
+    assert snapshot(ph) == before
+
+
+def test_overwrite_with_a_bad_config_or_bad_weights_keeps_the_previous_run(prepared, ft, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    before = snapshot(run)
+    fails(capsys, *pretrain_args(prepared / "data", run, "--steps", "2", "--overwrite", "--config", "tinyy"),
+          code=2, message="--config tinyy: neither a preset")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    fails(capsys, *pretrain_args(prepared / "data", run, "--steps", "2", "--overwrite", "--config", bad), code=2,
+          message=f"{bad}: not valid JSON")
+    assert snapshot(run) == before
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ft / "tiny", broken)
+    weights = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    before = snapshot(ft / "ner")
+    argv = finetune_args(ft, ft / "ner", "--overwrite")
+    argv[argv.index("--model") + 1] = broken
+    fails(capsys, *argv, code=2, message=str(broken / "model.safetensors"))
+    assert snapshot(ft / "ner") == before and not hidden_leftovers(ft / "ner")
+
+
+def test_a_failed_overwrite_puts_the_previous_run_back(prepared, tmp_path, capsys):
+    """The run is replaced only once the new one has a checkpoint: a new run that dies before its
+    first leaves the old one as it was (here the loss diverges at once)."""
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    before = snapshot(run)
+    err = fails(capsys, *pretrain_args(prepared / "data", run, "--steps", "30", "--overwrite", "--lr", "1e30",
+                                       "--schedule", "constant", "--warmup-steps", "0"), code=1, message="NaN or inf")
+    assert "Lower --lr" in err
+    assert snapshot(run) == before and not hidden_leftovers(run)
+
+
+def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    (run / "notes.txt").write_text("from the earlier run")
+    code, _, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "3", "--overwrite"))
+    assert code == 0, err
+    assert "the earlier run is kept in" in err
+    assert not (run / "notes.txt").exists() and not hidden_leftovers(run)
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 3
+
+
+def test_a_run_killed_mid_overwrite_leaves_the_earlier_run_aside_and_says_so(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    before = snapshot(run)
+    proc = start(pretrain_args(prepared / "data", run, "--steps", "400", "--overwrite"))
+    deadline = time.time() + 300
+    while not (hidden_leftovers(run) and (run / "metrics.jsonl").is_file()):  # the new run is training
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=60)
+    aside = tmp_path / hidden_leftovers(run)[0] / "run"
+    assert snapshot(aside) == before
+    code, _, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2", "--overwrite"))
+    assert code == 0 and f"{aside.parent} holds an earlier run" in err
+
+
+# -- interrupts ---------------------------------------------------------------------------------------
+
+def resume_from_message(err: str) -> list[str]:
+    """The command the interrupt message prints, as argv for `python -m torchbert`."""
+    line = err.strip().splitlines()[-1]
+    assert "continue with: torchbert " in line, err
+    argv = shlex.split(line.split("continue with: ", 1)[1])
+    assert argv[0] == "torchbert" and argv[-1] == "--resume" and "--overwrite" not in argv
+    return argv[1:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_a_checkpoint_and_the_printed_resume_is_bit_identical(prepared, tmp_path, sig):
+    args = ["--steps", "16", "--save-every", "100"]
+    ref = start(pretrain_args(prepared / "data", tmp_path / "ref", *args))
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+
+    run = tmp_path / "run"
+    victim = start(pretrain_args(prepared / "data", run, *args, "--overwrite"))
+    wait_for(run / "metrics.jsonl", victim, lines=random.choice([1, 2, 3]))
+    victim.send_signal(sig)
+    assert victim.wait(timeout=120) == 130
+    err = victim.stderr.read()
+    assert "Traceback" not in err and f"{sig.name}: stopped at step" in err, err
+    saved = sorted((run / "checkpoints").glob("step-*"))
+    assert len(saved) == 1 and f"saved {saved[0]}" in err  # no --save-every checkpoint came before it
+    assert not (run / "metrics.json").exists()
+
+    resumed = start(resume_from_message(err))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def losses(r):  # the log lines, the one in progress at the signal included
+        return [(x["step"], x["loss"], x["tokens"]) for x in map(json.loads, (r / "metrics.jsonl").open())]
+
+    assert losses(run) == losses(tmp_path / "ref")
+
+
+def test_sigterm_in_finetuning_resumes_bit_identically(ft, tmp_path):
+    args = ["--epochs", "2", "--log-every", "2"]
+    ref = start(finetune_args(ft, tmp_path / "ref", *args))
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    run = tmp_path / "run"
+    victim = start(finetune_args(ft, run, *args))
+    wait_for(run / "metrics.jsonl", victim, lines=2)
+    victim.send_signal(signal.SIGTERM)
+    assert victim.wait(timeout=120) == 130
+    err = victim.stderr.read()
+    resumed = start(resume_from_message(err))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    best = [json.loads((r / "metrics.json").read_text())["history"] for r in (tmp_path / "ref", run)]
+    assert best[0] == best[1]
+
+
+def test_ctrl_c_before_the_first_checkpoint_is_one_line_and_loses_nothing(prepared, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the data loads: no run folder appears. A second Ctrl-C (which abandons the step)
+    before the new run's first checkpoint: the run it was replacing comes back."""
+    import torchbert.train.pretrain as pretrain
+    from torchbert.data.shards import PretrainingData
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(pretrain, "PretrainingData", ctrl_c)
+        code, out, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))
+    assert code == 130 and err == f"torchbert: interrupted before the first checkpoint; {run} is as it was before " \
+                                  "this run\n" and not run.exists()
+
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    before = snapshot(run)
+    real = PretrainingData.batches
+
+    def batches(self, *a, **k):
+        for i, b in enumerate(real(self, *a, **k)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(PretrainingData, "batches", batches)
+    code, out, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "10", "--overwrite"))
+    assert code == 130 and err.strip().splitlines()[-1].startswith("torchbert: interrupted before the first"), err
+    assert snapshot(run) == before and not hidden_leftovers(run)
+
+
+# -- resume --------------------------------------------------------------------------------------------
+
+def test_resume_takes_the_config_from_the_run(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    data = prepared / "data"
+    assert cli(capsys, *pretrain_args(data, run, "--steps", "4", "--save-every", "2"))[0] == 0
+    resume = ["pretrain", "--data", data, "--out", run, "--steps", "6", "--resume", "--quiet"]
+    code, _, err = cli(capsys, *resume)  # the README's resume example: no --config
+    assert code == 0, err
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 6
+    fails(capsys, *resume, "--steps", "8", "--config", "small", code=2,
+          message=f"--config small differs from the config the run in {run} started with")
+
+
+def test_resume_without_a_whole_checkpoint_is_one_line(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("no run here")
+    fails(capsys, *pretrain_args(prepared / "data", run, "--resume"), code=2, message="holds no whole checkpoint")
+    shutil.rmtree(run)
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "4", "--save-every", "2"))[0] == 0
+    for ckpt in (run / "checkpoints").glob("step-*"):
+        (ckpt / "model.safetensors").write_bytes(b"damaged")
+    before = snapshot(run)
+    code, _, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "6", "--resume"))
+    assert code == 2 and "Traceback" not in err
+    *warnings, last = err.strip().splitlines()
+    assert last.startswith("torchbert: error: --resume: ") and "(2 damaged, see the warnings above)" in last
+    assert len(warnings) == 2 and all(w.startswith("torchbert: warning: ") and "damaged checkpoint" in w
+                                      for w in warnings), err
+    assert snapshot(run) == before
+
+
+def test_resumed_finetuning_with_other_labels_is_one_line(ft, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *finetune_args(ft, run, "--epochs", "1", "--save-every", "2"))[0] == 0
+    relabelled = tmp_path / "relabelled.conll"
+    write_conll(relabelled, [(("hello", "world", "again"), ("B-thing", "O", "O"))] * 16)
+    argv = finetune_args(ft, run, "--epochs", "2", "--resume")
+    argv[argv.index("--train") + 1] = relabelled
+    argv.remove("--dev")
+    argv.remove(ft / "dev.conll")
+    fails(capsys, *argv, code=2, message=f"the run in {run} was started with the labels")
+
+
+def test_leftover_checkpoint_temporaries_are_cleaned(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+    left = run / "checkpoints" / ".step-00000004.x1y2.tmp"
+    left.mkdir()
+    (left / "model.safetensors").write_bytes(b"half")
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "4", "--resume"))[0] == 0
+    assert not left.exists()
+
+
+# -- the run fails: NaN, non-finite gradients, a full disk --------------------------------------------
+
+def test_nonfinite_gradient_with_a_finite_loss_is_skipped(monkeypatch, tmp_path):
+    """The clip's scale test is False for NaN: without the check the exploded weights would be stepped
+    into and saved. With and without clipping, the step is skipped and counted, the weights stay."""
+    from test_loop import RepeatData, cfg, tiny_model
+
+    from torchbert.train.loop import PretrainingTask, TrainingError, train
+
+    for max_norm in (1.0, 0.0):
+        model = tiny_model()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        weight = next(p for n, p in model.named_parameters() if n.endswith("down.weight"))
+        hook = weight.register_hook(lambda g: g * float("inf"))
+        with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row"):
+            train(model, RepeatData(), PretrainingTask(), cfg(steps=5, max_grad_norm=max_norm, max_bad_steps=3),
+                  tmp_path / str(max_norm), log=lambda s: None)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        hook.remove()
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(prepared, tmp_path, capsys, monkeypatch):
+    """torch.save reports a full disk as '[enforce fail at inline_container.cc:672] unexpected pos'."""
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
+
+    def full(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(torchbert.io.files, "_nearly_full", lambda folder: True)
+    fails(capsys, *pretrain_args(prepared / "data", run, "--steps", "4", "--resume", "--save-every", "1"), code=1,
+          message=f"no space left on {run / 'checkpoints'}")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+def test_vocab_on_a_full_disk_writes_no_folder(prepared, tmp_path, capsys, monkeypatch):
+    from torchbert.tokenizer import BertTokenizer
+
+    real = BertTokenizer.save_pretrained
+
+    def half(self, path):
+        real(self, path)
+        raise OSError(28, "No space left on device", str(Path(path) / "tokenizer.json"))
+
+    monkeypatch.setattr(BertTokenizer, "save_pretrained", half)
+    out = tmp_path / "tok"
+    fails(capsys, "vocab", "--corpus", prepared / "train.txt", "--vocab-size", "500", "--out", out, "--quiet",
+          code=1, message=f"no space left on {tmp_path}")
+    assert not out.exists() and not hidden_leftovers(out)
+    fails(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", out, "--out", tmp_path / "d",
+          code=2, message=f"--tokenizer {out}: no such folder")
+
+
+def _tmpfs_available() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _tmpfs_available(), reason="needs user namespaces to mount a small tmpfs")
+def test_a_really_full_disk(prepared, tmp_path):
+    """On a 400 kB tmpfs: pretrain fails with one line naming the folder, and vocab leaves nothing."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    py, where = shlex.quote(sys.executable), shlex.quote(str(disk))
+    pretrain = shlex.join(map(str, pretrain_args(prepared / "data", disk / "run", "--steps", "2")))
+    vocab = shlex.join(["vocab", "--corpus", str(prepared / "train.txt"), "--vocab-size", "3000", "--out",
+                        str(disk / "tok"), "--quiet"])
+    script = (f"mount -t tmpfs -o size=400k none {where} || exit 99; "
+              f"{py} -m torchbert {pretrain}; echo RC=$?; ls -A {where}; echo LS; "
+              f"head -c 390k /dev/zero > {where}/filler; {py} -m torchbert {vocab}; echo RC=$?; ls -A {where}")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    out, err = done.stdout, done.stderr
+    assert "Traceback" not in err, err
+    first, second = out.split("LS\n")
+    assert first.split() == ["RC=1"], (out, err)  # no run folder left: it had no checkpoint
+    assert second.split() == ["RC=1", "filler"], (out, err)  # no vocab folder, whole or partial
+    errors = [line for line in err.splitlines() if line.startswith("torchbert: error: ")]
+    assert len(errors) == 2 and all(f"no space left on {disk}" in line for line in errors), err
+
+
+# -- outputs: checked first, written whole, readable -------------------------------------------------
+
+def test_embed_checks_its_output_before_any_work(minilm_dir, tmp_path, capsys, monkeypatch):
+    src = tmp_path / "in.txt"
+    src.write_text("a line\n")
+    (tmp_path / "file").write_text("x")
+
+    def never(*a, **k):
+        raise AssertionError("embedded before checking --out")
+
+    monkeypatch.setattr(torchbert.features, "embed", never)
+    fails(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "file" / "e.npy", code=2,
+          message=f"{tmp_path / 'file'} is a file")
+    (tmp_path / "dir.npy").mkdir()
+    fails(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "dir.npy", code=2,
+          message="is a folder")
+
+
+def test_evaluate_prints_only_json_on_stdout(minilm_dir, tmp_path, capsys):
+    rows = [("a man plays a guitar", "a person makes music", "entailment"),
+            ("a dog runs in a park", "a cat sleeps indoors", "contradiction"),
+            ("two kids play football", "children are outside", "neutral")] * 6
+    lines = [json.dumps({"sentence1": a, "sentence2": b, "gold_label": g}) for a, b, g in rows]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "dev.jsonl").write_text("\n".join(lines[:6] + [json.dumps(
+        {"sentence1": "x", "sentence2": "y", "gold_label": "-"})]) + "\n")
+    tiny_bert(tmp_path / "tiny", minilm_dir)
+    code, _, err = cli(capsys, "finetune", "--task", "snli", "--model", tmp_path / "tiny", "--train",
+                       tmp_path / "train.jsonl", "--out", tmp_path / "run", "--epochs", "1", "--batch-size", "4",
+                       "--quiet")
+    assert code == 0, err
+    code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "run", "--data", tmp_path / "dev.jsonl", "--quiet")
+    assert code == 0 and "dropped 1 pairs whose gold_label is '-'" in err
+    assert set(json.loads(out)) >= {"accuracy"}  # stdout is the JSON alone
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert umask() == 0o022
+        atomic_write_text(tmp_path / "a.txt", "x")
+        with atomic_folder(tmp_path / "folder") as tmp:
+            (tmp / "f").write_text("y")
+        assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+        assert (tmp_path / "folder").stat().st_mode & 0o777 == 0o755
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+        assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_a_folder_saved_again_is_replaced_whole_or_kept(tmp_path, monkeypatch):
+    """atomic_folder over an existing folder: the new one whole, or (on failure) the old one untouched;
+    a checkpoint saved again at the same step is not deleted before its replacement is complete."""
+    state = {"w": torch.ones(3)}
+    save_checkpoint(tmp_path, 2, state, {}, {}, {"epoch": 0})
+    before = snapshot(tmp_path / "checkpoints")
+    import torchbert.io.checkpoint as ck
+
+    monkeypatch.setattr(ck, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(OutOfSpace):
+        save_checkpoint(tmp_path, 2, {"w": torch.zeros(3)}, {}, {}, {"epoch": 0})
+    assert snapshot(tmp_path / "checkpoints") == before
+    monkeypatch.undo()
+    save_checkpoint(tmp_path, 2, {"w": torch.zeros(3)}, {}, {}, {"epoch": 0})
+    assert torch.equal(load_file(tmp_path / "checkpoints" / "step-00000002" / "model.safetensors")["w"],
+                       torch.zeros(3))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def test_best_epoch_folder_is_replaced_whole(ft, tmp_path, monkeypatch):
+    from torchbert.train.distributed import Dist
+    from torchbert.train.finetune import _Best, load_finetuned
+
+    model = load_finetuned(ft / "ner", None, torch.device("cpu"))[0]
+    best = _Best(tmp_path, "f1", Dist())
+    best.offer(model, {"f1": 0.1}, [{"id": "0"}], step=1, epoch=1)
+    before = snapshot(tmp_path / "best")
+
+    def half(path):
+        (Path(path) / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model, "save_pretrained", half)
+    with pytest.raises(OutOfSpace):
+        best.offer(model, {"f1": 0.2}, [{"id": "0"}], step=2, epoch=2)
+    assert snapshot(tmp_path / "best") == before and not hidden_leftovers(tmp_path / "best")
+
+
+# -- the smaller cases -------------------------------------------------------------------------------------
+
+def test_predict_on_a_model_never_fine_tuned_says_what_to_do(tmp_path, capsys):
+    src = tmp_path / "in.conll"
+    src.write_text("hello\tO\n\n")
+    line = fails(capsys, "predict", "--model", "minilm", "--input", src, "--out", tmp_path / "p.jsonl", code=2,
+                 message="not a model fine-tuned by torchbert")
+    assert "--task" not in line and "torchbert finetune" in line
+
+
+def test_a_truncated_shard_names_its_file(prepared, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(prepared / "data", data)
+    shard = data / "shard-00000" / "tokens.npy"
+    shard.write_bytes(shard.read_bytes()[:40])
+    fails(capsys, "inspect-data", data, code=2, message=f"{shard}: damaged or missing shard file")
+    fails(capsys, *pretrain_args(data, tmp_path / "run"), code=2, message=f"{shard}: damaged or missing shard file")
+
+
+def test_choices_and_lengths_that_leave_nothing_to_learn(ft, tmp_path, capsys):
+    swag = tmp_path / "swag.csv"
+    swag.write_text("sent1,sent2,ending0,ending1,label\nA man,walks,to the car,,0\nA dog,runs,fast,slow,1\n")
+    fails(capsys, "finetune", "--task", "multiple-choice", "--model", ft / "tiny", "--train", swag, "--out",
+          tmp_path / "mc", "--quiet", code=2, message=f"{swag}:2: choice 1 is empty")
+    tsv = tmp_path / "t.tsv"
+    tsv.write_text("sentence\tlabel\n" + "good film\tpos\nbad film\tneg\n" * 8)
+    fails(capsys, "finetune", "--task", "classification", "--model", ft / "tiny", "--train", tsv, "--out",
+          tmp_path / "c", "--max-length", "2", "--quiet", code=2, message="--max-length 2 leaves no room for the text")
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError):
+        main(["--debug", "embed", "--model", "minilm", "--input", str(tmp_path / "none.txt"), "--out",
+              str(tmp_path / "e.npy")])
+
+
+# -- the sweep: every command, broken inputs of each kind --------------------------------------------------
+
+def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, str]]:
+    """(name, argv, exit status, a piece of the message naming the culprit)."""
+    missing, folder, text, empty, binary = p / "missing.txt", p / "folder", p / "text.txt", p / "empty.txt", \
+        p / "latin1.txt"
+    data, tok = p / "data", p / "tok"
+    bad_model, broken_weights = p / "bad-model", p / "broken-weights"
+    ner = ft / "ner"
+    out = p / "out"
+    e = ["embed", "--model", minilm, "--input", text, "--out", out / "e.npy"]
+    v = ["vocab", "--corpus", text, "--vocab-size", "100", "--out", out / "tok"]
+    r = ["prepare", "--corpus", text, "--tokenizer", tok, "--out", out / "data"]
+    t = pretrain_args(data, out / "run", "--steps", "2")
+    f = finetune_args(ft, out / "ft")
+    return [
+        ("embed: missing input", [*e[:4], missing, *e[5:]], 2, str(missing)),
+        ("embed: input is a folder", [*e[:4], folder, *e[5:]], 2, str(folder)),
+        ("embed: not UTF-8", [*e[:4], binary, *e[5:]], 2, f"{binary}:1: not valid UTF-8"),
+        ("embed: empty input", [*e[:4], empty, *e[5:]], 2, str(empty)),
+        ("embed: --out suffix", [*e[:-1], out / "e.txt"], 2, "--out"),
+        ("embed: --out is the input", [*e[:4], p / "text.npy", "--out", p / "text.npy"], 2, "is the input --input"),
+        ("embed: --out under a file", [*e[:-1], text / "e.npy"], 2, f"{text} is a file"),
+        ("embed: model folder missing", [e[0], "--model", p / "nope", *e[3:]], 2, "nope"),
+        ("embed: config.json not JSON", [e[0], "--model", bad_model, *e[3:]], 2, str(bad_model)),
+        ("embed: truncated weights", [e[0], "--model", broken_weights, *e[3:]], 2, str(broken_weights)),
+        ("embed: --batch-size 0", [*e, "--batch-size", "0"], 2, "--batch-size"),
+        ("embed: --max-length 1", [*e, "--max-length", "1"], 2, "--max-length"),
+        ("embed: --layers bogus", [*e, "--layers", "bogus"], 2, "bogus"),
+        ("vocab: missing corpus", [v[0], "--corpus", missing, *v[3:]], 2, str(missing)),
+        ("vocab: empty corpus", [v[0], "--corpus", empty, *v[3:]], 2, str(empty)),
+        ("vocab: corpus not UTF-8", [v[0], "--corpus", binary, *v[3:]], 2, str(binary)),
+        ("vocab: corpus is a folder", [v[0], "--corpus", folder, *v[3:]], 2, str(folder)),
+        ("vocab: --vocab-size 3", [*v[:4], "3", *v[5:]], 2, "--vocab-size"),
+        ("vocab: --out is the corpus", [*v[:-1], text], 2, "is the input --corpus"),
+        ("vocab: --out not empty", [*v[:-1], tok], 2, "pass --overwrite"),
+        ("prepare: tokenizer missing", [*r[:4], p / "nope", *r[5:]], 2, "--tokenizer"),
+        ("prepare: tokenizer is a file", [*r[:4], text, *r[5:]], 2, "--tokenizer"),
+        ("prepare: tokenizer folder empty", [*r[:4], folder, *r[5:]], 2, str(folder)),
+        ("prepare: one document", [r[0], "--corpus", p / "one-doc.txt", *r[3:]], 2, "one-doc.txt"),
+        ("prepare: --max-seq-len 3", [*r, "--max-seq-len", "3"], 2, "max_seq_len"),
+        ("prepare: --dupe-factor 0", [*r, "--dupe-factor", "0"], 2, "dupe_factor"),
+        ("prepare: --masked-lm-prob 2", [*r, "--masked-lm-prob", "2"], 2, "masked_lm_prob"),
+        ("prepare: --out is the tokenizer", [*r[:-1], tok], 2, "is the input --tokenizer"),
+        ("prepare: --out holds the corpus", [*r[:-1], p], 2, "holds the input"),
+        ("inspect-data: not a data folder", ["inspect-data", folder], 2, str(folder)),
+        ("inspect-data: manifest not JSON", ["inspect-data", p / "bad-data"], 2, str(p / "bad-data")),
+        ("pretrain: data missing", pretrain_args(p / "nope", out / "run"), 2, "nope"),
+        ("pretrain: data not prepared", pretrain_args(folder, out / "run"), 2, str(folder)),
+        ("pretrain: --config typo", [*t, "--config", "smal"], 2, "--config smal"),
+        ("pretrain: --config not JSON", [*t, "--config", bad_model / "config.json"], 2, str(bad_model)),
+        ("pretrain: --steps 0", [*t, "--steps", "0"], 2, "--steps"),
+        ("pretrain: --resume, no run", [*t, "--resume"], 2, "nothing to resume"),
+        ("pretrain: --resume and --overwrite", [*t, "--resume", "--overwrite"], 2, "contradict"),
+        ("pretrain: --init missing", [*t, "--init", p / "nope"], 2, "nope"),
+        ("pretrain: --init truncated weights", [*t, "--init", broken_weights], 2, str(broken_weights)),
+        ("pretrain: --out is a file", [*t[:4], text, *t[5:]], 2, "not a folder"),
+        ("pretrain: --eval-data not prepared", [*t, "--eval-data", folder], 2, str(folder)),
+        ("pretrain: --optimizer bogus", [*t, "--optimizer", "sgdd"], 2, "--optimizer"),
+        ("pretrain: --schedule bogus", [*t, "--schedule", "cosinus"], 2, "--schedule"),
+        ("finetune: unknown task", [f[0], "--task", "nerr", *f[3:]], 2, "nerr"),
+        ("finetune: train missing", [*f[:6], missing, *f[7:]], 2, str(missing)),
+        ("finetune: train empty", [*f[:6], empty, *f[7:]], 2, str(empty)),
+        ("finetune: train not CoNLL", [*f[:6], p / "bad.conll", *f[7:]], 2, str(p / "bad.conll")),
+        ("finetune: model missing", [*f[:4], p / "nope", *f[5:]], 2, "nope"),
+        ("finetune: model config not JSON", [*f[:4], bad_model, *f[5:]], 2, str(bad_model)),
+        ("finetune: --epochs 0", [*f, "--epochs", "0"], 2, "--epochs"),
+        ("finetune: --max-length 2", [*f, "--max-length", "2"], 2, "max_length=2"),
+        ("finetune: --out is --train", [*f[:10], ft / "train.conll", *f[11:]], 2, "is the input --train"),
+        ("finetune: --features without --frozen", [*f, "--features", "last"], 2, "--frozen"),
+        ("finetune: dev label never trained", [*f[:8], p / "odd.conll", *f[9:]], 2, "B-planet"),
+        ("finetune: resume nothing", [*f, "--resume"], 2, "nothing to resume"),
+        ("evaluate: model never fine-tuned", ["evaluate", "--model", minilm, "--data", ft / "dev.conll"], 2,
+         "not a model fine-tuned by torchbert"),
+        ("evaluate: data missing", ["evaluate", "--model", ner, "--data", missing], 2, str(missing)),
+        ("evaluate: --out is a folder", ["evaluate", "--model", ner, "--data", ft / "dev.conll", "--out", folder], 2,
+         "is a folder"),
+        ("evaluate: model missing", ["evaluate", "--model", p / "nope", "--data", ft / "dev.conll"], 2, "nope"),
+        ("predict: model never fine-tuned", ["predict", "--model", "minilm", "--input", ft / "dev.conll", "--out",
+                                             out / "p.jsonl"], 2, "not a model fine-tuned by torchbert"),
+        ("predict: input missing", ["predict", "--model", ner, "--input", missing, "--out", out / "p.jsonl"], 2,
+         str(missing)),
+        ("predict: --out is the input", ["predict", "--model", ner, "--input", ft / "dev.conll", "--out",
+                                         ft / "dev.conll"], 2, "is the input --input"),
+        ("predict: --out is a folder", ["predict", "--model", ner, "--input", ft / "dev.conll", "--out", folder], 2,
+         "is a folder"),
+        ("samples: --out is a file", ["samples", "wnut16", "--out", text], 2, "not a folder"),
+        ("demo: --out holds other files", ["demo", "--out", p, "--quick"], 2, "holds no earlier demo"),
+    ]
+
+
+def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_path, capsys):
+    p = tmp_path
+    (p / "folder").mkdir()
+    (p / "text.txt").write_text("one line of text\nanother line\n")
+    (p / "text.npy").write_text("")
+    (p / "empty.txt").write_text("")
+    (p / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    (p / "one-doc.txt").write_text("Only one document here. It has two sentences.\n")
+    shutil.copytree(prepared / "tok", p / "tok")
+    shutil.copytree(prepared / "data", p / "data")
+    (p / "bad-model").mkdir()
+    (p / "bad-model" / "config.json").write_text("{oops")
+    shutil.copytree(ft / "tiny", p / "broken-weights")
+    w = p / "broken-weights" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    (p / "bad-data").mkdir()
+    (p / "bad-data" / "manifest.json").write_text("{oops")
+    (p / "bad.conll").write_text("word-without-a-tag\n\n")
+    write_conll(p / "odd.conll", [(("Mars", "rover"), ("B-planet", "O"))])
+    inputs = snapshot(p) | snapshot(ft / "ner")
+
+    results = {"clear": 0, "traceback": [], "unclear": []}
+    cases = sweep_cases(p, ft, minilm_dir)
+    for name, argv, code, culprit in cases:
+        try:
+            got, out, err = cli(capsys, *argv)
+        except Exception as e:  # a traceback would reach the user
+            capsys.readouterr()
+            results["traceback"].append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        if (got == code and last.startswith("torchbert: error: ") and culprit in last and "unexpected " not in last
+                and not out):
+            results["clear"] += 1
+        else:
+            results["unclear"].append(f"{name}: exit {got}: {err.strip()[-300:]}")
+        if (p / "out").exists():
+            results["unclear"].append(f"{name}: left {sorted(x.name for x in (p / 'out').rglob('*'))}")
+            shutil.rmtree(p / "out")
+    print(f"\n{len(cases)} cases: {results['clear']} clear one-line errors, {len(results['traceback'])} tracebacks, "
+          f"{len(results['unclear'])} unclear", file=sys.__stderr__)
+    assert not results["traceback"] and not results["unclear"], results
+    assert (snapshot(p) | snapshot(ft / "ner")) == inputs  # no input touched, no output left
+    assert not (p / "out").exists()
