@@ -128,7 +128,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
     from .features import embed, parse_strategy
-    from .io.files import atomic_write, check_output_file
+    from .io.files import atomic_write, check_output_file, model_inputs
     from .io.texts import read_texts
     from .model import BertModel
     from .tokenizer import BertTokenizer
@@ -136,7 +136,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.suffix not in (".npy", ".safetensors"):
         raise UserError(f"--out {out}: must end in .npy or .safetensors")
-    check_output_file(out, inputs={"--input": args.input})
+    check_output_file(out, inputs=[("--input", args.input), *model_inputs(args.model)])
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     parse_strategy(args.layers)
@@ -537,11 +537,11 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     import json
 
-    from .io.files import atomic_write_text, check_output_file
+    from .io.files import atomic_write_text, check_output_file, model_inputs
     from .train.finetune import run_evaluate
 
     if args.out:
-        check_output_file(Path(args.out), inputs={"--data": args.data})
+        check_output_file(Path(args.out), inputs=[("--data", args.data), *model_inputs(args.model)])
     scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, pick_device(args.device),
                              args.batch_size, progress=not args.quiet)
     text = json.dumps(scores, indent=2)
@@ -553,10 +553,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> None:
     import json
 
-    from .io.files import atomic_write_text, check_output_file
+    from .io.files import atomic_write_text, check_output_file, model_inputs
     from .train.finetune import run_predict
 
-    check_output_file(Path(args.out), inputs={"--input": args.input})
+    check_output_file(Path(args.out), inputs=[("--input", args.input), *model_inputs(args.model)])
     records = run_predict(resolve_model(args.model), Path(args.input), pick_device(args.device), args.batch_size,
                           progress=not args.quiet)
     atomic_write_text(Path(args.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -655,7 +655,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     replace = check_demo_out(out, args.overwrite)
-    folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print)
+    folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print, kept_until="is complete")
     with folder.opened(Dist()):  # an earlier demo is put back if this one fails
         run_demo(out, quick=args.quick, seed=args.seed, log=print)
 

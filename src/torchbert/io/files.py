@@ -204,8 +204,16 @@ def check_apart(out: str | os.PathLike, inputs: Inputs, out_name: str = "--out")
             raise UserError(f"{out_name} {out} {relation} the input {name} {path}; write the output somewhere else")
 
 
-def check_output_file(path: str | os.PathLike, name: str = "--out",
-                      inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "tagger.safetensors")
+
+
+def model_inputs(model_dir: str | os.PathLike) -> list[tuple[str, Path]]:
+    """The files of a model folder that a command reads: an output may not replace one of them."""
+    return [("--model", Path(model_dir) / name) for name in MODEL_FILES]
+
+
+def check_output_file(path: str | os.PathLike, name: str = "--out", inputs: Inputs = ()) -> None:
     """Before any work: `path` can be written as a file (no folder in its place, its parent a folder
     or creatable, writable), and it is none of the inputs."""
     path = Path(path)
@@ -218,6 +226,6 @@ def check_output_file(path: str | os.PathLike, name: str = "--out",
         raise UserError(f"{name} {path}: {parent} is a file, so no folder can be made there")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{name} {path}: no permission to write in {parent}")
-    for input_name, other in (inputs or {}).items():
+    for input_name, other in inputs.items() if isinstance(inputs, dict) else inputs:
         if other is not None and _relation(path, Path(other)) == "is":
             raise UserError(f"{name} {path} is the input {input_name} {other}; write the output somewhere else")

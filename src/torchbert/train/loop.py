@@ -233,6 +233,10 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             on_checkpoint(folder)
         return folder
 
+    def interrupted() -> Interrupted:
+        folder = checkpoint() if saved_at != step else latest_checkpoint(run_dir)
+        return Interrupted(signals.caught or "a signal to another process", step, folder)
+
     saved_at = step if resume else None
     with rows or contextlib.nullcontext(), StopSignals(log) as signals:
         while step < cfg.steps:
@@ -273,8 +277,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                                         + (f" (the last good checkpoint, {last}, is kept)" if last else "")
                                         + ". Lower --lr, use fp32, or check the data")
                 if stop:
-                    raise Interrupted(signals.caught or "a signal to another process", step,
-                                      checkpoint() if saved_at != step else latest_checkpoint(run_dir))
+                    raise interrupted()
                 continue
             bad_in_a_row = 0
             scheduler.step()
@@ -302,8 +305,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             if stop and step != cfg.steps:
                 if bar is not None:
                     bar.close()
-                raise Interrupted(signals.caught or "a signal to another process", step,
-                                  checkpoint() if saved_at != step else latest_checkpoint(run_dir))
+                raise interrupted()
     if bar is not None:
         bar.close()
     checkpoint()

@@ -31,10 +31,11 @@ ASIDE = ".replaced-"
 
 class RunFolder:
     def __init__(self, out: Path, resume: bool, overwrite: bool, inputs: dict[str, str | os.PathLike | None],
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, kept_until: str = "has saved its first checkpoint"):
         if resume and overwrite:
             raise UserError("--resume and --overwrite contradict each other; pick one")
         self.out, self.resume, self.overwrite, self.log = Path(out), resume, overwrite, log
+        self.kept_until = kept_until
         check_apart(self.out, inputs)
         if self.out.exists() and not self.out.is_dir():
             raise UserError(f"--out {self.out}: exists and is not a folder")
@@ -76,8 +77,8 @@ class RunFolder:
         if self.existed and any(self.out.iterdir()):  # --overwrite, checked in __init__
             self.aside = Path(tempfile.mkdtemp(prefix=f".{self.out.name}{ASIDE}", dir=self.out.parent))
             os.rename(self.out, self.aside / self.out.name)
-            self.log(f"replacing {self.out}: the earlier run is kept in {self.aside} until the new one has "
-                     "saved its first checkpoint")
+            self.log(f"replacing {self.out}: the earlier run is kept in {self.aside} until the new one "
+                     f"{self.kept_until}")
             self.existed = False
         self.out.mkdir(parents=True, exist_ok=True)
 
