@@ -34,8 +34,8 @@ Systems:
                   of each word labelled for NER, forward, backward, clip, AdamW and schedule from
                   torchbert.train.optim, so only the model and the batching differ. Dev predictions in input
                   order, batches of 64, scored with the same torchbert.eval.metrics functions.
-The process keeps freed memory for reuse from the start (train/memory.py, which torchbert's training loop
-sets for its own process), so both systems run with the same allocator settings.
+The process keeps freed memory for reuse from the start (fast/memory.py, which torchbert's training commands
+set for their own process), so both systems run with the same allocator settings.
 Both start from the same classifier head too: the transformers head is given the weights torchbert's
 draws with the same seed (as run_finetuning: torch.manual_seed(seed), then load_task_model). Before
 training, both untrained models predict the dev set (not timed); with the same weights and inputs their
@@ -94,7 +94,7 @@ from torchbert.data.taskdata import TaskData  # noqa: E402
 from torchbert.eval import metrics  # noqa: E402
 from torchbert.tokenizer import BertTokenizer  # noqa: E402
 from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, predict, task_config  # noqa: E402
-from torchbert.train.memory import keep_freed_memory  # noqa: E402
+from torchbert.fast import keep_freed_memory  # noqa: E402
 from torchbert.train.optim import make_optimizer, make_scheduler  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
@@ -514,7 +514,7 @@ def main() -> None:
         ap.error("--train-size, --dev-size, --repeat and --epochs must be >= 1")
 
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # what torchbert's training loop sets for its process; from here on both systems run with it
+    keep_freed_memory()  # what torchbert's training commands set for their process; from here on both systems run with it
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # read when the tokenizers' pool first starts
     import transformers
 

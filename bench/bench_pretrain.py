@@ -31,8 +31,8 @@ best of several at the start and at the end). % of local peak compares
 each step with the speed of those products just before and just after it (the better of the two),
 summed over the steps: on a shared VM the same product runs anywhere between about 70 and 150
 GFLOP/s from one few seconds to the next, so a best-of taken once mostly measures the luckiest
-moment of the run. The process keeps freed memory for reuse (train/memory.py), as the training
-loop sets it. Useful FLOPs of a step, for a batch of sequences of
+moment of the run. The process keeps freed memory for reuse (fast/memory.py), as the CLI's
+training commands set it. Useful FLOPs of a step, for a batch of sequences of
 lengths T_i (N = sum T_i real tokens) with M masked tokens, L layers, hidden H, intermediate I,
 vocab V (a multiply-add is 2 FLOPs; backward costs twice the forward, so fwd+bwd = 3x forward):
 
@@ -70,11 +70,12 @@ from torchbert import BertConfig  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
-from torchbert.train.memory import keep_freed_memory  # noqa: E402
-from torchbert.train.optim import SparseRows, clipped_step, make_optimizer  # noqa: E402
+from torchbert import fast  # noqa: E402
+from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
-ROWS: dict[int, SparseRows] = {}  # id(model) -> its SparseRows, for the torchbert models the loop would give them
+ROWS: dict[int, fast.SparseRows] = {}  # id(model) -> its SparseRows, for the torchbert models the loop would give them
+APPLIED: list = []  # fast.training(model) in force for the rest of the run, as in train/loop.py
 
 
 def load_average() -> str:
@@ -164,7 +165,7 @@ def packed_inputs(b: Batch) -> dict:
 
 def train_step(model, optimizer, inputs: dict) -> float:
     """Forward, backward, clip, AdamW: one step of train/loop.py (one micro-batch). torchbert steps
-    as its loop does in one process: the embeddings' gradients as rows (train/optim.SparseRows) and
+    as its loop does in one process: the embeddings' gradients as rows (fast.SparseRows) and
     the clipping scale riding in the fused AdamW (clipped_step); transformers as its Trainer does
     (clip_grad_norm_, then step)."""
     loss = model(**inputs).loss
@@ -226,6 +227,9 @@ def main() -> None:
     ap.add_argument("--regime", choices=("variable", "fixed"), nargs="+", default=["variable", "fixed"])
     ap.add_argument("--compile", action="store_true",
                     help="also time torchbert under torch.compile (model.compile(dynamic=True), as pretrain --compile)")
+    ap.add_argument("--plain", action="store_true",
+                    help="also time torchbert's plain model, without torchbert.fast (as pretrain --no-fast, "
+                         "except that the process keeps freed memory for every system)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile one step of each system (variable length) and print the top K ops")
     args = ap.parse_args()
@@ -233,7 +237,7 @@ def main() -> None:
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's pool, while preparing
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    keep_freed_memory()  # as train/loop.py does before its first step; both systems run with it
+    fast.keep_freed_memory()  # as the CLI's training commands do; every system runs with it
     with tempfile.TemporaryDirectory(prefix="bench_pretrain.") as tmp:
         bench(args, Path(tmp), warmup=2)
 
@@ -254,7 +258,10 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         """Both models from the same saved weights, each with its own AdamW, in training mode."""
         ours = BertForPreTraining.from_pretrained(init).train()
         ROWS.clear()
-        ROWS[id(ours)] = SparseRows(ours).__enter__()  # for the rest of the run
+        ROWS[id(ours)] = fast.SparseRows(ours).__enter__()  # for the rest of the run
+        APPLIED.clear()
+        APPLIED.append(fast.training(ours))  # torchbert.fast's pieces, as train/loop.py applies them
+        APPLIED[-1].__enter__()
         theirs = transformers.BertForPreTraining.from_pretrained(init, attn_implementation="sdpa",
                                                                  dtype=torch.float32).train()
         return ours, make_optimizer(ours), theirs, make_optimizer(theirs)
@@ -277,6 +284,9 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
     for regime in args.regime:
         ours, opt_ours, theirs, opt_theirs = fresh_models()
         extra = []
+        if args.plain:
+            plain = BertForPreTraining.from_pretrained(init).train()
+            extra.append(("torchbert, packed, plain model (--no-fast)", plain, make_optimizer(plain)))
         if args.compile:
             compiled = BertForPreTraining.from_pretrained(init).train()
             compiled.compile(dynamic=True)

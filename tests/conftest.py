@@ -7,7 +7,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import realdata  # noqa: E402
+
 from torchbert.cli import main  # noqa: E402
+from torchbert.heads import BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining  # noqa: E402
+from torchbert.tokenizer import BertTokenizer  # noqa: E402
 
 # Parity tests compare fp32 numbers; keep every test deterministic and single-process friendly.
 torch.manual_seed(0)
@@ -31,3 +34,34 @@ def prepared(tmp_path_factory):
         assert main(["prepare", "--corpus", str(root / corpus), "--tokenizer", str(root / "tok"), "--out",
                      str(root / name), "--max-seq-len", str(length), "--dupe-factor", "2", "--quiet"]) == 0
     return root
+
+
+@pytest.fixture(scope="session")
+def real_batch(minilm_dir):
+    """Sentence pairs of real text, 15% of the non-special tokens masked, NSP labels mixed."""
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    en = list(realdata.english_texts()[300:306])
+    zh = list(realdata.peoples_daily_sentences()[300:306])
+    enc = tok(en + zh, zh + en, truncation=True, max_length=96, padding=True, return_tensors="pt")
+    g = torch.Generator().manual_seed(0)
+    special = (enc["input_ids"] == tok.cls_token_id) | (enc["input_ids"] == tok.sep_token_id)
+    chosen = (torch.rand(enc["input_ids"].shape, generator=g) < 0.15) & enc["attention_mask"].bool() & ~special
+    labels = torch.where(chosen, enc["input_ids"], -100)
+    inputs = torch.where(chosen, tok.mask_token_id, enc["input_ids"])
+    nsp = torch.tensor([0, 1] * 6)
+    return dict(input_ids=inputs, attention_mask=enc["attention_mask"], token_type_ids=enc["token_type_ids"]), labels, nsp
+
+
+@pytest.fixture(scope="session")
+def minilm_with_heads(minilm_dir, tmp_path_factory):
+    """MiniLM's encoder plus freshly initialized heads, saved by us for each model class."""
+    folders = {}
+    for ours_cls in (BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction):
+        torch.manual_seed(0)
+        with pytest.warns(UserWarning, match="fresh initialization"):
+            model = ours_cls.from_pretrained(minilm_dir)
+        assert model.load_report["missing"]  # the heads were not in MiniLM's file
+        folder = tmp_path_factory.mktemp(ours_cls.__name__)
+        model.save_pretrained(folder)
+        folders[ours_cls] = folder
+    return folders

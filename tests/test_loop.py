@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from torchbert import BertConfig
+from torchbert import BertConfig, fast
+from torchbert.cli import main
 from torchbert.data.shards import Batch
 from torchbert.errors import OutOfSpace, UserError
 from torchbert.heads import BertForPreTraining
 from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints
-from torchbert.train import loop
 from torchbert.train.loop import PretrainingTask, TrainConfig, TrainingError, train
 
 V = 60
@@ -171,10 +171,17 @@ def test_nan_steps_are_skipped_and_counted(tmp_path):
               log=lambda s: None)
 
 
-def test_the_loop_keeps_freed_memory(tmp_path, monkeypatch):
+def test_only_the_cli_keeps_freed_memory(tmp_path, monkeypatch, prepared):
+    """The allocator setting changes the whole process: train(), a library call, never makes it; the
+    CLI's training commands do, unless --no-fast."""
     calls = []
-    monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append(True))
-    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=1), tmp_path, log=lambda s: None)
+    monkeypatch.setattr(fast, "keep_freed_memory", lambda: calls.append(True))
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=1), tmp_path / "lib", log=lambda s: None)
+    assert calls == []
+    common = ["pretrain", "--data", str(prepared / "data"), "--config", "tiny", "--steps", "1", "--batch-size", "4", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "plain"), "--no-fast"]) == 0
+    assert calls == []
+    assert main([*common, "--out", str(tmp_path / "fast")]) == 0
     assert calls == [True]
 
 

@@ -1,4 +1,4 @@
-"""train/memory.py: freed memory stays in the process, so later steps fault in no fresh pages."""
+"""fast/memory.py: freed memory stays in the process, so later steps fault in no fresh pages."""
 
 import subprocess
 import sys
@@ -13,7 +13,7 @@ import pytest
 ROUNDS = """
 import resource, sys
 import torch
-from torchbert.train.memory import keep_freed_memory
+from torchbert.fast.memory import keep_freed_memory
 kept = keep_freed_memory()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for r in range(6):
@@ -36,7 +36,7 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 def test_glibc_settings_from_the_environment_win(monkeypatch):
-    from torchbert.train import memory
+    from torchbert.fast import memory
 
     monkeypatch.setattr(memory, "_done", False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")

@@ -1,13 +1,11 @@
 """BertModel against transformers.BertModel on the real MiniLM weights and real text, fp32."""
 
 import pytest
+import realdata
 import torch
 import transformers
 
-import realdata
-from torchbert import BertConfig, BertModel
-import torchbert.model as model_module
-from torchbert.heads import BertForPreTraining
+from torchbert import BertConfig, BertModel, fast
 from torchbert.model import pad, unpad
 
 TOL = 1e-5
@@ -187,13 +185,15 @@ def test_output_positions_match_the_full_output(ours, batch):
 def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
     """The last layer at a few positions (queries only there) gives the full output's rows and
     gradients, on both attention paths: SDPA, and the one training takes on CPU with attention
-    dropout, _Attention (here with the dropout mask made all ones, so that both runs see the same)."""
+    dropout, fast.attention's (here with the dropout mask made all ones, so that both runs see the same)."""
     torch.manual_seed(0)
     p = 0.1 if path == "cpu training" else 0.0
     cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p)
-    if path == "cpu training":
-        monkeypatch.setattr(model_module, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
     m = BertModel(cfg)
+    if path == "cpu training":
+        monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
+        for layer in m.layers:
+            layer.attention.impl = "cpu"
     ids = torch.randint(1, 300, (4, 11))
     mask = (torch.arange(11) < torch.tensor([11, 3, 7, 1])[:, None]).long()
     pick = torch.tensor([1, 5, 12, 23, 24])  # flat positions of real tokens
@@ -211,52 +211,6 @@ def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
         for n, p in m.named_parameters():
             # to fp32 rounding of the largest gradient (sums over tokens whose terms reach ~100)
             assert max_diff(p.grad, g_full[n]) <= 1e-6 * (1 + g_full[n].abs().max()), n
-
-
-def autograd_attention(blocks, q, bias, beta, p):
-    """_Attention's steps in autograd's hands: the model's plain path on the same q, k, v."""
-    q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))
-    return model_module.plain_attention(q, k, v, bias, beta, p)[0]
-
-
-@pytest.mark.parametrize("inputs", ["packed", "padded"])
-def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
-    """Training on CPU with attention dropout runs _Attention, whose backward is written by hand; with
-    the same seed (the same dropout masks) autograd through the same steps gives the same loss and
-    gradients, for the layers that attend from every token and for the last one, which attends from
-    the masked tokens only."""
-    cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg).train()
-    ids = torch.randint(5, 300, (4, 11))
-    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 5])[:, None]).long()
-    labels = torch.where((torch.rand(ids.shape) < 0.3) & mask.bool(), ids, -100)
-    labels[0, 2] = ids[0, 2]
-    nsp = torch.tensor([0, 1, 1, 0])
-    if inputs == "packed":
-        flat, flat_labels, cu, T = unpad(ids, mask, labels)
-        positions = (flat_labels != -100).nonzero().squeeze(1)
-        kw = dict(input_ids=flat, cu_seqlens=cu, max_seqlen=T, mlm_positions=positions, mlm_labels=flat_labels[positions])
-    else:
-        kw = dict(input_ids=ids, attention_mask=mask, labels=labels)
-
-    def run():
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        out = model(**kw, next_sentence_label=nsp)
-        out.loss.backward()
-        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    used, backward = [], model_module._Attention.backward
-    monkeypatch.setattr(model_module._Attention, "backward", staticmethod(lambda *a: used.append(1) or backward(*a)))
-    ours = run()
-    assert len(used) == cfg.num_hidden_layers  # every layer took the hand-written backward
-    monkeypatch.setattr(model_module._Attention, "apply", autograd_attention)
-    reference = run()
-    assert abs(ours[0] - reference[0]) < 1e-6
-    for name, g in reference[1].items():
-        assert max_diff(ours[1][name], g) <= 1e-6 * g.abs().max(), name  # measured: below 1e-7
-    assert ours[1]["bert.layers.0.attention.qkv.weight"].abs().sum() > 0
 
 
 def test_attention_dropout_of_one_trains():

@@ -332,6 +332,21 @@ the global batch is batch-size x processes x grad-accum; --fsdp shards the model
 """
 
 
+def add_fast_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-fast", dest="fast", action="store_false",
+                   help="train the plain model: without torchbert.fast's CPU pieces (dropout masks, attention, "
+                        "the fused MLM loss, embedding gradients as rows, the allocator kept warm); slower, "
+                        "for comparing against the plain path")
+
+
+def keep_memory(fast: bool) -> None:
+    """The training commands own their process: with fast on, glibc keeps freed memory for the next step."""
+    if fast:
+        from .fast import keep_freed_memory
+
+        keep_freed_memory()
+
+
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from .config import PRESETS
     from .train.loop import TrainConfig
@@ -361,7 +376,9 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                       warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
                       optimizer=args.optimizer, max_grad_norm=args.max_grad_norm, seed=args.seed,
                       save_every=args.save_every, keep=args.keep, log_every=args.log_every,
-                      eval_every=args.eval_every, precision=args.precision, progress=not args.quiet)
+                      eval_every=args.eval_every, precision=args.precision, progress=not args.quiet,
+                      fast=args.fast)
+    keep_memory(args.fast)
     settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
@@ -411,6 +428,7 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
+    add_fast_flag(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_pretrain)
 
@@ -520,7 +538,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     cfg = TrainConfig(steps=1, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
                       schedule=args.schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                       seed=args.seed, save_every=args.save_every, keep=2, log_every=args.log_every,
-                      precision=args.precision, progress=not args.quiet)
+                      precision=args.precision, progress=not args.quiet, fast=args.fast)
+    keep_memory(args.fast)
     result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
     if not dist.is_main:
         return
@@ -607,6 +626,7 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
     f.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     f.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
+    add_fast_flag(f)
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_finetune)
 

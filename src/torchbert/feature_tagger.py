@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .dropout import Dropout
 from .features import combine_layers, needs_all_layers, parse_strategy
 from .heads import IGNORE, TaskOutput, num_labels
 from .io.files import atomic_write
@@ -83,7 +82,7 @@ class FeatureTagger(nn.Module):
         self.bert = encoder if encoder is not None else BertModel(config, add_pooling_layer=False)
         self.bert.requires_grad_(False)
         self.bert.eval()
-        self.dropout = Dropout(s.dropout)
+        self.dropout = nn.Dropout(s.dropout)
         self.lstm = None
         if s.kind == "bilstm":
             self.lstm = nn.LSTM(width, s.lstm_size, s.lstm_layers, batch_first=True, bidirectional=True,

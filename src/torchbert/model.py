@@ -14,8 +14,12 @@ Two input paths give the same numbers (tested to 1e-5 in fp32):
   * unpadded: input_ids [N], the real tokens of all sequences packed end to end, with
     cu_seqlens [B + 1] (cumulative lengths, starting at 0) and max_seqlen. Embeddings, projections
     and the feed-forward then run on real tokens only; attention runs per sequence (packed q/k/v are
-    scattered into a [B, A, T, D] block for scaled_dot_product_attention and gathered back; training
-    on CPU runs the same steps in _Attention, with dropout.py's mask and a backward of its own).
+    scattered into a [B, A, T, D] block for the attention function and gathered back).
+
+Attention itself is a function picked by name from ATTENTION: "sdpa" (torch's
+scaled_dot_product_attention) or "eager" (the steps written out, which also gives the
+probabilities). Nothing here depends on the device: the fast pieces for training on CPU live in
+torchbert.fast, which the training loop applies from outside.
 
 Parameter names are our own and short; `io/hf.py` holds the one key map to Hugging Face's.
 Self-attention uses one fused [H -> 3H] projection for q, k, v: one matrix product instead of three.
@@ -32,7 +36,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .dropout import Dropout, dropout, scaled_mask
 from .io.hf import HFCheckpoint
 
 
@@ -190,61 +193,30 @@ class _Tokens(torch.autograd.Function):
         return g, None, None, None
 
 
-def plain_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, beta: int, p: float) -> tuple[Tensor, Tensor]:
-    """dropout(softmax(q k^T / sqrt(D) + bias)) v, as autograd sees it: q [B, A, Q, D], k and v
-    [B, A, T, D], (bias, beta) from Layout.score_bias (the most negative float at padding keys).
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, p: float) -> tuple[Tensor, Tensor]:
+    """dropout(softmax(q k^T / sqrt(D) + mask)) v, step by step: q [B, A, Q, D], k and v [B, A, T, D],
+    the mask the most negative float at padding keys (layout.score_bias).
     -> (output [B, A, Q, D], probabilities [B, A, Q, T], before dropout)."""
     B, A, Tq, D = q.shape
     Tk = k.shape[2]
+    bias, beta = layout.score_bias(q, A)
     # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
     scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
                            beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
     probs = scores.softmax(dim=-1)
-    return dropout(probs, p) @ v, probs
+    return F.dropout(probs, p) @ v, probs
 
 
-class _Attention(torch.autograd.Function):
-    """plain_attention with dropout in one function for training on CPU, where its backward beats
-    autograd's: it writes the gradients of k and v (and of q, when q comes in the same block) into
-    one block, the layout _Heads gathers back from, where autograd would stack them; and 1 / sqrt(D)
-    rides in the products, where autograd scales the gradients of q and k in passes of their own.
-    A test holds it to plain_attention."""
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, p: float) -> tuple[Tensor, None]:
+    """The same as eager_attention through torch's scaled_dot_product_attention (fused kernels where
+    the device has them), without the probabilities."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=p), None
 
-    @staticmethod
-    def forward(ctx, blocks: Tensor, q: Tensor | None, bias: Tensor, beta: int, p: float) -> Tensor:
-        # blocks [3, B, A, T, D] (q, k, v), or [2, B, A, T, D] (k, v) with q [B, A, Q, D] given;
-        # bias, beta: Layout.score_bias. Output [B, A, Q, D] (Q = T when q is in the block).
-        P, B, A, T, D = blocks.shape
-        qs, k, v = _Attention.operands(blocks, q)
-        ctx.scale = 1 / math.sqrt(D)
-        scores = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
-        probs = scores.softmax(dim=-1)
-        mask = scaled_mask(probs.shape, p, probs.dtype)
-        dropped = probs * mask
-        ctx.save_for_backward(blocks, q, probs, mask, dropped)
-        return torch.bmm(dropped, v).view(B, A, -1, D)
 
-    @staticmethod
-    def operands(blocks: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B*A, Q, D], k and v [B*A, T, D]: views into the block (and into q)."""
-        P, B, A, T, D = blocks.shape
-        flat = blocks.view(P, B * A, T, D)
-        return flat[0] if q is None else q.reshape(B * A, -1, D), flat[-2], flat[-1]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        blocks, q, probs, mask, dropped = ctx.saved_tensors
-        P, B, A, T, D = blocks.shape
-        qs, k, v = _Attention.operands(blocks, q)
-        g = grad.reshape(B * A, -1, D)  # [B*A, Q, D]
-        d_blocks = torch.empty_like(blocks)
-        dq, dk, dv = _Attention.operands(d_blocks, None if q is None else torch.empty_like(q))
-        torch.bmm(dropped.transpose(1, 2), g, out=dv)
-        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T]
-        d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
-        torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
-        torch.baddbmm(dk, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale, out=dk)
-        return d_blocks, None if q is None else dq.view(q.shape), None, None, None
+# Attention functions by name: (q, k, v, layout, dropout_p) -> (output, probabilities or None).
+# SelfAttention.impl picks one ("sdpa" by default; "eager" whenever the probabilities are asked for);
+# torchbert.fast registers its own.
+ATTENTION = {"sdpa": sdpa_attention, "eager": eager_attention}
 
 
 @dataclass
@@ -280,7 +252,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
         # all inputs [B, T] or [N]; output [B, T, H] or [N, H]
@@ -295,6 +267,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # q, k, v stacked
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.impl = "sdpa"  # a name in ATTENTION
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
                 queries: Queries | None = None, xq: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -308,23 +281,9 @@ class SelfAttention(nn.Module):
             w, b = self.qkv.weight, self.qkv.bias
             blocks = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # [2, B, A, T, D]: k, v
             q = queries.layout.heads(F.linear(xq, w[:H], b[:H]), A, H // A)[0]  # [B, A, Q, D]
-        dropout_p = self.dropout_p if self.training else 0.0
-        # On CPU, scaled_dot_product_attention computes the plain path's steps whenever attention
-        # dropout is on, only with a slower dropout mask (dropout.py); so training on CPU takes the
-        # plain path, as one function with its own backward (_Attention) where nothing is traced.
-        cpu_dropout = dropout_p > 0 and x.device.type == "cpu"
-        if cpu_dropout and dropout_p < 1 and not need_weights and not torch.is_autocast_enabled("cpu") \
-                and not torch.compiler.is_compiling():
-            bias, beta = layout.score_bias(blocks, A)
-            ctx, probs = _Attention.apply(blocks, q, bias, beta, dropout_p), None  # [B, A, T, D]
-        else:
-            q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
-            if need_weights or cpu_dropout:  # the plain path, keeping the probabilities
-                ctx, probs = plain_attention(q, k, v, *layout.score_bias(q, A), dropout_p)
-                probs = probs if need_weights else None
-            else:
-                probs = None
-                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
+        q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
+        attend = ATTENTION["eager" if need_weights else self.impl]
+        ctx, probs = attend(q, k, v, layout, self.dropout_p if self.training else 0.0)  # [B, A, T, D]
         if queries is None:
             ctx = layout.tokens(ctx).reshape(x.shape)  # [B, T, H] or [N, H]
         elif need_weights:
@@ -354,7 +313,7 @@ class Layer(nn.Module):
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
                 queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:

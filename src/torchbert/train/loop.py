@@ -7,14 +7,15 @@ Per optimizer step:
   3. forward and backward each micro-batch (autocast in bf16 when asked);
   4. skip the step if the loss is NaN or inf (counted; too many in a row stops the run);
   5. clip the gradient norm, step the optimizer and the schedule (in one process the embeddings'
-     gradients arrive as rows and are added into dense buffers kept across steps: optim.SparseRows);
+     gradients arrive as rows and are added into dense buffers kept across steps: fast.SparseRows);
      a NaN or inf gradient norm skips the step like a NaN loss;
   6. log, evaluate and checkpoint on their cadences;
   7. after SIGINT or SIGTERM (Ctrl-C, a scheduler's stop): checkpoint and raise Interrupted. The
      signal is only noted when it comes; the step in flight finishes, and under torchrun the
      processes agree on it through the all-reduce each step makes anyway. A second signal abandons
      the step at once (KeyboardInterrupt) and keeps the checkpoints already written.
-Before the first, glibc's malloc is told to keep freed memory for the next step (memory.py).
+With TrainConfig.fast (the default) the model trains with torchbert.fast's pieces swapped in
+(fast.training), and is put back as it was when train() returns.
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
@@ -45,11 +46,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import fast
 from ..errors import Interrupted, RunFailed, UserError
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
-from .memory import keep_freed_memory
-from .optim import SparseRows, clipped_step, make_optimizer, make_scheduler
+from .optim import clipped_step, make_optimizer, make_scheduler
 
 
 class TrainingError(RunFailed):
@@ -104,6 +105,7 @@ class TrainConfig:
     precision: str = "fp32"
     max_bad_steps: int = 20  # consecutive steps with a non-finite loss before the run stops
     progress: bool = True
+    fast: bool = True  # torchbert.fast's pieces in the model while it trains, and embedding gradients as rows
 
 
 def seed_everything(seed: int) -> None:
@@ -187,7 +189,6 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         log = lambda _: None  # noqa: E731  (one process speaks)
     device = device or next(model.parameters()).device
     seed_everything(cfg.seed)
-    keep_freed_memory()  # the next step reuses this one's memory instead of faulting in fresh pages
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
     state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "skipped_steps": 0}
@@ -221,10 +222,10 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     bad_in_a_row = 0
     last_eval = None
     started = time.perf_counter() - state["seconds"]
-    # embeddings' gradients come as rows (optim.SparseRows) in one plain process: DDP and FSDP
+    # embeddings' gradients come as rows (fast.SparseRows) in one plain process: DDP and FSDP
     # reduce dense gradients, and the compiler traces dense ones
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None
-    rows = SparseRows(model) if plain else None
+    rows = fast.SparseRows(model) if plain and cfg.fast else None
 
     def checkpoint() -> Path | None:
         folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.sums},
@@ -238,7 +239,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         return Interrupted(signals.caught or "a signal to another process", step, folder)
 
     saved_at = step if resume else None
-    with rows or contextlib.nullcontext(), StopSignals(log) as signals:
+    with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
+            StopSignals(log) as signals:
         while step < cfg.steps:
             micro = [stream.next() for _ in range(cfg.grad_accum)]
             micro = [b.to(device) for b in micro]

@@ -1,5 +1,7 @@
 """Keep freed memory in the process from one training step to the next (glibc's malloc, Linux).
 
+It changes the whole process, so only the CLI's training commands call it (not with --no-fast).
+
 A training step frees and allocates again the same large tensors every step. By default glibc
 gives freed memory at the top of its heap back to the kernel (trimming), and it serves requests
 above an adaptive threshold, which starts at 128 kB, with fresh `mmap`s. Either way the next step
@@ -12,7 +14,7 @@ against 4.7 ms into a kept one.
 freed memory stays in the heap for the next step. A request above 32 MB that no free chunk of the
 heap fits is still mapped afresh and given back when freed, so a huge one-off tensor (an eval
 batch's logits over the vocabulary) does not pin its memory for the rest of the run; the MLM
-head keeps its own [M, V] buffer (heads._FREE). The cost: the process keeps the high-water mark
+head keeps its own [M, V] buffer (fast/decoder.py: _FREE). The cost: the process keeps the high-water mark
 of its heap, which a training process reaches in its first steps anyway. Settings given through
 glibc's environment variables (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_MAX_, ..., GLIBC_TUNABLES)
 win: then nothing is changed.

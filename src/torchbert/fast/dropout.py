@@ -1,4 +1,4 @@
-"""Dropout with a cheaper random mask on CPU.
+"""Dropout with a cheaper random mask on CPU (a fast piece: `fast.training` swaps it in for nn.Dropout).
 
 On CPU, `F.dropout` draws one Bernoulli sample per element from torch's Mersenne Twister, which
 costs more than the matrix products around a small BERT's dropouts. Here the mask comes from
@@ -93,7 +93,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout (same arguments, same state dict) through `dropout` above."""
+    """nn.Dropout (same arguments, same state dict) through `dropout` above: what `fast.training`
+    turns each nn.Dropout of a model into while it trains."""
 
     def forward(self, x: Tensor) -> Tensor:
         if self.inplace:

@@ -1,0 +1,62 @@
+"""Speed for training on CPU, applied from outside the model, as torchtitan applies parallelism.
+
+model.py and heads.py are plain PyTorch. `training(model)` swaps the fast pieces in for as long as
+its block runs, and puts the model back as it was afterwards (the state dict never changes):
+  * every nn.Dropout -> fast.dropout.Dropout: the mask from numpy's SFC64 on two threads;
+  * every SelfAttention -> attention "cpu" (fast.attention): dropout and a backward of its own;
+  * every MaskedLMHead -> fast.decoder.FusedMaskedLMHead: the loss's gradient made in the forward,
+    its [M, V] buffer kept from step to step, and the word embeddings tied so that their two
+    gradients meet in place.
+Each piece falls back to the plain path where it does not pay: off CPU, under autocast or the
+compiler, in eval. The training loop applies it when TrainConfig.fast is on (the default; the
+CLI's --no-fast turns it off). Two more pieces work around the model, not in it:
+  * fast.rows.SparseRows: the embeddings' gradients as rows, in the loop of one plain process;
+  * fast.memory.keep_freed_memory: glibc's allocator set to keep freed memory. It changes the whole
+    process, so no library call makes it: the CLI's training commands do (not with --no-fast).
+Each piece earned its place by a measured gain (bench/README.md), and a test holds it to the plain
+path (tests/test_fast.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from torch import nn
+
+from ..heads import MaskedLMHead
+from ..model import SelfAttention
+from . import attention  # noqa: F401  (registers model.ATTENTION["cpu"])
+from .decoder import FusedMaskedLMHead, tie_first
+from .dropout import Dropout
+from .memory import keep_freed_memory
+from .rows import SparseRows
+
+__all__ = ["SparseRows", "keep_freed_memory", "training"]
+
+
+@contextlib.contextmanager
+def training(model: nn.Module) -> Iterator[nn.Module]:
+    """The model with the fast pieces in it, while the block runs (see the module's docstring)."""
+    undo: list[Callable[[], None]] = []
+
+    def swap(m: nn.Module, cls: type) -> None:  # a subclass with the same state: only the forward differs
+        old, m.__class__ = m.__class__, cls
+        undo.append(lambda: setattr(m, "__class__", old))
+
+    for m in model.modules():
+        if type(m) is nn.Dropout and not m.inplace:
+            swap(m, Dropout)
+        elif isinstance(m, SelfAttention) and m.impl == "sdpa":
+            m.impl = "cpu"
+            undo.append(lambda m=m: setattr(m, "impl", "sdpa"))
+        elif type(m) is MaskedLMHead:
+            swap(m, FusedMaskedLMHead)
+    for m in model.modules():
+        if isinstance(getattr(m, "mlm", None), FusedMaskedLMHead) and hasattr(m, "bert"):
+            undo.append(m.register_forward_pre_hook(tie_first, with_kwargs=True).remove)
+    try:
+        yield model
+    finally:
+        for f in reversed(undo):
+            f()

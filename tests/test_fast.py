@@ -1,0 +1,338 @@
+"""torchbert.fast: every piece held to the plain path it replaces, and `fast.training` puts the model back.
+
+The CPU dropout behaves as F.dropout (the drop rate, the scaling, the gradient); the CPU attention
+and the fused MLM loss give the plain path's values and gradients; the model is plain again after
+training."""
+
+import contextlib
+import math
+
+import numpy
+import pytest
+import torch
+
+from torchbert import fast
+from torchbert.config import BertConfig
+from torchbert.fast.dropout import Dropout, dropout, keep_mask
+from torchbert.heads import BertForMaskedLM, BertForPreTraining, MaskedLMHead
+from torchbert.model import BertModel, unpad
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_drop_rate(p):
+    torch.manual_seed(0)
+    keep = keep_mask((1000, 1001), p)  # not a multiple of four elements
+    assert keep.shape == (1000, 1001) and keep.dtype == torch.bool
+    # binomial standard error at n = 1e6 is at most 5e-4; the rounding of p to 16 bits at most 8e-6
+    assert abs((~keep).float().mean().item() - p) < 3e-3
+    rows = (~keep).float().mean(1)  # no structure along either axis
+    cols = (~keep).float().mean(0)
+    assert rows.std() < 0.03 and cols.std() < 0.03
+
+
+def test_values_and_gradient_match_the_rule():
+    torch.manual_seed(1)
+    x = torch.randn(64, 97, requires_grad=True)
+    y = dropout(x, 0.25)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, torch.where(kept, g / 0.75, 0.0))
+    # the mean over many masks is the input (dropout is unbiased)
+    mean = torch.stack([dropout(x.detach(), 0.25) for _ in range(400)]).mean(0)
+    assert (mean - x.detach()).abs().mean() < 0.05
+
+
+def test_bfloat16_keeps_dtype_and_exact_scale():
+    """Under bf16 the scale 1 / (1 - p) is applied in fp32: a bf16 mask would round 1/0.9 to 1.109."""
+    torch.manual_seed(2)
+    x = torch.randn(32, 50).bfloat16().requires_grad_()
+    y = dropout(x, 0.1)
+    assert y.dtype == torch.bfloat16
+    kept = y != 0
+    assert torch.equal(y[kept], (x.detach().float()[kept] / 0.9).bfloat16())
+    y.backward(torch.ones_like(y))
+    assert x.grad.dtype == torch.bfloat16
+    assert torch.equal(x.grad, torch.where(kept, torch.tensor(1 / 0.9).bfloat16(), torch.tensor(0.0).bfloat16()))
+
+
+def test_off_paths_and_seed():
+    x = torch.randn(8, 16)
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    torch.manual_seed(3)
+    a = dropout(x, 0.3)
+    torch.manual_seed(3)
+    assert torch.equal(a, dropout(x, 0.3))
+    m = Dropout(0.3)
+    assert m.eval()(x) is x and isinstance(m, torch.nn.Dropout)
+
+
+def test_training_attention_path_matches_sdpa_without_dropout():
+    """Under fast.training, training on CPU takes the attention with this dropout; with a dropout of
+    zero it must equal the scaled_dot_product_attention path, in values and gradients."""
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = BertModel(config).train()
+    applied = fast.training(model)  # held for the rest of this test: a dropped generator would undo it
+    applied.__enter__()
+    ids = torch.randint(1, 120, (3, 20))
+    mask = (torch.arange(20) < torch.tensor([20, 13, 7])[:, None]).long()
+    torch.manual_seed(5)
+    a = model(ids, mask).last_hidden_state
+    torch.manual_seed(5)
+    assert torch.equal(a, model(ids, mask).last_hidden_state)  # dropout masks follow the seed
+    assert not torch.equal(a, model(ids, mask).last_hidden_state)  # and dropout is on
+    for layer in model.layers:
+        layer.attention.dropout_p = 0.0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    plain = model(ids, mask, output_attentions=True)  # need_weights: the plain path
+    sdpa = model(ids, mask)  # dropout_p 0: the SDPA path
+    real = mask.bool()
+    torch.testing.assert_close(plain.last_hidden_state[real], sdpa.last_hidden_state[real], atol=1e-5, rtol=1e-5)
+    params = [p for name, p in model.named_parameters() if not name.startswith("pooler")]
+    gp = torch.autograd.grad(plain.last_hidden_state[real].sum(), params)
+    gs = torch.autograd.grad(sdpa.last_hidden_state[real].sum(), params)
+    for a, b in zip(gp, gs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_model_dropout_rate_in_training():
+    """With hidden dropout only, the embeddings' output has the configured share of zeros."""
+    config = BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.2)
+    model = BertModel(config).train()
+    ids = torch.randint(1, 120, (16, 64))
+    with fast.training(model):
+        assert type(model.embeddings.dropout) is Dropout
+        x = model.embeddings(ids, torch.zeros_like(ids), torch.arange(64).expand(16, 64))
+    assert abs((x == 0).float().mean().item() - 0.2) < 0.02
+    assert type(model.embeddings.dropout) is torch.nn.Dropout
+
+
+def test_large_masks_are_two_streams_fixed_by_the_seed():
+    """A mask over SPLIT elements is two halves from two seeds drawn from torch's generator; the
+    half drawn on the helper thread equals the same draw made on the caller's thread."""
+    from torchbert.fast import dropout as d
+
+    n = d.SPLIT * 2 + 7
+    torch.manual_seed(4)
+    mask = d.scaled_mask((n,), 0.1)
+    torch.manual_seed(4)
+    seeds = torch.randint(0, 2**62, (2,)).tolist()
+    threshold = -(2**15) + round(0.1 * 2**16)
+    by_hand = numpy.empty(n, numpy.float32)
+    d._fill(by_hand[: n // 2], seeds[0], threshold, 1 / 0.9)
+    d._fill(by_hand[n // 2:], seeds[1], threshold, 1 / 0.9)
+    assert torch.equal(mask, torch.from_numpy(by_hand))
+    assert set(mask.unique().tolist()) == {0.0, numpy.float32(1 / 0.9).item()}
+    assert not torch.equal(mask[: n // 2][:1000], mask[n // 2:][:1000])  # two streams, not one twice
+    # the caller's generator moved on: the next mask differs
+    assert not torch.equal(mask, d.scaled_mask((n,), 0.1))
+
+
+def _child_mask(queue):
+    torch.set_num_threads(1)  # as DataLoader workers do: torch's OpenMP pool does not survive a fork
+    torch.manual_seed(5)
+    queue.put(dropout(torch.ones(600, 1000), 0.1).sum().item())
+
+
+def test_a_forked_child_draws_its_own_masks():
+    """The helper thread does not survive a fork (DataLoader workers, torchrun): the child makes its own."""
+    import multiprocessing
+
+    dropout(torch.ones(600, 1000), 0.1)  # the parent's helper thread exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_mask, args=(queue,), daemon=True)
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.kill()
+    torch.manual_seed(5)
+    assert got == dropout(torch.ones(600, 1000), 0.1).sum().item()
+
+
+# -- attention ---------------------------------------------------------------------------------------
+
+def autograd_attention(q, k, v, bias, beta, p):
+    """fast.attention._Attention's steps in autograd's hands, with the same dropout masks."""
+    B, A, Q, D = q.shape
+    scores = torch.baddbmm(bias, q.reshape(B * A, Q, D), k.reshape(B * A, -1, D).transpose(1, 2),
+                           beta=beta, alpha=1 / math.sqrt(D))
+    return (dropout(scores.softmax(-1), p) @ v.reshape(B * A, -1, D)).view(B, A, Q, D)
+
+
+@pytest.mark.parametrize("inputs", ["packed", "padded"])
+def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
+    """Training on CPU with attention dropout runs fast.attention._Attention, whose backward is
+    written by hand; with the same seed (the same dropout masks) autograd through the same steps
+    gives the same loss and gradients, for the layers that attend from every token and for the last
+    one, which attends from the masked tokens only."""
+    cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg).train()
+    ids = torch.randint(5, 300, (4, 11))
+    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 5])[:, None]).long()
+    labels = torch.where((torch.rand(ids.shape) < 0.3) & mask.bool(), ids, -100)
+    labels[0, 2] = ids[0, 2]
+    nsp = torch.tensor([0, 1, 1, 0])
+    if inputs == "packed":
+        flat, flat_labels, cu, T = unpad(ids, mask, labels)
+        positions = (flat_labels != -100).nonzero().squeeze(1)
+        kw = dict(input_ids=flat, cu_seqlens=cu, max_seqlen=T, mlm_positions=positions, mlm_labels=flat_labels[positions])
+    else:
+        kw = dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with fast.training(model):
+            out = model(**kw, next_sentence_label=nsp)
+            out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    Attention = fast.attention._Attention
+    used, backward = [], Attention.backward
+    monkeypatch.setattr(Attention, "backward", staticmethod(lambda *a: used.append(1) or backward(*a)))
+    ours = run()
+    assert len(used) == cfg.num_hidden_layers  # every layer took the hand-written backward
+    monkeypatch.setattr(Attention, "apply", autograd_attention)
+    reference = run()
+    assert abs(ours[0] - reference[0]) < 1e-6
+    for name, g in reference[1].items():
+        assert max_diff(ours[1][name], g) <= 1e-6 * g.abs().max(), name  # measured: below 1e-7
+    assert ours[1]["bert.layers.0.attention.qkv.weight"].abs().sum() > 0
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# -- the fused MLM loss ------------------------------------------------------------------------------
+
+def training_gradients(model, inputs, labels, nsp, use_logits: bool, rows: bool, fused: bool):
+    """Loss, MLM logits and every parameter's gradient of one backward, dropout off, through the fast
+    pieces when `fused`; the embeddings' gradients as rows made dense (SparseRows, as the
+    pretraining loop does) when `rows`."""
+    model.zero_grad(set_to_none=True)
+    with fast.SparseRows(model) if rows else contextlib.nullcontext() as sparse, \
+            fast.training(model) if fused else contextlib.nullcontext():
+        assert isinstance(model.mlm, fast.decoder.FusedMaskedLMHead) == fused
+        out = model(**inputs, labels=labels, next_sentence_label=nsp)
+        mlm = out.mlm_loss if out.mlm_loss.isfinite() else 0.0  # nothing scored: the loss is nan
+        loss = 0.7 * mlm + out.nsp_loss
+        if use_logits:  # as the loop does for a micro-batch with no masked token
+            loss = loss + out.mlm_logits.pow(2).mean()
+        loss.backward()
+        if rows:
+            sparse.densify()
+    return out.mlm_loss.detach(), out.mlm_logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", ["loss", "loss and logits", "rows", "nothing scored"])
+def test_fused_decoder_loss_equals_the_plain_path(minilm_with_heads, real_batch, case):
+    """With gradients on, fast's MLM decoder and its cross-entropy run as one function that makes the
+    logits' gradient in its forward, on the word embeddings taken through _Tied; the plain head
+    (F.linear + F.cross_entropy on the weight itself) must give the same loss, logits and gradient
+    for every parameter, the tied embeddings' included."""
+    model = BertForPreTraining.from_pretrained(minilm_with_heads[BertForPreTraining]).eval()  # dropout off
+    inputs, labels, nsp = real_batch
+    if case == "nothing scored":
+        labels = torch.full_like(labels, -100)
+    kw = dict(use_logits=case in ("loss and logits", "nothing scored"), rows=case == "rows")
+    tied = []
+    backward = fast.decoder._Tied.backward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fast.decoder._Tied, "backward", staticmethod(lambda *a: tied.append(1) or backward(*a)))
+        fused = training_gradients(model, inputs, labels, nsp, fused=True, **kw)
+    assert tied == [1]  # the decoder took the embeddings through _Tied
+    plain = training_gradients(model, inputs, labels, nsp, fused=False, **kw)
+    if case == "nothing scored":
+        assert fused[0].isnan() and plain[0].isnan() and fused[1].shape[0] == 0
+    else:
+        assert abs(fused[0] - plain[0]) < 1e-6
+    assert torch.equal(fused[1], plain[1])
+    assert fused[2].keys() == plain[2].keys()
+    for name, g in plain[2].items():
+        scale = g.abs().max()
+        assert (fused[2][name] - g).abs().max() <= 1e-5 * scale, name
+    assert plain[2]["bert.embeddings.word.weight"].abs().sum() > 0
+
+
+def test_fused_decoder_reuses_its_gradient_buffer_safely(monkeypatch):
+    """The [M, V] loss gradient's buffer passes from a backward to the next forward (decoder._FREE): the
+    next step gets the same memory and the same result as with fresh buffers; a retained graph run
+    twice gives the same gradients, unless a later forward took its buffer meanwhile: then autograd
+    refuses, as for any in-place change of a saved tensor."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=300)).eval()
+    applied = fast.training(model)  # held for the rest of this test: a dropped generator would undo it
+    applied.__enter__()
+    ids = torch.randint(5, 300, (4, 12))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:6] = ids[:, 3:6]
+    monkeypatch.setattr(fast.decoder, "_FREE", [])
+
+    def grads(retain=False):
+        model.zero_grad()
+        out = model(ids, labels=labels)
+        out.mlm_loss.backward(retain_graph=retain)
+        return out, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    _, first = grads()
+    free = fast.decoder._FREE
+    assert len(free) == 1
+    kept = free[0].data_ptr()
+    _, second = grads()
+    assert free[0].data_ptr() == kept and len(free) == 1  # the same buffer, taken and given back
+    assert len(first) == len(second) > 10 and all(torch.equal(a, b) for a, b in zip(first, second))
+
+    out, once = grads(retain=True)
+    model.zero_grad()
+    out.mlm_loss.backward(retain_graph=True)  # again: its buffer is back in _FREE, untouched
+    again = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(once) == len(again) and all(torch.equal(a, b) for a, b in zip(once, again))
+    assert len(free) == 1  # given back once
+    model(ids, labels=labels).mlm_loss  # a new forward takes that buffer and writes into it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.mlm_loss.backward()
+
+
+# -- fast.training ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
+def test_training_swaps_the_pieces_in_and_puts_the_model_back(cls):
+    torch.manual_seed(0)
+    model = cls(BertConfig.from_name("tiny", vocab_size=300))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plain_types = [type(m) for m in model.modules()]
+    with fast.training(model) as same:
+        assert same is model
+        assert all(type(m) is Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
+        assert {layer.attention.impl for layer in model.bert.layers} == {"cpu"}
+        assert type(model.mlm) is fast.decoder.FusedMaskedLMHead and len(model._forward_pre_hooks) == 1
+        assert model.state_dict().keys() == before.keys()
+    assert [type(m) for m in model.modules()] == plain_types and type(model.mlm) is MaskedLMHead
+    assert {layer.attention.impl for layer in model.bert.layers} == {"sdpa"}
+    assert not model._forward_pre_hooks
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_training_leaves_eager_attention_and_inference_alone():
+    """An attention set to another function by its user keeps it; in eval the fast model gives the
+    plain model's outputs exactly (every piece falls back)."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=300)).eval()
+    model.bert.layers[0].attention.impl = "eager"
+    ids = torch.randint(5, 300, (3, 9))
+    plain = model(ids).mlm_logits
+    with fast.training(model):
+        assert model.bert.layers[0].attention.impl == "eager" and model.bert.layers[1].attention.impl == "cpu"
+        assert torch.equal(model(ids).mlm_logits, plain)
+    assert model.bert.layers[0].attention.impl == "eager"
