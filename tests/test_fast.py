@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from torchbert import fast
+from torchbert import model as model_module
 from torchbert.config import BertConfig
 from torchbert.fast.dropout import Dropout, dropout, keep_mask
 from torchbert.heads import BertForMaskedLM, BertForPreTraining, MaskedLMHead
@@ -160,20 +161,20 @@ def test_a_forked_child_draws_its_own_masks():
 
 # -- attention ---------------------------------------------------------------------------------------
 
-def autograd_attention(q, k, v, bias, beta, p):
+def autograd_attention(blocks, bias, beta, p):
     """fast.attention._Attention's steps in autograd's hands, with the same dropout masks."""
-    B, A, Q, D = q.shape
-    scores = torch.baddbmm(bias, q.reshape(B * A, Q, D), k.reshape(B * A, -1, D).transpose(1, 2),
-                           beta=beta, alpha=1 / math.sqrt(D))
-    return (dropout(scores.softmax(-1), p) @ v.reshape(B * A, -1, D)).view(B, A, Q, D)
+    _, B, A, T, D = blocks.shape
+    q, k, v = blocks.view(3, B * A, T, D)
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=beta, alpha=1 / math.sqrt(D))
+    return (dropout(scores.softmax(-1), p) @ v).view(B, A, T, D)
 
 
 @pytest.mark.parametrize("inputs", ["packed", "padded"])
 def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
-    """Training on CPU with attention dropout runs fast.attention._Attention, whose backward is
-    written by hand; with the same seed (the same dropout masks) autograd through the same steps
-    gives the same loss and gradients, for the layers that attend from every token and for the last
-    one, which attends from the masked tokens only."""
+    """Training on CPU with attention dropout runs fast.attention's _Heads, _Attention and _Tokens,
+    whose backwards are written by hand; with the same seed (the same dropout masks) the plain
+    model's layout steps and autograd through the same attention steps give the same loss and
+    gradients, packed (with padding) and padded."""
     cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).train()
@@ -197,12 +198,19 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
             out.loss.backward()
         return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    Attention = fast.attention._Attention
-    used, backward = [], Attention.backward
-    monkeypatch.setattr(Attention, "backward", staticmethod(lambda *a: used.append(1) or backward(*a)))
+    used = []
+    for fn in (fast.attention._Heads, fast.attention._Attention, fast.attention._Tokens):
+        monkeypatch.setattr(fn, "backward", staticmethod(lambda *a, b=fn.backward, n=fn.__name__: used.append(n) or b(*a)))
     ours = run()
-    assert len(used) == cfg.num_hidden_layers  # every layer took the hand-written backward
-    monkeypatch.setattr(Attention, "apply", autograd_attention)
+    L = cfg.num_hidden_layers
+    assert sorted(used) == sorted(["_Heads", "_Attention"] * L + ["_Tokens"] * (L if inputs == "packed" else 0))
+
+    def plain_layout_then(qkv, layout, heads, p):  # the model's own split and merge around the same steps
+        q, k, v = model_module.split_heads(qkv, layout, heads)
+        return model_module.merge_heads(autograd_attention(torch.stack([q, k, v]), *layout.score_bias(q, heads), p),
+                                        layout), None
+
+    monkeypatch.setitem(model_module.ATTENTION, "cpu", plain_layout_then)
     reference = run()
     assert abs(ours[0] - reference[0]) < 1e-6
     for name, g in reference[1].items():

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -59,78 +59,30 @@ def activation(name: str):
 
 @dataclass
 class Layout:
-    """Where the tokens of a batch sit, computed once per forward and shared by every layer.
-
-    Attention always works on a padded [B, T] block. For packed hidden states [N, H], `index` gives
-    each token's row in the flattened [B*T] block and `pad` the rows that hold no token. When every
-    sequence has the same length the packed tokens are the block itself, and both are None; so is
-    `key_mask` when no position is padding."""
+    """Where the tokens of a batch sit in the padded [B, T] block that attention works on, computed
+    once per forward and shared by every layer. Padded input is the block itself; packed input [N]
+    has `index`, each token's row in the flattened [B*T] block, unless every sequence is T long
+    (then the packed tokens are the block)."""
 
     batch: int  # B
     seqlen: int  # T
-    key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to
-    seq: Tensor | None = None  # [N] sequence of each packed token
-    index: Tensor | None = None  # [N] row of each packed token in the block: seq * T + position
-    pad: Tensor | None = None  # [B*T - N] the block's rows that are padding
+    key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to; None: no padding
+    packed: bool = False  # the tokens come as [N, ...], not [B, T, ...]
+    index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
 
-    def heads(self, t: Tensor, heads: int, head_size: int) -> Tensor:
-        """Projections [B, T, P*H] or packed [N, P*H] -> one block [P, B, A, T, D] of P contiguous parts
-        for the attention products (padding rows zero: little of them in length-sorted batches)."""
-        P = t.shape[-1] // (heads * head_size)
-        # the row maps are made here, not inside the autograd function, which the compiler traces
-        # as a graph of its own that cannot fill the cache
-        maps = None if self.index is None else (*self.head_sources(heads, P), self.head_rows(heads, P))
-        return _Heads.apply(t, self, heads, head_size, maps)
-
-    def tokens(self, ctx: Tensor) -> Tensor:
-        """Attention output [B, A, T, D] -> [B, T, H], or packed [N, H] (the real tokens)."""
-        B, A, T, D = ctx.shape
+    def to_block(self, x: Tensor) -> Tensor:
+        """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""
+        B, T, F = self.batch, self.seqlen, x.shape[-1]
         if self.index is None:
-            return ctx.transpose(1, 2).reshape(B, T, A * D)
-        # the inverse map serves the backward only: not made when no gradient will flow (inference)
-        back = self.head_sources(A) if torch.is_grad_enabled() and ctx.requires_grad else (None, None)
-        return _Tokens.apply(ctx, self.head_rows(A), *back)
+            return x.view(B, T, F)
+        return x.new_zeros(B * T, F).index_copy(0, self.index, x).view(B, T, F)
 
-    @cached_property
-    def pos(self) -> Tensor:
-        """[N] the position of each packed token in its row of the block."""
-        return self.index - self.seq * self.seqlen
-
-    @cached_property
-    def pad_rows(self) -> tuple[Tensor, Tensor]:
-        """The padding slots of the block as (sequence, position), each [B*T - N]."""
-        return self.pad // self.seqlen, self.pad % self.seqlen
-
-    def head_rows(self, heads: int, parts: int = 1) -> Tensor:
-        """[N*P*A]: where head a of part p of each packed token sits in P blocks [P, B, A, T, D] seen as
-        [P*B*A*T, D] rows, in the order of the packed [N, P, A, D] rows."""
-        key = ("rows", heads, parts)
-        if key not in self._cache:
-            A, device = heads, self.seq.device
-            a = torch.arange(A, device=device)
-            p = torch.arange(parts, device=device)[:, None] * (self.batch * A * self.seqlen)  # [P, 1]
-            rows = (self.seq[:, None] * A + a) * self.seqlen + self.pos[:, None]  # [N, A] in one block
-            self._cache[key] = (rows[:, None, :] + p).flatten()
-        return self._cache[key]
-
-    def head_sources(self, heads: int, parts: int = 1) -> tuple[Tensor, Tensor]:
-        """The inverse of `head_rows`: for every row of the P blocks, the packed row it comes from (0 at
-        padding), and the padding rows."""
-        key = ("sources", heads, parts)
-        if key not in self._cache:
-            B, T, A, device = self.batch, self.seqlen, heads, self.seq.device
-            rows = self.head_rows(A, parts)
-            src = torch.zeros(parts * B * A * T, dtype=torch.long, device=device)
-            src[rows] = torch.arange(rows.numel(), device=device)
-            b, t = self.pad_rows
-            pad = (b[:, None] * A + torch.arange(A, device=device)) * T + t[:, None]  # [B*T - N, A] in one block
-            p = torch.arange(parts, device=device)[:, None] * (B * A * T)  # [P, 1]
-            self._cache[key] = (src, (pad.flatten() + p).flatten())
-        return self._cache[key]
-
-    @cached_property
-    def _cache(self) -> dict:
-        return {}
+    def from_block(self, x: Tensor) -> Tensor:
+        """[B, T, F] -> the tokens' own layout: [B, T, F], or packed [N, F] (the real tokens)."""
+        if not self.packed:
+            return x
+        x = x.reshape(-1, x.shape[-1])  # [B*T, F]
+        return x if self.index is None else x.index_select(0, self.index)
 
     def score_bias(self, like: Tensor, heads: int) -> tuple[Tensor, int]:
         """(bias, beta) for baddbmm(bias, q, k^T, beta=beta), in the dtype and on the device of `like`:
@@ -139,110 +91,48 @@ class Layout:
         if self.key_mask is None:
             return like.new_zeros(()), 0
         B, T = self.batch, self.seqlen
-        bias = like.new_zeros(self.key_mask.shape).masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)  # [B, 1, 1, T]
+        bias = like.new_zeros(self.key_mask.shape)  # [B, 1, 1, T]
+        bias.masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)
         return bias.expand(B, heads, 1, T).reshape(B * heads, 1, T), 1
 
 
-class _Heads(torch.autograd.Function):
-    """Projections [B, T, P*A*D] or packed [N, P*A*D] -> a block [P, B, A, T, D], in one pass: each
-    block row (one head of one slot, D numbers) is gathered from its packed token (the padding slots
-    set to zero). The backward gathers the block's gradient straight back into the [.., P*A*D]
-    layout, where autograd's own backward would reorder and then gather it."""
-
-    @staticmethod
-    def forward(ctx, t: Tensor, layout: Layout, heads: int, head_size: int,
-                maps: tuple[Tensor, Tensor, Tensor] | None) -> tuple[Tensor, ...]:
-        # maps (packed only): Layout.head_sources (src, pad) and head_rows, for P = t's parts
-        B, T, A, D = layout.batch, layout.seqlen, heads, head_size
-        P = t.shape[-1] // (A * D)
-        ctx.shape, ctx.packed = t.shape, maps is not None
-        if maps is None:
-            out = t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [P, B, A, T, D]
-        else:
-            src, pad, rows = maps
-            ctx.save_for_backward(rows)
-            out = t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(P, B, A, T, D)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        D = grad.shape[-1]
-        if not ctx.packed:
-            g = grad.permute(1, 3, 0, 2, 4).reshape(ctx.shape)  # [B, T, P, A, D] -> [B, T, P*A*D]
-        else:
-            g = grad.reshape(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*P*A, D]
-        return g.view(ctx.shape), None, None, None, None
+def split_heads(qkv: Tensor, layout: Layout, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The stacked projections [B, T, 3H] or packed [N, 3H] -> q, k, v, each [B, A, T, D]."""
+    B, T = layout.batch, layout.seqlen
+    D = qkv.shape[-1] // (3 * heads)
+    return layout.to_block(qkv).view(B, T, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-class _Tokens(torch.autograd.Function):
-    """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one gather."""
-
-    @staticmethod
-    def forward(ctx, blk: Tensor, rows: Tensor, src: Tensor | None, pad: Tensor | None) -> Tensor:
-        # rows: Layout.head_rows, and its inverse src, pad: Layout.head_sources (one part; for the
-        # backward, None without one)
-        B, A, T, D = blk.shape
-        ctx.shape = blk.shape
-        ctx.save_for_backward(src, pad)
-        return blk.reshape(-1, D).index_select(0, rows).view(-1, A * D)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        src, pad = ctx.saved_tensors
-        g = grad.reshape(-1, ctx.shape[-1]).index_select(0, src).index_fill_(0, pad, 0).view(ctx.shape)
-        return g, None, None, None
+def merge_heads(ctx: Tensor, layout: Layout) -> Tensor:
+    """Attention output [B, A, T, D] -> the tokens' layout: [B, T, H], or packed [N, H]."""
+    B, A, T, D = ctx.shape
+    return layout.from_block(ctx.transpose(1, 2).reshape(B, T, A * D))
 
 
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, p: float) -> tuple[Tensor, Tensor]:
-    """dropout(softmax(q k^T / sqrt(D) + mask)) v, step by step: q [B, A, Q, D], k and v [B, A, T, D],
-    the mask the most negative float at padding keys (layout.score_bias).
-    -> (output [B, A, Q, D], probabilities [B, A, Q, T], before dropout)."""
-    B, A, Tq, D = q.shape
-    Tk = k.shape[2]
+def eager_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, Tensor]:
+    """dropout(softmax(q k^T / sqrt(D) + mask)) v, step by step, the mask the most negative float at
+    padding keys. -> (output [B, T, H] or [N, H], probabilities [B, A, T, T] before dropout)."""
+    q, k, v = split_heads(qkv, layout, heads)  # each [B, A, T, D]
+    B, A, T, D = q.shape
     bias, beta = layout.score_bias(q, A)
     # one product with the scale and the mask in it: bias + (q k^T) / sqrt(D)
-    scores = torch.baddbmm(bias, q.reshape(B * A, Tq, D), k.reshape(B * A, Tk, D).transpose(1, 2),
-                           beta=beta, alpha=1 / math.sqrt(D)).view(B, A, Tq, Tk)
+    scores = torch.baddbmm(bias, q.reshape(B * A, T, D), k.reshape(B * A, T, D).transpose(1, 2),
+                           beta=beta, alpha=1 / math.sqrt(D)).view(B, A, T, T)
     probs = scores.softmax(dim=-1)
-    return F.dropout(probs, p) @ v, probs
+    return merge_heads(F.dropout(probs, p) @ v, layout), probs
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, p: float) -> tuple[Tensor, None]:
-    """The same as eager_attention through torch's scaled_dot_product_attention (fused kernels where
-    the device has them), without the probabilities."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=p), None
+def sdpa_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
+    """The same through torch's scaled_dot_product_attention (fused kernels where the device has
+    them), without the probabilities."""
+    q, k, v = split_heads(qkv, layout, heads)  # each [B, A, T, D]
+    return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=p), layout), None
 
 
-# Attention functions by name: (q, k, v, layout, dropout_p) -> (output, probabilities or None).
-# SelfAttention.impl picks one ("sdpa" by default; "eager" whenever the probabilities are asked for);
-# torchbert.fast registers its own.
+# Attention functions by name: (qkv [B, T, 3H] or [N, 3H], layout, heads, dropout_p) -> (output in
+# the tokens' layout, probabilities or None). SelfAttention.impl picks one ("sdpa" by default,
+# "eager" whenever the probabilities are asked for); torchbert.fast registers its own.
 ATTENTION = {"sdpa": sdpa_attention, "eager": eager_attention}
-
-
-@dataclass
-class Queries:
-    """The K tokens whose final states are wanted (pretraining: the masked tokens and [CLS]), so that
-    the last layer computes queries, attention rows, the output projection and the feed-forward for
-    them only. Attention takes their queries as a [B, Q] block (`layout`): each sequence's in its
-    own row of Q slots (Q = the most of one sequence), the free slots zero and their outputs unused."""
-
-    rows: Tensor  # [K] flat token positions, into [B*T] (padded) or [N] (packed)
-    layout: Layout  # [B, Q]: index = seq * Q + slot of each, pad = the free slots
-
-    @classmethod
-    def at(cls, rows: Tensor, layout: Layout) -> Queries:
-        B = layout.batch
-        seq = rows // layout.seqlen if layout.seq is None else layout.seq[rows]  # [K]
-        counts = torch.bincount(seq, minlength=B)  # [B]
-        Q = int(counts.max()) if seq.numel() else 0
-        order = torch.argsort(seq, stable=True)
-        first = counts.cumsum(0) - counts  # [B] where each sequence's queries start in `order`
-        slot = torch.empty_like(seq)
-        slot[order] = torch.arange(seq.numel(), device=seq.device) - first[seq[order]]
-        index = seq * Q + slot  # [K]
-        free = torch.ones(B * Q, dtype=torch.bool, device=seq.device)
-        free[index] = False
-        return cls(rows, Layout(B, Q, None, seq, index, free.nonzero().squeeze(1)))
 
 
 class Embeddings(nn.Module):
@@ -270,27 +160,13 @@ class SelfAttention(nn.Module):
         self.impl = "sdpa"  # a name in ATTENTION
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
-                queries: Queries | None = None, xq: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        # x [B, T, H] or [N, H]. With `queries`, only those tokens ask (their q rows and attention
-        # rows are computed, from xq [K, H]: x at queries.rows); every token is still a key and
-        # value. The output is then [K, H].
-        H, A = x.shape[-1], self.heads
-        if queries is None or need_weights:
-            blocks, q = layout.heads(self.qkv(x), A, H // A), None  # [3, B, A, T, D]: q, k, v
-        else:
-            w, b = self.qkv.weight, self.qkv.bias
-            blocks = layout.heads(F.linear(x, w[H:], b[H:]), A, H // A)  # [2, B, A, T, D]: k, v
-            q = queries.layout.heads(F.linear(xq, w[:H], b[:H]), A, H // A)[0]  # [B, A, Q, D]
-        q, k, v = blocks.unbind(0) if q is None else (q, *blocks.unbind(0))  # each [B, A, T, D]
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        # x [B, T, H] or [N, H]; rows [K]: flat token positions whose output alone is wanted ([K, H])
         attend = ATTENTION["eager" if need_weights else self.impl]
-        ctx, probs = attend(q, k, v, layout, self.dropout_p if self.training else 0.0)  # [B, A, T, D]
-        if queries is None:
-            ctx = layout.tokens(ctx).reshape(x.shape)  # [B, T, H] or [N, H]
-        elif need_weights:
-            ctx = layout.tokens(ctx).reshape(-1, H)[queries.rows]  # [K, H]
-        else:
-            ctx = queries.layout.tokens(ctx)  # [K, H]
-        return self.out(ctx), probs
+        ctx, probs = attend(self.qkv(x), layout, self.heads, self.dropout_p if self.training else 0.0)
+        if rows is not None:
+            ctx = ctx.reshape(-1, ctx.shape[-1]).index_select(0, rows)  # [K, H]
+        return self.out(ctx), probs  # [B, T, H], [N, H] or [K, H]
 
 
 class FeedForward(nn.Module):
@@ -316,12 +192,12 @@ class Layer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
-                queries: Queries | None = None) -> tuple[Tensor, Tensor | None]:
-        # With `queries` (K tokens) the output is computed for those tokens only: [K, H].
-        xq = None if queries is None else x.reshape(-1, x.shape[-1]).index_select(0, queries.rows)  # [K, H]
-        a, probs = self.attention(x, layout, need_weights, queries, xq)
-        if xq is not None:
-            x = xq
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        # rows [K] (the last layer, when a head reads a few tokens only): every token is still a key
+        # and a value, but the output projection and the feed-forward run for those rows alone: [K, H]
+        a, probs = self.attention(x, layout, need_weights, rows)
+        if rows is not None:
+            x = x.reshape(-1, x.shape[-1]).index_select(0, rows)  # [K, H]
         x = self.attention_norm(x + self.dropout(a))
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, probs
@@ -407,11 +283,11 @@ class BertModel(HFCheckpoint, nn.Module):
         attentions = [] if output_attentions else None
         cls_index = torch.arange(B, device=x.device) * T if cu_seqlens is None else cu_seqlens[:-1]  # [B]
         keep = None
-        if output_positions is not None:
-            keep = Queries.at(torch.cat([output_positions, cls_index.to(output_positions.dtype)]), layout)  # K + B
+        if output_positions is not None:  # the last layer's output at the wanted positions and [CLS]
+            keep = torch.cat([output_positions, cls_index.to(output_positions.dtype)])  # [K + B]
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
-            x, probs = layer(x, layout, need_weights=output_attentions, queries=keep if last else None)
+            x, probs = layer(x, layout, need_weights=output_attentions, rows=keep if last else None)
             if output_hidden_states:
                 hidden_states.append(x)
             if output_attentions:
@@ -455,11 +331,10 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[L
     starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
     pos = torch.arange(n, device=device) - starts  # [N]
     if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
-        return Layout(B, T, None), pos
+        return Layout(B, T, None, packed=True), pos
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
-    pad = (~key_mask).flatten().nonzero().squeeze(1)  # [B*T - N]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), seq, index=seq * T + pos, pad=pad), pos
+    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos), pos
 
 
 def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):

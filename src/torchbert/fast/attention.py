@@ -1,12 +1,19 @@
-"""Attention for training on CPU with dropout, with a backward of its own (registered as "cpu").
+"""Self-attention for training on CPU with dropout, in three functions with backwards of their own
+(registered in model.ATTENTION as "cpu").
 
-On CPU, scaled_dot_product_attention runs the plain steps (bmm, softmax, dropout, bmm) whenever
-attention dropout is on, with torch's Bernoulli mask, which costs more than the products. Here the
-same steps run as one autograd function: the mask comes from fast/dropout.py, 1 / sqrt(D) and the
-padding mask ride in one baddbmm, and the backward scales the gradients of q and k inside its
-products, where autograd's would take passes of their own. Everywhere else (no dropout, another
-device, autocast, the compiler) it is model.sdpa_attention. A test holds it to
-model.eager_attention, values and gradients.
+The plain path (model.sdpa_attention) scatters the packed q/k/v projections into a padded block,
+splits the heads with a permute, and runs scaled_dot_product_attention, which on CPU with dropout
+runs the plain steps (bmm, softmax, dropout, bmm) with torch's Bernoulli mask. Training pays for
+each of those passes twice. Here:
+  * _Heads: the projections [N, 3H] (or [B, T, 3H]) -> one contiguous block [3, B, A, T, D] in one
+    gather, and the block's gradient straight back into [N, 3H] in one gather (autograd would
+    stack the three gradients, reorder them, then scatter);
+  * _Attention: the products, softmax and dropout (the mask from fast/dropout.py), with 1 / sqrt(D)
+    and the padding mask in one baddbmm; the backward writes the gradients of q, k and v into one
+    block and scales inside its products;
+  * _Tokens: the output [B, A, T, D] -> packed [N, H] in one gather, and back.
+Everywhere else (no dropout, another device, autocast, the compiler) it is model.sdpa_attention.
+Tests hold it to model.eager_attention, values and gradients.
 """
 
 from __future__ import annotations
@@ -20,40 +27,133 @@ from ..model import ATTENTION, Layout, sdpa_attention
 from .dropout import scaled_mask
 
 
-class _Attention(torch.autograd.Function):
+def _cached(layout: Layout, key: tuple, make):
+    """Maps made once per forward (per Layout) and shared by every layer."""
+    cache = layout.__dict__.setdefault("_fast_maps", {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def head_rows(layout: Layout, heads: int, parts: int = 1) -> Tensor:
+    """[N*P*A]: where head a of part p of each packed token sits in P blocks [P, B, A, T, D] seen as
+    [P*B*A*T, D] rows, in the order of the packed [N, P, A, D] rows."""
+    def make():
+        B, T, A = layout.batch, layout.seqlen, heads
+        seq, pos = layout.index // T, layout.index % T  # [N]
+        a = torch.arange(A, device=seq.device)
+        p = torch.arange(parts, device=seq.device)[:, None] * (B * A * T)  # [P, 1]
+        rows = (seq[:, None] * A + a) * T + pos[:, None]  # [N, A] in one block
+        return (rows[:, None, :] + p).flatten()
+    return _cached(layout, ("rows", heads, parts), make)
+
+
+def head_sources(layout: Layout, heads: int, parts: int = 1) -> tuple[Tensor, Tensor]:
+    """The inverse of `head_rows`: for every row of the P blocks, the packed row it comes from (0 at
+    padding), and the padding rows."""
+    def make():
+        B, T, A = layout.batch, layout.seqlen, heads
+        rows = head_rows(layout, A, parts)
+        src = torch.zeros(parts * B * A * T, dtype=torch.long, device=rows.device)
+        src[rows] = torch.arange(rows.numel(), device=rows.device)
+        slots = (~layout.key_mask.view(B, T)).flatten().nonzero().squeeze(1)  # [B*T - N] padding slots
+        pad = ((slots // T)[:, None] * A + torch.arange(A, device=rows.device)) * T + (slots % T)[:, None]
+        p = torch.arange(parts, device=rows.device)[:, None] * (B * A * T)  # [P, 1]
+        return src, (pad.flatten() + p).flatten()
+    return _cached(layout, ("sources", heads, parts), make)
+
+
+class _Heads(torch.autograd.Function):
+    """Projections [B, T, P*A*D] or packed [N, P*A*D] -> a block [P, B, A, T, D], in one pass: each
+    block row (one head of one slot, D numbers) is gathered from its packed token (the padding slots
+    set to zero). The backward gathers the block's gradient straight back into the [.., P*A*D]
+    layout."""
+
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, beta: int, p: float) -> Tensor:
-        # q [B, A, Q, D], k and v [B, A, T, D]; bias, beta: Layout.score_bias. Output [B, A, Q, D].
-        B, A, Q, D = q.shape
-        qs, ks, vs = (t.reshape(B * A, -1, D) for t in (q, k, v))
-        ctx.scale = 1 / math.sqrt(D)
-        scores = torch.baddbmm(bias, qs, ks.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
-        probs = scores.softmax(dim=-1)
-        mask = scaled_mask(probs.shape, p, probs.dtype)
-        dropped = probs * mask
-        ctx.shapes = (q.shape, k.shape)
-        ctx.save_for_backward(qs, ks, vs, probs, mask, dropped)
-        return torch.bmm(dropped, vs).view(B, A, Q, D)
+    def forward(ctx, t: Tensor, B: int, T: int, A: int, maps: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
+        # maps (packed with padding only): head_sources (src, pad) and head_rows, for P = t's parts
+        D = t.shape[-1] // (3 * A)
+        ctx.shape, ctx.packed = t.shape, maps is not None
+        if maps is None:
+            return t.reshape(B, T, 3, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [3, B, A, T, D]
+        src, pad, rows = maps
+        ctx.save_for_backward(rows)
+        return t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(3, B, A, T, D)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        qs, ks, vs, probs, mask, dropped = ctx.saved_tensors
-        q_shape, kv_shape = ctx.shapes
-        g = grad.reshape(qs.shape)  # [B*A, Q, D]
-        dv = torch.bmm(dropped.transpose(1, 2), g)
-        d_probs = torch.bmm(g, vs.transpose(1, 2)).mul_(mask)  # [B*A, Q, T]
+        D = grad.shape[-1]
+        if not ctx.packed:
+            g = grad.permute(1, 3, 0, 2, 4).reshape(ctx.shape)  # [B, T, 3, A, D] -> [B, T, 3*A*D]
+        else:
+            g = grad.reshape(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*3*A, D]
+        return g.view(ctx.shape), None, None, None, None
+
+
+class _Tokens(torch.autograd.Function):
+    """Attention output [B, A, T, D] -> packed [N, A*D] in one gather, and back in one gather."""
+
+    @staticmethod
+    def forward(ctx, blk: Tensor, rows: Tensor, src: Tensor, pad: Tensor) -> Tensor:
+        # rows: head_rows, and its inverse src, pad: head_sources (one part)
+        B, A, T, D = blk.shape
+        ctx.shape = blk.shape
+        ctx.save_for_backward(src, pad)
+        return blk.reshape(-1, D).index_select(0, rows).view(-1, A * D)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        src, pad = ctx.saved_tensors
+        g = grad.reshape(-1, ctx.shape[-1]).index_select(0, src).index_fill_(0, pad, 0).view(ctx.shape)
+        return g, None, None, None
+
+
+class _Attention(torch.autograd.Function):
+    """dropout(softmax(q k^T / sqrt(D) + bias)) v on the block [3, B, A, T, D] of q, k, v."""
+
+    @staticmethod
+    def forward(ctx, blocks: Tensor, bias: Tensor, beta: int, p: float) -> Tensor:
+        # bias, beta: Layout.score_bias. Output [B, A, T, D].
+        _, B, A, T, D = blocks.shape
+        q, k, v = blocks.view(3, B * A, T, D)
+        ctx.scale = 1 / math.sqrt(D)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, T, T]
+        probs = scores.softmax(dim=-1)
+        mask = scaled_mask(probs.shape, p, probs.dtype)
+        dropped = probs * mask
+        ctx.save_for_backward(blocks, probs, mask, dropped)
+        return torch.bmm(dropped, v).view(B, A, T, D)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        blocks, probs, mask, dropped = ctx.saved_tensors
+        _, B, A, T, D = blocks.shape
+        q, k, v = blocks.view(3, B * A, T, D)
+        g = grad.reshape(B * A, T, D)
+        d_blocks = torch.empty_like(blocks)
+        dq, dk, dv = d_blocks.view(3, B * A, T, D)
+        torch.bmm(dropped.transpose(1, 2), g, out=dv)
+        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, T, T]
         d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
-        dq = torch.baddbmm(qs, d_scores, ks, beta=0, alpha=ctx.scale)  # beta 0: qs is not read
-        dk = torch.baddbmm(ks, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale)
-        return dq.view(q_shape), dk.view(kv_shape), dv.view(kv_shape), None, None, None
+        torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
+        torch.baddbmm(dk, d_scores.transpose(1, 2), q, beta=0, alpha=ctx.scale, out=dk)
+        return d_blocks, None, None, None
 
 
-def cpu_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, p: float) -> tuple[Tensor, None]:
-    """model.ATTENTION's signature: _Attention when training on CPU in fp32 with 0 < p < 1."""
-    if 0 < p < 1 and q.device.type == "cpu" and not torch.is_autocast_enabled("cpu") \
-            and not torch.compiler.is_compiling():
-        return _Attention.apply(q, k, v, *layout.score_bias(q, q.shape[1]), p), None
-    return sdpa_attention(q, k, v, layout, p)
+def cpu_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
+    """model.ATTENTION's signature: the three functions above when training on CPU in fp32 with
+    0 < p < 1; model.sdpa_attention otherwise."""
+    if not (0 < p < 1 and qkv.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling()):
+        return sdpa_attention(qkv, layout, heads, p)
+    B, T, A = layout.batch, layout.seqlen, heads
+    packed = layout.index is not None
+    maps = (*head_sources(layout, A, 3), head_rows(layout, A, 3)) if packed else None
+    blocks = _Heads.apply(qkv, B, T, A, maps)  # [3, B, A, T, D]
+    ctx = _Attention.apply(blocks, *layout.score_bias(blocks, A), p)  # [B, A, T, D]
+    if packed:
+        return _Tokens.apply(ctx, head_rows(layout, A), *head_sources(layout, A)), None  # [N, H]
+    return ctx.transpose(1, 2).reshape(*qkv.shape[:-1], -1), None  # [B, T, H], or [N, H] when all are full
 
 
 ATTENTION["cpu"] = cpu_attention
