@@ -185,15 +185,19 @@ def test_output_positions_match_the_full_output(ours, batch):
 def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
     """The last layer at a few positions (queries only there) gives the full output's rows and
     gradients, on both attention paths: SDPA, and the one training takes on CPU with attention
-    dropout, fast.attention's (here with the dropout mask made all ones, so that both runs see the same)."""
+    dropout under fast.training, where the last layer attends from the picked rows only (here with
+    the dropout mask made all ones, so that both runs see the same)."""
     torch.manual_seed(0)
     p = 0.1 if path == "cpu training" else 0.0
     cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p)
     m = BertModel(cfg)
-    if path == "cpu training":
+    if path == "cpu training":  # fast.training: the last layer attends from the picked rows only
         monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
-        for layer in m.layers:
-            layer.attention.impl = "cpu"
+        applied = fast.training(m)  # held for the rest of this test
+        applied.__enter__()
+    queried = []  # forwards that took fast.attention's rows-only last layer
+    monkeypatch.setattr(fast.attention, "query_layout",
+                        lambda rows, layout, f=fast.attention.query_layout: queried.append(1) or f(rows, layout))
     ids = torch.randint(1, 300, (4, 11))
     mask = (torch.arange(11) < torch.tensor([11, 3, 7, 1])[:, None]).long()
     pick = torch.tensor([1, 5, 12, 23, 24])  # flat positions of real tokens
@@ -211,6 +215,7 @@ def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
         for n, p in m.named_parameters():
             # to fp32 rounding of the largest gradient (sums over tokens whose terms reach ~100)
             assert max_diff(p.grad, g_full[n]) <= 1e-6 * (1 + g_full[n].abs().max()), n
+    assert len(queried) == (2 if path == "cpu training" else 0)
 
 
 def test_attention_dropout_of_one_trains():

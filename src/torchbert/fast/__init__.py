@@ -3,7 +3,8 @@
 model.py and heads.py are plain PyTorch. `training(model)` swaps the fast pieces in for as long as
 its block runs, and puts the model back as it was afterwards (the state dict never changes):
   * every nn.Dropout -> fast.dropout.Dropout: the mask from numpy's SFC64 on two threads;
-  * every SelfAttention -> attention "cpu" (fast.attention): dropout and a backward of its own;
+  * every SelfAttention -> fast.attention.RowsSelfAttention with attention "cpu": dropout and
+    backwards of its own, and a last layer that attends from the rows a head reads only;
   * every MaskedLMHead -> fast.decoder.FusedMaskedLMHead: the loss's gradient made in the forward,
     its [M, V] buffer kept from step to step, and the word embeddings tied so that their two
     gradients meet in place.
@@ -26,7 +27,7 @@ from torch import nn
 
 from ..heads import MaskedLMHead
 from ..model import SelfAttention
-from . import attention  # noqa: F401  (registers model.ATTENTION["cpu"])
+from .attention import RowsSelfAttention  # and model.ATTENTION["cpu"]
 from .decoder import FusedMaskedLMHead, tie_first
 from .dropout import Dropout
 from .memory import keep_freed_memory
@@ -47,7 +48,8 @@ def training(model: nn.Module) -> Iterator[nn.Module]:
     for m in model.modules():
         if type(m) is nn.Dropout and not m.inplace:
             swap(m, Dropout)
-        elif isinstance(m, SelfAttention) and m.impl == "sdpa":
+        elif type(m) is SelfAttention and m.impl == "sdpa":
+            swap(m, RowsSelfAttention)
             m.impl = "cpu"
             undo.append(lambda m=m: setattr(m, "impl", "sdpa"))
         elif type(m) is MaskedLMHead:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import ATTENTION, Layout, sdpa_attention
+from ..model import ATTENTION, Layout, SelfAttention, sdpa_attention
 from .dropout import scaled_mask
 
 
@@ -70,24 +71,33 @@ class _Heads(torch.autograd.Function):
     layout."""
 
     @staticmethod
-    def forward(ctx, t: Tensor, B: int, T: int, A: int, maps: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
-        # maps (packed with padding only): head_sources (src, pad) and head_rows, for P = t's parts
-        D = t.shape[-1] // (3 * A)
+    def forward(ctx, t: Tensor, P: int, B: int, T: int, A: int,
+                maps: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
+        # maps (packed with padding only): head_sources (src, pad) and head_rows, for P parts
+        D = t.shape[-1] // (P * A)
         ctx.shape, ctx.packed = t.shape, maps is not None
         if maps is None:
-            return t.reshape(B, T, 3, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [3, B, A, T, D]
+            return t.reshape(B, T, P, A, D).permute(2, 0, 3, 1, 4).contiguous()  # [P, B, A, T, D]
         src, pad, rows = maps
         ctx.save_for_backward(rows)
-        return t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(3, B, A, T, D)
+        return t.reshape(-1, D).index_select(0, src).index_fill_(0, pad, 0).view(P, B, A, T, D)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         D = grad.shape[-1]
         if not ctx.packed:
-            g = grad.permute(1, 3, 0, 2, 4).reshape(ctx.shape)  # [B, T, 3, A, D] -> [B, T, 3*A*D]
+            g = grad.permute(1, 3, 0, 2, 4).reshape(ctx.shape)  # [B, T, P, A, D] -> [B, T, P*A*D]
         else:
-            g = grad.reshape(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*3*A, D]
-        return g.view(ctx.shape), None, None, None, None
+            g = grad.reshape(-1, D).index_select(0, ctx.saved_tensors[0])  # [N*P*A, D]
+        return g.view(ctx.shape), None, None, None, None, None
+
+
+def heads_block(t: Tensor, layout: Layout, heads: int, parts: int) -> Tensor:
+    """_Heads for `layout`: projections [.., P*H] -> [P, B, A, T, D]."""
+    maps = None
+    if layout.index is not None:
+        maps = (*head_sources(layout, heads, parts), head_rows(layout, heads, parts))
+    return _Heads.apply(t, parts, layout.batch, layout.seqlen, heads, maps)
 
 
 class _Tokens(torch.autograd.Function):
@@ -109,51 +119,100 @@ class _Tokens(torch.autograd.Function):
 
 
 class _Attention(torch.autograd.Function):
-    """dropout(softmax(q k^T / sqrt(D) + bias)) v on the block [3, B, A, T, D] of q, k, v."""
+    """dropout(softmax(q k^T / sqrt(D) + bias)) v on a block of q, k, v (or of k, v with q apart)."""
 
     @staticmethod
-    def forward(ctx, blocks: Tensor, bias: Tensor, beta: int, p: float) -> Tensor:
-        # bias, beta: Layout.score_bias. Output [B, A, T, D].
-        _, B, A, T, D = blocks.shape
-        q, k, v = blocks.view(3, B * A, T, D)
+    def forward(ctx, blocks: Tensor, q: Tensor | None, bias: Tensor, beta: int, p: float) -> Tensor:
+        # blocks [3, B, A, T, D] (q, k, v), or [2, B, A, T, D] (k, v) with q [B, A, Q, D] given;
+        # bias, beta: Layout.score_bias. Output [B, A, Q, D] (Q = T when q is in the block).
+        P, B, A, T, D = blocks.shape
+        qs, k, v = _Attention.operands(blocks, q)
         ctx.scale = 1 / math.sqrt(D)
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, T, T]
+        scores = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
         probs = scores.softmax(dim=-1)
         mask = scaled_mask(probs.shape, p, probs.dtype)
         dropped = probs * mask
-        ctx.save_for_backward(blocks, probs, mask, dropped)
-        return torch.bmm(dropped, v).view(B, A, T, D)
+        ctx.save_for_backward(blocks, q, probs, mask, dropped)
+        return torch.bmm(dropped, v).view(B, A, -1, D)
+
+    @staticmethod
+    def operands(blocks: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B*A, Q, D], k and v [B*A, T, D]: views into the block (and into q)."""
+        P, B, A, T, D = blocks.shape
+        flat = blocks.view(P, B * A, T, D)
+        return flat[0] if q is None else q.reshape(B * A, -1, D), flat[-2], flat[-1]
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        blocks, probs, mask, dropped = ctx.saved_tensors
-        _, B, A, T, D = blocks.shape
-        q, k, v = blocks.view(3, B * A, T, D)
-        g = grad.reshape(B * A, T, D)
+        blocks, q, probs, mask, dropped = ctx.saved_tensors
+        P, B, A, T, D = blocks.shape
+        qs, k, v = _Attention.operands(blocks, q)
+        g = grad.reshape(B * A, -1, D)  # [B*A, Q, D]
         d_blocks = torch.empty_like(blocks)
-        dq, dk, dv = d_blocks.view(3, B * A, T, D)
+        dq, dk, dv = _Attention.operands(d_blocks, None if q is None else torch.empty_like(q))
         torch.bmm(dropped.transpose(1, 2), g, out=dv)
-        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, T, T]
+        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T]
         d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
         torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
-        torch.baddbmm(dk, d_scores.transpose(1, 2), q, beta=0, alpha=ctx.scale, out=dk)
-        return d_blocks, None, None, None
+        torch.baddbmm(dk, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale, out=dk)
+        return d_blocks, None if q is None else dq.view(q.shape), None, None, None
+
+
+def _fast_here(t: Tensor, p: float) -> bool:
+    return 0 < p < 1 and t.device.type == "cpu" and not torch.is_autocast_enabled("cpu") \
+        and not torch.compiler.is_compiling()
 
 
 def cpu_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
     """model.ATTENTION's signature: the three functions above when training on CPU in fp32 with
     0 < p < 1; model.sdpa_attention otherwise."""
-    if not (0 < p < 1 and qkv.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()):
+    if not _fast_here(qkv, p):
         return sdpa_attention(qkv, layout, heads, p)
-    B, T, A = layout.batch, layout.seqlen, heads
-    packed = layout.index is not None
-    maps = (*head_sources(layout, A, 3), head_rows(layout, A, 3)) if packed else None
-    blocks = _Heads.apply(qkv, B, T, A, maps)  # [3, B, A, T, D]
-    ctx = _Attention.apply(blocks, *layout.score_bias(blocks, A), p)  # [B, A, T, D]
-    if packed:
+    A = heads
+    blocks = heads_block(qkv, layout, A, 3)  # [3, B, A, T, D]
+    ctx = _Attention.apply(blocks, None, *layout.score_bias(blocks, A), p)  # [B, A, T, D]
+    if layout.index is not None:
         return _Tokens.apply(ctx, head_rows(layout, A), *head_sources(layout, A)), None  # [N, H]
     return ctx.transpose(1, 2).reshape(*qkv.shape[:-1], -1), None  # [B, T, H], or [N, H] when all are full
 
 
 ATTENTION["cpu"] = cpu_attention
+
+
+def query_layout(rows: Tensor, layout: Layout) -> Layout:
+    """The K tokens at `rows` (flat positions into the batch's tokens) as a [B, Q] block: each
+    sequence's in its own row of Q slots (Q = the most of one sequence), the free slots empty."""
+    B, T = layout.batch, layout.seqlen
+    seq = rows // T if layout.index is None else layout.index[rows] // T  # [K]
+    counts = torch.bincount(seq, minlength=B)  # [B]
+    Q = int(counts.max()) if seq.numel() else 0
+    order = torch.argsort(seq, stable=True)
+    first = counts.cumsum(0) - counts  # [B] where each sequence's rows start in `order`
+    slot = torch.empty_like(seq)
+    slot[order] = torch.arange(seq.numel(), device=seq.device) - first[seq[order]]
+    index = seq * Q + slot  # [K]
+    used = torch.zeros(B * Q, dtype=torch.bool, device=seq.device)
+    used[index] = True
+    return Layout(B, Q, used.view(B, 1, 1, Q), packed=True, index=index)
+
+
+class RowsSelfAttention(SelfAttention):
+    """SelfAttention (same parameters) that, asked for a few rows only (the last layer under a head
+    that reads the masked tokens and [CLS]), computes queries, attention rows and the output for
+    those rows alone; every token is still a key and a value. In the plain SelfAttention the last
+    layer attends from every token and keeps the rows afterwards. Used where cpu_attention is."""
+
+    def forward(self, x: Tensor, layout: Layout, need_weights: bool = False,
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        p = self.dropout_p if self.training else 0.0
+        if rows is None or need_weights or not _fast_here(x, p):
+            return super().forward(x, layout, need_weights, rows)
+        H, A = x.shape[-1], self.heads
+        w, b = self.qkv.weight, self.qkv.bias
+        blocks = heads_block(F.linear(x, w[H:], b[H:]), layout, A, 2)  # [2, B, A, T, D]: k, v
+        queries = query_layout(rows, layout)  # [B, Q]
+        xq = x.reshape(-1, H).index_select(0, rows)  # [K, H]
+        q = heads_block(F.linear(xq, w[:H], b[:H]), queries, A, 1)[0]  # [B, A, Q, D]
+        ctx = _Attention.apply(blocks, q, *layout.score_bias(blocks, A), p)  # [B, A, Q, D]
+        out = _Tokens.apply(ctx, head_rows(queries, A), *head_sources(queries, A))  # [K, H]
+        return self.out(out), None
