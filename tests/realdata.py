@@ -52,6 +52,19 @@ def peoples_daily_lines() -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.cache
+def peoples_daily_tagged() -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """Each non-empty line of the corpus as (words, part-of-speech tags), the tags as written
+    (n, v, nr, Vg, ...); the bracketed compounds' inner words keep their own tags."""
+    out = []
+    for line in peoples_daily_path().read_text(encoding="utf-8").splitlines():
+        pairs = [tok.lstrip("[").rsplit("/", 1) for tok in line.split()]
+        pairs = [(w, t.split("]")[0]) for w, t in (p for p in pairs if len(p) == 2) if w]
+        if pairs:
+            out.append((tuple(w for w, _ in pairs), tuple(t for _, t in pairs)))
+    return tuple(out)
+
+
 def paragraph_sentences(para: str) -> list[str]:
     """A paragraph cut into sentences after 。！？ (closing quotes stay with their sentence)."""
     return [s for s in re.findall(r".+?(?:[。！？]+[”’」』]?|$)", para) if s.strip()]

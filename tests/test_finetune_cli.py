@@ -130,8 +130,33 @@ def test_a_dev_label_that_training_never_had_is_an_error(wnut, minilm_dir, tmp_p
     code, _, err = cli(capsys, "finetune", "--task", "token", "--model", minilm_dir, "--train", root / "train.conll",
                        "--dev", tmp_path / "dev.conll", "--out", tmp_path / "run", "--quiet")
     assert code == 2
-    assert f"{tmp_path / 'dev.conll'}:{len(dev[1][0]) + 2}" in err and "B-spaceship" in err
+    assert f"{tmp_path / 'dev.conll'}:{len(dev[1][0]) + 2}" in err and "'B-spaceship'" in err
+    assert "labels seen in training: 'B-" in err  # quoted: tags may hold commas
     assert not (tmp_path / "run").exists()
+
+
+def test_part_of_speech_tags_score_per_word(minilm_dir, tmp_path, capsys):
+    """POS tags (People's Daily: n, v, nr, ...) are not entity chunks: a token task on them trains
+    and scores by word accuracy and macro F1, picks the best epoch by accuracy, and says so in
+    metrics.json; evaluate scores the same way."""
+    sents = [s for s in realdata.peoples_daily_tagged()[:400] if 3 <= len(s[0]) <= 30]
+    train, dev = sents[:150], sents[150:190]
+    dev = [(w, t) for w, t in dev if set(t) <= {tag for _, tags in train for tag in tags}]
+    write_conll(tmp_path / "train.conll", train)
+    write_conll(tmp_path / "dev.conll", dev)
+    out = tmp_path / "pos"
+    code, stdout, _ = cli(capsys, "finetune", "--task", "token", "--model", minilm_dir, "--train",
+                          tmp_path / "train.conll", "--dev", tmp_path / "dev.conll", "--out", out, "--epochs", "2",
+                          "--batch-size", "16", "--max-length", "48", "--lr", "1e-4", "--quiet")
+    assert code == 0, stdout
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["scoring"] == "tags" and "f1" not in m
+    assert 0.2 < m["accuracy"] <= 1 and 0 < m["macro_f1"] <= m["accuracy"] + 0.5
+    best = max(m["history"], key=lambda h: h["accuracy"])
+    assert m["best_epoch"] == best["epoch"]
+    code, stdout, _ = cli(capsys, "evaluate", "--model", out, "--data", tmp_path / "dev.conll")
+    assert code == 0
+    assert json.loads(stdout)["accuracy"] == pytest.approx(m["accuracy"])
 
 
 def mentions_split(n_train: int, n_dev: int):

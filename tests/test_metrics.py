@@ -10,6 +10,7 @@ import pytest
 import realdata
 
 from torchbert.data.examples import TASK_TYPES
+from torchbert.eval import metrics
 from torchbert.eval.metrics import (
     accuracy,
     classification_scores,
@@ -302,3 +303,22 @@ def test_metric_names():
     produced["pair"], produced["qa"] = produced["classification"], produced["qa-v2"]
     for task in TASK_TYPES:
         assert set(metric_names(task)) <= set(produced[task]), task
+
+
+def test_token_scoring_follows_the_tag_shapes():
+    assert metrics.token_scoring(["O", "B-PER", "I-PER", "E-LOC", "S-LOC"]) == "entities"
+    assert metrics.token_scoring(["O"]) == "entities"
+    # part of speech: Penn (lower-cased, as in Brown), People's Daily; "IN" and "Bg" are no chunk tags
+    for tags in (["nn", "vbd", "''", ",", "--"], ["n", "v", "nr", "Vg", "Bg"], ["O", "IN", "B-NP"]):
+        assert metrics.token_scoring(tags) == "tags", tags
+
+
+def test_tag_scores_per_word():
+    true = [["n", "v", "n"], ["a", "n"]]
+    pred = [["n", "n", "n"], ["a", "v"]]
+    got = metrics.tag_scores(true, pred)
+    assert got["accuracy"] == pytest.approx(3 / 5)
+    # per gold tag: n P=2/3 R=2/3 F=2/3; v P=0 R=0 F=0; a P=1 R=1 F=1 -> macro (2/3 + 0 + 1) / 3
+    assert got["macro_f1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+    with pytest.raises(ValueError, match="sentence 1: 2 true tags but 1 predicted"):
+        metrics.tag_scores(true, [["n", "n", "n"], ["a"]])

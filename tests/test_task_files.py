@@ -468,7 +468,7 @@ def test_unknown_label_in_dev(tmp_path):
     dev = write(tmp_path / "dev.tsv", tsv(["sentence", "label"], ["a", "c3"], ["b", "c99"]))
     labels = LabelMap.from_examples(read_examples(train, "classification"))
     with pytest.raises(ValueError, match=at(dev, 3) + r": label 'c99' is not one of the 12 labels seen in training: "
-                                         r"c0, c1, c10, c11, c2, c3, c4, c5, c6, c7, \.\.\.$"):
+                                         r"'c0', 'c1', 'c10', 'c11', 'c2', 'c3', 'c4', 'c5', 'c6', 'c7', \.\.\.$"):
         labels.check(read_examples(dev, "classification"))
     labels.check(read_examples(train, "classification"))
 
@@ -479,5 +479,5 @@ def test_unknown_tag_names_its_line(tmp_path):
     tags = LabelMap.from_examples(read_conll(train))
     assert tags.labels == ["B-ORG", "B-PER", "O"]
     with pytest.raises(ValueError, match=at(dev, 4) + r": label 'B-LOC' is not one of the 3 labels seen in training: "
-                                         r"B-ORG, B-PER, O$"):
+                                         r"'B-ORG', 'B-PER', 'O'$"):
         tags.check(read_conll(dev))

@@ -662,7 +662,7 @@ class LabelMap:
     def encode(self, label: str, where: str) -> int:
         i = self._ids.get(label)
         if i is None:
-            shown = ", ".join(self.labels[:10]) + (", ..." if len(self.labels) > 10 else "")
+            shown = ", ".join(map(repr, self.labels[:10])) + (", ..." if len(self.labels) > 10 else "")
             raise ValueError(f"{where}: label {label!r} is not one of the {len(self.labels)} labels seen in "
                              f"training: {shown}")
         return i

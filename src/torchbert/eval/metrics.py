@@ -17,7 +17,7 @@ import collections
 import re
 import string
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -29,7 +29,7 @@ _METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy", "f1", "mcc"),
     "pair": ("accuracy", "f1", "mcc"),
     "regression": ("pearson", "spearman", "mse"),
-    "token": ("f1", "precision", "recall", "token_accuracy"),
+    "token": ("f1", "precision", "recall", "token_accuracy"),  # entity spans; tags of other shapes: TAG_METRICS
     "qa": ("f1", "exact_match"),
     "qa-v2": ("f1", "exact_match", "HasAns_f1", "HasAns_exact_match", "NoAns_f1", "NoAns_exact_match",
               "best_f1", "best_f1_threshold", "best_exact_match", "best_exact_match_threshold"),
@@ -40,6 +40,30 @@ _METRIC_NAMES: dict[str, tuple[str, ...]] = {
 # required, and conlleval's chunking reads both (and IOBES) the same way, so the scheme only checks tags.
 _SCHEME_PREFIXES = {"IOB1": "BI", "IOB2": "BI", "BIO": "BI", "IOBES": "BIES"}
 _TAG = re.compile(r"[BIES](-.+)?")
+# Token tasks whose tags are not entity chunks (part of speech: nn, vbd, NR, ...) score per word.
+TAG_METRICS = ("accuracy", "macro_f1")
+
+
+def token_scoring(labels: Iterable[str]) -> str:
+    """How a tag set is scored: "entities" (precision/recall/F1 over spans, seqeval) when every tag
+    is O or B-/I-/E-/S- followed by a type, "tags" (word accuracy and macro F1) otherwise."""
+    return "entities" if all(t == "O" or _TAG.fullmatch(t) for t in labels) else "tags"
+
+
+def tag_scores(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]) -> dict[str, float]:
+    """{"accuracy", "macro_f1"} of tag sequences, per word: the share of words tagged right, and F1
+    averaged over the gold tags with every tag weighing the same (a tag never predicted scores 0)."""
+    if len(true_tags) != len(pred_tags):
+        raise ValueError(f"{len(true_tags)} true sentences but {len(pred_tags)} predicted")
+    for i, (t, p) in enumerate(zip(true_tags, pred_tags)):
+        if len(t) != len(p):
+            raise ValueError(f"sentence {i}: {len(t)} true tags but {len(p)} predicted")
+    true = [tag for t in true_tags for tag in t]
+    pred = [tag for p in pred_tags for tag in p]
+    if not true:
+        raise ValueError("no predictions to score")
+    macro = _sk.f1_score(true, pred, labels=sorted(set(true)), average="macro", zero_division=0)
+    return {"accuracy": accuracy(pred, true), "macro_f1": float(macro)}
 
 
 def metric_names(task_type: str) -> tuple[str, ...]:

@@ -294,7 +294,10 @@ def score(records: list[dict[str, Any]], examples: list, ts: TaskSettings, label
     if ts.type == "regression":
         return metrics.regression_scores([r["score"] for r in records], [float(x.label) for x in examples])
     if ts.type == "token":
-        return metrics.entity_scores([list(x.tags) for x in examples], [r["tags"] for r in records])
+        true, pred = [list(x.tags) for x in examples], [r["tags"] for r in records]
+        if metrics.token_scoring(label_map.labels) == "tags":
+            return metrics.tag_scores(true, pred)
+        return metrics.entity_scores(true, pred)
     if ts.type in ("qa", "qa-v2"):
         gold = {x.id: [a.text for a in x.answers] for x in examples}
         scores = metrics.squad_scores(gold, {r["id"]: r["answer"] for r in records})
@@ -408,7 +411,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     with folder.opened(dist):
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume checks the task and labels against
-        best = _Best(s.out, metrics.metric_names(task_type)[0] if preset is None else preset.metric, dist)
+        scoring = metrics.token_scoring(label_map.labels) if task_type == "token" else None
+        metric = metrics.metric_names(task_type)[0] if preset is None else preset.metric
+        best = _Best(s.out, metrics.TAG_METRICS[0] if scoring == "tags" else metric, dist)
         evaluations = {"step": 0}
         if s.resume:
             ckpt = latest_checkpoint(s.out)
@@ -440,7 +445,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         else:  # no dev set: the last weights
             unwrap(model).save_pretrained(s.out)
         tokenizer.save_pretrained(s.out)
-        result = {"task": s.task, "type": task_type, **(best.metrics() or {}),
+        result = {"task": s.task, "type": task_type, **({"scoring": scoring} if scoring else {}),
+                  **(best.metrics() or {}),
                   "best_epoch": best.epoch(), "epochs": s.epochs, "steps": summary["steps"],
                   "train_seconds": summary["train_seconds"], "tokens": summary["tokens"],
                   "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
