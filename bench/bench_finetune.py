@@ -44,9 +44,9 @@ predictions must agree, which checks the transformers side's tokenization, label
 What is timed (time.perf_counter):
   tokenize s      text -> model inputs of train and dev (torchbert: encode_split + TaskData, as its log
                   line reports, 0.1 s resolution; transformers: the tokenizer call + label alignment).
-  train s         the training loop from its start to the last optimizer step, including the dev scoring
-                  (and keeping of the best weights) after every epoch but the last, as torchbert's
-                  train_seconds counts; the target compares this time.
+  train s         the training steps alone: the dev scoring after each epoch (and the keeping of the best
+                  weights) is not counted, as torchbert's train_seconds does not count it (its
+                  eval_seconds does); the target compares this time.
   end-to-end s    the whole run: read, tokenize, load, train, score dev at the end, save the model
                   (torchbert also writes its resumable checkpoint, metrics and plots).
   real tokens/s   non-padding tokens trained on (all epochs) / train s.
@@ -414,8 +414,9 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     history, best, best_state, best_pred = [], None, None, None
     tokens = fed = 0
     model.train()
-    t0 = time.perf_counter()
+    train_s = 0.0
     for epoch in range(1, epochs + 1):
+        t0 = time.perf_counter()
         for batch in loader:
             tokens += int(batch["attention_mask"].sum())
             fed += int(batch["input_ids"].numel())
@@ -425,8 +426,7 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        if epoch == epochs:
-            train_s = time.perf_counter() - t0
+        train_s += time.perf_counter() - t0
         pred, _ = hf_predict(model, task, dev_feats, dev_words, collator, dev, i2l)
         scores = scores_of(task, gold, pred, label_map)
         history.append(scores)

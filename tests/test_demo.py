@@ -50,7 +50,7 @@ def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
     (earlier / MARKER).write_text("")
     (earlier / "summary.md").write_text("old")
 
-    def fails(out, **kw):
+    def fails(out, main, **kw):
         (out / "vocab").mkdir()
         raise ValueError("the corpus broke")
 

@@ -255,3 +255,60 @@ def test_compiled_model_traces():
 def test_compiled_model_matches_eager():
     """torch.compile's default backend (generated C++ kernels): the plain model's numbers (~1.5 min)."""
     _compiled_matches_eager("inductor")
+
+
+def test_a_checkpoint_inside_a_log_window_resumes_to_the_same_log_lines(tmp_path):
+    settings = dict(steps=10, save_every=3, log_every=4)
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(**settings), tmp_path / "ref", log=lambda s: None)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8: the checkpoint of step 6 holds half a window
+        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(**settings), run, log=lambda s: None)
+    summary = train(tiny_model(seed=5), RepeatData(), PretrainingTask(), cfg(**settings), run, resume=True,
+                    log=lambda s: None)
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    ref = strip(tmp_path / "ref" / "metrics.jsonl")
+    assert [r["step"] for r in ref] == [4, 8, 10]
+    assert strip(run / "metrics.jsonl") == ref
+    assert summary["tokens"] == ref[-1]["tokens"] > 0
+
+
+def test_evaluation_time_is_counted_apart_from_training(tmp_path):
+    import time
+
+    def evaluate(model):
+        time.sleep(0.4)
+        return {"x": 1.0}
+
+    start = time.perf_counter()
+    summary = train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, eval_every=2), tmp_path,
+                    evaluate=evaluate, log=lambda s: None)
+    wall = time.perf_counter() - start
+    assert summary["eval_seconds"] >= 0.8  # after steps 2 and 4
+    assert summary["train_seconds"] + summary["eval_seconds"] <= wall
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["seconds"] <= summary["train_seconds"] + 1e-3
+
+
+def test_the_loop_checks_ids_on_the_host_and_gives_the_model_its_check_back(tmp_path, monkeypatch):
+    import torchbert.model as model_module
+
+    in_forward = []
+    plain = model_module.check_ids
+    monkeypatch.setattr(model_module, "check_ids", lambda *a: in_forward.append(1) or plain(*a))
+    model = tiny_model()
+    train(model, RepeatData(), PretrainingTask(), cfg(steps=2), tmp_path / "a", log=lambda s: None)
+    assert in_forward == []  # the host checked each batch instead
+    assert model.bert.check_inputs is True and "check_inputs" not in model.bert.__dict__
+    model.eval()
+    model(torch.tensor([[2, 5, 6]]))
+    assert in_forward == [1]
+
+    class OutOfVocab(RepeatData):
+        def batch(self, indices, epoch):
+            b = super().batch(indices, epoch)
+            b.input_ids[3] = V + 7
+            return b
+
+    with pytest.raises(ValueError, match=rf"input_ids out of range: values in \[\d+, {V + 7}\] but vocab_size is {V}"):
+        train(tiny_model(), OutOfVocab(), PretrainingTask(), cfg(steps=2), tmp_path / "b", log=lambda s: None)

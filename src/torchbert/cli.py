@@ -463,7 +463,8 @@ hf:NAME[:CONFIG]:SPLIT, e.g. hf:nyu-mll/glue:sst2:train or hf:conll2003:validati
 `pip install datasets` and a network; the split is written in the task's layout and read like a file.
 
 The run folder: config.json + model.safetensors (transformers' BertFor<Task> loads it), the
-tokenizer, metrics.json (dev metrics of the best epoch, train_seconds, tokens, tokens_per_second),
+tokenizer, metrics.json (dev metrics of the best epoch, train_seconds (the steps alone), eval_seconds (dev
+scoring), tokens, tokens_per_second),
 metrics.jsonl, loss.png, dev.png, dev_predictions.jsonl, best/ and checkpoints/ (for --resume).
 
 --frozen (token tasks) is the feature-based approach of the BERT paper (section 5.3, Table 7): BERT
@@ -544,11 +545,13 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     if not dist.is_main:
         return
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
-             ("epochs", "train_seconds", "tokens_per_second", "best_epoch") and not k.endswith("total")}
+             ("epochs", "train_seconds", "eval_seconds", "tokens_per_second", "best_epoch")
+             and not k.endswith("total")}
     scores = ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
     what = f"trained a {result['tagger']['kind']} tagger on frozen features" if "tagger" in result else "fine-tuned"
     print(f"{what} {result['steps']} steps in {result['train_seconds']:.0f}s "
-          f"({result['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
+          f"({result['tokens_per_second']:,.0f} tokens/s; dev scoring {result['eval_seconds']:.0f}s more) "
+          f"-> {args.out}")
     if scores:
         print(f"dev (best epoch {result['best_epoch']}): {scores}")
 
@@ -677,7 +680,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     replace = check_demo_out(out, args.overwrite)
     folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print, kept_until="is complete")
     with folder.opened(Dist()):  # an earlier demo is put back if this one fails
-        run_demo(out, quick=args.quick, seed=args.seed, log=print)
+        run_demo(out, main, quick=args.quick, seed=args.seed, log=print)
 
 
 def _holds_files(out: Path) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -73,27 +74,27 @@ def _write_tsv(path: Path, rows) -> None:
 
 
 class Stages:
-    """Runs the subcommands, timing each and printing a header."""
+    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header."""
 
-    def __init__(self, out: Path, log):
-        self.out, self.log, self.times = out, log, {}
+    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
+        self.out, self.main, self.log, self.times = out, main, log, {}
 
     def run(self, name: str, *argv) -> None:
-        from .cli import main
-
         self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
         start = time.perf_counter()
-        code = main([str(a) for a in argv])
+        code = self.main([str(a) for a in argv])
         if code != 0:
             raise RuntimeError(f"stage {name!r} failed (torchbert {argv[0]} exited {code})")
         self.times[name] = round(time.perf_counter() - start, 1)
 
 
-def run_demo(out: Path, quick: bool = False, seed: int = 0, log=print) -> dict[str, Any]:
+def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, seed: int = 0,
+             log=print) -> dict[str, Any]:
+    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo)."""
     b = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
-    stages = Stages(out, log)
+    stages = Stages(out, main, log)
     started = time.perf_counter()
 
     # data: a fixed split of the reviews; the corpus is People's Daily plus the training reviews

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .io.hf import HFCheckpoint, bert_key_map
+from .io.hf import HFCheckpoint
 from .model import BertModel, BertOutput, activation, init_weights, pad
 
 IGNORE = -100  # label of positions that carry no MLM target
@@ -105,9 +105,6 @@ class BertForPreTraining(HFCheckpoint, nn.Module):
         return PreTrainingOutput(total(mlm_loss, nsp_loss), mlm_loss, nsp_loss, mlm_logits, nsp_logits, targets,
                                  out.hidden_states, out.attentions)
 
-    def hf_key_map(self) -> dict[str, tuple[str, ...]]:
-        return {**backbone_map(self.config, pooler=True), **MLM_KEYS, **NSP_KEYS}
-
 
 class BertForMaskedLM(HFCheckpoint, nn.Module):
     def __init__(self, config: BertConfig):
@@ -130,9 +127,6 @@ class BertForMaskedLM(HFCheckpoint, nn.Module):
         return PreTrainingOutput(mlm_loss, mlm_loss, None, mlm_logits, None, targets,
                                  out.hidden_states, out.attentions)
 
-    def hf_key_map(self) -> dict[str, tuple[str, ...]]:
-        return {**backbone_map(self.config, pooler=False), **MLM_KEYS}
-
 
 class BertForNextSentencePrediction(HFCheckpoint, nn.Module):
     def __init__(self, config: BertConfig):
@@ -152,9 +146,6 @@ class BertForNextSentencePrediction(HFCheckpoint, nn.Module):
         nsp_logits = self.nsp(out.pooler_output)  # [B, 2]
         nsp_loss = F.cross_entropy(nsp_logits, labels) if labels is not None else None
         return PreTrainingOutput(nsp_loss, None, nsp_loss, None, nsp_logits, None, out.hidden_states, out.attentions)
-
-    def hf_key_map(self) -> dict[str, tuple[str, ...]]:
-        return {**backbone_map(self.config, pooler=True), **NSP_KEYS}
 
 
 # -- fine-tuning heads ------------------------------------------------------------------------------
@@ -181,21 +172,12 @@ def classifier_dropout(config: BertConfig) -> nn.Dropout:
 
 
 class _TaskModel(HFCheckpoint, nn.Module):
-    """BertModel + dropout + a linear head `classifier` (`qa_outputs` for QA) of `out_features` outputs."""
+    """BertModel (with its pooler or not, as in transformers) under a task head that the subclass defines."""
 
-    head_name = "classifier"
-    pooler = True
-
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, pooler: bool):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=self.pooler)
-        self.dropout = classifier_dropout(config)
-        setattr(self, self.head_name, nn.Linear(config.hidden_size, self.out_features(config)))
-        init_heads(self, (getattr(self, self.head_name),))
-
-    def out_features(self, config: BertConfig) -> int:
-        return num_labels(config)
+        self.bert = BertModel(config, add_pooling_layer=pooler)
 
     def encode(self, input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
                output_hidden_states, output_attentions, cls_only: bool = False,
@@ -214,12 +196,14 @@ class _TaskModel(HFCheckpoint, nn.Module):
             out.last_hidden_state = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[positions]
         return out
 
-    def hf_key_map(self) -> dict[str, tuple[str, ...]]:
-        head = {f"{self.head_name}.{p}": (f"{self.head_name}.{p}",) for p in ("weight", "bias")}
-        return {**backbone_map(self.config, pooler=self.pooler), **head}
-
 
 class BertForSequenceClassification(_TaskModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config, pooler=True)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+        init_heads(self, (self.classifier,))
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
@@ -250,7 +234,11 @@ class BertForSequenceClassification(_TaskModel):
 
 
 class BertForTokenClassification(_TaskModel):
-    pooler = False  # as in transformers
+    def __init__(self, config: BertConfig):
+        super().__init__(config, pooler=False)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+        init_heads(self, (self.classifier,))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -274,11 +262,10 @@ class BertForTokenClassification(_TaskModel):
 
 
 class BertForQuestionAnswering(_TaskModel):
-    head_name = "qa_outputs"
-    pooler = False
-
-    def out_features(self, config: BertConfig) -> int:
-        return 2  # start, end
+    def __init__(self, config: BertConfig):
+        super().__init__(config, pooler=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start, end; no dropout before it, as in transformers
+        init_heads(self, (self.qa_outputs,))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -289,7 +276,6 @@ class BertForQuestionAnswering(_TaskModel):
         Packed, the logits of each sequence are scored against its own tokens only."""
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
                           output_hidden_states, output_attentions)
-        # transformers has no dropout before qa_outputs; neither do we
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # each [B, T] or [N]
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -313,8 +299,11 @@ def _clamp_ignored(positions: Tensor, limit: Tensor | int) -> Tensor:
 
 
 class BertForMultipleChoice(_TaskModel):
-    def out_features(self, config: BertConfig) -> int:
-        return 1  # one score per (context, choice) pair
+    def __init__(self, config: BertConfig):
+        super().__init__(config, pooler=True)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)  # one score per (context, choice) pair
+        init_heads(self, (self.classifier,))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -357,23 +346,3 @@ def total(*losses: Tensor | None) -> Tensor | None:
 def init_heads(model: nn.Module, heads: tuple[nn.Module, ...]) -> None:
     for head in heads:
         head.apply(partial(init_weights, std=model.config.initializer_range))
-
-
-def backbone_map(config: BertConfig, pooler: bool) -> dict[str, tuple[str, ...]]:
-    """BertModel's key map under the `bert.` prefix that task models use on both sides."""
-    return {f"bert.{k}": tuple(f"bert.{h}" for h in hs) for k, hs in bert_key_map(config, pooler).items()}
-
-
-# Hugging Face's cls.predictions.decoder.{weight,bias} are the tied word embeddings and
-# cls.predictions.bias again; io/hf.py drops them on load and they are not written.
-MLM_KEYS = {
-    "mlm.dense.weight": ("cls.predictions.transform.dense.weight",),
-    "mlm.dense.bias": ("cls.predictions.transform.dense.bias",),
-    "mlm.norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
-    "mlm.norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
-    "mlm.bias": ("cls.predictions.bias",),
-}
-NSP_KEYS = {
-    "nsp.weight": ("cls.seq_relationship.weight",),
-    "nsp.bias": ("cls.seq_relationship.bias",),
-}

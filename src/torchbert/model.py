@@ -230,6 +230,10 @@ def init_weights(module: nn.Module, std: float) -> None:
 
 
 class BertModel(HFCheckpoint, nn.Module):
+    # forward range-checks the ids (check_ids: one host sync); the training loop checks each batch
+    # on the host before it moves to the device, and turns this off while it trains
+    check_inputs = True
+
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
@@ -275,8 +279,8 @@ class BertModel(HFCheckpoint, nn.Module):
                 position_ids = offsets
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if not torch.compiler.is_compiling():
-            self._check_inputs(input_ids, token_type_ids, position_ids)
+        if self.check_inputs:
+            check_ids(self.config, input_ids, token_type_ids, position_ids)
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H] or [N, H]
         hidden_states = [x] if output_hidden_states else None
@@ -305,22 +309,24 @@ class BertModel(HFCheckpoint, nn.Module):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    def _check_inputs(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> None:
-        # An embedding lookup out of range fails with an opaque index error (or a device assert on
-        # GPU); name the culprit instead.
-        c = self.config
-        for name, ids, limit, hint in (
-            ("input_ids", input_ids, c.vocab_size, "vocab_size"),
-            ("token_type_ids", token_type_ids, c.type_vocab_size, "type_vocab_size"),
-            ("position_ids", position_ids, c.max_position_embeddings, "max_position_embeddings"),
-        ):
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
-                if name == "position_ids":
-                    raise ValueError(
-                        f"sequence of {int(ids.max()) + 1} tokens is longer than max_position_embeddings "
-                        f"{limit}; truncate it (tokenizer: truncation=True, max_length={limit})")
-                raise ValueError(f"{name} out of range: values in [{int(ids.min())}, {int(ids.max())}] "
-                                 f"but {hint} is {limit}")
+
+def check_ids(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> None:
+    """Name the culprit of an embedding lookup out of range (else an opaque index error, or a device
+    assert on a GPU). One host sync when every id is in range."""
+    tables = {"input_ids": (input_ids, config.vocab_size, "vocab_size"),
+              "token_type_ids": (token_type_ids, config.type_vocab_size, "type_vocab_size"),
+              "position_ids": (position_ids, config.max_position_embeddings, "max_position_embeddings")}
+    ranges = {name: torch.aminmax(ids) for name, (ids, _, _) in tables.items() if ids.numel()}
+    if not ranges or not torch.stack([(lo < 0) | (hi >= tables[name][1]) for name, (lo, hi) in ranges.items()]).any():
+        return
+    for name, (lo, hi) in ranges.items():
+        (lo, hi), (_, limit, size) = (int(lo), int(hi)), tables[name]
+        if name == "position_ids" and hi >= limit:
+            raise ValueError(f"sequence of {hi + 1} tokens is longer than max_position_embeddings {limit}; "
+                             f"truncate it (tokenizer: truncation=True, max_length={limit})")
+        if lo < 0 or hi >= limit:
+            raise ValueError(f"{name} out of range: values in [{lo}, {hi}] but {size} is {limit}")
+
 
 def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
     """The Layout of N packed tokens, and each token's position in its sequence [N]."""

@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .masking import mask_instances
+
 FORMAT_NAME = "torchbert-pretraining"
 FORMAT_VERSION = 1
 
@@ -215,8 +217,6 @@ class PretrainingData:
 
     def batch(self, indices, *, epoch: int = 0) -> Batch:
         """The packed, masked batch of these instances (dynamic masks are those of `epoch`)."""
-        from .pretraining import mask_instances
-
         items = [self.instance(int(i)) for i in indices]
         lengths = np.array([len(it["tokens"]) for it in items], dtype=np.int64)
         cu = np.r_[0, np.cumsum(lengths)]

@@ -62,11 +62,45 @@ def bert_key_map(config: BertConfig, pooler: bool = True) -> dict[str, tuple[str
     return m
 
 
+def _linear(name: str) -> dict[str, tuple[str, ...]]:
+    return {f"{name}.{p}": (f"{name}.{p}",) for p in ("weight", "bias")}
+
+
+# Hugging Face's cls.predictions.decoder.{weight,bias} are the tied word embeddings and
+# cls.predictions.bias again; they are dropped on load and not written.
+_MLM = {
+    "mlm.dense.weight": ("cls.predictions.transform.dense.weight",),
+    "mlm.dense.bias": ("cls.predictions.transform.dense.bias",),
+    "mlm.norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
+    "mlm.norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
+    "mlm.bias": ("cls.predictions.bias",),
+}
+_NSP = {"nsp.weight": ("cls.seq_relationship.weight",), "nsp.bias": ("cls.seq_relationship.bias",)}
+
+# Each task model's head tensors, by class name (ours are Hugging Face's); the backbone under `bert.`
+# comes from bert_key_map.
+HEAD_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "BertForPreTraining": {**_MLM, **_NSP},
+    "BertForMaskedLM": _MLM,
+    "BertForNextSentencePrediction": _NSP,
+    "BertForSequenceClassification": _linear("classifier"),
+    "BertForTokenClassification": _linear("classifier"),
+    "BertForQuestionAnswering": _linear("qa_outputs"),
+    "BertForMultipleChoice": _linear("classifier"),
+}
+
+
 def key_map(model: nn.Module) -> dict[str, tuple[str, ...]]:
-    """The map for any of our models: BertModel itself, or a task model that defines hf_key_map()."""
-    if hasattr(model, "hf_key_map"):
-        return model.hf_key_map()
-    return bert_key_map(model.config, pooler=getattr(model, "pooler", None) is not None)
+    """Our parameter names -> Hugging Face's, for BertModel or a task model (one found in HEAD_KEYS
+    by its class or a base class's name)."""
+    bert = getattr(model, "bert", None)
+    if bert is None:  # a bare BertModel
+        return bert_key_map(model.config, pooler=model.pooler is not None)
+    head = next((HEAD_KEYS[c.__name__] for c in type(model).__mro__ if c.__name__ in HEAD_KEYS), None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__}: no Hugging Face key table (io/hf.py's HEAD_KEYS)")
+    backbone = bert_key_map(model.config, pooler=bert.pooler is not None)
+    return {**{f"bert.{k}": tuple(f"bert.{h}" for h in hs) for k, hs in backbone.items()}, **head}
 
 
 # -- reading weight files ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+                bad = raw[e.start:e.start + 1]
+                raise ValueError(f"{path}:{n}: not valid UTF-8 (byte {e.start}: {bad!r})") from None
             line = line.rstrip("\r\n")
             if n == 1:
                 line = line.removeprefix("\ufeff")  # a byte-order mark is not text

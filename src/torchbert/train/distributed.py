@@ -43,6 +43,14 @@ class Dist:
         dist.all_reduce(t)
         return t.tolist()
 
+    def all_reduce_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A sum over processes that stays on the device (no host read; t itself in a single process)."""
+        if not self.enabled:
+            return t
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -303,8 +303,9 @@ def score(records: list[dict[str, Any]], examples: list, ts: TaskSettings, label
         scores = metrics.squad_scores(gold, {r["id"]: r["answer"] for r in records})
         if ts.type == "qa-v2":
             with_span = [r for r in records if r.get("span")]
-            scores.update(metrics.squad_best_thresholds(gold, {r["id"]: r["span"] for r in with_span},
-                                                        {r["id"]: r["null_score"] - r["span_score"] for r in with_span}))
+            spans = {r["id"]: r["span"] for r in with_span}
+            margins = {r["id"]: r["null_score"] - r["span_score"] for r in with_span}
+            scores.update(metrics.squad_best_thresholds(gold, spans, margins))
         return scores
     return {"accuracy": metrics.accuracy([r["choice"] for r in records], [x.label for x in examples])}
 
@@ -448,7 +449,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         result = {"task": s.task, "type": task_type, **({"scoring": scoring} if scoring else {}),
                   **(best.metrics() or {}),
                   "best_epoch": best.epoch(), "epochs": s.epochs, "steps": summary["steps"],
-                  "train_seconds": summary["train_seconds"], "tokens": summary["tokens"],
+                  "train_seconds": summary["train_seconds"], "eval_seconds": summary["eval_seconds"],
+                  "tokens": summary["tokens"],
                   "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
                   "dev_examples": len(dev_examples) if dev_examples is not None else 0, "history": best.history(),
                   "config": summary["config"]}

@@ -17,6 +17,12 @@ Per optimizer step:
 With TrainConfig.fast (the default) the model trains with torchbert.fast's pieces swapped in
 (fast.training), and is put back as it was when train() returns.
 
+Host syncs: one per optimizer step, reading whether the step's loss and gradient norm are finite
+(and, under torchrun, whether a process was signalled). The loss parts, correct predictions and
+token counts add up on the device and are read at the log cadence; the ids of each micro-batch are
+range-checked on the host before they move (the model's own check is off while it trains). The
+seconds reported are training's alone: evaluation's are counted apart (eval_seconds).
+
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
 predictions). A task may also fix `per_step`, the targets of an average step per part: each step's
@@ -48,7 +54,14 @@ from torch import Tensor, nn
 
 from .. import fast
 from ..errors import Interrupted, RunFailed, UserError
-from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
+from ..io.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    no_checkpoint,
+    remove_leftovers,
+    save_checkpoint,
+)
+from ..model import BertModel, check_ids
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .optim import clipped_step, make_optimizer, make_scheduler
 
@@ -191,7 +204,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     seed_everything(cfg.seed)
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
-    state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "skipped_steps": 0}
+    state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "eval_seconds": 0.0, "skipped_steps": 0}
     step = 0
     metrics_path = run_dir / "metrics.jsonl"
     window_sums = None
@@ -203,7 +216,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         load_full_state(model, optimizer, saved.model, saved.optimizer, dist)
         scheduler.load_state_dict(saved.scheduler)
         saved.restore_rng(dist.rank)
-        state = saved.state
+        state = {"eval_seconds": 0.0, **saved.state}  # checkpoints before eval_seconds lack it
         step = state.pop("step")
         window_sums = state.pop("window", None)
         dist.barrier()  # every process has read the checkpoint before process 0 writes anything
@@ -218,17 +231,17 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     bar = _progress(cfg, step) if dist.is_main else None
     window = _Window(task.parts, dist, device)
     if window_sums is not None:  # the log line in progress when the checkpoint was saved
-        window.sums = window_sums
+        window.load(window_sums)
     bad_in_a_row = 0
     last_eval = None
-    started = time.perf_counter() - state["seconds"]
+    started = time.perf_counter() - state["seconds"] - state["eval_seconds"]
     # embeddings' gradients come as rows (fast.SparseRows) in one plain process: DDP and FSDP
     # reduce dense gradients, and the compiler traces dense ones
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None
     rows = fast.SparseRows(model) if plain and cfg.fast else None
 
     def checkpoint() -> Path | None:
-        folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.sums},
+        folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.saved()},
                              cfg.keep, dist)
         if folder is not None and on_checkpoint is not None:
             on_checkpoint(folder)
@@ -239,16 +252,20 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         return Interrupted(signals.caught or "a signal to another process", step, folder)
 
     saved_at = step if resume else None
+    encoders = [m for m in model.modules() if isinstance(m, BertModel)]
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
-            StopSignals(log) as signals:
+            _checked_on_host(encoders), StopSignals(log) as signals:
         while step < cfg.steps:
             micro = [stream.next() for _ in range(cfg.grad_accum)]
+            for b in micro:
+                for encoder in encoders:
+                    _check_batch(encoder, b)
             micro = [b.to(device) for b in micro]
             totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
             if totals is None:
                 local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
                 totals = dict(zip(task.parts, dist.all_reduce(local, device)))
-            step_loss = 0.0
+            step_loss = torch.zeros((), dtype=torch.float64, device=device)
             for i, b in enumerate(micro):
                 # DDP: synchronize gradients on the last micro-batch only
                 sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
@@ -257,14 +274,18 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                     loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
                 # gradients are averaged over processes: scale so that they sum instead
                 (loss * dist.world_size).backward()
-                step_loss += float(loss.detach())
+                step_loss += loss.detach()
                 window.add(parts, task.counts(b), b.num_tokens)
             # the one value all processes share each step also carries whether any was signalled
-            step_loss, stop = dist.all_reduce([step_loss, float(signals.caught is not None)], device)
+            shared = torch.stack([step_loss, torch.full_like(step_loss, signals.caught is not None)])
+            step_loss, stopping = dist.all_reduce_tensor(shared).unbind()
             lr = optimizer.param_groups[0]["lr"]
-            bad = f"loss is {step_loss}" if not math.isfinite(step_loss) else None
-            if bad is None and not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows):
-                bad = f"the gradient norm is not finite (loss {step_loss:.4g})"
+            bad = None
+            if not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss):
+                loss_value = float(step_loss)
+                bad = (f"loss is {loss_value}" if not math.isfinite(loss_value)
+                       else f"the gradient norm is not finite (loss {loss_value:.4g})")
+            stop = bool(stopping) if dist.enabled else signals.caught is not None
             if bad is not None:
                 optimizer.zero_grad(set_to_none=True)
                 state["skipped_steps"] += 1
@@ -285,19 +306,23 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            state["tokens"] += window.commit()
-            state["seconds"] = time.perf_counter() - started
+            window.commit()
+            state["seconds"] = time.perf_counter() - started - state["eval_seconds"]
             state.update(stream.position())
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(window.postfix(state, lr), refresh=False)
 
             do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
-                record = {"step": step, "tokens": state["tokens"], **window.flush(), "lr": lr,
+                values = window.flush(state)  # the window's figures reach the host here
+                if bar is not None:
+                    bar.set_postfix(_postfix(values, state, lr), refresh=False)
+                record = {"step": step, "tokens": state["tokens"], **values, "lr": lr,
                           "seconds": round(state["seconds"], 3)}
                 if do_eval:
+                    evaluating = time.perf_counter()
                     last_eval = _evaluate(model, evaluate)
+                    state["eval_seconds"] += time.perf_counter() - evaluating
                     record.update({f"eval_{k}": v for k, v in last_eval.items()})
                 if dist.is_main:
                     _append_jsonl(metrics_path, record)
@@ -312,6 +337,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         bar.close()
     checkpoint()
     summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
+               "eval_seconds": round(state["eval_seconds"], 3),
                "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
                "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
     if last_eval is not None:
@@ -350,59 +376,91 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
 
 class _Window:
     """Per part: summed loss, correct predictions and targets since the last log line, over all
-    processes. A step's figures wait in `pending` until the step is taken (a skipped step's are
-    discarded)."""
+    processes, and the tokens. The losses and correct predictions add up on the device ([P, 2]);
+    the counts, known before the forward, on the host ([tokens, targets per part], this process's
+    own until flush sums them). Both are read at flush only. A step's figures wait in `pending`
+    until the step is taken (a skipped step's are discarded)."""
 
     def __init__(self, parts: tuple[str, ...], dist: Dist, device: torch.device):
         self.parts, self.dist, self.device = parts, dist, device
-        self.sums, self.pending = self._zero(), self._zero()
+        self.figures, self.counts = self._zero()
+        self.pending = self._zero()
 
-    def _zero(self) -> dict[str, Any]:
-        return {"tokens": 0, **{p: [0.0, 0, 0] for p in self.parts}}
+    def _zero(self) -> tuple[Tensor, list[int]]:
+        return torch.zeros(len(self.parts), 2, dtype=torch.float64, device=self.device), [0] * (1 + len(self.parts))
 
     def add(self, parts: dict[str, tuple[Tensor, Tensor]], counts: dict[str, int], tokens: int) -> None:
-        for p in self.parts:
-            loss_sum, correct = parts[p]
-            acc = self.pending[p]
-            acc[0] += float(loss_sum.detach())
-            acc[1] += int(correct)
-            acc[2] += counts[p]
-        self.pending["tokens"] += tokens
+        figures, known = self.pending
+        figures += torch.stack([torch.stack([parts[p][0].detach().double(), parts[p][1].double()])
+                                for p in self.parts])
+        for i, n in enumerate((tokens, *[counts[p] for p in self.parts])):
+            known[i] += n
 
     def discard(self) -> None:
         self.pending = self._zero()
 
-    def commit(self) -> int:
-        """Add the step's figures (summed over processes); returns its token count."""
-        flat = [self.pending["tokens"], *[x for p in self.parts for x in self.pending[p]]]
-        flat = self.dist.all_reduce(flat, self.device)
-        tokens = int(flat[0])
-        self.sums["tokens"] += tokens
-        for i, p in enumerate(self.parts):
-            loss_sum, correct, n = flat[1 + 3 * i: 4 + 3 * i]
-            a = self.sums[p]
-            self.sums[p] = [a[0] + loss_sum, a[1] + int(correct), a[2] + int(n)]
+    def commit(self) -> None:
+        """Add the step's figures (the device's summed over processes now, the host's at flush)."""
+        figures, known = self.pending
+        self.figures += self.dist.all_reduce_tensor(figures)
+        self.counts = [a + b for a, b in zip(self.counts, known)]
         self.pending = self._zero()
-        return tokens
 
-    def values(self) -> dict[str, float]:
+    def saved(self) -> list[float]:
+        """The window over all processes, for a checkpoint: [tokens, (loss, correct, targets) per part]."""
+        counts = self.dist.all_reduce([float(x) for x in self.counts], self.device)
+        figures = self.figures.tolist()
+        return [counts[0], *[x for i in range(len(self.parts)) for x in (*figures[i], counts[1 + i])]]
+
+    def load(self, saved: list[float] | dict) -> None:
+        if isinstance(saved, dict):  # checkpoints before this layout; their tokens were also in state["tokens"]
+            saved = [0, *[x for p in self.parts for x in saved[p]]]
+        rows = [saved[1 + 3 * i: 4 + 3 * i] for i in range(len(self.parts))]
+        self.figures = torch.tensor([r[:2] for r in rows], dtype=torch.float64, device=self.device)
+        # each process adds its own counts at flush: the saved totals are process 0's alone
+        self.counts = [int(x) if self.dist.is_main else 0 for x in (saved[0], *[r[2] for r in rows])]
+
+    def flush(self, state: dict[str, Any]) -> dict[str, float]:
+        """The window's loss and accuracy per part (and their sum); adds its tokens to state["tokens"]."""
+        figures = self.figures.tolist()
+        counts = self.dist.all_reduce([float(x) for x in self.counts], self.device)
+        self.figures, self.counts = self._zero()
+        state["tokens"] += int(counts[0])
         out = {}
-        for p in self.parts:
-            loss_sum, correct, n = self.sums[p]
+        for i, p in enumerate(self.parts):
+            (loss_sum, correct), n = figures[i], counts[1 + i]
             out[f"{p}_loss"] = loss_sum / n if n else float("nan")
             out[f"{p}_accuracy"] = correct / n if n else float("nan")
-        return {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}
+        return {k: round(v, 6) for k, v in {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}.items()}
 
-    def flush(self) -> dict[str, float]:
-        out = {k: round(v, 6) for k, v in self.values().items()}
-        self.sums = self._zero()
-        return out
 
-    def postfix(self, state: dict[str, Any], lr: float) -> dict[str, str]:
-        v = self.values()
-        tps = state["tokens"] / max(state["seconds"], 1e-9)
-        return {"loss": f"{v['loss']:.3f}", **{f"{p}_acc": f"{v[f'{p}_accuracy']:.3f}" for p in self.parts},
-                "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
+def _postfix(values: dict[str, float], state: dict[str, Any], lr: float) -> dict[str, str]:
+    tps = state["tokens"] / max(state["seconds"], 1e-9)
+    return {"loss": f"{values['loss']:.3f}", **{f"{p.removesuffix('_accuracy')}_acc": f"{v:.3f}"
+                                                 for p, v in values.items() if p.endswith("_accuracy")},
+            "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
+
+
+@contextlib.contextmanager
+def _checked_on_host(encoders: list[BertModel]) -> Iterator[None]:
+    """The encoders' per-forward id check off (the loop checks each batch on the host instead)."""
+    before = [e.__dict__.get("check_inputs") for e in encoders]
+    for e in encoders:
+        e.check_inputs = False
+    try:
+        yield
+    finally:
+        for e, b in zip(encoders, before):
+            if b is None:
+                del e.check_inputs
+            else:
+                e.check_inputs = b
+
+
+def _check_batch(encoder: BertModel, batch) -> None:
+    """The ids of a packed batch, on the host before it moves: tokens, segments and its longest sequence."""
+    longest = torch.tensor([max(int(batch.max_seqlen) - 1, 0)])
+    check_ids(encoder.config, batch.input_ids, batch.token_type_ids, longest)
 
 
 def _progress(cfg: TrainConfig, step: int):

@@ -55,11 +55,12 @@ def make_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weig
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                 rows: SparseRows | None = None) -> bool:
+                 rows: SparseRows | None = None, loss: torch.Tensor | None = None) -> bool:
     """optimizer.step() after clipping the gradients of `params` to a total norm of max_norm (none
     when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step(). Returns False, and takes no
     step, when the gradients' norm is NaN or inf: a finite loss can still have an exploded gradient,
-    which would reach the weights and every later checkpoint.
+    which would reach the weights and every later checkpoint. With `loss` (a tensor), a NaN or inf
+    loss skips the step too, read in the same host sync: the one this function makes.
 
     With a fused torch AdamW over plain tensors the scaling rides in its step: the step divides
     each gradient by the optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of
@@ -70,20 +71,21 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
     if rows is not None:
         rows.densify()
     try:
-        return _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {})
+        return _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {}, loss)
     finally:
         if rows is not None:
             rows.reset()
 
 
 def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                  norms: dict[torch.Tensor, torch.Tensor]) -> bool:
+                  norms: dict[torch.Tensor, torch.Tensor], loss: torch.Tensor | None) -> bool:
     params = [p for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p not in norms])
     if norms:
         total = torch.linalg.vector_norm(torch.stack([total, *norms.values()]))
     full = total.full_tensor() if hasattr(total, "full_tensor") else total  # FSDP: a DTensor
-    if not bool(torch.isfinite(full)):
+    finite = torch.isfinite(full) if loss is None else torch.isfinite(full) & torch.isfinite(loss)
+    if not bool(finite):
         return False
     if max_norm <= 0:
         optimizer.step()
@@ -93,9 +95,8 @@ def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tenso
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         optimizer.step()
         return True
-    scale = (total + 1e-6) / max_norm  # clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when below 1
-    if scale.item() > 1:
-        optimizer.grad_scale = scale.float()
+    # clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when that is below 1; dividing by 1 changes nothing
+    optimizer.grad_scale = ((total + 1e-6) / max_norm).clamp(min=1).float()
     try:
         optimizer.step()
     finally:

@@ -48,7 +48,8 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int) -> BertCo
     else:
         config = BertConfig.load(name_or_path)
     if config.vocab_size != vocab_size:
-        raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} does not match the data's {vocab_size}")
+        raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} "
+                         f"does not match the data's {vocab_size}")
     if config.max_position_embeddings < max_seq_len:
         raise ValueError(f"--config {name_or_path}: max_position_embeddings {config.max_position_embeddings} "
                          f"is shorter than the data's max_seq_len {max_seq_len}")
