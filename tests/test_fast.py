@@ -16,7 +16,8 @@ from torchbert import model as model_module
 from torchbert.config import BertConfig
 from torchbert.fast.dropout import Dropout, dropout, keep_mask
 from torchbert.heads import BertForMaskedLM, BertForPreTraining, MaskedLMHead
-from torchbert.model import BertModel, unpad
+from torchbert.model import BertModel
+from torchbert.packing import unpad
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

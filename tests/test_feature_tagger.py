@@ -19,7 +19,7 @@ from torchbert.cli import main
 from torchbert.feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from torchbert.features import STRATEGIES
 from torchbert.heads import IGNORE
-from torchbert.model import unpad
+from torchbert.packing import unpad
 from torchbert.train.optim import make_optimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

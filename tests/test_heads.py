@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from torchbert import BertConfig
 from torchbert.heads import BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining
-from torchbert.model import unpad
+from torchbert.packing import unpad
 
 TOL = 1e-5
 HEADS = [

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import realdata
 from torchbert import BertConfig, BertModel
 from torchbert.io.hf import bert_key_map
-from torchbert.model import unpad
+from torchbert.packing import unpad
 
 TOL = 1e-5
 

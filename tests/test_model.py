@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from torchbert import BertConfig, BertModel, fast
-from torchbert.model import pad, unpad
+from torchbert.packing import pad, unpad
 
 TOL = 1e-5
 

@@ -12,7 +12,7 @@ from torchbert.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from torchbert.model import unpad
+from torchbert.packing import unpad
 from torchbert.tokenizer import BertTokenizer
 
 TOL = 1e-5

@@ -34,7 +34,8 @@ from .features import combine_layers, needs_all_layers, parse_strategy
 from .heads import IGNORE, TaskOutput, num_labels
 from .io.files import atomic_write
 from .io.hf import read_weights
-from .model import BertModel, init_weights, pad
+from .model import BertModel, init_weights
+from .packing import pad
 
 TAGGERS = ("bilstm", "linear")
 TAGGER_FILE = "tagger.safetensors"

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 
 from .config import BertConfig
 from .io.hf import HFCheckpoint
-from .model import BertModel, BertOutput, activation, init_weights, pad
+from .model import BertModel, BertOutput, activation, init_weights
+from .packing import pad
 
 IGNORE = -100  # label of positions that carry no MLM target
 

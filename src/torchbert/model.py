@@ -15,6 +15,7 @@ Two input paths give the same numbers (tested to 1e-5 in fp32):
     cu_seqlens [B + 1] (cumulative lengths, starting at 0) and max_seqlen. Embeddings, projections
     and the feed-forward then run on real tokens only; attention runs per sequence (packed q/k/v are
     scattered into a [B, A, T, D] block for the attention function and gathered back).
+    packing.py turns one layout into the other.
 
 Attention itself is a function picked by name from ATTENTION: "sdpa" (torch's
 scaled_dot_product_attention) or "eager" (the steps written out, which also gives the
@@ -341,22 +342,3 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[L
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
     return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos), pos
-
-
-def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
-    """Padded [B, T] (+ other [B, T] tensors) -> packed [N] tensors, cu_seqlens [B+1], max_seqlen."""
-    seqlens = attention_mask.sum(dim=1, dtype=torch.int32)  # [B]
-    cu_seqlens = F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
-    keep = attention_mask.bool()
-    packed = [t[keep] for t in (input_ids, *others)]  # each [N]
-    return (*packed, cu_seqlens, int(seqlens.max()) if seqlens.numel() else 0)
-
-
-def pad(packed: Tensor, cu_seqlens: Tensor, max_seqlen: int, value: float = 0.0) -> Tensor:
-    """Packed [N, ...] -> padded [B, T, ...] (the inverse of `unpad`)."""
-    B = cu_seqlens.numel() - 1
-    seqlens = cu_seqlens.diff()
-    mask = torch.arange(max_seqlen, device=packed.device) < seqlens[:, None]  # [B, T]
-    out = packed.new_full((B, max_seqlen, *packed.shape[1:]), value)
-    out[mask] = packed
-    return out

@@ -195,7 +195,7 @@ def targets(batch: TaskBatch, task_type: str) -> dict:
 
 def _span_correct(out, batch: TaskBatch) -> torch.Tensor:
     """Sequences whose argmax start and end (over their own tokens) are both the gold ones."""
-    from ..model import pad
+    from ..packing import pad
 
     starts = pad(out.start_logits, batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
     ends = pad(out.end_logits, batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
