@@ -28,8 +28,15 @@ def test_every_example_once_per_epoch_in_a_fresh_order():
     assert sizes[:-1] == [32] * (len(sizes) - 1) and sizes[-1] == len(LENGTHS) % 32  # the partial one last
 
 
-def test_batches_are_sorted_within_windows_and_pad_less_than_random_ones():
-    assert taskdata.SORT_WINDOW > 1
+def test_the_default_batches_are_a_plain_shuffle():
+    d = data(LENGTHS)
+    order = np.random.default_rng([d.seed, 0]).permutation(len(LENGTHS))
+    for i, g in enumerate(d.order(32, 0)):
+        assert sorted(g.tolist()) == sorted(order[32 * i:32 * (i + 1)].tolist())
+
+
+def test_batches_are_sorted_within_windows_and_pad_less_than_random_ones(monkeypatch):
+    monkeypatch.setattr(taskdata, "SORT_WINDOW", 4)
     lengths = np.asarray(LENGTHS)
     units = data(LENGTHS).order(32, 0)
     assert all(np.all(np.diff(-lengths[g]) >= 0) for g in units)  # each batch longest first

@@ -1,8 +1,9 @@
 """Fine-tuning batches: encoded rows (data/encode.py) -> packed, length-sorted batches for the loop.
 
 Every batch is unpadded: the tokens of its sequences end to end ([N]) with cu_seqlens, as the
-model's packed path takes them. Within a window of a few batches the rows are sorted by length, so
-the [B, T] block attention works on holds less padding; the order of the batches is then shuffled.
+model's packed path takes them. The batches are a seeded shuffle of the rows (SORT_WINDOW > 1 would
+sort the rows of each window of batches by length first: less padding in the [B, T] block attention
+works on, but measured worse dev scores).
 
 The unit of batching is a row (one sequence), or for multiple choice an example (all its choices),
 so `batch_size` counts examples there. The order is a pure function of (seed, epoch): resuming at
@@ -21,10 +22,12 @@ from torch import Tensor
 
 from .encode import Encoded
 
-# Batches whose rows are length-sorted together. Wider windows pad less, but make batches of alike
-# lengths, which cost entity F1 on WNUT-16 (two seeds each: window 50 0.355, 4 0.390, 1 0.412 on
-# average; bench/README.md) for no time saved on short texts.
-SORT_WINDOW = 4
+# Batches whose rows are length-sorted together: 1 is a plain shuffled loop (each batch's rows then
+# sorted within it, which packed batches do not notice). Wider windows pad less inside attention but
+# make batches of alike lengths, and that cost entity F1 on WNUT-16: window 4 against 1, 3 seeds
+# pooled, -0.011 (95% paired bootstrap [-0.021, -0.002]), for no time saved (bench/bench_batching.py,
+# bench/README.md).
+SORT_WINDOW = 1
 
 
 @dataclass
