@@ -35,6 +35,7 @@ from ..data import tasks
 from ..data.taskdata import TaskBatch, TaskData
 from ..errors import UserError
 from ..eval import metrics
+from ..eval.plots import plot_finetuning
 from ..feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..heads import (
     IGNORE,
@@ -457,7 +458,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         if s.frozen is not None:
             result["tagger"] = asdict(s.frozen)
         atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
-        plot_finetune(s.out, best.name)
+        plot_finetuning(s.out, best.name)
         return result
 
 
@@ -578,37 +579,3 @@ class _Best:
 
     def history(self) -> list[dict]:
         return self.state["history"]
-
-
-def plot_finetune(run_dir: Path, metric: str) -> None:
-    """loss.png (training loss per log step) and dev.png (the dev metrics per epoch)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    if rows:
-        _plot(run_dir / "loss.png", f"fine-tuning loss: {run_dir.name}", "step", "loss",
-              {"training loss": ([r["step"] for r in rows], [r["loss"] for r in rows])})
-    best = run_dir / "best.json"
-    history = json.loads(best.read_text())["history"] if best.is_file() else []
-    if history:
-        names = [k for k in history[0] if k not in ("epoch", "step", "mse") and not k.endswith("total")]
-        _plot(run_dir / "dev.png", f"dev scores: {run_dir.name} (best by {metric})", "epoch", "dev score",
-              {k: ([h["epoch"] for h in history], [h[k] for h in history]) for k in names}, marker="o-")
-
-
-def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-          marker: str = "-") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, (x, y) in series.items():
-        ax.plot(x, y, marker, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -19,6 +19,7 @@ import torch
 from ..config import PRESETS, BertConfig
 from ..data.shards import PretrainingData
 from ..errors import UserError
+from ..eval.plots import plot_pretraining
 from ..heads import BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
@@ -133,7 +134,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                 atomic_copy(s.data / name, s.out / name)
         summary["data"] = str(s.data)
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
-        plot_curves(s.out)
+        plot_pretraining(s.out)
     return summary
 
 
@@ -159,32 +160,3 @@ def resumed_config(s: PretrainSettings, data: PretrainingData) -> BertConfig:
         raise UserError(f"--data {s.data}: vocab size {data.vocab_size} differs from the run's {config.vocab_size}; "
                         "resume with the data the run started with")
     return config
-
-
-def plot_curves(run_dir: Path) -> None:
-    """loss.png and accuracy.png from metrics.jsonl."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    if not rows:
-        return
-    steps = [r["step"] for r in rows]
-    for name, keys, ylabel in (("loss", ("loss", "mlm_loss", "nsp_loss"), "loss"),
-                               ("accuracy", ("mlm_accuracy", "nsp_accuracy"), "accuracy")):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for k in keys:
-            ax.plot(steps, [r[k] for r in rows], label=k)
-            evals = [(r["step"], r[f"eval_{k}"]) for r in rows if f"eval_{k}" in r]
-            if evals:
-                ax.plot(*zip(*evals), "o--", label=f"held-out {k}")
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"pretraining {ylabel}: {run_dir.name}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(run_dir / f"{name}.png", dpi=100)
-        plt.close(fig)

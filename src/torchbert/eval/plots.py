@@ -1,0 +1,60 @@
+"""The run folders' plots, drawn from metrics.jsonl (and best.json) with one helper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list, str]]) -> None:
+    """One PNG: each series is (x, y, matplotlib format such as "-" or "o--"), named in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (x, y, style) in series.items():
+        ax.plot(x, y, style, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_pretraining(run_dir: Path) -> None:
+    """loss.png and accuracy.png: the training curves per log step, the held-out ones where evaluated."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    if not rows:
+        return
+    steps = [r["step"] for r in rows]
+    for name, keys in (("loss", ("loss", "mlm_loss", "nsp_loss")), ("accuracy", ("mlm_accuracy", "nsp_accuracy"))):
+        series = {}
+        for k in keys:
+            series[k] = (steps, [r[k] for r in rows], "-")
+            evals = [(r["step"], r[f"eval_{k}"]) for r in rows if f"eval_{k}" in r]
+            if evals:
+                series[f"held-out {k}"] = (*map(list, zip(*evals)), "o--")
+        line_plot(run_dir / f"{name}.png", f"pretraining {name}: {run_dir.name}", "step", name, series)
+
+
+def plot_finetuning(run_dir: Path, metric: str) -> None:
+    """loss.png (training loss per log step) and dev.png (the dev scores per epoch)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    if rows:
+        line_plot(run_dir / "loss.png", f"fine-tuning loss: {run_dir.name}", "step", "loss",
+                  {"training loss": ([r["step"] for r in rows], [r["loss"] for r in rows], "-")})
+    best = run_dir / "best.json"
+    history = json.loads(best.read_text(encoding="utf-8"))["history"] if best.is_file() else []
+    if history:
+        names = [k for k in history[0] if k not in ("epoch", "step", "mse") and not k.endswith("total")]
+        line_plot(run_dir / "dev.png", f"dev scores: {run_dir.name} (best by {metric})", "epoch", "dev score",
+                  {k: ([h["epoch"] for h in history], [h[k] for h in history], "o-") for k in names})
