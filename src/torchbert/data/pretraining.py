@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.texts import read_utf8
 from .masking import Masked, mask_instances
 
 FORMATS = ("auto", "bert", "text", "jsonl")
@@ -69,13 +70,7 @@ def read_lines(path: Path) -> list[str]:
     """The file's lines, decoded; a bad byte is an error naming the file and the line."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: corpus file not found")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {data[e.start:e.start + 1]!r})") from None
-    return text.removeprefix("\ufeff").splitlines()
+    return read_utf8(path).splitlines()
 
 
 def detect_format(path: Path, lines: Sequence[str]) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io.texts import lines, read_utf8
 from . import hub
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
@@ -147,28 +148,14 @@ def _existing(path: PathLike) -> Path:
     return path
 
 
-def _lines(path: Path, keepends: bool = False) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line; a leading byte-order mark is dropped."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
-                                 f"{e.start + 1}); expected a UTF-8 text file") from None
-            if n == 1:
-                line = line.removeprefix("\ufeff")
-            yield n, (line if keepends else line.rstrip("\r\n"))
-
-
 def _rows(path: Path, tsv: bool) -> Iterator[tuple[int, list[str]]]:
     """(first line, fields) of each non-blank row.  TSV fields are never quoted: GLUE's TSVs hold stray
     quotes (MNLI, QQP) that a quoting reader would run across lines.  CSV follows RFC 4180 quoting."""
-    lines = (text for _, text in _lines(path, keepends=True))
+    texts = (text for _, text in lines(path, keepends=True))
     if tsv:
-        reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+        reader = csv.reader(texts, delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
-        reader = csv.reader(lines, strict=True)
+        reader = csv.reader(texts, strict=True)
     while True:
         start = reader.line_num + 1
         try:
@@ -183,7 +170,7 @@ def _rows(path: Path, tsv: bool) -> Iterator[tuple[int, list[str]]]:
 
 def _records(path: Path) -> Iterator[tuple[int, dict]]:
     """(line, object) of each non-blank line of a JSON Lines file."""
-    for n, line in _lines(path):
+    for n, line in lines(path):
         if not line.strip():
             continue
         try:
@@ -398,7 +385,7 @@ def read_conll(path: PathLike, labelled: bool = True) -> list[TokenExample]:
             words.clear()
             tags.clear()
 
-    for n, line in _lines(path):
+    for n, line in lines(path):
         if not line.strip() or line.startswith("-DOCSTART-"):
             end_sentence()
             continue
@@ -435,13 +422,7 @@ def read_squad(path: PathLike, v2: bool, labelled: bool = True, warn: Warn = not
     span: it is dropped with a warning, and a labelled question left with no answer is skipped (counted),
     so it does not turn into an unanswerable one.  With labelled=False questions may have no answers."""
     path = _existing(path)
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {data[e.start:e.start + 1]!r}); "
-                         "expected a UTF-8 JSON file") from None
+    text = read_utf8(path, expected="a UTF-8 JSON file")
     layout = 'expected a SQuAD file {"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}'
     try:
         doc = json.loads(text)

@@ -1,4 +1,4 @@
-"""Reading text inputs: one text per line (.txt) or JSON Lines with a `text` field (.jsonl).
+"""Reading text files: lines with FILE:LINE errors, and texts one per line (.txt) or JSON Lines (.jsonl).
 
 Every error names the file and the line, so a user can find a bad byte in a million-line file."""
 
@@ -6,7 +6,37 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+
+def lines(path: Path, keepends: bool = False, expected: str = "a UTF-8 text file") -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a file, streamed; a leading byte-order mark is dropped, and a
+    bad byte is an error naming the file, the line and the column."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, n, raw[e.start:e.start + 1], e.start + 1, expected) from None
+            if n == 1:
+                line = line.removeprefix("\ufeff")
+            yield n, (line if keepends else line.rstrip("\r\n"))
+
+
+def read_utf8(path: Path, expected: str = "a UTF-8 text file") -> str:
+    """A whole file as text (for formats read at once, such as JSON); errors as in `lines`."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise _not_utf8(path, data.count(b"\n", 0, e.start) + 1, data[e.start:e.start + 1], e.start - line_start + 1,
+                        expected) from None
+
+
+def _not_utf8(path: Path, line: int, byte: bytes, column: int, expected: str) -> ValueError:
+    return ValueError(f"{path}:{line}: not valid UTF-8 (byte {byte!r} at column {column}); expected {expected}")
 
 
 def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
@@ -15,28 +45,19 @@ def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
         raise FileNotFoundError(f"{path}: no such input file")
     jsonl = path.suffix.lower() == ".jsonl"
     texts = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                bad = raw[e.start:e.start + 1]
-                raise ValueError(f"{path}:{n}: not valid UTF-8 (byte {e.start}: {bad!r})") from None
-            line = line.rstrip("\r\n")
-            if n == 1:
-                line = line.removeprefix("\ufeff")  # a byte-order mark is not text
-            if not jsonl:
-                texts.append(line)
-                continue
-            if not line.strip():
-                continue  # blank lines between records are allowed in JSON Lines
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise ValueError(f"{path}:{n}: expected an object with a string {field!r} field")
-            texts.append(record[field])
+    for n, line in lines(path):
+        if not jsonl:
+            texts.append(line)
+            continue
+        if not line.strip():
+            continue  # blank lines between records are allowed in JSON Lines
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise ValueError(f"{path}:{n}: expected an object with a string {field!r} field")
+        texts.append(record[field])
     if not texts:
         raise ValueError(f"{path}: no texts in the file")
     return texts

@@ -48,7 +48,7 @@ from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.hf import with_labels
 from ..tokenizer import BertTokenizer
-from .distributed import Dist
+from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .rundir import RunFolder
 
@@ -341,10 +341,6 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
             f"of {model_dir}")
     return model
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") else model
 
 
 # -- the command -------------------------------------------------------------------------------------
