@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .packing import pack
+
 STRATEGIES = ("embeddings", "last", "second_to_last", "sum_all", "sum_last_four", "concat_last_four")
 POOLINGS = ("cls", "mean", "max")
 
@@ -161,12 +163,9 @@ def embed(model, tokenizer, texts: Sequence[str], *, pooling: str = "mean", laye
 
         bar = tqdm(total=len(ids), unit="text", desc="embed")
     for idx in batches:
-        seqs = [ids[i] for i in idx]
-        lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
-        flat = torch.from_numpy(np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lens.sum())))
-        cu = F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+        flat, cu, longest = pack([ids[i] for i in idx])
         flat, cu = flat.to(device), cu.to(device)
-        o = model(flat, cu_seqlens=cu, max_seqlen=int(lens.max()),
+        o = model(flat, cu_seqlens=cu, max_seqlen=longest,
                   output_hidden_states=needs_all_layers(strategy))
         feats = o.last_hidden_state if not needs_all_layers(strategy) else combine_layers(o.hidden_states, strategy)
         e = pool_packed(feats, cu, pooling)

@@ -6,9 +6,21 @@ cumulative lengths from 0, and max_seqlen, the longest; nothing is computed for 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+def pack(seqs: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor, int]:
+    """Token id sequences -> packed input_ids [N] (int64), cu_seqlens [B + 1] (int32), max_seqlen."""
+    lengths = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter((t for x in seqs for t in x), dtype=np.int64, count=int(lengths.sum()))
+    cu_seqlens = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    return torch.from_numpy(flat), torch.from_numpy(cu_seqlens), int(lengths.max()) if len(seqs) else 0
 
 
 def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):

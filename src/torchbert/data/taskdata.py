@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..packing import pack
 from .encode import Encoded
 
 # Batches whose rows are length-sorted together: 1 is a plain shuffled loop (each batch's rows then
@@ -118,13 +119,10 @@ class TaskData:
         e = self.encoded
         rows = np.concatenate([np.arange(self.unit_start[u], self.unit_start[u + 1]) for u in units]) \
             if len(units) else np.zeros(0, dtype=np.int64)
-        ids = [e.input_ids[r] for r in rows]
-        lengths = torch.tensor([len(x) for x in ids], dtype=torch.int32)
-        cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        batch = TaskBatch(
-            input_ids=torch.tensor([t for x in ids for t in x], dtype=torch.long),
-            token_type_ids=torch.tensor([t for r in rows for t in e.token_type_ids[r]], dtype=torch.long),
-            cu_seqlens=cu, max_seqlen=int(lengths.max()) if len(rows) else 0, rows=rows)
+        input_ids, cu, longest = pack([e.input_ids[r] for r in rows])
+        token_type_ids, _, _ = pack([e.token_type_ids[r] for r in rows])
+        batch = TaskBatch(input_ids=input_ids, token_type_ids=token_type_ids, cu_seqlens=cu, max_seqlen=longest,
+                          rows=rows)
         if e.labels is not None:
             self._add_labels(batch, rows, units)
         if self.task_type == "multiple-choice":
