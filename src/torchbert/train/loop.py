@@ -18,7 +18,7 @@ With TrainConfig.fast (the default) the model trains with torchbert.fast's piece
 (fast.training), and is put back as it was when train() returns.
 
 Host syncs: one per optimizer step, reading whether the step's loss and gradient norm are finite
-(and, under torchrun, whether a process was signalled). The loss parts, correct predictions and
+(under torchrun a second, whether a process was signalled). The loss parts, correct predictions and
 token counts add up on the device and are read at the log cadence; the ids of each micro-batch are
 range-checked on the host before they move (the model's own check is off while it trains). The
 seconds reported are training's alone: evaluation's are counted apart (eval_seconds).
