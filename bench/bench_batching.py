@@ -29,6 +29,7 @@ from bench_finetune import (TASKS, load_average, log, metric_of, paired_bootstra
                             wnut_data, write_files)
 
 from torchbert.data import taskdata, tasks
+from torchbert.families import family
 from torchbert.fast import keep_freed_memory
 
 
@@ -64,7 +65,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
-            label_map = tasks.LabelMap.from_examples(tasks.read_examples(train_path, task_type))
+            label_map = tasks.LabelMap.from_examples(family(task_type).read(train_path))
             for seed in args.seeds:
                 for window in args.windows if seed % 2 == 0 else reversed(args.windows):  # alternate the order
                     log(f"[{task}] window {window}, seed {seed}: {len(train)} train / {len(dev)} dev, {epochs} epochs")

@@ -42,7 +42,7 @@ training, both untrained models predict the dev set (not timed); with the same w
 predictions must agree, which checks the transformers side's tokenization, labels and word alignment.
 
 What is timed (time.perf_counter):
-  tokenize s      text -> model inputs of train and dev (torchbert: encode_split + TaskData, as its log
+  tokenize s      text -> model inputs of train and dev (torchbert: family.encode + TaskData, as its log
                   line reports, 0.1 s resolution; transformers: the tokenizer call + label alignment).
   train s         the training steps alone: the dev scoring after each epoch (and the keeping of the best
                   weights) is not counted, as torchbert's train_seconds does not count it (its
@@ -92,9 +92,11 @@ from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data import tasks  # noqa: E402
 from torchbert.data.taskdata import TaskData  # noqa: E402
 from torchbert.eval import metrics  # noqa: E402
-from torchbert.tokenizer import BertTokenizer  # noqa: E402
-from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, predict, task_config  # noqa: E402
+from torchbert.families import TaskSettings, family  # noqa: E402
 from torchbert.fast import keep_freed_memory  # noqa: E402
+from torchbert.predict import predict  # noqa: E402
+from torchbert.tokenizer import BertTokenizer  # noqa: E402
+from torchbert.train.finetune import load_task_model, task_config  # noqa: E402
 from torchbert.train.optim import make_optimizer, make_scheduler  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
@@ -279,7 +281,7 @@ def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_
     records = [json.loads(x) for x in (out / "dev_predictions.jsonl").read_text(encoding="utf-8").splitlines()]
     gold = [y for _, y in dev] if task in SEQUENCE_TASKS else [tags for _, tags in dev]
     pred = [r["label"] for r in records] if task in SEQUENCE_TASKS else [r["tags"] for r in records]
-    best = {k: m[k] for k in metrics.metric_names(task_type)}
+    best = {k: m[k] for k in family(task_type).metrics}
     again = scores_of(task, gold, pred, label_map)
     if any(abs(again[k] - best[k]) > 1e-9 for k in best):
         raise SystemExit(f"torchbert: dev_predictions.jsonl scores {again}, metrics.json says {best}")
@@ -299,9 +301,9 @@ def torchbert_start(task: str, dev_path: Path, label_map: tasks.LabelMap, args: 
     config = task_config(realdata.minilm_dir(), ts, label_map)
     torch.manual_seed(args.seed)
     model = load_task_model(realdata.minilm_dir(), config, ts, log=lambda _: None)
-    examples = tasks.read_examples(dev_path, task_type)
+    examples = family(task_type).read(dev_path)
     tokenizer = BertTokenizer.from_pretrained(realdata.minilm_dir())
-    data = TaskData(encode_split(tokenizer, examples, ts, label_map, training=False), task_type)
+    data = TaskData(family(task_type).encode(tokenizer, examples, ts, label_map, training=False), family(task_type))
     records = predict(model, data, examples, ts, label_map.id2label(), EVAL_BATCH_SIZE, torch.device("cpu"))
     return {k: v.detach().clone() for k, v in model.classifier.state_dict().items()}, records
 
@@ -439,7 +441,7 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     model.save_pretrained(work / "transformers")
     tok.save_pretrained(work / "transformers")
     total = time.perf_counter() - start
-    names = metrics.metric_names(task_type)
+    names = family(task_type).metrics
     return Run("transformers, padded to longest", {k: best[0][k] for k in names}, best[1],
                {k: history[-1][k] for k in names}, tokenize_s, train_s, total, tokens, fed, steps,
                example_stats(task, gold, best_pred)), notes
@@ -531,7 +533,7 @@ def main() -> None:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
             # the labels in torchbert's order (sorted), read from the file it trains on
-            label_map = tasks.LabelMap.from_examples(tasks.read_examples(train_path, task_type))
+            label_map = tasks.LabelMap.from_examples(family(task_type).read(train_path))
             repeats: list[dict[str, Run]] = []
             for r in range(args.repeat):
                 runs: dict[str, Run] = {}

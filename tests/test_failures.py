@@ -491,8 +491,9 @@ def test_a_folder_saved_again_is_replaced_whole_or_kept(tmp_path, monkeypatch):
 
 
 def test_best_epoch_folder_is_replaced_whole(ft, tmp_path, monkeypatch):
+    from torchbert.predict import load_finetuned
     from torchbert.train.distributed import Dist
-    from torchbert.train.finetune import _Best, load_finetuned
+    from torchbert.train.finetune import _Best
 
     model = load_finetuned(ft / "ner", None, torch.device("cpu"))[0]
     best = _Best(tmp_path, "f1", Dist())

@@ -4,11 +4,11 @@ import json
 import random
 
 import pytest
+import realdata
 import torch
 import transformers
-
-import realdata
 from clihelp import cli, squad_file, write_conll
+
 from torchbert.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -98,9 +98,10 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     every token's logits, also when tweets are cut into overlapping windows (max_length 12)."""
     from torchbert.data import encode, tasks
     from torchbert.data.taskdata import TaskData
+    from torchbert.families import TaskSettings, family
     from torchbert.heads import BertForTokenClassification
+    from torchbert.predict import predict
     from torchbert.tokenizer import BertTokenizer
-    from torchbert.train.finetune import TaskSettings, encode_split, predict
 
     root, _, _ = wnut
     model = BertForTokenClassification.from_pretrained(ner_run).eval()
@@ -108,9 +109,9 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     model.classifier.weight.normal_(0.0, 0.5)  # a short run tags nearly all O: vary the tags
     id2label = {int(k): v for k, v in model.config.extra["id2label"].items()}
     ts = TaskSettings(type="token", max_length=12, doc_stride=4)
-    examples = tasks.read_examples(root / "dev.conll", "token")
-    data = TaskData(encode_split(BertTokenizer.from_pretrained(ner_run), examples, ts,
-                                 tasks.LabelMap.from_examples(examples), training=False), "token")
+    examples = family("token").read(root / "dev.conll")
+    data = TaskData(family("token").encode(BertTokenizer.from_pretrained(ner_run), examples, ts,
+                                           tasks.LabelMap.from_examples(examples), training=False), family("token"))
     assert len(data.encoded.input_ids) > len(examples)  # some tweets span several windows
     records = predict(model, data, examples, ts, id2label, 16, torch.device("cpu"))
     rows = [None] * len(data.encoded.input_ids)

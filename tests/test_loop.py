@@ -208,6 +208,7 @@ def test_finetuning_divides_by_the_average_step_count():
     from types import SimpleNamespace
 
     from torchbert.data.encode import IGNORE
+    from torchbert.families import family
     from torchbert.train.finetune import targets_per_step
 
     labels = [[IGNORE, 1, 2, IGNORE], [IGNORE, 0, IGNORE], [IGNORE, 1, 1, 1, 2, IGNORE]]  # 2 + 1 + 4 labelled
@@ -215,13 +216,15 @@ def test_finetuning_divides_by_the_average_step_count():
     class Data:
         encoded = SimpleNamespace(labels=labels, input_ids=labels)
 
+        def __init__(self, task_type):
+            self.family = family(task_type)
+
         def __len__(self):
             return 3
 
-    data = Data()
-    assert targets_per_step(data, "token", 2) == pytest.approx(7 * 2 / 3)
-    assert targets_per_step(data, "token", 32) == 7  # a step larger than the data: all of it
-    assert targets_per_step(data, "classification", 2) == 2
+    assert targets_per_step(Data("token"), 2) == pytest.approx(7 * 2 / 3)
+    assert targets_per_step(Data("token"), 32) == 7  # a step larger than the data: all of it
+    assert targets_per_step(Data("classification"), 2) == 2
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):

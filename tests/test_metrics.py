@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 import realdata
 
-from torchbert.data.examples import TASK_TYPES
 from torchbert.eval import metrics
 from torchbert.eval.metrics import (
     accuracy,
     classification_scores,
     entity_scores,
-    metric_names,
     normalize_answer,
     regression_scores,
     squad_best_thresholds,
@@ -281,28 +279,6 @@ def test_squad_missing_prediction_counts_as_wrong():
         squad_scores({}, {})
     with pytest.raises(TypeError, match="question q: gold answers must be a list"):
         squad_scores({"q": "cat"}, {"q": "cat"})
-
-
-def test_metric_names():
-    assert metric_names("classification") == ("accuracy", "f1", "mcc") == metric_names("pair")
-    assert metric_names("regression") == ("pearson", "spearman", "mse")
-    assert metric_names("token") == ("f1", "precision", "recall", "token_accuracy")
-    assert metric_names("qa")[:2] == ("f1", "exact_match") == metric_names("qa-v2")[:2]
-    assert metric_names("multiple-choice") == ("accuracy",)
-    with pytest.raises(ValueError, match="unknown task type 'ner'"):
-        metric_names("ner")
-    # every task type the CLI accepts has metrics, and each name is a key its scoring function returns
-    produced = {
-        "classification": classification_scores([0, 1], [0, 1], 2),
-        "regression": regression_scores([0.0, 1.0], [0.0, 1.0]),
-        "token": entity_scores([["B-X"]], [["B-X"]]),
-        "qa-v2": {**squad_scores({"a": ["x"], "b": []}, {"a": "x", "b": ""}),
-                  **squad_best_thresholds({"a": ["x"], "b": []}, {"a": "x"}, {"a": 0.0})},
-        "multiple-choice": {"accuracy": accuracy([0], [0])},
-    }
-    produced["pair"], produced["qa"] = produced["classification"], produced["qa-v2"]
-    for task in TASK_TYPES:
-        assert set(metric_names(task)) <= set(produced[task]), task
 
 
 def test_token_scoring_follows_the_tag_shapes():

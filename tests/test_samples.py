@@ -7,14 +7,14 @@ import pytest
 import realdata
 from clihelp import cli
 
-from torchbert.data import tasks
+from torchbert.families import read_examples
 from torchbert.samples import SENTIMENT_DEV
 
 
 def test_wnut16_split_covers_every_tweet_once(tmp_path, capsys):
     code, out, err = cli(capsys, "samples", "wnut16", "--out", tmp_path / "w")
     assert code == 0, err
-    splits = {s: tasks.read_examples(tmp_path / "w" / f"{s}.conll", "token") for s in ("train", "dev", "test")}
+    splits = {s: read_examples(tmp_path / "w" / f"{s}.conll", "token") for s in ("train", "dev", "test")}
     assert {s: len(x) for s, x in splits.items()} == {"train": 1594, "dev": 400, "test": 400}
     assert "train.conll" in out
     written = collections.Counter((tuple(e.words), tuple(e.tags)) for x in splits.values() for e in x)
@@ -26,8 +26,8 @@ def test_wnut16_split_covers_every_tweet_once(tmp_path, capsys):
 
 def test_sentiment_split_has_no_text_twice(tmp_path, capsys):
     assert cli(capsys, "samples", "sentiment-zh", "--out", tmp_path)[0] == 0
-    train = tasks.read_examples(tmp_path / "train.tsv", "classification")
-    dev = tasks.read_examples(tmp_path / "dev.tsv", "classification")
+    train = read_examples(tmp_path / "train.tsv", "classification")
+    dev = read_examples(tmp_path / "dev.tsv", "classification")
     assert len(dev) == SENTIMENT_DEV and len(train) > 10_000
     texts = [e.text_a for e in train + dev]
     assert len(set(texts)) == len(texts)

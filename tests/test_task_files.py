@@ -20,11 +20,11 @@ from torchbert.data.tasks import (
     LabelMap,
     read_choices,
     read_conll,
-    read_examples,
     read_squad,
     read_text_examples,
     resolve_task,
 )
+from torchbert.families import read_examples
 
 
 def write(path, text: str):

@@ -5,13 +5,14 @@ import numpy as np
 from torchbert.data import taskdata
 from torchbert.data.encode import Encoded
 from torchbert.data.taskdata import TaskData
+from torchbert.families import family
 
 
 def data(lengths, seed=0, **kw):
     rows = [[7] * n for n in lengths]
     enc = Encoded(input_ids=rows, token_type_ids=[[0] * n for n in lengths], example_index=list(range(len(rows))),
                   labels=[i % 2 for i in range(len(rows))])
-    return TaskData(enc, "classification", seed=seed, **kw)
+    return TaskData(enc, family("classification"), seed=seed, **kw)
 
 
 LENGTHS = np.random.default_rng(0).integers(5, 120, size=1000).tolist()

@@ -12,17 +12,18 @@ answer", say) is what transformers would have reached in the same steps.
 import json
 
 import pytest
+import realdata
 import torch
 import transformers
+from clihelp import squad_file, write_conll
 from safetensors.torch import load_file
 
-import realdata
-from clihelp import squad_file, write_conll
 from torchbert.cli import main
 from torchbert.data import tasks
 from torchbert.data.taskdata import TaskData
+from torchbert.families import TaskSettings, family
 from torchbert.tokenizer import BertTokenizer
-from torchbert.train.finetune import TaskSettings, encode_split, load_task_model, task_config
+from torchbert.train.finetune import load_task_model, task_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -99,7 +100,7 @@ def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, w
     """transformers' model from torchbert's start weights, trained on torchbert's batches in the
     textbook loop. Returns its per-step mean losses and its final weights."""
     ts = TaskSettings(type=task_type, max_length=max_length, doc_stride=doc_stride)
-    examples = tasks.read_examples(train_path, task_type)
+    examples = family(task_type).read(train_path)
     label_map = tasks.LabelMap.from_examples(examples) if task_type != "qa-v2" else None
     config = task_config(model_dir, ts, label_map)
     torch.manual_seed(SEED)  # as run_finetuning, right before it loads the task model
@@ -107,8 +108,8 @@ def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, w
     model = HF_CLASSES[task_type].from_pretrained(work / "start", attn_implementation="eager")
     model.train()
 
-    encoded = encode_split(BertTokenizer.from_pretrained(model_dir), examples, ts, label_map, training=True)
-    data = TaskData(encoded, task_type, seed=SEED)
+    encoded = family(task_type).encode(BertTokenizer.from_pretrained(model_dir), examples, ts, label_map, training=True)
+    data = TaskData(encoded, family(task_type), seed=SEED)
     n = len(encoded.input_ids)
     if task_type == "token":  # torchbert divides a step's summed loss by the targets of an average step
         per_step = sum(sum(t != -100 for t in row) for row in encoded.labels) * BATCH / n

@@ -560,7 +560,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     import json
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
-    from .train.finetune import run_evaluate
+    from .predict import run_evaluate
 
     if args.out:
         check_output_file(Path(args.out), inputs=[("--data", args.data), *model_inputs(args.model)])
@@ -576,7 +576,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     import json
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
-    from .train.finetune import run_predict
+    from .predict import run_predict
 
     check_output_file(Path(args.out), inputs=[("--input", args.input), *model_inputs(args.model)])
     records = run_predict(resolve_model(args.model), Path(args.input), pick_device(args.device), args.batch_size,

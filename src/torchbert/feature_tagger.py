@@ -11,7 +11,7 @@ within 0.3 F1 of fine-tuning BERT-base. Here:
 
 F is H (4H for concat_last_four), R the LSTM size per direction, L the number of labels. The model
 takes the inputs and labels of BertForTokenClassification and returns the same TaskOutput, so the
-fine-tuning flow (train/finetune.py) and the training loop use it unchanged.
+fine-tuning flow (train/finetune.py, predict.py) and the training loop use it unchanged.
 
 Its state_dict is the tagger alone: the encoder never changes, so training checkpoints leave it out.
 A saved model is a Hugging Face BertModel folder (config.json + model.safetensors, which transformers

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from torch import Tensor
 
 from ..packing import pack
 from .encode import Encoded
+
+if TYPE_CHECKING:
+    from ..families import TaskFamily
 
 # Batches whose rows are length-sorted together: 1 is a plain shuffled loop (each batch's rows then
 # sorted within it, which packed batches do not notice). Wider windows pad less inside attention but
@@ -38,6 +42,7 @@ class TaskBatch:
     cu_seqlens: Tensor  # [S + 1] int32
     max_seqlen: int
     rows: np.ndarray  # [S] the encoded rows in this batch, in order (predictions map back through it)
+    units: np.ndarray  # [U] the units batched: rows, or examples for multiple choice
     labels: Tensor | None = None  # [S] class ids or floats, [N] token labels, or [E] choice indices
     start_positions: Tensor | None = None  # QA: [S]
     end_positions: Tensor | None = None
@@ -62,13 +67,13 @@ class TaskBatch:
 class TaskData:
     """Encoded rows of one split of a task, for `train/loop.py` (batches) and for prediction (all_batches)."""
 
-    def __init__(self, encoded: Encoded, task_type: str, *, seed: int = 0, rank: int = 0, world_size: int = 1):
+    def __init__(self, encoded: Encoded, family: TaskFamily, *, seed: int = 0, rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.encoded, self.task_type = encoded, task_type
+        self.encoded, self.family = encoded, family
         self.seed, self.rank, self.world_size = seed, rank, world_size
         lengths = np.array([len(r) for r in encoded.input_ids], dtype=np.int64)
-        if task_type == "multiple-choice":
+        if encoded.num_choices is not None:  # multiple choice: an example's choices go together
             counts = np.asarray(encoded.num_choices, dtype=np.int64)
             self.unit_start = np.concatenate([[0], np.cumsum(counts)])  # rows of example e: [start[e], start[e+1])
             self.unit_length = np.add.reduceat(lengths, self.unit_start[:-1]) if len(counts) else lengths[:0]
@@ -122,23 +127,10 @@ class TaskData:
         input_ids, cu, longest = pack([e.input_ids[r] for r in rows])
         token_type_ids, _, _ = pack([e.token_type_ids[r] for r in rows])
         batch = TaskBatch(input_ids=input_ids, token_type_ids=token_type_ids, cu_seqlens=cu, max_seqlen=longest,
-                          rows=rows)
+                          rows=rows, units=np.asarray(units))
         if e.labels is not None:
-            self._add_labels(batch, rows, units)
-        if self.task_type == "multiple-choice":
+            for name, value in self.family.batch_targets(e, rows, units).items():
+                setattr(batch, name, value)
+        if e.num_choices is not None:
             batch.num_choices = torch.tensor([self.unit_start[u + 1] - self.unit_start[u] for u in units])
         return batch
-
-    def _add_labels(self, batch: TaskBatch, rows: np.ndarray, units: np.ndarray) -> None:
-        e = self.encoded
-        if self.task_type == "token":
-            batch.labels = torch.tensor([t for r in rows for t in e.labels[r]], dtype=torch.long)
-        elif self.task_type in ("qa", "qa-v2"):
-            batch.start_positions = torch.tensor([e.labels[r][0] for r in rows], dtype=torch.long)
-            batch.end_positions = torch.tensor([e.labels[r][1] for r in rows], dtype=torch.long)
-        elif self.task_type == "multiple-choice":
-            batch.labels = torch.tensor([e.labels[u] for u in units], dtype=torch.long)
-        elif self.task_type == "regression":
-            batch.labels = torch.tensor([e.labels[r] for r in rows], dtype=torch.float32)
-        else:
-            batch.labels = torch.tensor([e.labels[r] for r in rows], dtype=torch.long)

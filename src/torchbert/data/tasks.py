@@ -23,13 +23,11 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..io.texts import lines, read_utf8
-from . import hub
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
 Warn = Callable[[str], object]
@@ -87,10 +85,10 @@ _COLA = ["source", "label", "mark", "sentence"]  # CoLA train/dev: no header; ma
 _NLI_JSONL = ("sentence1", "sentence2", "gold_label", "pairID")  # SNLI / MultiNLI .jsonl
 
 # (pair, regression) of each text layout, to catch a layout given with the wrong task type.
-_TEXT_LAYOUTS: dict[str, tuple[bool, bool]] = {
+TEXT_LAYOUTS: dict[str, tuple[bool, bool]] = {
     name: (b is not None, name == "glue-stsb") for name, (_, b, _, _) in _GLUE.items()
 } | {"nli-jsonl": (True, False)}
-LAYOUTS = ("auto", *_TEXT_LAYOUTS, "squad", "conll", "swag")
+LAYOUTS = ("auto", *TEXT_LAYOUTS, "squad", "conll", "swag")
 
 # Layout `auto`: column names (or JSON keys) accepted for each field, in order of preference.
 _SINGLE = ("sentence", "text")
@@ -108,33 +106,6 @@ def resolve_task(name: str) -> tuple[str, TaskPreset | None]:
         raise ValueError(f"unknown task {name!r}: expected a task type ({', '.join(TASK_TYPES)}) "
                          f"or a preset ({', '.join(PRESETS)})")
     return preset.type, preset
-
-
-def read_examples(path: PathLike, task_type: str, layout: str = "auto", labelled: bool = True,
-                  warn: Warn = note) -> list:
-    """The examples of a file for a task type; labelled=False reads predict inputs (labels may be missing).
-
-    Regression reads one sentence or pairs, whichever the file holds (STS-B is a pair regression)."""
-    if task_type not in TASK_TYPES:
-        raise ValueError(f"{path}: unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"{path}: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if hub.is_hub(path):  # hf:NAME[:CONFIG]:SPLIT, written out in our layout and read from there
-        with tempfile.TemporaryDirectory(prefix="torchbert-hub.") as folder:
-            local = hub.export(str(path), task_type, Path(folder))
-            layout = "auto" if layout in _TEXT_LAYOUTS else layout  # our JSON Lines, not GLUE TSV
-            return read_examples(local, task_type, layout, labelled, warn)
-    if task_type in ("classification", "pair", "regression"):
-        pair = {"classification": False, "pair": True}.get(task_type)
-        return read_text_examples(path, pair, task_type == "regression", layout, labelled, warn)
-    fitting = {"token": "conll", "qa": "squad", "qa-v2": "squad", "multiple-choice": "swag"}[task_type]
-    if layout not in ("auto", fitting):
-        raise ValueError(f"{path}: layout {layout!r} does not fit a {task_type} task; expected auto or {fitting}")
-    if task_type == "token":
-        return read_conll(path, labelled)
-    if task_type == "multiple-choice":
-        return read_choices(path, labelled)
-    return read_squad(path, task_type == "qa-v2", labelled, warn)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,11 +276,11 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
     nli-jsonl layout, pairs whose gold_label is "-" (the annotators did not agree) are dropped from labelled
     files, and read with no label from predict inputs, so that every row still gets a prediction."""
     path = _existing(path)
-    if layout not in _TEXT_LAYOUTS and layout != "auto":
+    if layout not in TEXT_LAYOUTS and layout != "auto":
         raise ValueError(f"{path}: layout {layout!r} is not one of a text task; expected auto or one of "
-                         f"{', '.join(_TEXT_LAYOUTS)}")
+                         f"{', '.join(TEXT_LAYOUTS)}")
     if layout != "auto":
-        layout_pair, layout_regression = _TEXT_LAYOUTS[layout]
+        layout_pair, layout_regression = TEXT_LAYOUTS[layout]
         if (pair is not None and pair != layout_pair) or regression != layout_regression:
             raise ValueError(f"{path}: layout {layout!r} is for {_kind(layout_pair, layout_regression)} tasks, "
                              f"not {_kind(pair, regression)}")

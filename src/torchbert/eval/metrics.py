@@ -24,18 +24,6 @@ from scipy import stats
 from seqeval.metrics import sequence_labeling as _seqeval
 from sklearn import metrics as _sk
 
-# The metrics each task type reports; the first picks the best epoch.
-_METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy", "f1", "mcc"),
-    "pair": ("accuracy", "f1", "mcc"),
-    "regression": ("pearson", "spearman", "mse"),
-    "token": ("f1", "precision", "recall", "token_accuracy"),  # entity spans; tags of other shapes: TAG_METRICS
-    "qa": ("f1", "exact_match"),
-    "qa-v2": ("f1", "exact_match", "HasAns_f1", "HasAns_exact_match", "NoAns_f1", "NoAns_exact_match",
-              "best_f1", "best_f1_threshold", "best_exact_match", "best_exact_match_threshold"),
-    "multiple-choice": ("accuracy",),
-}
-
 # Tag prefixes each scheme may use besides "O". IOB1 and IOB2 (= BIO) differ only in where B- is
 # required, and conlleval's chunking reads both (and IOBES) the same way, so the scheme only checks tags.
 _SCHEME_PREFIXES = {"IOB1": "BI", "IOB2": "BI", "BIO": "BI", "IOBES": "BIES"}
@@ -64,13 +52,6 @@ def tag_scores(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[
         raise ValueError("no predictions to score")
     macro = _sk.f1_score(true, pred, labels=sorted(set(true)), average="macro", zero_division=0)
     return {"accuracy": accuracy(pred, true), "macro_f1": float(macro)}
-
-
-def metric_names(task_type: str) -> tuple[str, ...]:
-    """The metrics `task_type` reports; the first is the one to pick the best epoch by (higher is better)."""
-    if task_type not in _METRIC_NAMES:
-        raise ValueError(f"unknown task type {task_type!r}; choose one of {', '.join(_METRIC_NAMES)}")
-    return _METRIC_NAMES[task_type]
 
 
 def _pair(preds, labels) -> tuple[np.ndarray, np.ndarray]:
