@@ -15,7 +15,7 @@ Two input paths give the same numbers (tested to 1e-5 in fp32):
     cu_seqlens [B + 1] (cumulative lengths, starting at 0) and max_seqlen. Embeddings, projections
     and the feed-forward then run on real tokens only; attention runs per sequence (packed q/k/v are
     scattered into a [B, A, T, D] block for the attention function and gathered back).
-    packing.py turns one layout into the other.
+    packing.py holds the Layout of a batch's tokens in that block, and turns one input into the other.
 
 Attention itself is a function picked by name from ATTENTION: "sdpa" (torch's
 scaled_dot_product_attention) or "eager" (the steps written out, which also gives the
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .config import BertConfig
 from .io.hf import HFCheckpoint
+from .packing import Layout, packed_layout
 
 
 @dataclass
@@ -56,45 +57,6 @@ def activation(name: str):
         "relu": F.relu,
         "silu": F.silu,
     }[name]
-
-
-@dataclass
-class Layout:
-    """Where the tokens of a batch sit in the padded [B, T] block that attention works on, computed
-    once per forward and shared by every layer. Padded input is the block itself; packed input [N]
-    has `index`, each token's row in the flattened [B*T] block, unless every sequence is T long
-    (then the packed tokens are the block)."""
-
-    batch: int  # B
-    seqlen: int  # T
-    key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to; None: no padding
-    packed: bool = False  # the tokens come as [N, ...], not [B, T, ...]
-    index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
-
-    def to_block(self, x: Tensor) -> Tensor:
-        """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""
-        B, T, F = self.batch, self.seqlen, x.shape[-1]
-        if self.index is None:
-            return x.view(B, T, F)
-        return x.new_zeros(B * T, F).index_copy(0, self.index, x).view(B, T, F)
-
-    def from_block(self, x: Tensor) -> Tensor:
-        """[B, T, F] -> the tokens' own layout: [B, T, F], or packed [N, F] (the real tokens)."""
-        if not self.packed:
-            return x
-        x = x.reshape(-1, x.shape[-1])  # [B*T, F]
-        return x if self.index is None else x.index_select(0, self.index)
-
-    def score_bias(self, like: Tensor, heads: int) -> tuple[Tensor, int]:
-        """(bias, beta) for baddbmm(bias, q, k^T, beta=beta), in the dtype and on the device of `like`:
-        [B*A, 1, T], 0 at real tokens and the most negative value at padding keys, with beta 1; a zero
-        scalar and beta 0 when no key is padding."""
-        if self.key_mask is None:
-            return like.new_zeros(()), 0
-        B, T = self.batch, self.seqlen
-        bias = like.new_zeros(self.key_mask.shape)  # [B, 1, 1, T]
-        bias.masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)
-        return bias.expand(B, heads, 1, T).reshape(B * heads, 1, T), 1
 
 
 def split_heads(qkv: Tensor, layout: Layout, heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -327,18 +289,3 @@ def check_ids(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor, pos
                              f"truncate it (tokenizer: truncation=True, max_length={limit})")
         if lo < 0 or hi >= limit:
             raise ValueError(f"{name} out of range: values in [{lo}, {hi}] but {size} is {limit}")
-
-
-def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
-    """The Layout of N packed tokens, and each token's position in its sequence [N]."""
-    device = cu_seqlens.device
-    B = cu_seqlens.numel() - 1
-    seqlens = cu_seqlens.diff()  # [B]
-    T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
-    starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
-    pos = torch.arange(n, device=device) - starts  # [N]
-    if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
-        return Layout(B, T, None, packed=True), pos
-    seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
-    key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos), pos

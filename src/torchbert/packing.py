@@ -1,12 +1,14 @@
 """Padded [B, T] <-> packed [N] tokens: the two input layouts BertModel takes (see model.py).
 
 Packed, the real tokens of a batch's sequences lie end to end with cu_seqlens [B + 1], their
-cumulative lengths from 0, and max_seqlen, the longest; nothing is computed for padding.
+cumulative lengths from 0, and max_seqlen, the longest; nothing is computed for padding. A Layout
+says where a batch's tokens sit in the padded block that attention works on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,3 +42,57 @@ def pad(packed: Tensor, cu_seqlens: Tensor, max_seqlen: int, value: float = 0.0)
     out = packed.new_full((B, max_seqlen, *packed.shape[1:]), value)
     out[mask] = packed
     return out
+
+
+@dataclass
+class Layout:
+    """Where the tokens of a batch sit in the padded [B, T] block that attention works on, computed
+    once per forward and shared by every layer. Padded input is the block itself; packed input [N]
+    has `index`, each token's row in the flattened [B*T] block, unless every sequence is T long
+    (then the packed tokens are the block)."""
+
+    batch: int  # B
+    seqlen: int  # T
+    key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to; None: no padding
+    packed: bool = False  # the tokens come as [N, ...], not [B, T, ...]
+    index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
+
+    def to_block(self, x: Tensor) -> Tensor:
+        """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""
+        B, T, F = self.batch, self.seqlen, x.shape[-1]
+        if self.index is None:
+            return x.view(B, T, F)
+        return x.new_zeros(B * T, F).index_copy(0, self.index, x).view(B, T, F)
+
+    def from_block(self, x: Tensor) -> Tensor:
+        """[B, T, F] -> the tokens' own layout: [B, T, F], or packed [N, F] (the real tokens)."""
+        if not self.packed:
+            return x
+        x = x.reshape(-1, x.shape[-1])  # [B*T, F]
+        return x if self.index is None else x.index_select(0, self.index)
+
+    def score_bias(self, like: Tensor, heads: int) -> tuple[Tensor, int]:
+        """(bias, beta) for baddbmm(bias, q, k^T, beta=beta), in the dtype and on the device of `like`:
+        [B*A, 1, T], 0 at real tokens and the most negative value at padding keys, with beta 1; a zero
+        scalar and beta 0 when no key is padding."""
+        if self.key_mask is None:
+            return like.new_zeros(()), 0
+        B, T = self.batch, self.seqlen
+        bias = like.new_zeros(self.key_mask.shape)  # [B, 1, 1, T]
+        bias.masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)
+        return bias.expand(B, heads, 1, T).reshape(B * heads, 1, T), 1
+
+
+def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
+    """The Layout of N packed tokens, and each token's position in its sequence [N]."""
+    device = cu_seqlens.device
+    B = cu_seqlens.numel() - 1
+    seqlens = cu_seqlens.diff()  # [B]
+    T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
+    starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
+    pos = torch.arange(n, device=device) - starts  # [N]
+    if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
+        return Layout(B, T, None, packed=True), pos
+    seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
+    key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
+    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos), pos

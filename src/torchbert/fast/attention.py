@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import ATTENTION, Layout, SelfAttention, sdpa_attention
+from ..model import ATTENTION, SelfAttention, sdpa_attention
+from ..packing import Layout
 from .dropout import scaled_mask
 
 
