@@ -37,7 +37,7 @@ from .io.hf import HFCheckpoint
 from .model import BertModel, BertOutput, activation, init_weights
 from .packing import pad
 
-IGNORE = -100  # label of positions that carry no MLM target
+IGNORE = -100  # the label of a position with no target: cross-entropy skips it (torch's default ignore_index)
 
 
 @dataclass

@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from torchbert.data.examples import ChoiceExample, QAExample, TextExample, TokenExample
-
-IGNORE = -100  # the label that cross-entropy skips (torch's default ignore_index)
+from ..heads import IGNORE
+from .examples import ChoiceExample, QAExample, TextExample, TokenExample
 
 
 @dataclass
