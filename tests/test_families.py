@@ -39,7 +39,7 @@ def example_records():
         "classification": (text, [{"id": "0", "label": "pos"}, {"id": "1", "label": "pos"}], classes),
         "pair": ([TextExample("0", "a", "b", "pos"), TextExample("1", "a", "c", "neg")],
                  [{"id": "0", "label": "pos"}, {"id": "1", "label": "neg"}], classes),
-        "regression": ([TextExample("0", "a", "b", 1.0), TextExample("1", "a", "c", 3.0), TextExample("2", "a", "d", 2.0)],
+        "regression": ([TextExample(str(i), "a", "b", y) for i, y in enumerate((1.0, 3.0, 2.0))],
                        [{"score": 1.5}, {"score": 2.5}, {"score": 2.0}], None),
         "token": ([TokenExample("0", ["EU", "rejects", "it"], ["B-ORG", "O", "O"])],
                   [{"id": "0", "tags": ["B-ORG", "O", "B-ORG"]}], tasks.LabelMap(["B-ORG", "O"])),
@@ -90,21 +90,21 @@ def test_batches_carry_each_familys_targets():
     b, _ = batch("classification", [1, 0, 1])
     assert b.labels.dtype == torch.long and b.labels.tolist() == [[1, 0, 1][r] for r in b.rows]
     assert b.rows.tolist() == [1, 0, 2] == b.units.tolist()  # longest first
-    assert family("classification").count(b) == 3
+    assert family("classification").count(b) == 3 == b.num_targets
     b, _ = batch("regression", [0.5, 1.5, 2.5])
     assert b.labels.dtype == torch.float32 and b.labels.tolist() == [[0.5, 1.5, 2.5][r] for r in b.rows]
     token_labels = [[IGNORE, 1, IGNORE], [IGNORE, 0, IGNORE, IGNORE], [IGNORE, 2, IGNORE]]
     b, data = batch("token", token_labels)
     assert b.labels.tolist() == [t for r in b.rows for t in token_labels[r]]
-    assert family("token").count(b) == 3 == family("token").total(data)
+    assert family("token").count(b) == 3 == family("token").total(data) == b.num_targets
     assert family("token").targets(b)["labelled_only"] is True
     b, _ = batch("qa", [(1, 1), (0, 0), (1, 2)])
-    assert b.start_positions.tolist() == [[1, 0, 1][r] for r in b.rows] and b.labels is None
+    assert b.start_positions.tolist() == [[1, 0, 1][r] for r in b.rows] and b.labels is None and b.num_targets == 3
     assert b.end_positions.tolist() == [[1, 0, 2][r] for r in b.rows]
     b, data = batch("multiple-choice", [1], num_choices=[3])
     assert len(data) == 1 and b.units.tolist() == [0] and b.rows.tolist() == [0, 1, 2]
     assert b.labels.tolist() == [1] and b.num_choices.tolist() == [3]
-    assert family("multiple-choice").count(b) == 1 == family("multiple-choice").total(data)
+    assert family("multiple-choice").count(b) == 1 == family("multiple-choice").total(data) == b.num_targets
 
 
 def test_task_settings_come_back_from_config(tmp_path):

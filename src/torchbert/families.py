@@ -128,7 +128,7 @@ class TaskFamily:
         return {"labels": batch.labels}
 
     def count(self, batch) -> int:
-        """The batch's loss targets: sequences here."""
+        """The loss targets of a batch on the host (TaskBatch.num_targets): sequences here."""
         return int(batch.cu_seqlens.numel() - 1)
 
     def total(self, data) -> int:

@@ -47,6 +47,7 @@ class TaskBatch:
     start_positions: Tensor | None = None  # QA: [S]
     end_positions: Tensor | None = None
     num_choices: Tensor | None = None  # multiple choice: [E], the rows of each example
+    num_targets: int = 0  # the loss targets (the family's count), counted on the host as the batch is made
 
     @property
     def num_tokens(self) -> int:
@@ -133,4 +134,6 @@ class TaskData:
                 setattr(batch, name, value)
         if e.num_choices is not None:
             batch.num_choices = torch.tensor([self.unit_start[u + 1] - self.unit_start[u] for u in units])
+        if e.labels is not None:
+            batch.num_targets = self.family.count(batch)
         return batch

@@ -1,12 +1,13 @@
 """`torchbert finetune`: a pretrained BERT + a task file -> a fine-tuned model.
 
-The flow (BERT paper, section 4): the task's family (families.py) reads and validates the task files
-(data/tasks.py) and tokenizes them into model inputs (data/encode.py: windows for long token
-sequences and QA contexts); a head goes on the encoder (heads.py), and it trains with the same loop as pretraining (train/loop.py: AdamW without
-decay on biases and LayerNorm, warmup + schedule, gradient accumulation, checkpoints, resume, DDP).
-After each epoch the dev set is predicted (predict.py) and scored; the best epoch's weights are kept in RUN/best and become
-the run folder's model.safetensors at the end. With `frozen` settings (token tasks only) the encoder
-is not trained: a feature-based tagger on its hidden layers is (feature_tagger.py, BERT paper 5.3).
+The flow (BERT paper, section 4): the task's family (families.py) reads and validates the task
+files (data/tasks.py) and tokenizes them into model inputs (data/encode.py: windows for long token
+sequences and QA contexts); a head goes on the encoder (heads.py), and it trains with the same loop
+as pretraining (train/loop.py: AdamW without decay on biases and LayerNorm, warmup + schedule,
+gradient accumulation, checkpoints, resume, DDP). After each epoch the dev set is predicted
+(predict.py) and scored; the best epoch's weights are kept in RUN/best and become the run folder's
+model.safetensors at the end. With `frozen` settings (token tasks only) the encoder is not trained:
+a feature-based tagger on its hidden layers is (feature_tagger.py, BERT paper 5.3).
 
 The run folder is a Hugging Face checkpoint of the task model (config.json with id2label/label2id
 and the task settings under `torchbert_task`, model.safetensors, the tokenizer files), plus
@@ -78,11 +79,11 @@ class FinetuneTask:
         self.per_step = {"task": per_step} if per_step else None
 
     def counts(self, batch: TaskBatch) -> dict[str, int]:
-        return {"task": self.family.count(batch)}
+        return {"task": batch.num_targets}  # counted on the host: no device sync
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         out = model(**batch.model_inputs(), **self.family.targets(batch))
-        n = self.family.count(batch)
+        n = batch.num_targets
         # a micro-batch of token windows may hold no labelled token: its loss is then nan, count it as 0
         loss_sum = out.loss.float() * n if n else out.logits.sum() * 0.0
         return {"task": (loss_sum, self.family.correct(out, batch))}
