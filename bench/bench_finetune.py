@@ -25,7 +25,7 @@ the dev set scored after every epoch, the best epoch's scores reported (the last
 
 Systems:
   torchbert       `torchbert.cli.main(["finetune", ..., "--quiet"])` into a temporary folder: exactly the
-                  command. Packed, length-sorted batches (no padding outside attention). Dev scores and
+                  command. Packed, shuffled batches (no padding outside attention). Dev scores and
                   train_seconds from its metrics.json; its tokenization time from its log line.
   transformers    BertForSequenceClassification / BertForTokenClassification (attn_implementation="sdpa")
                   in the loop of transformers' run_glue_no_trainer / run_ner_no_trainer examples:
