@@ -62,5 +62,5 @@ def test_bad_configs(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such config"):
         BertConfig.load(tmp_path / "nowhere")
     rel = BertConfig.from_name("tiny").to_dict() | {"position_embedding_type": "relative_key"}
-    with pytest.raises(ValueError, match="absolute position"):
+    with pytest.raises(ValueError, match="position_embedding_type 'relative_key' is not supported, only 'absolute'"):
         BertConfig.from_dict(rel)

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 # Fields a config.json must carry; the rest have BERT's defaults.
 REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -20,8 +20,66 @@ REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 
 
+class _JsonConfig:
+    """config.json in and out for the dataclasses below, with Hugging Face's field names: fields a
+    class does not model are kept in `extra` and written back unchanged."""
+
+    MODEL_TYPE: ClassVar[str]
+    REQUIRED: ClassVar[tuple[str, ...]]
+    WRITTEN: ClassVar[dict[str, Any]] = {}  # fixed fields written with every config
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config"):
+        missing = [k for k in cls.REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing required field(s) {', '.join(missing)}")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names}
+        for k, v in cls.WRITTEN.items():
+            if extra.get(k, v) != v:
+                raise ValueError(f"{source}: {k} {extra[k]!r} is not supported, only {v!r}")
+        try:
+            return cls(**known, extra=extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {"model_type": self.MODEL_TYPE, **self.WRITTEN, **self.extra, **d}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """Read a config.json file, or the config.json inside a folder."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such config file")
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        return cls.from_dict(d, source=str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        if path.is_dir() or not path.suffix:
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / "config.json"
+        from .io.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
 @dataclass
-class BertConfig:
+class BertConfig(_JsonConfig):
+    MODEL_TYPE = "bert"
+    REQUIRED = REQUIRED
+    WRITTEN = {"position_embedding_type": "absolute"}
+
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -66,52 +124,57 @@ class BertConfig:
                     intermediate_size=4 * hidden)
         return cls(**{**base, **overrides})
 
-    # -- config.json ----------------------------------------------------------------------------
+
+# Hugging Face's OpenAIGPT activation names -> ours ("gelu" there is the tanh approximation).
+GPT_ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+@dataclass
+class GPTConfig(_JsonConfig):
+    """GPT (Radford et al., 2018) with Hugging Face's OpenAIGPTConfig field names. Its feed-forward
+    is 4 x n_embd wide, as in the paper."""
+
+    MODEL_TYPE = "openai-gpt"
+    REQUIRED = ("vocab_size", "n_embd", "n_layer", "n_head")
+
+    vocab_size: int = 40478
+    n_positions: int = 512
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    afn: str = "gelu"
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.afn not in GPT_ACTIVATIONS:
+            raise ValueError(f"afn {self.afn!r} is not one of {', '.join(GPT_ACTIVATIONS)}")
+        self.blocks()  # the same checks as BERT's
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
-        missing = [k for k in REQUIRED if k not in d]
-        if missing:
-            raise ValueError(f"{source}: missing required field(s) {', '.join(missing)}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names}
-        if extra.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{source}: only absolute position embeddings are supported, "
-                             f"got {extra['position_embedding_type']!r}")
-        try:
-            return cls(**known, extra=extra)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{source}: {e}") from None
+    def like(cls, bert: BertConfig) -> GPTConfig:
+        """The GPT of a BERT's size (layers, hidden size, heads, vocabulary, positions, dropout), for
+        comparisons of the two at equal shape. The feed-forward is 4H in both (every BERT preset)."""
+        if bert.intermediate_size != 4 * bert.hidden_size:
+            raise ValueError(f"GPT's feed-forward is 4 x hidden: intermediate_size {bert.intermediate_size} "
+                             f"is not 4 x {bert.hidden_size}")
+        return cls(vocab_size=bert.vocab_size, n_positions=bert.max_position_embeddings, n_embd=bert.hidden_size,
+                   n_layer=bert.num_hidden_layers, n_head=bert.num_attention_heads,
+                   resid_pdrop=bert.hidden_dropout_prob, embd_pdrop=bert.hidden_dropout_prob,
+                   attn_pdrop=bert.attention_probs_dropout_prob, initializer_range=bert.initializer_range)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        out = {"model_type": "bert", "position_embedding_type": "absolute", **self.extra, **d}
-        return out
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "BertConfig":
-        """Read a config.json file, or the config.json inside a folder."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such config file")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return cls.from_dict(d, source=str(path))
-
-    def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        if path.is_dir() or not path.suffix:
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / "config.json"
-        from .io.files import atomic_write_text
-
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+    def blocks(self) -> BertConfig:
+        """The BertConfig whose transformer blocks (model.Layer) are GPT's: post-LN, 4H feed-forward."""
+        return BertConfig(vocab_size=self.vocab_size, hidden_size=self.n_embd, num_hidden_layers=self.n_layer,
+                          num_attention_heads=self.n_head, intermediate_size=4 * self.n_embd,
+                          hidden_act=GPT_ACTIVATIONS[self.afn], hidden_dropout_prob=self.resid_pdrop,
+                          attention_probs_dropout_prob=self.attn_pdrop, max_position_embeddings=self.n_positions,
+                          type_vocab_size=1, layer_norm_eps=self.layer_norm_epsilon,
+                          initializer_range=self.initializer_range)
 
 
 # name: (layers L, hidden H, heads A), as in the BERT release (google-research/bert README).

@@ -89,7 +89,9 @@ def sdpa_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[T
     """The same through torch's scaled_dot_product_attention (fused kernels where the device has
     them), without the probabilities."""
     q, k, v = split_heads(qkv, layout, heads)  # each [B, A, T, D]
-    return merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=p), layout), None
+    mask = None if layout.causal else layout.key_mask  # causal: padding only ever follows
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=layout.causal)
+    return merge_heads(ctx, layout), None
 
 
 # Attention functions by name: (qkv [B, T, 3H] or [N, 3H], layout, heads, dropout_p) -> (output in

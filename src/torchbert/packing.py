@@ -49,13 +49,15 @@ class Layout:
     """Where the tokens of a batch sit in the padded [B, T] block that attention works on, computed
     once per forward and shared by every layer. Padded input is the block itself; packed input [N]
     has `index`, each token's row in the flattened [B*T] block, unless every sequence is T long
-    (then the packed tokens are the block)."""
+    (then the packed tokens are the block). Causal (GPT): a token attends to itself and the tokens
+    before it in its sequence only; padding then needs no mask, as it only ever follows."""
 
     batch: int  # B
     seqlen: int  # T
     key_mask: Tensor | None  # [B, 1, 1, T] bool, True where a real token can be attended to; None: no padding
     packed: bool = False  # the tokens come as [N, ...], not [B, T, ...]
     index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
+    causal: bool = False
 
     def to_block(self, x: Tensor) -> Tensor:
         """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""
@@ -74,16 +76,20 @@ class Layout:
     def score_bias(self, like: Tensor, heads: int) -> tuple[Tensor, int]:
         """(bias, beta) for baddbmm(bias, q, k^T, beta=beta), in the dtype and on the device of `like`:
         [B*A, 1, T], 0 at real tokens and the most negative value at padding keys, with beta 1; a zero
-        scalar and beta 0 when no key is padding."""
+        scalar and beta 0 when no key is padding. Causal: [1, T, T], the most negative value at every
+        later key (padding is always later)."""
+        B, T = self.batch, self.seqlen
+        if self.causal:
+            later = torch.ones(T, T, dtype=torch.bool, device=like.device).triu(1)
+            return like.new_zeros(1, T, T).masked_fill_(later, torch.finfo(like.dtype).min), 1
         if self.key_mask is None:
             return like.new_zeros(()), 0
-        B, T = self.batch, self.seqlen
         bias = like.new_zeros(self.key_mask.shape)  # [B, 1, 1, T]
         bias.masked_fill_(~self.key_mask, torch.finfo(like.dtype).min)
         return bias.expand(B, heads, 1, T).reshape(B * heads, 1, T), 1
 
 
-def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[Layout, Tensor]:
+def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int, causal: bool = False) -> tuple[Layout, Tensor]:
     """The Layout of N packed tokens, and each token's position in its sequence [N]."""
     device = cu_seqlens.device
     B = cu_seqlens.numel() - 1
@@ -92,7 +98,7 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int) -> tuple[L
     starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
     pos = torch.arange(n, device=device) - starts  # [N]
     if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
-        return Layout(B, T, None, packed=True), pos
+        return Layout(B, T, None, packed=True, causal=causal), pos
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos), pos
+    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos, causal=causal), pos

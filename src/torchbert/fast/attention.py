@@ -166,8 +166,8 @@ def _fast_here(t: Tensor, p: float) -> bool:
 
 def cpu_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
     """model.ATTENTION's signature: the three functions above when training on CPU in fp32 with
-    0 < p < 1; model.sdpa_attention otherwise."""
-    if not _fast_here(qkv, p):
+    0 < p < 1, not causal; model.sdpa_attention otherwise."""
+    if not _fast_here(qkv, p) or layout.causal:
         return sdpa_attention(qkv, layout, heads, p)
     A = heads
     blocks = heads_block(qkv, layout, A, 3)  # [3, B, A, T, D]

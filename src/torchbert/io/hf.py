@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import BertConfig
+from ..config import BertConfig, GPTConfig
 from .files import atomic_write
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
@@ -226,6 +226,68 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+# -- GPT: Hugging Face's OpenAIGPTModel / OpenAIGPTLMHeadModel ----------------------------------------
+# Their projections are Conv1D layers, whose weights are stored [in, out]; ours are nn.Linear's
+# [out, in], so those are transposed both ways. Their lm_head.weight is the tied token embedding:
+# dropped on load, never written (transformers ties it again).
+
+def gpt_key_map(config: GPTConfig) -> dict[str, tuple[str, bool]]:
+    """Our OpenAIGPTModel's names -> (Hugging Face's name, transposed)."""
+    m = {"embeddings.tokens.weight": ("tokens_embed.weight", False),
+         "embeddings.positions.weight": ("positions_embed.weight", False)}
+    for i in range(config.n_layer):
+        o, h = f"layers.{i}.", f"h.{i}."
+        for ours, theirs in (("attention.qkv", "attn.c_attn"), ("attention.out", "attn.c_proj"),
+                             ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+            m[f"{o}{ours}.weight"] = (f"{h}{theirs}.weight", True)
+            m[f"{o}{ours}.bias"] = (f"{h}{theirs}.bias", False)
+        for ours, theirs in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            for p in ("weight", "bias"):
+                m[f"{o}{ours}.{p}"] = (f"{h}{theirs}.{p}", False)
+    return m
+
+
+def _gpt_map(model: nn.Module) -> dict[str, tuple[str, bool]]:
+    """gpt_key_map with the `transformer.` prefix of the LM head model, where the model has one."""
+    prefix = "transformer." if hasattr(model, "transformer") else ""
+    return {prefix + k: (prefix + h, t) for k, (h, t) in gpt_key_map(model.config).items()}
+
+
+def gpt_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint"):
+    """Hugging Face GPT tensors -> our state dict for `model`. Returns (state, missing, unused)."""
+    kmap = _gpt_map(model)
+    want_prefix = any(k.startswith("transformer.") for k in kmap)
+    state_in = {}
+    for k, v in hf_state.items():
+        if k == "lm_head.weight" or k.endswith(("position_ids", ".attn.bias")):  # tied; buffers older files hold
+            continue
+        k = k.removeprefix("transformer.")
+        state_in[("transformer." + k) if want_prefix else k] = v
+    expected = {h for h, _ in kmap.values()}
+    unknown = sorted(set(state_in) - expected)
+    if unknown:
+        raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"
+                         f"{' ...' if len(unknown) > 8 else ''} are not part of a GPT checkpoint")
+    missing = sorted(expected - set(state_in))
+    if missing:
+        raise ValueError(f"{source}: missing tensor(s) {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    params, state = model.state_dict(), {}
+    for ours, (theirs, transposed) in kmap.items():
+        t = state_in[theirs].T if transposed else state_in[theirs]
+        if t.shape != params[ours].shape:
+            raise ValueError(f"{source}: {theirs} has shape {tuple(state_in[theirs].shape)}, "
+                             f"expected {tuple(params[ours].T.shape if transposed else params[ours].shape)} "
+                             "for this config")
+        state[ours] = t
+    return state, [], []
+
+
+def gpt_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
+    params = model.state_dict()
+    return {theirs: (params[ours].T if transposed else params[ours]).detach().contiguous().cpu()
+            for ours, (theirs, transposed) in _gpt_map(model).items()}
+
+
 # -- folders -------------------------------------------------------------------------------------
 
 def with_labels(config: BertConfig, labels: Sequence[str]) -> BertConfig:
@@ -242,13 +304,14 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
-    config = config or BertConfig.load(path)
+    config = config or cls.config_class.load(path)
+    gpt = isinstance(config, GPTConfig)
     if labels is not None:
         config = with_labels(config, labels)
     file = find_weights(path)
     hf_state = read_weights(file)
     model = cls(config, **kwargs)
-    state, missing, unused = convert_from_hf(model, hf_state, source=str(file))
+    state, missing, unused = (gpt_from_hf if gpt else convert_from_hf)(model, hf_state, source=str(file))
     model.load_state_dict(state, strict=False)
     if missing:
         warnings.warn(f"{file}: no weights for {', '.join(missing)}; they keep their fresh initialization",
@@ -265,16 +328,18 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config: BertConfig = model.config
+    config = model.config
     arch = type(model).__name__  # our class names are Hugging Face's
     config.extra = {**config.extra, "architectures": [arch]}
-    state = convert_to_hf(model)
+    state = gpt_to_hf(model) if isinstance(config, GPTConfig) else convert_to_hf(model)
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config.save(path)
 
 
 class HFCheckpoint:
-    """from_pretrained / save_pretrained for every torchbert model, through the key map above."""
+    """from_pretrained / save_pretrained for every torchbert model, through the key maps above."""
+
+    config_class: type = BertConfig  # what a folder's config.json is read as
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs):

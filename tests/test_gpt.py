@@ -1,0 +1,119 @@
+"""GPT (gpt.py) against transformers' OpenAIGPT on random weights of a small config, both directions,
+and the properties its fine-tuning and pretraining rely on: causal, packed == one sequence alone."""
+
+import pytest
+import torch
+import transformers
+
+from torchbert.config import BertConfig, GPTConfig
+from torchbert.gpt import OpenAIGPTLMHeadModel, OpenAIGPTModel, next_tokens
+from torchbert.heads import IGNORE
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SMALL = dict(vocab_size=99, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+
+
+@pytest.fixture(scope="module")
+def theirs(tmp_path_factory):
+    """A random transformers OpenAIGPTLMHeadModel saved in its own layout."""
+    torch.manual_seed(0)
+    model = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**SMALL)).eval()
+    folder = tmp_path_factory.mktemp("hf-gpt")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@torch.no_grad()
+def test_we_read_transformers_gpt_with_the_same_outputs(theirs):
+    ref, folder = theirs
+    ours = OpenAIGPTLMHeadModel.from_pretrained(folder).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (3, 17))
+    a, b = ref(ids, labels=ids, output_hidden_states=True), ours(ids, labels=ids, output_hidden_states=True)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+    assert abs(a.loss.item() - b.loss.item()) < 1e-5
+    assert len(a.hidden_states) == len(b.hidden_states) == SMALL["n_layer"] + 1
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert torch.allclose(x, y, atol=1e-5, rtol=0)
+    # the bare model from the LM head model's file, and transformers' bare model
+    base = OpenAIGPTModel.from_pretrained(folder).eval()
+    assert torch.allclose(base(ids).last_hidden_state, ref.transformer(ids).last_hidden_state, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_transformers_reads_ours_with_the_same_outputs(tmp_path):
+    torch.manual_seed(1)
+    ours = OpenAIGPTLMHeadModel(GPTConfig(**SMALL)).eval()
+    ours.save_pretrained(tmp_path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(ref).__name__ == "OpenAIGPTLMHeadModel"
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 11))
+    assert torch.allclose(ours(ids).logits, ref(ids).logits, atol=1e-5, rtol=0)
+    # tied: their output layer is our token embedding
+    assert torch.equal(ref.lm_head.weight, ours.transformer.embeddings.tokens.weight)
+    again = OpenAIGPTLMHeadModel.from_pretrained(tmp_path).eval()
+    assert torch.equal(again(ids).logits, ours(ids).logits)
+
+
+@torch.no_grad()
+def test_packed_sequences_equal_each_sequence_alone_and_nothing_sees_the_future():
+    torch.manual_seed(2)
+    model = OpenAIGPTLMHeadModel(GPTConfig(**SMALL)).eval()
+    seqs = [torch.randint(0, 99, (n,)) for n in (7, 4, 9)]
+    cu = torch.tensor([0, 7, 11, 20], dtype=torch.int32)
+    packed = model(torch.cat(seqs), cu_seqlens=cu, max_seqlen=9, labels=torch.cat(seqs))
+    alone = [model(s[None], labels=s[None]) for s in seqs]
+    assert torch.allclose(packed.logits, torch.cat([a.logits[0] for a in alone]), atol=1e-5, rtol=0)
+    # the loss: every next-token target of the three sequences, none across their borders
+    n_targets = sum(len(s) - 1 for s in seqs)
+    want = sum(a.loss * (len(s) - 1) for a, s in zip(alone, seqs)) / n_targets
+    assert abs(packed.loss.item() - want.item()) < 1e-5
+    # causal: changing the last five tokens leaves every earlier position's output unchanged
+    ids = torch.randint(0, 99, (1, 12))
+    changed = ids.clone()
+    changed[0, 7:] = (changed[0, 7:] + 1) % 99
+    a, b = model(ids).logits, model(changed).logits
+    assert torch.allclose(a[0, :7], b[0, :7], atol=1e-6, rtol=0) and not torch.allclose(a[0, 7:], b[0, 7:])
+
+
+@torch.no_grad()
+def test_eager_attention_gives_the_same_outputs_and_lower_triangular_maps():
+    torch.manual_seed(3)
+    model = OpenAIGPTModel(GPTConfig(**SMALL)).eval()
+    ids = torch.randint(0, 99, (2, 8))
+    fast = model(ids).last_hidden_state
+    out = model(ids, output_attentions=True)  # the probabilities come from the eager path
+    assert torch.allclose(out.last_hidden_state, fast, atol=1e-5, rtol=0)
+    probs = out.attentions[0]  # [B, A, T, T]
+    assert probs.shape == (2, 4, 8, 8)
+    assert torch.all(probs.triu(1) == 0) and torch.allclose(probs.sum(-1), torch.ones(2, 4, 8))
+
+
+def test_next_tokens_stay_inside_each_sequence():
+    ids = torch.tensor([5, 6, 7, 8, 9])
+    assert next_tokens(ids, torch.tensor([0, 3, 5], dtype=torch.int32)).tolist() == [6, 7, IGNORE, 9, IGNORE]
+    assert next_tokens(torch.tensor([[1, 2, 3]])).tolist() == [[2, 3, IGNORE]]
+
+
+def test_gpt_config_matches_a_bert_size_and_round_trips(tmp_path):
+    bert = BertConfig.from_name("mini", vocab_size=5000)
+    gpt = GPTConfig.like(bert)
+    assert (gpt.n_layer, gpt.n_embd, gpt.n_head, gpt.vocab_size, gpt.n_positions) == (4, 256, 4, 5000, 512)
+    model = OpenAIGPTModel(gpt)
+    body = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers."))
+    from torchbert.model import BertModel
+
+    bert_body = sum(p.numel() for n, p in BertModel(bert).named_parameters() if n.startswith("layers."))
+    assert body == bert_body  # the same blocks: only the embeddings and BERT's pooler differ
+    gpt.save(tmp_path)
+    assert GPTConfig.load(tmp_path) == gpt
+    assert transformers.AutoConfig.from_pretrained(tmp_path).n_embd == 256
+    with pytest.raises(ValueError, match="afn 'tanh' is not one of"):
+        GPTConfig(afn="tanh")
+    with pytest.raises(ValueError, match="GPT's feed-forward is 4 x hidden"):
+        GPTConfig.like(BertConfig.from_name("tiny", intermediate_size=100))
+
+
+def test_a_bert_folder_is_no_gpt(minilm_dir):
+    with pytest.raises(ValueError, match="missing required field"):
+        OpenAIGPTModel.from_pretrained(minilm_dir)
