@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import shlex
 import sys
@@ -321,7 +322,12 @@ examples:
   torchbert pretrain --data data/zh --out runs/zh-small --resume            # continue after a stop
   torchbert pretrain --data data/zh512 --out runs/phase2 --init runs/zh-small --steps 1000   # phase 2
   torchrun --nproc-per-node 4 -m torchbert pretrain --data data/zh --out runs/ddp --batch-size 32
+  torchbert pretrain --data data/zh --out runs/zh-gpt --model gpt --config small   # the GPT baseline
 
+--model gpt pretrains GPT (Radford et al., 2018), the left-to-right Transformer the BERT paper compares
+against, on the same prepared data: each instance read as plain text ([CLS] A [SEP] B [SEP], unmasked),
+every token predicting the next. A preset gives it BERT's layers, width and heads of that name; the
+run folder is a Hugging Face OpenAIGPTLMHeadModel checkpoint.
 --config takes a preset (tiny, mini, small, medium, base, large) or a config.json; the vocabulary
 size comes from the data. The run folder is a Hugging Face checkpoint (config.json,
 model.safetensors, vocab.txt) with metrics.jsonl, metrics.json, loss.png and accuracy.png.
@@ -382,26 +388,33 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
-                                resume=args.resume, overwrite=args.overwrite, compile=args.compile)
+                                resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
     summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
     if not dist.is_main:
         return
     ev = summary.get("eval")
     print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
           f"({summary['tokens_per_second']:,.0f} tokens/s) -> {args.out}")
-    if ev:
+    if ev and "lm_loss" in ev:
+        print(f"held-out: next-token loss {ev['lm_loss']:.3f} (perplexity {math.exp(min(ev['lm_loss'], 50)):.1f}), "
+              f"accuracy {ev['lm_accuracy']:.3f}")
+    elif ev:
         print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}, "
               f"NSP accuracy {ev['nsp_accuracy']:.3f}")
 
 
 def add_pretrain_parser(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP) on prepared data",
-                       description="Pretrain BertForPreTraining on a folder written by `torchbert prepare`.",
+    p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP), or the GPT baseline, on prepared data",
+                       description="Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) "
+                                   "on a folder written by `torchbert prepare`.",
                        epilog=EPILOG_PRETRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder written by torchbert prepare")
     p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
     p.add_argument("--config", help="preset name or config.json (default: small, L4 H512 A8; "
                                      "with --resume: the run's own)")
+    p.add_argument("--model", choices=("bert", "gpt"),
+                   help="bert: MLM + NSP (default); gpt: the left-to-right baseline, next-token prediction "
+                        "(with --resume: the run's own)")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
     p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")

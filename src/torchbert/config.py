@@ -177,6 +177,16 @@ class GPTConfig(_JsonConfig):
                           initializer_range=self.initializer_range)
 
 
+def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig:
+    """A config.json of either model, by its model_type (GPT's is "openai-gpt")."""
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        gpt = json.loads(file.read_text(encoding="utf-8")).get("model_type") == GPTConfig.MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        gpt = False  # BertConfig.load says what is wrong with it
+    return (GPTConfig if gpt else BertConfig).load(path)
+
+
 # name: (layers L, hidden H, heads A), as in the BERT release (google-research/bert README).
 PRESETS: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 128, 2),

@@ -142,7 +142,8 @@ def _load_array(path: Path) -> np.ndarray:
 class PretrainingData:
     """A prepared data folder, read through memory maps; yields packed `Batch`es in a resumable order."""
 
-    def __init__(self, folder, *, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+    def __init__(self, folder, *, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True,
+                 masked: bool = True):
         self.folder = Path(folder)
         manifest_path = self.folder / "manifest.json"
         if not manifest_path.is_file():
@@ -156,6 +157,7 @@ class PretrainingData:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.seed, self.rank, self.world_size, self.shuffle = seed, rank, world_size, shuffle
+        self.masked = masked  # False: the instances as text, no MLM targets (a left-to-right LM reads them)
         settings = self.manifest["settings"]
         self.vocab_size: int = self.manifest["vocab_size"]
         self.max_seq_len: int = settings["max_seq_len"]
@@ -224,7 +226,9 @@ class PretrainingData:
         pos = np.arange(len(tokens)) - np.repeat(cu[:-1], lengths)                 # [N]
         a_len = np.array([it["a_len"] for it in items], dtype=np.int64)
         token_types = (pos >= np.repeat(a_len, lengths)).astype(np.int64)          # [N]
-        if self.dynamic:
+        if not self.masked:
+            m_positions = m_inputs = np.zeros(0, dtype=np.int64)
+        elif self.dynamic:
             settings = self.manifest["settings"]
             m = mask_instances(
                 tokens, np.concatenate([it["word_starts"] for it in items]), cu, np.asarray(indices, dtype=np.int64),

@@ -36,7 +36,9 @@ def plot_pretraining(run_dir: Path) -> None:
     if not rows:
         return
     steps = [r["step"] for r in rows]
-    for name, keys in (("loss", ("loss", "mlm_loss", "nsp_loss")), ("accuracy", ("mlm_accuracy", "nsp_accuracy"))):
+    parts = [k.removesuffix("_loss") for k in rows[0] if k.endswith("_loss") and not k.startswith("eval_")]
+    for name, keys in (("loss", ("loss", *[f"{p}_loss" for p in parts])),
+                       ("accuracy", tuple(f"{p}_accuracy" for p in parts))):
         series = {}
         for k in keys:
             series[k] = (steps, [r[k] for r in rows], "-")

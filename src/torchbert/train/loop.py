@@ -61,6 +61,7 @@ from ..io.checkpoint import (
     remove_leftovers,
     save_checkpoint,
 )
+from ..gpt import OpenAIGPTModel, next_tokens
 from ..model import BertModel, check_ids
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .optim import clipped_step, make_optimizer, make_scheduler
@@ -97,6 +98,23 @@ class PretrainingTask:
         mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
         nsp_correct = (out.nsp_logits.argmax(-1) == batch.nsp_labels).sum()
         return {"mlm": (mlm_sum, mlm_correct), "nsp": (out.nsp_loss.float() * b, nsp_correct)}
+
+
+class CausalLMTask:
+    """GPT's objective on packed batches of unmasked instances (shards.PretrainingData(masked=False)):
+    every token predicts the next one of its sequence."""
+
+    parts = ("lm",)
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"lm": batch.num_tokens - (batch.cu_seqlens.numel() - 1)}  # all but each sequence's last token
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
+        n = self.counts(batch)["lm"]
+        correct = (out.logits.argmax(-1) == next_tokens(batch.input_ids, batch.cu_seqlens)).sum()
+        return {"lm": (out.loss.float() * n if n else out.logits.sum() * 0.0, correct)}
 
 
 @dataclass
@@ -252,7 +270,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         return Interrupted(signals.caught or "a signal to another process", step, folder)
 
     saved_at = step if resume else None
-    encoders = [m for m in model.modules() if isinstance(m, BertModel)]
+    encoders = [m for m in model.modules() if isinstance(m, (BertModel, OpenAIGPTModel))]
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
             _checked_on_host(encoders), StopSignals(log) as signals:
         while step < cfg.steps:
@@ -457,10 +475,14 @@ def _checked_on_host(encoders: list[BertModel]) -> Iterator[None]:
                 e.check_inputs = b
 
 
-def _check_batch(encoder: BertModel, batch) -> None:
-    """The ids of a packed batch, on the host before it moves: tokens, segments and its longest sequence."""
+def _check_batch(encoder: BertModel | OpenAIGPTModel, batch) -> None:
+    """The ids of a packed batch, on the host before it moves: tokens, segments (BERT's; GPT has
+    none) and its longest sequence."""
     longest = torch.tensor([max(int(batch.max_seqlen) - 1, 0)])
-    check_ids(encoder.config, batch.input_ids, batch.token_type_ids, longest)
+    if isinstance(encoder, OpenAIGPTModel):
+        check_ids(encoder.block_config, batch.input_ids, torch.zeros_like(batch.input_ids), longest)
+    else:
+        check_ids(encoder.config, batch.input_ids, batch.token_type_ids, longest)
 
 
 def _progress(cfg: TrainConfig, step: int):

@@ -1,4 +1,7 @@
-"""`torchbert pretrain`: prepared data -> a pretrained BERT in a Hugging Face folder.
+"""`torchbert pretrain`: prepared data -> a pretrained BERT (or GPT) in a Hugging Face folder.
+
+BERT learns MLM + NSP from the prepared instances; GPT (`--model gpt`, the BERT paper's left-to-right
+baseline) reads the same instances unmasked, as text, and learns to predict each next token.
 
 The run folder ends up holding config.json, model.safetensors and the tokenizer files (so
 `transformers.BertForPreTraining.from_pretrained(run)` loads it), metrics.jsonl (one line per log
@@ -16,18 +19,22 @@ from pathlib import Path
 
 import torch
 
-from ..config import PRESETS, BertConfig
+from ..config import PRESETS, BertConfig, GPTConfig, load_config
 from ..data.shards import PretrainingData
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
+from ..gpt import OpenAIGPTLMHeadModel
 from ..heads import BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
-from .loop import PretrainingTask, TrainConfig, train
+from .loop import CausalLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+# --model: (the model, its objective, its config class, whether it reads the instances masked)
+MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
+          "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False)}
 
 
 @dataclass
@@ -41,30 +48,40 @@ class PretrainSettings:
     compile: bool = False
     resume: bool = False
     overwrite: bool = False
+    model: str | None = None  # "bert" or "gpt" (MODELS); None: bert, or the resumed run's
 
 
-def model_config(name_or_path: str, vocab_size: int, max_seq_len: int) -> BertConfig:
+def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: str = "bert") -> BertConfig | GPTConfig:
+    """A preset (GPT: at BERT's size of that name) or a config.json. A BERT config gives GPT its shape."""
     if name_or_path in PRESETS:
         config = BertConfig.from_name(name_or_path, vocab_size=vocab_size)
     else:
-        config = BertConfig.load(name_or_path)
+        config = load_config(name_or_path)
+    if model == "gpt" and isinstance(config, BertConfig):
+        config = GPTConfig.like(config)
+    elif model == "bert" and isinstance(config, GPTConfig):
+        raise ValueError(f"--config {name_or_path}: a GPT config; pretrain it with --model gpt")
     if config.vocab_size != vocab_size:
         raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} "
                          f"does not match the data's {vocab_size}")
-    if config.max_position_embeddings < max_seq_len:
-        raise ValueError(f"--config {name_or_path}: max_position_embeddings {config.max_position_embeddings} "
-                         f"is shorter than the data's max_seq_len {max_seq_len}")
+    if positions(config) < max_seq_len:
+        raise ValueError(f"--config {name_or_path}: {positions(config)} positions are fewer than the data's "
+                         f"max_seq_len {max_seq_len}")
     return config
 
 
-def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device):
-    """Held-out MLM loss and accuracy and NSP accuracy over a fixed set of batches."""
-    task = PretrainingTask()
+def positions(config: BertConfig | GPTConfig) -> int:
+    return config.n_positions if isinstance(config, GPTConfig) else config.max_position_embeddings
 
+
+def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device, task=None):
+    """Held-out loss and accuracy of each part of the objective (BERT: MLM and NSP; GPT: the next
+    token) over a fixed set of batches."""
+    task = task or PretrainingTask()
     batch_size = max(1, min(batch_size, len(eval_data)))  # a small held-out set still gives a batch
 
     def evaluate(model) -> dict[str, float]:
-        sums = {"mlm": [0.0, 0, 0], "nsp": [0.0, 0, 0]}
+        sums = {p: [0.0, 0, 0] for p in task.parts}
         for i, batch in enumerate(eval_data.batches(batch_size, epoch=0)):
             if i == max_batches:
                 break
@@ -74,10 +91,10 @@ def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, dev
                 sums[p][0] += float(parts[p][0])
                 sums[p][1] += int(parts[p][1])
                 sums[p][2] += counts[p]
-        if not sums["nsp"][2]:
+        if not all(n for _, _, n in sums.values()):
             raise ValueError(f"{eval_data.folder}: fewer instances than one batch of {batch_size}")
-        return {"mlm_loss": sums["mlm"][0] / sums["mlm"][2], "mlm_accuracy": sums["mlm"][1] / sums["mlm"][2],
-                "nsp_loss": sums["nsp"][0] / sums["nsp"][2], "nsp_accuracy": sums["nsp"][1] / sums["nsp"][2]}
+        return {k: v for p, (loss, correct, n) in sums.items()
+                for k, v in ((f"{p}_loss", loss / n), (f"{p}_accuracy", correct / n))}
 
     return evaluate
 
@@ -90,27 +107,32 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--data": s.data, "--init": s.init, "--eval-data": s.eval_data,
                                                       "--config": config_path}, log=log)
-    data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
+    if s.model is not None and s.model not in MODELS:
+        raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
+    config = resumed_config(s) if s.resume else None
+    family = s.model or ("gpt" if isinstance(config, GPTConfig) else "bert")
+    cls, objective, _, masked = MODELS[family]
+    data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
     if s.resume:
-        config = resumed_config(s, data)
-        model = BertForPreTraining(config)  # the checkpoint brings the weights
+        check_resumed(s, config, data, family)
+        model = cls(config)  # the checkpoint brings the weights
     elif s.init is not None:
         data.check_vocab(s.init)
-        model = BertForPreTraining.from_pretrained(s.init)
-        if model.config.max_position_embeddings < data.max_seq_len:
-            raise ValueError(f"--init {s.init}: max_position_embeddings {model.config.max_position_embeddings} "
-                             f"is shorter than the data's max_seq_len {data.max_seq_len}")
+        model = cls.from_pretrained(s.init)
+        if positions(model.config) < data.max_seq_len:
+            raise ValueError(f"--init {s.init}: {positions(model.config)} positions are fewer than the data's "
+                             f"max_seq_len {data.max_seq_len}")
     else:
         torch.manual_seed(cfg.seed)
-        model = BertForPreTraining(model_config(s.config or "small", data.vocab_size, data.max_seq_len))
+        model = cls(model_config(s.config or "small", data.vocab_size, data.max_seq_len, family))
     config = model.config
     evaluate = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
         s.eval_data = s.data / "heldout"  # prepare --heldout-docs put it there
     if s.eval_data is not None:
-        eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False)
+        eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False, masked=masked)
         data.check_vocab(s.eval_data)
-        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device)
+        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective())
     if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
         model.compile(dynamic=True)
         # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
@@ -121,18 +143,18 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     with folder.opened(dist):
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
-        summary = train(model, data, PretrainingTask(), cfg, s.out, resume=s.resume, evaluate=evaluate,
+        summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=folder.commit)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
             return summary
-        final = BertForPreTraining(config)
+        final = cls(config)
         final.load_state_dict(state)
         final.save_pretrained(s.out)
         for name in TOKENIZER_FILES:
             if (s.data / name).is_file():
                 atomic_copy(s.data / name, s.out / name)
-        summary["data"] = str(s.data)
+        summary.update(data=str(s.data), model=family)
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
         plot_pretraining(s.out)
     return summary
@@ -142,21 +164,27 @@ def architecture(config: BertConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "extra"}
 
 
-def resumed_config(s: PretrainSettings, data: PretrainingData) -> BertConfig:
-    """The config the run in s.out started with; a --config that says otherwise is an error."""
+def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig:
+    """The config the run in s.out started with."""
     if not list_checkpoints(s.out):
         raise no_checkpoint(s.out)
     saved = s.out / "config.json"
     if not saved.is_file():
         raise UserError(f"--resume: {saved} is missing; the run was started by an older torchbert: pass the "
                         "--config it started with and copy its config.json there, or start again with --overwrite")
-    config = BertConfig.load(saved)
+    return load_config(saved)
+
+
+def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig, data: PretrainingData, family: str) -> None:
+    """A --model, --config or --data that says otherwise than the resumed run is an error."""
+    if not isinstance(config, MODELS[family][2]):
+        run = next(name for name, m in MODELS.items() if isinstance(config, m[2]))
+        raise UserError(f"--model {family}: the run in {s.out} pretrains {run}; leave --model out to resume it")
     if s.config is not None:
-        given = model_config(s.config, data.vocab_size, data.max_seq_len)
+        given = model_config(s.config, data.vocab_size, data.max_seq_len, family)
         if architecture(given) != architecture(config):
             raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
                             "leave --config out to resume it")
     if config.vocab_size != data.vocab_size:
         raise UserError(f"--data {s.data}: vocab size {data.vocab_size} differs from the run's {config.vocab_size}; "
                         "resume with the data the run started with")
-    return config
