@@ -158,3 +158,76 @@ def test_gpt_pretrains_on_the_prepared_data_and_resumes_exactly(prepared, tmp_pa
     assert code == 0, err
     a, b = load_file(run / "model.safetensors"), load_file(half / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@torch.no_grad()
+def test_sequence_classification_matches_transformers_and_reads_each_sequences_last_token(tmp_path):
+    from torchbert.gpt import OpenAIGPTForSequenceClassification, lm_loss
+
+    torch.manual_seed(4)
+    ref = transformers.OpenAIGPTForSequenceClassification(
+        transformers.OpenAIGPTConfig(**SMALL, num_labels=3, pad_token_id=0)).eval()
+    ref.save_pretrained(tmp_path / "theirs")
+    ours = OpenAIGPTForSequenceClassification.from_pretrained(tmp_path / "theirs").eval()
+    ids = torch.randint(1, SMALL["vocab_size"], (4, 9))  # no pad id: transformers reads the last token too
+    assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.OpenAIGPTForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
+    assert torch.allclose(back(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+    # packed: each sequence's own last token
+    seqs = [ids[0, :5], ids[1, :9], ids[2, :2]]
+    packed = ours(torch.cat(seqs), cu_seqlens=torch.tensor([0, 5, 14, 16], dtype=torch.int32), max_seqlen=9)
+    alone = torch.cat([ours(s[None]).logits for s in seqs])
+    assert torch.allclose(packed.logits, alone, atol=1e-5, rtol=0)
+    # L3 = L2 + 0.5 L1: the task's cross-entropy plus half the next-token loss on the same text
+    labels = torch.tensor([0, 2, 1, 1])
+    out = ours(ids, labels=labels)
+    h = ours.transformer(ids).last_hidden_state
+    want = torch.nn.functional.cross_entropy(out.logits, labels) + 0.5 * lm_loss(ours.transformer, h, ids, None)[1]
+    assert ours.lm_coef == 0.5 and abs(out.loss.item() - want.item()) < 1e-5
+    with pytest.raises(ValueError, match="packed input"):
+        ours(ids, attention_mask=torch.ones_like(ids))
+
+
+def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepared, tmp_path, capsys):
+    """A GPT pretrained by `pretrain --model gpt` is fine-tuned on Chinese reviews by `finetune`; its
+    run folder is transformers' OpenAIGPTForSequenceClassification; evaluate and predict read it;
+    a task without a GPT head yet is refused before any work."""
+    import json
+    import random
+
+    import realdata
+    from clihelp import cli
+
+    gpt = tmp_path / "gpt"
+    code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", gpt, "--config", "tiny", "--model",
+                       "gpt", "--steps", "5", "--batch-size", "8", "--quiet")
+    assert code == 0, err
+    pos, neg = (sorted(set(p.read_text(encoding="utf-8").split("\n")) - {""}) for p in realdata.sentiment_paths())
+    rows = [(t, "pos") for t in pos[:60]] + [(t, "neg") for t in neg[:60]]
+    random.Random(0).shuffle(rows)
+    for name, part in (("train", rows[:80]), ("dev", rows[80:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"sentence": t[:60], "label": y}, ensure_ascii=False)
+                                                        + "\n" for t, y in part), encoding="utf-8")
+    run = tmp_path / "cls"
+    code, out, err = cli(capsys, "finetune", "--task", "classification", "--model", gpt, "--train",
+                         tmp_path / "train.jsonl", "--dev", tmp_path / "dev.jsonl", "--out", run, "--epochs", "1",
+                         "--batch-size", "16", "--max-length", "64", "--quiet")
+    assert code == 0, err
+    assert "OpenAIGPTForSequenceClassification: a new head (score)" in err
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert 0 <= metrics["accuracy"] <= 1 and metrics["type"] == "classification"
+    ref = transformers.OpenAIGPTForSequenceClassification.from_pretrained(run).eval()
+    assert ref.config.id2label == {0: "neg", 1: "pos"}
+    code, out, err = cli(capsys, "evaluate", "--model", run, "--data", tmp_path / "dev.jsonl")
+    assert code == 0, err
+    assert json.loads(out)["accuracy"] == pytest.approx(metrics["accuracy"])
+    code, out, err = cli(capsys, "predict", "--model", run, "--input", tmp_path / "dev.jsonl", "--out",
+                         tmp_path / "p.jsonl")
+    assert code == 0, err
+    records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 40 and {r["label"] for r in records} <= {"pos", "neg"}
+    (tmp_path / "t.conll").write_text("人\tO\n民\tB-X\n\n", encoding="utf-8")
+    code, _, err = cli(capsys, "finetune", "--task", "token", "--model", gpt, "--train", tmp_path / "t.conll",
+                       "--out", tmp_path / "tok", "--quiet")
+    assert code == 2 and "token tasks have no GPT head yet" in err and not (tmp_path / "tok").exists()

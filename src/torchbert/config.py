@@ -150,6 +150,10 @@ class GPTConfig(_JsonConfig):
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def max_position_embeddings(self) -> int:  # BERT's name, so code that checks lengths serves both
+        return self.n_positions
+
     def __post_init__(self) -> None:
         if self.afn not in GPT_ACTIVATIONS:
             raise ValueError(f"afn {self.afn!r} is not one of {', '.join(GPT_ACTIVATIONS)}")

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .config import BertConfig
+from .config import BertConfig, GPTConfig
 from .data import encode as enc
 from .data import hub, tasks
 from .eval import metrics
+from .gpt import OpenAIGPTForSequenceClassification
 from .heads import (
     IGNORE,
     BertForMultipleChoice,
@@ -65,7 +66,8 @@ class TaskSettings:
 class TaskFamily:
     """The interface; the defaults suit tasks with one target per sequence."""
 
-    model_class: type[nn.Module]
+    model_class: type[nn.Module]  # the task model on BERT (heads.py)
+    gpt_class: type[nn.Module] | None = None  # the same task on GPT (gpt.py), where there is one yet
     gold = "label"  # the example field that holds the gold answer (None: always read with the example)
     label_set = False  # class or tag names, kept in config.json as id2label
     file_format = "text"  # what a hub split is written as (data/hub.py)
@@ -159,6 +161,14 @@ class TaskFamily:
 
     # -- the model -----------------------------------------------------------------------------
 
+    def model_for(self, config: BertConfig | GPTConfig) -> type[nn.Module]:
+        """The task model for a BERT config, or for a GPT one (the paper's left-to-right baseline)."""
+        if not isinstance(config, GPTConfig):
+            return self.model_class
+        if self.gpt_class is None:
+            raise ValueError(f"{self.type} tasks have no GPT head yet: fine-tune a BERT for them")
+        return self.gpt_class
+
     def configure(self, config: BertConfig, label_map: tasks.LabelMap | None) -> BertConfig:
         """The model config with the head's labels."""
         return with_labels(config, label_map.labels) if label_map is not None else config
@@ -175,6 +185,7 @@ class TextTask(TaskFamily):
     """One sequence per example; the pooled [CLS] vector is classified, or scored (regression)."""
 
     model_class = BertForSequenceClassification
+    gpt_class = OpenAIGPTForSequenceClassification
     layouts = ("auto", *tasks.TEXT_LAYOUTS)
 
     def __init__(self, task_type: str, pair: bool | None, regression: bool = False):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .heads import IGNORE
+from .heads import IGNORE, TaskOutput, num_labels, sequence_loss
 from .io.hf import HFCheckpoint
 from .model import BertOutput, Layer, check_ids, init_weights
 from .packing import Layout, packed_layout
@@ -103,6 +103,14 @@ def next_tokens(input_ids: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
     return targets
 
 
+def lm_loss(model: OpenAIGPTModel, h: Tensor, input_ids: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(logits [..., V] through the tied output layer, the mean next-token cross-entropy) of states h."""
+    logits = h @ model.embeddings.tokens.weight.T  # [B, T, V] or [N, V]
+    targets = next_tokens(input_ids, cu_seqlens)
+    return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                   ignore_index=IGNORE)
+
+
 class OpenAIGPTLMHeadModel(HFCheckpoint, nn.Module):
     """GPT's pretraining objective (L1): maximize the log-likelihood of each token given those before it."""
 
@@ -120,10 +128,46 @@ class OpenAIGPTLMHeadModel(HFCheckpoint, nn.Module):
         a token is not to be predicted); position t is scored against labels[t + 1] of its sequence."""
         out = self.transformer(input_ids, position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                                output_hidden_states=output_hidden_states)
-        logits = out.last_hidden_state @ self.transformer.embeddings.tokens.weight.T  # [..., V]: tied
+        h = out.last_hidden_state
+        if labels is None:
+            return LMOutput(logits=h @ self.transformer.embeddings.tokens.weight.T, hidden_states=out.hidden_states)
+        logits, loss = lm_loss(self.transformer, h, labels, cu_seqlens)
+        return LMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states)
+
+
+class OpenAIGPTForSequenceClassification(HFCheckpoint, nn.Module):
+    """The paper's classifier (section 3.3): the final state of each sequence's last token, its
+    extract token ([SEP] in torchbert's encodings), through a linear layer. With labels the loss is
+    L3 = L2 + lm_coef * L1: the task's loss plus the next-token loss on the task's own text, with
+    lm_coef 0.5 as in the paper (config.extra["lm_coef"]). Hugging Face's layout: `score`, no bias."""
+
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = OpenAIGPTModel(config)
+        self.score = nn.Linear(config.n_embd, num_labels(config), bias=False)
+        init_weights(self.score, config.initializer_range)
+        self.lm_coef = float(config.extra.get("lm_coef", 0.5))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                labels: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TaskOutput:
+        """As BertForSequenceClassification's, for packed [N] input or full [B, T] rows. GPT has no
+        segments: token_type_ids are ignored (the delimiter token separates a pair), and
+        attention_mask is refused (padding would be the last token)."""
+        if attention_mask is not None:
+            raise ValueError("GPT reads each sequence's last token: give it packed input (cu_seqlens), not padding")
+        out = self.transformer(input_ids, position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        h = out.last_hidden_state
+        last = h[:, -1] if cu_seqlens is None else h[cu_seqlens[1:].long() - 1]  # [B, H]: the extract tokens
+        logits = self.score(last)  # [B, num_labels]
         loss = None
         if labels is not None:
-            targets = next_tokens(labels, cu_seqlens)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                                   ignore_index=IGNORE)
-        return LMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states)
+            loss = sequence_loss(self.config, logits, labels)
+            if self.lm_coef:
+                loss = loss + self.lm_coef * lm_loss(self.transformer, h, input_ids, cu_seqlens)[1]
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)

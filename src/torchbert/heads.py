@@ -212,26 +212,29 @@ class BertForSequenceClassification(_TaskModel):
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
                           output_hidden_states, output_attentions, cls_only=True)
         logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
-        loss = None if labels is None else self.loss(logits, labels)
+        loss = None if labels is None else sequence_loss(self.config, logits, labels)
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
-    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        problem = self.config.extra.get("problem_type")
-        if problem is None:  # transformers' rule
-            if logits.shape[-1] == 1:
-                problem = "regression"
-            elif labels.dtype in (torch.long, torch.int):
-                problem = "single_label_classification"
-            else:
-                problem = "multi_label_classification"
-        if problem == "regression":
-            return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
-        if problem == "single_label_classification":
-            return F.cross_entropy(logits, labels.reshape(-1))
-        if problem == "multi_label_classification":
-            return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-        raise ValueError(f"config problem_type {problem!r} is not regression, single_label_classification "
-                         "or multi_label_classification")
+
+def sequence_loss(config, logits: Tensor, labels: Tensor) -> Tensor:
+    """A sequence head's loss by config.extra's problem_type, or as transformers infers it:
+    regression (MSE) for one output, cross-entropy for class ids, BCE for multi-label targets."""
+    problem = config.extra.get("problem_type")
+    if problem is None:  # transformers' rule
+        if logits.shape[-1] == 1:
+            problem = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem = "single_label_classification"
+        else:
+            problem = "multi_label_classification"
+    if problem == "regression":
+        return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).reshape(-1))
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits, labels.reshape(-1))
+    if problem == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+    raise ValueError(f"config problem_type {problem!r} is not regression, single_label_classification "
+                     "or multi_label_classification")
 
 
 class BertForTokenClassification(_TaskModel):

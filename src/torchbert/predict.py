@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .config import BertConfig
+from .config import BertConfig, load_config
 from .data import tasks
 from .data.taskdata import TaskData
 from .families import TaskSettings, family
@@ -53,7 +53,7 @@ def id2label(config: BertConfig) -> dict[int, str] | None:
 
 def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
     """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None)."""
-    config = BertConfig.load(model_dir)
+    config = load_config(model_dir)
     if task is not None and "torchbert_task" not in config.extra:
         task_type, preset = tasks.resolve_task(task)
         ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
@@ -75,7 +75,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
     if "tagger" in config.extra.get("torchbert_task", {}):  # trained with --frozen
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:
-        model = fam.model_class.from_pretrained(model_dir).to(device).eval()
+        model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
         if any(not k.startswith("bert.") for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
     return model, BertTokenizer.from_pretrained(model_dir), ts, label_map

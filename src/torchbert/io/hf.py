@@ -248,38 +248,49 @@ def gpt_key_map(config: GPTConfig) -> dict[str, tuple[str, bool]]:
 
 
 def _gpt_map(model: nn.Module) -> dict[str, tuple[str, bool]]:
-    """gpt_key_map with the `transformer.` prefix of the LM head model, where the model has one."""
-    prefix = "transformer." if hasattr(model, "transformer") else ""
-    return {prefix + k: (prefix + h, t) for k, (h, t) in gpt_key_map(model.config).items()}
+    """gpt_key_map with the `transformer.` prefix of a model with a head; the head's own tensors keep
+    their names (ours are Hugging Face's: score.weight)."""
+    if not hasattr(model, "transformer"):
+        return gpt_key_map(model.config)
+    head = {k: (k, False) for k in model.state_dict() if not k.startswith("transformer.")}
+    return {**{"transformer." + k: ("transformer." + h, t) for k, (h, t) in gpt_key_map(model.config).items()},
+            **head}
 
 
 def gpt_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint"):
-    """Hugging Face GPT tensors -> our state dict for `model`. Returns (state, missing, unused)."""
+    """Hugging Face GPT tensors -> our state dict for `model`. Returns (state, missing, unused): a
+    head the file lacks is missing (left fresh), another model's head is unused; anything else
+    unknown or missing is an error."""
     kmap = _gpt_map(model)
-    want_prefix = any(k.startswith("transformer.") for k in kmap)
+    want_prefix = hasattr(model, "transformer")
     state_in = {}
     for k, v in hf_state.items():
         if k == "lm_head.weight" or k.endswith(("position_ids", ".attn.bias")):  # tied; buffers older files hold
             continue
+        body = k.startswith("transformer.") or not k.startswith(("score.", "multiple_choice_head."))
         k = k.removeprefix("transformer.")
-        state_in[("transformer." + k) if want_prefix else k] = v
+        state_in[("transformer." + k) if want_prefix and body else k] = v
     expected = {h for h, _ in kmap.values()}
-    unknown = sorted(set(state_in) - expected)
+    backbone = {h for h in expected if h.startswith("transformer.") or not want_prefix}
+    unused = sorted(k for k in set(state_in) - expected if k.startswith(("score.", "multiple_choice_head.")))
+    unknown = sorted(set(state_in) - expected - set(unused))
     if unknown:
         raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"
                          f"{' ...' if len(unknown) > 8 else ''} are not part of a GPT checkpoint")
-    missing = sorted(expected - set(state_in))
-    if missing:
-        raise ValueError(f"{source}: missing tensor(s) {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    lost = sorted(backbone - set(state_in))
+    if lost:
+        raise ValueError(f"{source}: missing tensor(s) {', '.join(lost[:8])}{' ...' if len(lost) > 8 else ''}")
     params, state = model.state_dict(), {}
     for ours, (theirs, transposed) in kmap.items():
+        if theirs not in state_in:
+            continue
         t = state_in[theirs].T if transposed else state_in[theirs]
         if t.shape != params[ours].shape:
             raise ValueError(f"{source}: {theirs} has shape {tuple(state_in[theirs].shape)}, "
                              f"expected {tuple(params[ours].T.shape if transposed else params[ours].shape)} "
                              "for this config")
         state[ours] = t
-    return state, [], []
+    return state, sorted(expected - set(state_in)), unused
 
 
 def gpt_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import BertConfig
+from ..config import BertConfig, GPTConfig, load_config
 from ..data import tasks
 from ..data.taskdata import TaskBatch, TaskData
 from ..errors import UserError
@@ -97,12 +97,12 @@ def targets_per_step(data: TaskData, units_per_step: int) -> float:
 # -- building the model ------------------------------------------------------------------------------
 
 def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
-    config = BertConfig.load(model_dir)
+    config = load_config(model_dir)
     old = config.extra
     fam = family(ts.type)
     if label_map is not None:
         saved = old.get("id2label")
-        if saved and old.get("architectures", [None])[0] == fam.model_class.__name__ and "torchbert_task" in old:
+        if saved and old.get("architectures", [None])[0] == fam.model_for(config).__name__ and "torchbert_task" in old:
             have = [saved[str(i)] if str(i) in saved else saved[i] for i in range(len(saved))]
             if have != label_map.labels:
                 raise ValueError(f"--model {model_dir}: it was fine-tuned for the labels {have}, but the training "
@@ -113,7 +113,7 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
 
 
 def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print) -> nn.Module:
-    cls = family(ts.type).model_class
+    cls = family(ts.type).model_for(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
         model = cls.from_pretrained(model_dir, config=config)
@@ -144,6 +144,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     if label_map is not None and dev_examples is not None:
         label_map.check(dev_examples)
     config = task_config(s.model, ts, label_map)
+    fam.model_for(config)  # a task without a head for this model is an error before any work
+    if s.frozen is not None and isinstance(config, GPTConfig):
+        raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a GPT")
     if s.resume:
         check_resumed_task(s.out, config)
     if ts.max_length > config.max_position_embeddings:

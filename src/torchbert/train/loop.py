@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from .. import fast
 from ..errors import Interrupted, RunFailed, UserError
+from ..gpt import OpenAIGPTModel, next_tokens
 from ..io.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -61,7 +62,6 @@ from ..io.checkpoint import (
     remove_leftovers,
     save_checkpoint,
 )
-from ..gpt import OpenAIGPTModel, next_tokens
 from ..model import BertModel, check_ids
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .optim import clipped_step, make_optimizer, make_scheduler

@@ -64,14 +64,10 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: st
     if config.vocab_size != vocab_size:
         raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} "
                          f"does not match the data's {vocab_size}")
-    if positions(config) < max_seq_len:
-        raise ValueError(f"--config {name_or_path}: {positions(config)} positions are fewer than the data's "
-                         f"max_seq_len {max_seq_len}")
+    if config.max_position_embeddings < max_seq_len:
+        raise ValueError(f"--config {name_or_path}: {config.max_position_embeddings} positions are fewer than the "
+                         f"data's max_seq_len {max_seq_len}")
     return config
-
-
-def positions(config: BertConfig | GPTConfig) -> int:
-    return config.n_positions if isinstance(config, GPTConfig) else config.max_position_embeddings
 
 
 def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device, task=None):
@@ -119,9 +115,9 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     elif s.init is not None:
         data.check_vocab(s.init)
         model = cls.from_pretrained(s.init)
-        if positions(model.config) < data.max_seq_len:
-            raise ValueError(f"--init {s.init}: {positions(model.config)} positions are fewer than the data's "
-                             f"max_seq_len {data.max_seq_len}")
+        if model.config.max_position_embeddings < data.max_seq_len:
+            raise ValueError(f"--init {s.init}: {model.config.max_position_embeddings} positions are fewer than "
+                             f"the data's max_seq_len {data.max_seq_len}")
     else:
         torch.manual_seed(cfg.seed)
         model = cls(model_config(s.config or "small", data.vocab_size, data.max_seq_len, family))
