@@ -189,15 +189,15 @@ def test_sequence_classification_matches_transformers_and_reads_each_sequences_l
         ours(ids, attention_mask=torch.ones_like(ids))
 
 
-def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepared, tmp_path, capsys):
+def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepared, minilm_dir, tmp_path, capsys):
     """A GPT pretrained by `pretrain --model gpt` is fine-tuned on Chinese reviews by `finetune`; its
     run folder is transformers' OpenAIGPTForSequenceClassification; evaluate and predict read it;
-    a task without a GPT head yet is refused before any work."""
+    every other task type fine-tunes, evaluates and predicts the same way."""
     import json
     import random
 
     import realdata
-    from clihelp import cli
+    from clihelp import cli, squad_file, write_conll
 
     gpt = tmp_path / "gpt"
     code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", gpt, "--config", "tiny", "--model",
@@ -227,7 +227,129 @@ def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepare
     assert code == 0, err
     records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(records) == 40 and {r["label"] for r in records} <= {"pos", "neg"}
-    (tmp_path / "t.conll").write_text("人\tO\n民\tB-X\n\n", encoding="utf-8")
+    # every other task type through the same commands: tagging (People's Daily person/place names),
+    # multiple choice, QA and similarity, each a new head on the pretrained GPT
+    sentences = [(w, tuple("B-PER" if t == "nr" else "B-LOC" if t == "ns" else "O" for t in tags))
+                 for w, tags in realdata.peoples_daily_tagged()[:400] if len(w) <= 30][:60]
+    write_conll(tmp_path / "t.conll", sentences)
     code, _, err = cli(capsys, "finetune", "--task", "token", "--model", gpt, "--train", tmp_path / "t.conll",
-                       "--out", tmp_path / "tok", "--quiet")
-    assert code == 2 and "token tasks have no GPT head yet" in err and not (tmp_path / "tok").exists()
+                       "--dev", tmp_path / "t.conll", "--out", tmp_path / "tok", "--epochs", "1", "--quiet",
+                       "--lm-coef", "0.25")
+    assert code == 0, err
+    assert "OpenAIGPTForTokenClassification: a new head (classifier)" in err
+    saved = json.loads((tmp_path / "tok" / "config.json").read_text())
+    assert saved["model_type"] == "openai-gpt" and saved["lm_coef"] == 0.25
+    code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "tok", "--data", tmp_path / "t.conll")
+    assert code == 0, err
+    assert json.loads(out)["f1"] == pytest.approx(json.loads((tmp_path / "tok" / "metrics.json").read_text())["f1"])
+    texts = [t[:20] for t, _ in rows]
+    choices = [{"id": f"c{i}", "context": texts[i], "choices": [texts[i + 1], texts[i + 2], texts[i]], "label": 2}
+               for i in range(0, 60, 3)]
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in choices),
+                                       encoding="utf-8")
+    squad_file(tmp_path / "qa.json", [(t, "哪里？", t[2:5]) for t in texts[:30]], v2=False)
+    pairs = [{"sentence1": texts[i], "sentence2": texts[i + 1], "label": i % 5} for i in range(40)]
+    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs),
+                                        encoding="utf-8")
+    for task, data, head in (("multiple-choice", "mc.jsonl", "OpenAIGPTForMultipleChoice"),
+                             ("qa", "qa.json", "OpenAIGPTForQuestionAnswering"),
+                             ("regression", "sts.jsonl", "OpenAIGPTForSequenceClassification")):
+        run = tmp_path / task
+        code, _, err = cli(capsys, "finetune", "--task", task, "--model", gpt, "--train", tmp_path / data, "--dev",
+                           tmp_path / data, "--out", run, "--epochs", "1", "--batch-size", "8", "--quiet")
+        assert code == 0, (task, err)
+        assert f"{head}: a new head" in err
+        code, out, err = cli(capsys, "predict", "--model", run, "--input", tmp_path / data, "--out", run / "p.jsonl")
+        assert code == 0, (task, err)
+        assert len((run / "p.jsonl").read_text(encoding="utf-8").splitlines()) == {"qa": 30, "regression": 40}.get(
+            task, 20)
+    assert json.loads((tmp_path / "regression" / "config.json").read_text())["both_orders"] is True
+    # the weight of L1 belongs to GPT
+    code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", minilm_dir, "--train",
+                       tmp_path / "train.jsonl", "--out", tmp_path / "bert", "--lm-coef", "0.5", "--quiet")
+    assert code == 2 and "--lm-coef weighs GPT's next-token loss" in err and not (tmp_path / "bert").exists()
+    code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", gpt, "--train",
+                       tmp_path / "train.jsonl", "--out", tmp_path / "neg", "--lm-coef", "-1", "--quiet")
+    assert code == 2 and "--lm-coef must be a finite number >= 0" in err
+
+
+def test_both_orders_swaps_the_two_sentences_of_each_pair():
+    from torchbert.gpt import both_orders
+
+    # [CLS]=1 a a [SEP]=2 b b b [SEP] | one segment | a pair with a one-token b
+    ids = torch.tensor([1, 10, 11, 2, 20, 21, 22, 2, 1, 30, 31, 2, 1, 40, 2, 50, 2])
+    types = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1])
+    cu = torch.tensor([0, 8, 12, 17], dtype=torch.int32)
+    assert both_orders(ids, types, cu).tolist() == [1, 20, 21, 22, 2, 10, 11, 2, 1, 30, 31, 2, 1, 50, 2, 40, 2]
+
+
+@torch.no_grad()
+def test_gpt_task_heads_read_packed_input_as_each_sequence_alone_and_add_half_l1():
+    """Token, QA, multiple-choice and similarity heads: packed [N] equals each sequence alone,
+    similarity sums the extract states of both orders, and every loss is L2 + lm_coef * L1."""
+    from torchbert.gpt import (OpenAIGPTForMultipleChoice, OpenAIGPTForQuestionAnswering,
+                               OpenAIGPTForSequenceClassification, OpenAIGPTForTokenClassification, both_orders,
+                               lm_loss)
+
+    torch.manual_seed(5)
+    config = GPTConfig(**SMALL)
+    config.extra.update(num_labels=3)
+    seqs = [torch.randint(3, 99, (n,)) for n in (5, 9, 2)]
+    ids, cu = torch.cat(seqs), torch.tensor([0, 5, 14, 16], dtype=torch.int32)
+    packed = dict(cu_seqlens=cu, max_seqlen=9)
+
+    tagger = OpenAIGPTForTokenClassification(config).eval()
+    out = tagger(ids, **packed)
+    alone = torch.cat([tagger(s[None]).logits[0] for s in seqs])
+    assert torch.allclose(out.logits, alone, atol=1e-5, rtol=0)
+    labels = torch.tensor([0, 1, IGNORE, 2, 0, 1, 1, IGNORE, 0, 0, 2, 2, 1, 0, IGNORE, 1])
+    h = tagger.transformer(ids, **packed).last_hidden_state
+    l1 = lm_loss(tagger.transformer, h, ids, cu)[1]
+    got = tagger(ids, **packed, labels=labels, labelled_only=True)
+    assert got.logits.shape == (13, 3)
+    want = torch.nn.functional.cross_entropy(out.logits, labels, ignore_index=IGNORE) + 0.5 * l1
+    assert abs(got.loss.item() - want.item()) < 1e-5
+
+    qa = OpenAIGPTForQuestionAnswering(config).eval()
+    out = qa(ids, **packed, start_positions=torch.tensor([1, 3, 0]), end_positions=torch.tensor([2, 8, 1]))
+    assert torch.allclose(out.start_logits, torch.cat([qa(s[None]).start_logits[0] for s in seqs]), atol=1e-5)
+    h = qa.transformer(ids, **packed).last_hidden_state
+    l2 = sum(torch.nn.functional.cross_entropy(lg[None], torch.tensor([p])) for lg, p in
+             zip(list(out.start_logits.split([5, 9, 2])) + list(out.end_logits.split([5, 9, 2])),
+                 [1, 3, 0, 2, 8, 1])) / 6
+    assert abs(out.loss.item() - (l2 + 0.5 * lm_loss(qa.transformer, h, ids, cu)[1]).item()) < 1e-5
+
+    mc = OpenAIGPTForMultipleChoice(config).eval()  # example 0: choices 0, 1; example 1: choice 2
+    out = mc(ids, **packed, num_choices=torch.tensor([2, 1]), labels=torch.tensor([1, 0]))
+    scores = [mc.multiple_choice_head(mc.transformer(s[None]).last_hidden_state[:, -1]) for s in seqs]
+    assert torch.allclose(out.logits[0], torch.cat(scores[:2]), atol=1e-5)
+    assert out.logits[1, 1] == torch.finfo(out.logits.dtype).min  # no second choice
+
+    config.extra.update(num_labels=1, problem_type="regression", both_orders=True)
+    sim = OpenAIGPTForSequenceClassification(config).eval()
+    types = torch.tensor([0, 0, 1, 1, 1] + [0] * 4 + [1] * 5 + [0, 0])
+    swapped = both_orders(ids, types, cu)
+    out = sim(ids, token_type_ids=types, **packed, labels=torch.tensor([0.5, 1.0, 2.0]))
+    final = [sim.transformer(x[None]).last_hidden_state[0, -1] for x in (*seqs, *swapped.split([5, 9, 2]))]
+    want = torch.stack([sim.score(final[i] + final[i + 3]) for i in range(3)])
+    assert torch.allclose(out.logits, want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        sim(ids, **packed)
+
+
+@torch.no_grad()
+def test_multiple_choice_matches_transformers_double_heads_both_ways(tmp_path):
+    """Our multiple-choice head is transformers' OpenAIGPTDoubleHeadsModel's (mc_token_ids at each
+    choice's last token): the same scores from their checkpoint, and theirs from ours."""
+    from torchbert.gpt import OpenAIGPTForMultipleChoice
+
+    torch.manual_seed(6)
+    ref = transformers.OpenAIGPTDoubleHeadsModel(transformers.OpenAIGPTConfig(**SMALL)).eval()
+    ref.save_pretrained(tmp_path / "theirs")
+    ours = OpenAIGPTForMultipleChoice.from_pretrained(tmp_path / "theirs").eval()
+    ids = torch.randint(1, SMALL["vocab_size"], (2, 3, 7))  # 2 examples, 3 choices, 7 tokens
+    last = torch.full((2, 3), 6)
+    assert torch.allclose(ref(ids, mc_token_ids=last).mc_logits, ours(ids).logits, atol=1e-5, rtol=0)
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "ours").eval()
+    assert torch.allclose(back(ids, mc_token_ids=last).mc_logits, ours(ids).logits, atol=1e-5, rtol=0)

@@ -486,6 +486,12 @@ embeddings, last, second_to_last, sum_all, sum_last_four, concat_last_four (the 
 or a layer index. --tagger bilstm (the default: two layers, 256 per direction) or linear. The
 run folder then holds the encoder as a plain BertModel checkpoint and the tagger in
 tagger.safetensors; evaluate and predict read both.
+
+A GPT (pretrain --model gpt) fine-tunes on every task type through the same commands, as the GPT
+paper does: each sequence's last token ([SEP]) is the extract token; classification reads its final
+state, regression (similarity) reads each pair in both orders and sums the two, multiple choice
+scores each `context [SEP] choice [SEP]`; tagging and QA read every token's state, which has seen
+the tokens before it only. The loss adds the next-token loss on the task's text (--lm-coef, 0.5).
 """
 
 EPILOG_PREDICT = """\
@@ -520,7 +526,8 @@ def _finetune_settings(args: argparse.Namespace):
     return FinetuneSettings(task=args.task, model=resolve_model(args.model), train=Path(args.train),
                             dev=Path(args.dev) if args.dev else None, out=Path(args.out), epochs=args.epochs,
                             warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
-                            resume=args.resume, overwrite=args.overwrite, encoding=encoding, frozen=frozen)
+                            resume=args.resume, overwrite=args.overwrite, encoding=encoding, frozen=frozen,
+                            lm_coef=args.lm_coef)
 
 
 def cmd_finetune(args: argparse.Namespace) -> None:
@@ -540,6 +547,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         raise UserError(f"--epochs must be > 0, got {args.epochs}")
     if not 0 <= args.warmup_ratio < 1:
         raise UserError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
+    if args.lm_coef is not None and not (args.lm_coef >= 0 and math.isfinite(args.lm_coef)):
+        raise UserError(f"--lm-coef must be a finite number >= 0, got {args.lm_coef}")
     if args.schedule not in SCHEDULES:
         raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}")
     if args.resume and args.overwrite:
@@ -629,6 +638,9 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--features", metavar="STRATEGY",
                    help="--frozen: which hidden layers feed the tagger (default: concat_last_four)")
     f.add_argument("--tagger", choices=("bilstm", "linear"), help="--frozen: the tagger (default: bilstm)")
+    f.add_argument("--lm-coef", type=float, default=None, metavar="LAMBDA",
+                   help="GPT models: the weight of the next-token loss on the task's text, L3 = L2 + LAMBDA * L1 "
+                        "(default: 0.5, as the GPT paper; 0 trains the task loss alone)")
     f.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps in warmup (default: 0.1)")
     f.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay, not on biases and LayerNorm")
     f.add_argument("--schedule", default="linear",

@@ -27,7 +27,12 @@ from .config import BertConfig, GPTConfig
 from .data import encode as enc
 from .data import hub, tasks
 from .eval import metrics
-from .gpt import OpenAIGPTForSequenceClassification
+from .gpt import (
+    OpenAIGPTForMultipleChoice,
+    OpenAIGPTForQuestionAnswering,
+    OpenAIGPTForSequenceClassification,
+    OpenAIGPTForTokenClassification,
+)
 from .heads import (
     IGNORE,
     BertForMultipleChoice,
@@ -67,7 +72,7 @@ class TaskFamily:
     """The interface; the defaults suit tasks with one target per sequence."""
 
     model_class: type[nn.Module]  # the task model on BERT (heads.py)
-    gpt_class: type[nn.Module] | None = None  # the same task on GPT (gpt.py), where there is one yet
+    gpt_class: type[nn.Module]  # the same task on GPT (gpt.py), the paper's left-to-right baseline
     gold = "label"  # the example field that holds the gold answer (None: always read with the example)
     label_set = False  # class or tag names, kept in config.json as id2label
     file_format = "text"  # what a hub split is written as (data/hub.py)
@@ -163,11 +168,7 @@ class TaskFamily:
 
     def model_for(self, config: BertConfig | GPTConfig) -> type[nn.Module]:
         """The task model for a BERT config, or for a GPT one (the paper's left-to-right baseline)."""
-        if not isinstance(config, GPTConfig):
-            return self.model_class
-        if self.gpt_class is None:
-            raise ValueError(f"{self.type} tasks have no GPT head yet: fine-tune a BERT for them")
-        return self.gpt_class
+        return self.gpt_class if isinstance(config, GPTConfig) else self.model_class
 
     def configure(self, config: BertConfig, label_map: tasks.LabelMap | None) -> BertConfig:
         """The model config with the head's labels."""
@@ -230,6 +231,8 @@ class TextTask(TaskFamily):
     def configure(self, config, label_map):
         if self.regression:
             config.extra.update(id2label={"0": "score"}, label2id={"score": 0}, problem_type="regression")
+            if isinstance(config, GPTConfig):  # similarity, as the GPT paper: pairs read in both orders
+                config.extra["both_orders"] = True
             return config
         return super().configure(config, label_map)
 
@@ -239,6 +242,7 @@ class TokenTask(TaskFamily):
     Tags shaped like entity chunks (O, B-/I-/E-/S-) score by entity F1, any other tag set per word."""
 
     model_class = BertForTokenClassification
+    gpt_class = OpenAIGPTForTokenClassification
     gold = "tags"
     label_set = True
     file_format = "conll"
@@ -300,6 +304,7 @@ class SpanTask(TaskFamily):
     """Extractive QA (SQuAD): start and end logits over each context window; v2 may answer nothing."""
 
     model_class = BertForQuestionAnswering
+    gpt_class = OpenAIGPTForQuestionAnswering
     gold = None  # answers are read with the examples; prediction needs none
     layouts = ("auto", "squad")
 
@@ -367,6 +372,7 @@ class ChoiceTask(TaskFamily):
     batching and of the loss is the example."""
 
     model_class = BertForMultipleChoice
+    gpt_class = OpenAIGPTForMultipleChoice
     file_format = "swag"
     layouts = ("auto", "swag")
     metrics = ("accuracy",)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .heads import IGNORE, TaskOutput, num_labels, sequence_loss
+from .heads import IGNORE, TaskOutput, num_labels, sequence_loss, span_loss
 from .io.hf import HFCheckpoint
 from .model import BertOutput, Layer, check_ids, init_weights
 from .packing import Layout, packed_layout
@@ -135,11 +135,12 @@ class OpenAIGPTLMHeadModel(HFCheckpoint, nn.Module):
         return LMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states)
 
 
-class OpenAIGPTForSequenceClassification(HFCheckpoint, nn.Module):
-    """The paper's classifier (section 3.3): the final state of each sequence's last token, its
-    extract token ([SEP] in torchbert's encodings), through a linear layer. With labels the loss is
-    L3 = L2 + lm_coef * L1: the task's loss plus the next-token loss on the task's own text, with
-    lm_coef 0.5 as in the paper (config.extra["lm_coef"]). Hugging Face's layout: `score`, no bias."""
+class _GPTTask(HFCheckpoint, nn.Module):
+    """GPT under a task head (section 3.3). With targets the loss is L3 = L2 + lm_coef * L1: the task's
+    loss plus the next-token loss on the task's own text, lm_coef 0.5 as in the paper
+    (config.extra["lm_coef"], `finetune --lm-coef`). Inputs are packed [N] with cu_seqlens, or full
+    [B, T] rows; GPT has no segments, so token_type_ids are ignored (the delimiter token separates a
+    pair) and attention_mask is refused (padding would follow each sequence's last token)."""
 
     config_class = GPTConfig
 
@@ -147,27 +148,188 @@ class OpenAIGPTForSequenceClassification(HFCheckpoint, nn.Module):
         super().__init__()
         self.config = config
         self.transformer = OpenAIGPTModel(config)
+        self.lm_coef = float(config.extra.get("lm_coef", 0.5))
+
+    def encode(self, input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
+               output_attentions) -> BertOutput:
+        if attention_mask is not None:
+            raise ValueError("GPT reads each sequence's last token: give it packed input (cu_seqlens), not padding")
+        return self.transformer(input_ids, position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+    def with_lm(self, task_loss: Tensor, h: Tensor, input_ids: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+        """L3 = L2 + lm_coef * L1."""
+        if not self.lm_coef:
+            return task_loss
+        return task_loss + self.lm_coef * lm_loss(self.transformer, h, input_ids, cu_seqlens)[1]
+
+
+def last_tokens(h: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """[B, H]: the final state of each sequence's last token (the extract token, [SEP] in torchbert's encodings)."""
+    return h[:, -1] if cu_seqlens is None else h[cu_seqlens[1:].long() - 1]
+
+
+def both_orders(input_ids: Tensor, token_type_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Packed pairs `[CLS] a [SEP] b [SEP]` -> the same pairs as `[CLS] b [SEP] a [SEP]`, [N] -> [N]
+    (the paper's similarity input: the two sentences have no inherent order). A sequence with one
+    segment is its own reverse."""
+    starts = cu_seqlens[:-1].long()
+    lengths = cu_seqlens.diff().long()
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=input_ids.device), lengths)  # [N]
+    o = torch.arange(input_ids.numel(), device=input_ids.device) - starts[seq]  # offset in the sequence
+    L = lengths[seq]
+    first = torch.zeros_like(lengths).index_add_(0, seq, (token_type_ids == 0).long())[seq]  # [CLS] a [SEP]
+    b = L - first  # b [SEP]
+    source = torch.where(o == 0, 0,
+             torch.where(o < b, first + o - 1,  # b, after [CLS]
+             torch.where(o == b, first - 1,  # the middle [SEP]
+             torch.where(o < L - 1, o - b, L - 1))))  # a, then the last [SEP]
+    source = torch.where(b > 0, source, o)
+    return input_ids[starts[seq] + source]
+
+
+class OpenAIGPTForSequenceClassification(_GPTTask):
+    """The paper's classifier: the extract token's final state through a linear layer (Hugging
+    Face's `score`, no bias). Similarity (config.extra["both_orders"], set for regression tasks):
+    each pair is read in both orders and the two final states are summed before the layer."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
         self.score = nn.Linear(config.n_embd, num_labels(config), bias=False)
         init_weights(self.score, config.initializer_range)
-        self.lm_coef = float(config.extra.get("lm_coef", 0.5))
+        self.both_orders = bool(config.extra.get("both_orders", False))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> TaskOutput:
-        """As BertForSequenceClassification's, for packed [N] input or full [B, T] rows. GPT has no
-        segments: token_type_ids are ignored (the delimiter token separates a pair), and
-        attention_mask is refused (padding would be the last token)."""
-        if attention_mask is not None:
-            raise ValueError("GPT reads each sequence's last token: give it packed input (cu_seqlens), not padding")
-        out = self.transformer(input_ids, position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        if self.both_orders:
+            if token_type_ids is None:
+                raise ValueError("similarity reads each pair in both orders: it needs token_type_ids")
+            if cu_seqlens is None:  # full [B, T] rows -> packed
+                B, T = input_ids.shape
+                cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=input_ids.device)
+                input_ids, token_type_ids, max_seqlen = input_ids.reshape(-1), token_type_ids.reshape(-1), T
+            n = input_ids.numel()
+            input_ids = torch.cat([input_ids, both_orders(input_ids, token_type_ids, cu_seqlens)])  # [2N]
+            cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[1:] + n])  # [2B + 1]
+        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
+                          output_attentions)
         h = out.last_hidden_state
-        last = h[:, -1] if cu_seqlens is None else h[cu_seqlens[1:].long() - 1]  # [B, H]: the extract tokens
+        last = last_tokens(h, cu_seqlens)  # [B, H] ([2B, H] in both orders)
+        if self.both_orders:
+            last = sum(last.chunk(2))  # [B, H]: the two orders' final states summed
         logits = self.score(last)  # [B, num_labels]
         loss = None
         if labels is not None:
-            loss = sequence_loss(self.config, logits, labels)
-            if self.lm_coef:
-                loss = loss + self.lm_coef * lm_loss(self.transformer, h, input_ids, cu_seqlens)[1]
+            loss = self.with_lm(sequence_loss(self.config, logits, labels), h, input_ids, cu_seqlens)
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class OpenAIGPTForTokenClassification(_GPTTask):
+    """A tag from each token's final state, which has seen the tokens before it only: the
+    left-to-right baseline of BERT's tagging (Hugging Face has no such class; the head is named
+    as BERT's, `classifier`)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(config.resid_pdrop)
+        self.classifier = nn.Linear(config.n_embd, num_labels(config))
+        init_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                labels: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False, labelled_only: bool = False) -> TaskOutput:
+        """As BertForTokenClassification's; labelled_only: logits [M, C] for the labelled tokens only."""
+        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
+                          output_attentions)
+        h = out.last_hidden_state  # [B, T, H] or [N, H]
+        read, targets = h, labels
+        if labelled_only and labels is not None:
+            positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
+            read, targets = h.reshape(-1, h.shape[-1])[positions], labels.reshape(-1)[positions]
+        logits = self.classifier(self.dropout(read))  # [B, T, C], [N, C] or [M, C]
+        loss = None
+        if labels is not None:
+            task = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+            loss = self.with_lm(task, h, input_ids, cu_seqlens)
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class OpenAIGPTForQuestionAnswering(_GPTTask):
+    """Start and end logits from each token's final state (`qa_outputs`, as BERT's): the question
+    comes first, so every context token has read it."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(config.n_embd, 2)
+        init_weights(self.qa_outputs, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                start_positions: Tensor | None = None, end_positions: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
+                          output_attentions)
+        h = out.last_hidden_state
+        start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # each [B, T] or [N]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            task = span_loss(start_logits, end_logits, start_positions, end_positions, cu_seqlens, max_seqlen)
+            loss = self.with_lm(task, h, input_ids, cu_seqlens)
+        return TaskOutput(loss, None, start_logits, end_logits, out.hidden_states, out.attentions)
+
+
+class SequenceSummary(nn.Module):
+    """Hugging Face's OpenAIGPTSequenceSummary as OpenAIGPTDoubleHeadsModel configures it: dropout,
+    then Linear(H, 1) on the extract token's state."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.first_dropout = nn.Dropout(float(config.extra.get("summary_first_dropout", 0.1)))
+        self.summary = nn.Linear(config.n_embd, 1)
+
+    def forward(self, last: Tensor) -> Tensor:
+        return self.summary(self.first_dropout(last)).squeeze(-1)  # [S]
+
+
+class OpenAIGPTForMultipleChoice(_GPTTask):
+    """Multiple choice as the paper: `context $ answer_i` for each choice, each scored from its
+    extract token's final state, a softmax over the choices. Hugging Face's OpenAIGPTDoubleHeadsModel
+    layout (`multiple_choice_head.summary`); L1 is the next-token loss over every choice's text."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        self.multiple_choice_head = SequenceSummary(config)
+        init_weights(self.multiple_choice_head.summary, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                num_choices: Tensor | None = None, choice_mask: Tensor | None = None, labels: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        """As BertForMultipleChoice's: [B, C, T] full rows, or packed choices [N] with num_choices [B]."""
+        if cu_seqlens is None:
+            if input_ids.dim() != 3:
+                raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
+            B, C, T = input_ids.shape
+            input_ids = input_ids.reshape(B * C, T)
+            position_ids = None if position_ids is None else position_ids.reshape(B * C, T)
+            mask = choice_mask
+        elif num_choices is None:
+            raise ValueError("packed multiple-choice inputs need num_choices [batch]")
+        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
+                          output_attentions)
+        h = out.last_hidden_state
+        scores = self.multiple_choice_head(last_tokens(h, cu_seqlens))  # [sum C_i] or [B * C]
+        if cu_seqlens is None:
+            logits = scores.view(B, C)
+        else:
+            mask = torch.arange(int(num_choices.max()), device=scores.device) < num_choices[:, None]  # [B, C]
+            logits = scores.new_zeros(mask.shape).masked_scatter(mask, scores)
+        if mask is not None:
+            logits = logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
+        loss = None
+        if labels is not None:
+            loss = self.with_lm(F.cross_entropy(logits, labels.reshape(-1)), h, input_ids, cu_seqlens)
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)

@@ -283,17 +283,24 @@ class BertForQuestionAnswering(_TaskModel):
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # each [B, T] or [N]
         loss = None
         if start_positions is not None and end_positions is not None:
-            if cu_seqlens is None:
-                starts, ends, limit = start_logits, end_logits, start_logits.shape[1]
-            else:  # packed: back to [B, T_max], padding at -inf so it is never an answer
-                T = int(max_seqlen) if max_seqlen is not None else int(cu_seqlens.diff().max())
-                starts = pad(start_logits, cu_seqlens, T, float("-inf"))
-                ends = pad(end_logits, cu_seqlens, T, float("-inf"))
-                limit = cu_seqlens.diff()  # [B]
-            losses = [F.cross_entropy(logits, _clamp_ignored(pos, limit))
-                      for logits, pos in ((starts, start_positions), (ends, end_positions))]
-            loss = (losses[0] + losses[1]) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions, cu_seqlens, max_seqlen)
         return TaskOutput(loss, None, start_logits, end_logits, out.hidden_states, out.attentions)
+
+
+def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor, end_positions: Tensor,
+              cu_seqlens: Tensor | None, max_seqlen: int | None) -> Tensor:
+    """The mean of the start and end cross-entropies, each sequence's logits ([B, T], or packed [N])
+    scored against its own tokens."""
+    if cu_seqlens is None:
+        starts, ends, limit = start_logits, end_logits, start_logits.shape[1]
+    else:  # packed: back to [B, T_max], padding at -inf so it is never an answer
+        T = int(max_seqlen) if max_seqlen is not None else int(cu_seqlens.diff().max())
+        starts = pad(start_logits, cu_seqlens, T, float("-inf"))
+        ends = pad(end_logits, cu_seqlens, T, float("-inf"))
+        limit = cu_seqlens.diff()  # [B]
+    losses = [F.cross_entropy(logits, _clamp_ignored(pos, limit))
+              for logits, pos in ((starts, start_positions), (ends, end_positions))]
+    return (losses[0] + losses[1]) / 2
 
 
 def _clamp_ignored(positions: Tensor, limit: Tensor | int) -> Tensor:

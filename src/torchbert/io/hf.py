@@ -231,6 +231,9 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
 # [out, in], so those are transposed both ways. Their lm_head.weight is the tied token embedding:
 # dropped on load, never written (transformers ties it again).
 
+GPT_HEADS = ("score.", "multiple_choice_head.", "classifier.", "qa_outputs.")  # task heads' own tensors
+
+
 def gpt_key_map(config: GPTConfig) -> dict[str, tuple[str, bool]]:
     """Our OpenAIGPTModel's names -> (Hugging Face's name, transposed)."""
     m = {"embeddings.tokens.weight": ("tokens_embed.weight", False),
@@ -264,15 +267,18 @@ def gpt_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str
     kmap = _gpt_map(model)
     want_prefix = hasattr(model, "transformer")
     state_in = {}
+    hf_state = dict(hf_state)
+    if "lm_head.weight" in hf_state and not {"tokens_embed.weight", "transformer.tokens_embed.weight"} & set(hf_state):
+        hf_state["transformer.tokens_embed.weight"] = hf_state["lm_head.weight"]  # the tied pair saved as the head
     for k, v in hf_state.items():
         if k == "lm_head.weight" or k.endswith(("position_ids", ".attn.bias")):  # tied; buffers older files hold
             continue
-        body = k.startswith("transformer.") or not k.startswith(("score.", "multiple_choice_head."))
+        body = k.startswith("transformer.") or not k.startswith(GPT_HEADS)
         k = k.removeprefix("transformer.")
         state_in[("transformer." + k) if want_prefix and body else k] = v
     expected = {h for h, _ in kmap.values()}
     backbone = {h for h in expected if h.startswith("transformer.") or not want_prefix}
-    unused = sorted(k for k in set(state_in) - expected if k.startswith(("score.", "multiple_choice_head.")))
+    unused = sorted(k for k in set(state_in) - expected if k.startswith(GPT_HEADS))
     unknown = sorted(set(state_in) - expected - set(unused))
     if unknown:
         raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"

@@ -59,6 +59,7 @@ class FinetuneSettings:
     overwrite: bool = False
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
+    lm_coef: float | None = None  # GPT: the next-token loss's weight in L3 = L2 + lm_coef * L1 (None: 0.5)
 
 
 # -- the training task for train/loop.py -------------------------------------------------------------
@@ -117,7 +118,7 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
         model = cls.from_pretrained(model_dir, config=config)
-    fresh = [k for k in model.load_report["missing"] if not k.startswith("bert.")]
+    fresh = [k for k in model.load_report["missing"] if not k.startswith(("bert.", "transformer."))]
     if fresh:
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
             f"of {model_dir}")
@@ -147,6 +148,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     fam.model_for(config)  # a task without a head for this model is an error before any work
     if s.frozen is not None and isinstance(config, GPTConfig):
         raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a GPT")
+    if s.lm_coef is not None:
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")
+        config.extra["lm_coef"] = s.lm_coef
     if s.resume:
         check_resumed_task(s.out, config)
     if ts.max_length > config.max_position_embeddings:
