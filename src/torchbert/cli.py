@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import math
 import os
 import shlex
@@ -274,7 +275,6 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_inspect_data(args: argparse.Namespace) -> None:
-    import json
 
     import numpy as np
 
@@ -398,6 +398,10 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     if ev and "lm_loss" in ev:
         print(f"held-out: next-token loss {ev['lm_loss']:.3f} (perplexity {math.exp(min(ev['lm_loss'], 50)):.1f}), "
               f"accuracy {ev['lm_accuracy']:.3f}")
+    elif ev and "forward_loss" in ev:
+        print(f"held-out: forward LM loss {ev['forward_loss']:.3f} (perplexity "
+              f"{math.exp(min(ev['forward_loss'], 50)):.1f}), backward {ev['backward_loss']:.3f} (perplexity "
+              f"{math.exp(min(ev['backward_loss'], 50)):.1f})")
     elif ev:
         print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}, "
               f"NSP accuracy {ev['nsp_accuracy']:.3f}")
@@ -412,9 +416,10 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
     p.add_argument("--config", help="preset name or config.json (default: small, L4 H512 A8; "
                                      "with --resume: the run's own)")
-    p.add_argument("--model", choices=("bert", "gpt"),
-                   help="bert: MLM + NSP (default); gpt: the left-to-right baseline, next-token prediction "
-                        "(with --resume: the run's own)")
+    p.add_argument("--model", choices=("bert", "gpt", "elmo"),
+                   help="bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token prediction; "
+                        "elmo: forward and backward LSTM language models; a preset --config sizes GPT as BERT "
+                        "and ELMo with as many non-embedding parameters (with --resume: the run's own)")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
     p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
@@ -492,6 +497,10 @@ paper does: each sequence's last token ([SEP]) is the extract token; classificat
 state, regression (similarity) reads each pair in both orders and sums the two, multiple choice
 scores each `context [SEP] choice [SEP]`; tagging and QA read every token's state, which has seen
 the tokens before it only. The loss adds the next-token loss on the task's text (--lm-coef, 0.5).
+
+An ELMo (pretrain --model elmo) stays frozen, as in the ELMo paper: a scalar mix of its layers,
+learned with the task, feeds a two-layer BiLSTM tagger (token tasks) or a BiLSTM with max pooling
+(classification, pairs read as one sequence, regression). Other task types need BERT or GPT.
 """
 
 EPILOG_PREDICT = """\
@@ -530,6 +539,16 @@ def _finetune_settings(args: argparse.Namespace):
                             lm_coef=args.lm_coef)
 
 
+def _is_elmo(model: str) -> bool:
+    from .config import ELMoConfig
+
+    config = Path(model) / "config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type") == ELMoConfig.MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False  # finetune says what is wrong with it
+
+
 def cmd_finetune(args: argparse.Namespace) -> None:
     from .train.distributed import init_distributed
     from .train.finetune import run_finetuning
@@ -538,8 +557,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 
     if args.doc_stride is None:
         args.doc_stride = max(1, args.max_length // 3)
-    if args.lr is None:  # a tagger trained from scratch wants a larger step than a pretrained encoder
-        args.lr = 1e-3 if args.frozen else 5e-5
+    if args.lr is None:  # a task model on frozen features, trained from scratch, wants a larger step
+        args.lr = 1e-3 if args.frozen or _is_elmo(args.model) else 5e-5
     for name in ("batch_size", "grad_accum", "max_length", "doc_stride", "eval_batch_size"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -579,7 +598,6 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    import json
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
     from .predict import run_evaluate
@@ -595,7 +613,6 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    import json
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
     from .predict import run_predict
@@ -617,7 +634,8 @@ def add_finetune_parsers(sub) -> None:
     f.add_argument("--dev", help="dev file, scored after each epoch (without it the last weights are kept)")
     f.add_argument("--out", required=True, help="run folder")
     f.add_argument("--epochs", type=float, default=3.0, help="passes over the training data (default: 3)")
-    f.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 5e-5; 1e-3 with --frozen)")
+    f.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)")
     f.add_argument("--batch-size", type=int, default=32,
                    help="sequences (multiple choice: examples) per micro-batch (default: 32)")
     f.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")

@@ -181,14 +181,65 @@ class GPTConfig(_JsonConfig):
                           initializer_range=self.initializer_range)
 
 
-def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig:
-    """A config.json of either model, by its model_type (GPT's is "openai-gpt")."""
+@dataclass
+class ELMoConfig(_JsonConfig):
+    """ELMo's biLM (Peters et al., 2018): token embeddings of size projection_dim shared by both
+    directions, num_layers LSTM layers per direction, each with cell_size memory cells and a
+    projection back to projection_dim (the paper: 2 layers, 4096 cells, 512 projections), residual
+    connections between layers, and one softmax shared by both directions. There is no Hugging Face
+    class for it; config.json and model.safetensors are torchbert's own (model_type "torchbert-elmo")."""
+
+    MODEL_TYPE = "torchbert-elmo"
+    REQUIRED = ("vocab_size", "projection_dim", "cell_size", "num_layers")
+
+    vocab_size: int = 30522
+    projection_dim: int = 512
+    cell_size: int = 4096
+    num_layers: int = 2
+    dropout: float = 0.1
+    max_position_embeddings: int = 512  # LSTMs have no length limit; fine-tuning checks --max-length against it
+    initializer_range: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    type_vocab_size: ClassVar[int] = 1  # no segments (model.check_ids reads it)
+
+    def __post_init__(self) -> None:
+        if self.cell_size <= self.projection_dim:
+            raise ValueError(f"cell_size {self.cell_size} must be larger than projection_dim {self.projection_dim} "
+                             "(each LSTM layer projects its cells down)")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+
+    @classmethod
+    def like(cls, bert: BertConfig) -> ELMoConfig:
+        """The biLM with as many non-embedding parameters as a BERT of this shape (within a cell's
+        worth): 2 layers as the paper, projections of H/2 and the cell size that matches 12 L H^2."""
+        d = bert.hidden_size // 2
+        target = bert_body_parameters(bert)
+        # per direction and layer: 4 gates x cells x (input d + projected recurrent d) + 2 biases, and the projection
+        cells = max(d + 1, round(target / (2 * 2 * (4 * (2 * d + 2) + d))))
+        return cls(vocab_size=bert.vocab_size, projection_dim=d, cell_size=cells, num_layers=2,
+                   dropout=bert.hidden_dropout_prob, max_position_embeddings=bert.max_position_embeddings,
+                   initializer_range=bert.initializer_range)
+
+
+def bert_body_parameters(config: BertConfig) -> int:
+    """BERT's non-embedding parameters: its layers (q, k, v, output, the feed-forward, two LayerNorms)."""
+    h, i = config.hidden_size, config.intermediate_size
+    return config.num_hidden_layers * (4 * (h * h + h) + 2 * h * i + i + h + 4 * h)
+
+
+CONFIGS = {c.MODEL_TYPE: c for c in (GPTConfig, ELMoConfig)}  # by config.json's model_type; BERT otherwise
+
+
+def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig | ELMoConfig:
+    """A config.json of any of the models, by its model_type (GPT's is "openai-gpt")."""
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
-        gpt = json.loads(file.read_text(encoding="utf-8")).get("model_type") == GPTConfig.MODEL_TYPE
+        model_type = json.loads(file.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
-        gpt = False  # BertConfig.load says what is wrong with it
-    return (GPTConfig if gpt else BertConfig).load(path)
+        model_type = None  # BertConfig.load says what is wrong with it
+    return CONFIGS.get(model_type, BertConfig).load(path)
 
 
 # name: (layers L, hidden H, heads A), as in the BERT release (google-research/bert README).

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .config import BertConfig, GPTConfig
+from .config import BertConfig, ELMoConfig, GPTConfig
 from .data import encode as enc
 from .data import hub, tasks
+from .elmo import ELMoForSequenceClassification, ELMoForTokenClassification
 from .eval import metrics
 from .gpt import (
     OpenAIGPTForMultipleChoice,
@@ -73,6 +74,7 @@ class TaskFamily:
 
     model_class: type[nn.Module]  # the task model on BERT (heads.py)
     gpt_class: type[nn.Module]  # the same task on GPT (gpt.py), the paper's left-to-right baseline
+    elmo_class: type[nn.Module] | None = None  # a task model on ELMo's frozen features (elmo.py), where there is one
     gold = "label"  # the example field that holds the gold answer (None: always read with the example)
     label_set = False  # class or tag names, kept in config.json as id2label
     file_format = "text"  # what a hub split is written as (data/hub.py)
@@ -166,8 +168,13 @@ class TaskFamily:
 
     # -- the model -----------------------------------------------------------------------------
 
-    def model_for(self, config: BertConfig | GPTConfig) -> type[nn.Module]:
-        """The task model for a BERT config, or for a GPT one (the paper's left-to-right baseline)."""
+    def model_for(self, config: BertConfig | GPTConfig | ELMoConfig) -> type[nn.Module]:
+        """The task model for a BERT config, or for one of its baselines' (GPT, ELMo)."""
+        if isinstance(config, ELMoConfig):
+            if self.elmo_class is None:
+                raise ValueError(f"{self.type} tasks have no ELMo task model (ELMo's features feed a BiLSTM tagger "
+                                 "or classifier here): fine-tune a BERT or a GPT for them")
+            return self.elmo_class
         return self.gpt_class if isinstance(config, GPTConfig) else self.model_class
 
     def configure(self, config: BertConfig, label_map: tasks.LabelMap | None) -> BertConfig:
@@ -187,6 +194,7 @@ class TextTask(TaskFamily):
 
     model_class = BertForSequenceClassification
     gpt_class = OpenAIGPTForSequenceClassification
+    elmo_class = ELMoForSequenceClassification
     layouts = ("auto", *tasks.TEXT_LAYOUTS)
 
     def __init__(self, task_type: str, pair: bool | None, regression: bool = False):
@@ -243,6 +251,7 @@ class TokenTask(TaskFamily):
 
     model_class = BertForTokenClassification
     gpt_class = OpenAIGPTForTokenClassification
+    elmo_class = ELMoForTokenClassification
     gold = "tags"
     label_set = True
     file_format = "conll"

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import BertConfig, GPTConfig
+from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
@@ -305,6 +305,41 @@ def gpt_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
             for ours, (theirs, transposed) in _gpt_map(model).items()}
 
 
+# -- ELMo: torchbert's own layout (there is no Hugging Face class for it) -----------------------------
+
+ELMO_BODY = ("tokens.", "forward_lstm.", "backward_lstm.")  # ELMoModel's tensors
+
+
+def elmo_from_state(model: nn.Module, file_state: dict[str, torch.Tensor], source: str = "checkpoint"):
+    """Our own names both ways; the biLM's tensors under `elmo.` in a model with a head, bare in an
+    ELMoModel, whichever of the two a file holds. Returns (state, missing, unused) as gpt_from_hf."""
+    prefix = "elmo." if hasattr(model, "elmo") else ""
+    params = model.state_dict()
+    state, unused = {}, []
+    for k, v in file_state.items():
+        body = k.removeprefix("elmo.")
+        if body.startswith(ELMO_BODY):
+            k = prefix + body
+        elif k not in params:
+            unused.append(k)  # another model's head (the pretraining softmax, a task's layers)
+            continue
+        if k not in params:
+            raise ValueError(f"{source}: unknown tensor {k} is not part of an ELMo checkpoint")
+        if v.shape != params[k].shape:
+            raise ValueError(f"{source}: {k} has shape {tuple(v.shape)}, expected {tuple(params[k].shape)} "
+                             "for this config")
+        state[k] = v
+    missing = sorted(set(params) - set(state))
+    lost = [k for k in missing if k.removeprefix(prefix).startswith(ELMO_BODY)]
+    if lost:
+        raise ValueError(f"{source}: missing tensor(s) {', '.join(lost[:8])}{' ...' if len(lost) > 8 else ''}")
+    return state, missing, sorted(unused)
+
+
+def elmo_to_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+
+
 # -- folders -------------------------------------------------------------------------------------
 
 def with_labels(config: BertConfig, labels: Sequence[str]) -> BertConfig:
@@ -322,13 +357,13 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
     config = config or cls.config_class.load(path)
-    gpt = isinstance(config, GPTConfig)
     if labels is not None:
         config = with_labels(config, labels)
     file = find_weights(path)
     hf_state = read_weights(file)
     model = cls(config, **kwargs)
-    state, missing, unused = (gpt_from_hf if gpt else convert_from_hf)(model, hf_state, source=str(file))
+    from_file = {GPTConfig: gpt_from_hf, ELMoConfig: elmo_from_state}.get(type(config), convert_from_hf)
+    state, missing, unused = from_file(model, hf_state, source=str(file))
     model.load_state_dict(state, strict=False)
     if missing:
         warnings.warn(f"{file}: no weights for {', '.join(missing)}; they keep their fresh initialization",
@@ -348,7 +383,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     config = model.config
     arch = type(model).__name__  # our class names are Hugging Face's
     config.extra = {**config.extra, "architectures": [arch]}
-    state = gpt_to_hf(model) if isinstance(config, GPTConfig) else convert_to_hf(model)
+    state = {GPTConfig: gpt_to_hf, ELMoConfig: elmo_to_state}.get(type(config), convert_to_hf)(model)
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config.save(path)
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import BertConfig, GPTConfig, load_config
+from ..config import BertConfig, ELMoConfig, GPTConfig, load_config
 from ..data import tasks
 from ..data.taskdata import TaskBatch, TaskData
 from ..errors import UserError
@@ -118,7 +118,7 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
         model = cls.from_pretrained(model_dir, config=config)
-    fresh = [k for k in model.load_report["missing"] if not k.startswith(("bert.", "transformer."))]
+    fresh = [k for k in model.load_report["missing"] if not k.startswith(("bert.", "transformer.", "elmo."))]
     if fresh:
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
             f"of {model_dir}")
@@ -139,6 +139,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
                          f"but --task {s.task} is {task_type}")
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev}, log=log)
     tokenizer = BertTokenizer.from_pretrained(s.model)
+    fam.model_for(load_config(s.model))  # a task without a model for this encoder is an error before any reading
     train_examples = fam.read(s.train, ts.layout)
     dev_examples = fam.read(s.dev, ts.layout) if s.dev is not None else None
     label_map = fam.label_map(train_examples)
@@ -146,8 +147,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         label_map.check(dev_examples)
     config = task_config(s.model, ts, label_map)
     fam.model_for(config)  # a task without a head for this model is an error before any work
-    if s.frozen is not None and isinstance(config, GPTConfig):
-        raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a GPT")
+    if s.frozen is not None and not isinstance(config, BertConfig):
+        raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a {type(config).MODEL_TYPE} model"
+                         + (" (ELMo's task models always read its features frozen)" if isinstance(config, ELMoConfig)
+                            else ""))
     if s.lm_coef is not None:
         if not isinstance(config, GPTConfig):
             raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")

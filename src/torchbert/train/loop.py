@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import fast
+from ..elmo import ELMoModel, previous_tokens
 from ..errors import Interrupted, RunFailed, UserError
 from ..gpt import OpenAIGPTModel, next_tokens
 from ..io.checkpoint import (
@@ -115,6 +116,29 @@ class CausalLMTask:
         n = self.counts(batch)["lm"]
         correct = (out.logits.argmax(-1) == next_tokens(batch.input_ids, batch.cu_seqlens)).sum()
         return {"lm": (out.loss.float() * n if n else out.logits.sum() * 0.0, correct)}
+
+
+class BiLMTask:
+    """ELMo's objective on the same packed batches as CausalLMTask's: every token predicts the next
+    one of its sequence (forward) and the one before it (backward); the loss is their sum."""
+
+    parts = ("forward", "backward")
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        n = batch.num_tokens - (batch.cu_seqlens.numel() - 1)  # all but one token of each sequence, each way
+        return {"forward": n, "backward": n}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
+        n = self.counts(batch)["forward"]
+        want = {"forward": next_tokens(batch.input_ids, batch.cu_seqlens),
+                "backward": previous_tokens(batch.input_ids, batch.cu_seqlens)}
+        parts = {}
+        for p, loss, logits in (("forward", out.forward_loss, out.forward_logits),
+                                ("backward", out.backward_loss, out.backward_logits)):
+            parts[p] = (loss.float() * n if n else logits.sum() * 0.0, (logits.argmax(-1) == want[p]).sum())
+        return parts
 
 
 @dataclass
@@ -270,7 +294,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         return Interrupted(signals.caught or "a signal to another process", step, folder)
 
     saved_at = step if resume else None
-    encoders = [m for m in model.modules() if isinstance(m, (BertModel, OpenAIGPTModel))]
+    encoders = [m for m in model.modules() if isinstance(m, (BertModel, OpenAIGPTModel, ELMoModel))]
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
             _checked_on_host(encoders), StopSignals(log) as signals:
         while step < cfg.steps:
@@ -475,11 +499,13 @@ def _checked_on_host(encoders: list[BertModel]) -> Iterator[None]:
                 e.check_inputs = b
 
 
-def _check_batch(encoder: BertModel | OpenAIGPTModel, batch) -> None:
-    """The ids of a packed batch, on the host before it moves: tokens, segments (BERT's; GPT has
-    none) and its longest sequence."""
+def _check_batch(encoder: BertModel | OpenAIGPTModel | ELMoModel, batch) -> None:
+    """The ids of a packed batch, on the host before it moves: tokens, segments (BERT's; GPT and
+    ELMo have none) and its longest sequence."""
     longest = torch.tensor([max(int(batch.max_seqlen) - 1, 0)])
-    if isinstance(encoder, OpenAIGPTModel):
+    if isinstance(encoder, ELMoModel):
+        check_ids(encoder.config, batch.input_ids, torch.zeros_like(batch.input_ids), longest)
+    elif isinstance(encoder, OpenAIGPTModel):
         check_ids(encoder.block_config, batch.input_ids, torch.zeros_like(batch.input_ids), longest)
     else:
         check_ids(encoder.config, batch.input_ids, batch.token_type_ids, longest)

@@ -1,7 +1,9 @@
-"""`torchbert pretrain`: prepared data -> a pretrained BERT (or GPT) in a Hugging Face folder.
+"""`torchbert pretrain`: prepared data -> a pretrained BERT (or GPT, or ELMo) in a checkpoint folder.
 
 BERT learns MLM + NSP from the prepared instances; GPT (`--model gpt`, the BERT paper's left-to-right
-baseline) reads the same instances unmasked, as text, and learns to predict each next token.
+baseline) reads the same instances unmasked, as text, and learns to predict each next token; ELMo
+(`--model elmo`, its feature-based baseline) reads them the same way with a forward and a backward
+LSTM language model.
 
 The run folder ends up holding config.json, model.safetensors and the tokenizer files (so
 `transformers.BertForPreTraining.from_pretrained(run)` loads it), metrics.jsonl (one line per log
@@ -19,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import PRESETS, BertConfig, GPTConfig, load_config
+from ..config import PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
 from ..data.shards import PretrainingData
+from ..elmo import ELMoBiLM
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
 from ..gpt import OpenAIGPTLMHeadModel
@@ -28,13 +31,14 @@ from ..heads import BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
-from .loop import CausalLMTask, PretrainingTask, TrainConfig, train
+from .loop import BiLMTask, CausalLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 # --model: (the model, its objective, its config class, whether it reads the instances masked)
 MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
-          "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False)}
+          "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False),
+          "elmo": (ELMoBiLM, BiLMTask, ELMoConfig, False)}
 
 
 @dataclass
@@ -48,19 +52,25 @@ class PretrainSettings:
     compile: bool = False
     resume: bool = False
     overwrite: bool = False
-    model: str | None = None  # "bert" or "gpt" (MODELS); None: bert, or the resumed run's
+    model: str | None = None  # "bert", "gpt" or "elmo" (MODELS); None: bert, or the resumed run's
 
 
-def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: str = "bert") -> BertConfig | GPTConfig:
-    """A preset (GPT: at BERT's size of that name) or a config.json. A BERT config gives GPT its shape."""
+def model_family(config) -> str:
+    return next(name for name, m in MODELS.items() if isinstance(config, m[2]))
+
+
+def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: str = "bert"):
+    """A preset or a config.json. A BERT config gives GPT and ELMo their size: GPT the same shape,
+    ELMo as many non-embedding parameters (config.py: GPTConfig.like, ELMoConfig.like)."""
     if name_or_path in PRESETS:
         config = BertConfig.from_name(name_or_path, vocab_size=vocab_size)
     else:
         config = load_config(name_or_path)
-    if model == "gpt" and isinstance(config, BertConfig):
-        config = GPTConfig.like(config)
-    elif model == "bert" and isinstance(config, GPTConfig):
-        raise ValueError(f"--config {name_or_path}: a GPT config; pretrain it with --model gpt")
+    if model != "bert" and isinstance(config, BertConfig):
+        config = MODELS[model][2].like(config)
+    elif model_family(config) != model:
+        raise ValueError(f"--config {name_or_path}: a {model_family(config)} config; pretrain it with "
+                         f"--model {model_family(config)}")
     if config.vocab_size != vocab_size:
         raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} "
                          f"does not match the data's {vocab_size}")
@@ -106,7 +116,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     if s.model is not None and s.model not in MODELS:
         raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
-    family = s.model or ("gpt" if isinstance(config, GPTConfig) else "bert")
+    family = s.model or (model_family(config) if config is not None else "bert")
     cls, objective, _, masked = MODELS[family]
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
     if s.resume:
@@ -160,7 +170,7 @@ def architecture(config: BertConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "extra"}
 
 
-def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig:
+def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig | ELMoConfig:
     """The config the run in s.out started with."""
     if not list_checkpoints(s.out):
         raise no_checkpoint(s.out)
@@ -171,10 +181,11 @@ def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig:
     return load_config(saved)
 
 
-def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig, data: PretrainingData, family: str) -> None:
+def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConfig, data: PretrainingData,
+                  family: str) -> None:
     """A --model, --config or --data that says otherwise than the resumed run is an error."""
     if not isinstance(config, MODELS[family][2]):
-        run = next(name for name, m in MODELS.items() if isinstance(config, m[2]))
+        run = model_family(config)
         raise UserError(f"--model {family}: the run in {s.out} pretrains {run}; leave --model out to resume it")
     if s.config is not None:
         given = model_config(s.config, data.vocab_size, data.max_seq_len, family)
