@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .demo import Stages
 from .errors import UserError
 from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
 
@@ -172,36 +173,24 @@ def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
 
 # -- the runs ----------------------------------------------------------------------------------------
 
-class Runner:
-    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
-        self.out, self.main, self.log = out, main, log
-
-    def __call__(self, what: str, *argv) -> float:
-        self.log(f"== {what}: torchbert {' '.join(str(a) for a in argv)}")
-        start = time.perf_counter()
-        code = self.main([str(a) for a in argv])
-        if code != 0:
-            raise RuntimeError(f"{what} failed (torchbert {argv[0]} exited {code})")
-        return round(time.perf_counter() - start, 1)
-
-
-def pretrain_all(r: Runner, b: Budget, data: Path, seed: int) -> dict[str, dict]:
+def pretrain_all(r: Stages, b: Budget, data: Path, seed: int) -> dict[str, dict]:
     out = r.out / "pretrain"
     if not (out / "data" / "manifest.json").is_file():
-        r("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out", out / "vocab",
-          "--quiet")
-        r("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out", out / "data",
-          "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", 10, "--seed", seed, "--quiet")
+        r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
+              out / "vocab", "--quiet")
+        r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
+              out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", 10, "--seed", seed,
+              "--quiet")
     results = {}
     for system in ("bert", "gpt", "elmo"):
         run = out / system
-        if not (run / "metrics.json").is_file():
-            if run.exists():
-                shutil.rmtree(run)
-            r(f"pretrain {system}", "pretrain", "--data", out / "data", "--out", run, "--model", system, "--config",
-              b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr", b.pretrain_lr,
-              "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every", max(1, b.pretrain_steps // 40),
-              "--eval-every", max(1, b.pretrain_steps // 4), "--seed", seed, "--quiet")
+        if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
+            resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
+            r.run(f"pretrain {system}", "pretrain", "--data", out / "data", "--out", run, "--model", system,
+                  "--config", b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr",
+                  b.pretrain_lr, "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every",
+                  max(1, b.pretrain_steps // 40), "--eval-every", max(1, b.pretrain_steps // 4), "--save-every",
+                  max(1, b.pretrain_steps // 4), "--seed", seed, "--quiet", *resume)
         m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
                            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
@@ -242,7 +231,7 @@ def random_init(pretrained: Path, out: Path, seed: int) -> None:
             shutil.copyfile(pretrained / f, out / f)
 
 
-def finetune_one(r: Runner, b: Budget, data: Path, task: str, size: str, system: str, lr: float,
+def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, system: str, lr: float,
                  seed: int) -> dict[str, Any]:
     """One fine-tuning run and its test score, or the ones on disk."""
     task_type, metric = TASKS[task]
@@ -252,13 +241,13 @@ def finetune_one(r: Runner, b: Budget, data: Path, task: str, size: str, system:
     if not result.is_file():
         if run.exists():
             shutil.rmtree(run)
-        seconds = r(run.name, "finetune", "--task", task_type, "--model", r.out / "pretrain" / system, "--train",
-                    data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev",
-                    data / f"{task}.dev.{ext}", "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs,
-                    "--lr", lr, "--max-length", b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
-        r(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
+        r.run(run.name, "finetune", "--task", task_type, "--model", r.out / "pretrain" / system, "--train",
+              data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev", data / f"{task}.dev.{ext}",
+              "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs, "--lr", lr, "--max-length",
+              b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
+        r.run(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-        metrics["seconds"] = seconds
+        metrics["seconds"] = r.times[run.name]
         (run / "dev_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     dev = json.loads((run / "dev_metrics.json").read_text(encoding="utf-8"))
     test = json.loads(result.read_text(encoding="utf-8"))
@@ -278,7 +267,7 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     started = time.perf_counter()
     data = out / "data"
     info = write_tasks(data, b)
-    r = Runner(out, main, log)
+    r = Stages(out, main, log)
     pretraining = pretrain_all(r, b, data, seed)
     cells = {}
     for task in TASKS:
