@@ -11,23 +11,61 @@ from torchbert.demo import MARKER
 
 
 def test_quick_demo_runs_every_stage(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from torchbert.demo import QUICK, TASKS, checkpoint_model
+
     out = tmp_path / "demo"
     code, stdout, err = cli(capsys, "demo", "--quick", "--out", out)
     assert code == 0, err
-    for path in (MARKER, "vocab/vocab.txt", "pretraining-data/manifest.json", "pretraining-data/heldout/manifest.json",
-                 "bert/model.safetensors", "bert/loss.png", "bert/accuracy.png", "random-init/model.safetensors",
-                 "summary.md", "summary.json", "examples.predictions.jsonl"):
+    for path in (MARKER, "pretrain/vocab/vocab.txt", "pretrain/data/manifest.json",
+                 "pretrain/data/heldout/manifest.json", "pretrain/bert/model.safetensors", "pretrain/bert/loss.png",
+                 "pretrain/bert/accuracy.png", "pretrain/random/model.safetensors",
+                 "pretrain/bert-step2/model.safetensors", "pretrain/bert-step4/vocab.txt", "summary.md",
+                 "summary.json", "gain.png", "examples.predictions.jsonl"):
         assert (out / path).is_file(), path
     s = json.loads((out / "summary.json").read_text())
-    assert s["pretraining"]["heldout_mlm_accuracy"] > 0
-    runs = s["finetuning"]
-    assert set(runs) == {f"finetune-{r}-{i}" for r in ("all", "low") for i in ("pretrained", "random")}
-    for name, r in runs.items():
-        assert (out / name / "model.safetensors").is_file() and (out / name / "dev.png").is_file(), name
-    majority = s["data"]["dev_majority_accuracy"]
-    assert runs["finetune-all-pretrained"]["dev_accuracy"] > majority  # it learned beyond the majority class
+    steps = [0, 2, 4, QUICK.pretrain_steps]
+    assert set(s["cells"]) == {f"{t}/{n}" for t in TASKS for n in steps}
+    for key, c in s["cells"].items():
+        assert len(c["test"]) == QUICK.seeds and c["lr"] in QUICK.grids["bert"], key
+        for seed in range(QUICK.seeds):  # every seed fine-tuned the model of its row and was scored on test
+            run = out / "runs" / f"{c['task']}-low-{'random' if c['steps'] == 0 else 'bert%d' % c['steps']}" \
+                f"-lr{c['lr']:g}-seed{seed}"
+            assert (run / "test_metrics.json").is_file() and (run / "model.safetensors").is_file(), run
+    held = s["pretraining"]["heldout_by_step"]
+    assert held["0"] is None and all(held[str(n)]["mlm_accuracy"] >= 0 for n in steps[1:])
+    for t in TASKS:
+        gains = s["gains"][t]["by_step"]
+        assert set(gains) == {"2", "4", "8"}
+        last = s["cells"][f"{t}/8"]["mean"] - s["cells"][f"{t}/0"]["mean"]
+        assert gains["8"]["gain"] == pytest.approx(last)
     assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
-    assert "| training reviews |" in stdout and (out / "summary.md").read_text().startswith("# torchbert demo")
+    md = (out / "summary.md").read_text()
+    assert md.startswith("# torchbert demo") and "| pretraining steps |" in stdout
+    assert md.count("\n| 0 (random weights) |") == 1 and "\n| 4 | " in md
+    # a checkpoint exported as a model folder holds that step's weights: the last one is the final model
+    checkpoint_model(out / "pretrain" / "bert", QUICK.pretrain_steps, tmp_path / "last")
+    final, last = load_file(out / "pretrain/bert/model.safetensors"), load_file(tmp_path / "last/model.safetensors")
+    assert final.keys() == last.keys() and all(final[k].equal(last[k]) for k in final)
+    early = load_file(out / "pretrain/bert-step2/model.safetensors")
+    assert not all(early[k].equal(final[k]) for k in final)
+
+
+def test_the_gain_is_clear_only_beyond_twice_its_standard_error():
+    from torchbert.demo import gain_table
+
+    def c(mean, std):
+        return {"mean": mean, "std": std, "test": [0.0] * 3}
+
+    cells = {"t/0": c(0.60, 0.03), "t/100": c(0.62, 0.03), "t/200": c(0.70, 0.03), "t/400": c(0.75, 0.0)}
+    g = gain_table(cells, "t", [0, 100, 200, 400])
+    se = (2 * 0.03 ** 2 / 3) ** 0.5
+    assert g["by_step"]["100"] == {"gain": pytest.approx(0.02), "standard_error": pytest.approx(se), "clear": False}
+    assert g["by_step"]["200"]["clear"] and g["crossover_step"] == 200
+    cells["t/200"] = c(0.60 + 2 * se - 1e-9, 0.03)
+    assert gain_table(cells, "t", [0, 100, 200, 400])["crossover_step"] == 400
+    assert gain_table({"t/0": c(0.6, 0.0), "t/5": c(0.6, 0.0)}, "t", [0, 5])["crossover_step"] is None
 
 
 def test_demo_replaces_only_its_own_folder(tmp_path):

