@@ -76,3 +76,34 @@ def test_resume_reruns_nothing_and_a_foreign_folder_is_refused(compared, tmp_pat
     assert code == 2 and "holds no earlier compare" in err and (tmp_path / "mine" / "notes.txt").is_file()
     code, _, err = cli(capsys, "compare", "--quick", "--out", tmp_path / "x", "--budget", "0")
     assert code == 2 and "--budget must be > 0" in err
+
+
+def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tmp_path, capsys, monkeypatch):
+    import torchbert.compare
+    from torchbert.cli import main
+    from torchbert.compare import MARKER
+
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / MARKER).write_text("")
+    (earlier / "summary.md").write_text("old")
+
+    def fails_while_pretraining(out, main, on_pretrained, **kw):
+        (out / "pretrain").mkdir()
+        raise ValueError("the disk broke")
+
+    monkeypatch.setattr(torchbert.compare, "run_compare", fails_while_pretraining)
+    assert main(["compare", "--quick", "--out", str(earlier), "--overwrite"]) == 2
+    assert "the disk broke" in capsys.readouterr().err
+    assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.md"])
+    assert not list(tmp_path.glob(".run*"))
+
+    def fails_after_pretraining(out, main, on_pretrained, **kw):
+        (out / "pretrain").mkdir()
+        on_pretrained()
+        raise ValueError("the disk broke later")
+
+    monkeypatch.setattr(torchbert.compare, "run_compare", fails_after_pretraining)
+    assert main(["compare", "--quick", "--out", str(earlier), "--overwrite"]) == 2
+    assert [p.name for p in earlier.iterdir()] == ["pretrain"]  # the new one stays, for --resume
+    assert not list(tmp_path.glob(".run*"))

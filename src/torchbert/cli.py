@@ -15,7 +15,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import sys
 import time
 import warnings
@@ -755,21 +754,27 @@ run folder under runs/ and pretrain/.
 
 def cmd_compare(args: argparse.Namespace) -> None:
     from .compare import MARKER, run_compare
+    from .train.distributed import Dist
+    from .train.rundir import RunFolder
 
     out = Path(args.out)
     if not args.budget > 0:
         raise UserError(f"--budget must be > 0, got {args.budget}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
-    if _holds_files(out):
+    holds = _holds_files(out)
+    if holds:
         if args.resume and not (out / MARKER).is_file():
             raise UserError(f"--out {out}: holds no earlier compare to resume")
         if not args.resume and not args.overwrite:
             raise UserError(f"--out {out}: the folder is not empty; pass --resume to continue an earlier compare or "
                             "--overwrite to replace it")
-        if args.overwrite:
-            shutil.rmtree(out)
-    run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print)
+    # --overwrite: the earlier folder is put back if this compare fails before its pretraining is done
+    folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs={}, log=print,
+                       kept_until="has pretrained its models")
+    with folder.opened(Dist()):
+        run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print,
+                    on_pretrained=folder.commit)
 
 
 def _holds_files(out: Path) -> bool:

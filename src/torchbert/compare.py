@@ -287,7 +287,7 @@ def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, mode
 
 
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
-                seed: int = 0, log=print) -> dict[str, Any]:
+                seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None) -> dict[str, Any]:
     b = (QUICK if quick else FULL).scaled(budget)
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
     if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
@@ -301,6 +301,7 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     info = write_tasks(data, b)
     r = Stages(out, main, log)
     pretraining = pretrain_all(r, b, data, seed)
+    on_pretrained()  # an earlier compare that --overwrite set aside can go now
     cells = {}
     for task in TASKS:
         for size in ("full", "low"):
