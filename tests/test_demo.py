@@ -61,11 +61,14 @@ def test_the_gain_is_clear_only_beyond_twice_its_standard_error():
     cells = {"t/0": c(0.60, 0.03), "t/100": c(0.62, 0.03), "t/200": c(0.70, 0.03), "t/400": c(0.75, 0.0)}
     g = gain_table(cells, "t", [0, 100, 200, 400])
     se = (2 * 0.03 ** 2 / 3) ** 0.5
-    assert g["by_step"]["100"] == {"gain": pytest.approx(0.02), "standard_error": pytest.approx(se), "clear": False}
+    assert g["by_step"]["100"] == {"gain": pytest.approx(0.02), "standard_error": pytest.approx(se), "clear": False,
+                                   "clear_loss": False}
     assert g["by_step"]["200"]["clear"] and g["crossover_step"] == 200
     cells["t/200"] = c(0.60 + 2 * se - 1e-9, 0.03)
     assert gain_table(cells, "t", [0, 100, 200, 400])["crossover_step"] == 400
     assert gain_table({"t/0": c(0.6, 0.0), "t/5": c(0.6, 0.0)}, "t", [0, 5])["crossover_step"] is None
+    worse = gain_table({"t/0": c(0.66, 0.005), "t/5": c(0.57, 0.03)}, "t", [0, 5])["by_step"]["5"]
+    assert worse["clear_loss"] and not worse["clear"]
 
 
 def test_demo_replaces_only_its_own_folder(tmp_path):

@@ -137,14 +137,15 @@ def held_out_at(run: Path, step: int) -> dict[str, float] | None:
 
 def gain_table(cells: dict[str, dict], task: str, steps: list[int]) -> dict[str, Any]:
     """Per amount of pretraining: the mean test gain over random weights, its standard error (the two
-    means' seeds taken as independent), and whether it clears twice that; the first step where it does."""
+    means' seeds taken as independent), and whether it is a clear gain or a clear loss (beyond twice
+    that); the first step with a clear gain."""
     base = cells[f"{task}/0"]
     rows = {}
     for n in steps[1:]:
         c = cells[f"{task}/{n}"]
         se = math.sqrt(c["std"] ** 2 / len(c["test"]) + base["std"] ** 2 / len(base["test"]))
         gain = c["mean"] - base["mean"]
-        rows[str(n)] = {"gain": gain, "standard_error": se, "clear": gain > 2 * se}
+        rows[str(n)] = {"gain": gain, "standard_error": se, "clear": gain > 2 * se, "clear_loss": gain < -2 * se}
     crossover = next((int(n) for n, x in rows.items() if x["clear"]), None)
     return {"by_step": rows, "crossover_step": crossover}
 
@@ -163,7 +164,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"Fine-tuning on {s['labelled_examples']:,} labelled examples per task, from random weights (0 steps) and "
         f"from pretraining checkpoints. Test scores ({b['dev']:,} examples), mean ± std over {b['seeds']} seeds; "
         "the learning rate is chosen on dev for each model; gain is over random weights, ✓ where it is more than "
-        "twice its standard error:",
+        "twice its standard error, ✗ where it is a loss that large:",
         "",
         "| pretraining steps | held-out MLM accuracy | "
         + " | ".join(f"{t} ({metric[t]}) | gain" for t in TASKS) + " |",
@@ -177,7 +178,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
             c = cells[f"{t}/{n}"]
             row.append(f"{c['mean']:.3f} ± {c['std']:.3f}")
             g = s["gains"][t]["by_step"].get(str(n))
-            row.append("-" if g is None else f"{g['gain']:+.3f}{' ✓' if g['clear'] else ''}")
+            mark = "" if g is None else " ✓" if g["clear"] else " ✗" if g["clear_loss"] else ""
+            row.append("-" if g is None else f"{g['gain']:+.3f}{mark}")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for t in TASKS:
@@ -187,9 +189,10 @@ def summary_markdown(s: dict[str, Any]) -> str:
             lines.append(f"- {t}: pretraining pays from {g['crossover_step']:,} steps on; after {steps[-1]:,} the gain "
                          f"is {last['gain']:+.3f} (standard error {last['standard_error']:.3f}).")
         else:
-            lines.append(f"- {t}: no gain beyond the seeds' noise within {steps[-1]:,} steps (at the end "
-                         f"{last['gain']:+.3f}, standard error {last['standard_error']:.3f}); `torchbert demo "
-                         "--budget 4` pretrains four times longer.")
+            verdict = "worse than random weights" if last["clear_loss"] else "no difference beyond the seeds' noise"
+            lines.append(f"- {t}: no gain within {steps[-1]:,} steps; at the end {verdict} ({last['gain']:+.3f}, "
+                         f"standard error {last['standard_error']:.3f}). `torchbert demo --budget 4` pretrains four "
+                         "times longer.")
     lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
               f"Total: {s['seconds']:.0f} s (pretraining {s['stage_seconds'].get('pretrain bert', 0):.0f} s). "
               f"Plots: gain.png, {', '.join(p['plots'])}. Runs: runs/.", "",
