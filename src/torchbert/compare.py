@@ -33,6 +33,7 @@ from typing import Any
 
 from .data.pretraining import TOKENIZER_FILES
 from .errors import UserError
+from .eval.plots import errorbar_panels, line_plot, read_jsonl
 from .io.files import atomic_write_text
 from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
 
@@ -369,36 +370,22 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
 
 def plots(out: Path, s: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .io.files import atomic_write
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """pretraining_loss.png (each system's training loss per predicted token) and scores.png (test
+    score against labelled examples per task, mean and std over seeds)."""
+    series = {}
     for system, key in (("bert", "mlm_loss"), ("gpt", "lm_loss"), ("elmo", "forward_loss")):
-        rows = [json.loads(x) for x in (out / "pretrain" / system / "metrics.jsonl").read_text().splitlines()]
-        rows = [x for x in rows if key in x]
-        ax.plot([x["step"] for x in rows], [x[key] for x in rows], label=f"{system} {key}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats per predicted token)")
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(out / "pretraining_loss.png", lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+        rows = [x for x in read_jsonl(out / "pretrain" / system / "metrics.jsonl") if key in x]
+        series[f"{system} {key}"] = ([x["step"] for x in rows], [x[key] for x in rows], "-")
+    line_plot(out / "pretraining_loss.png", "pretraining on the same tokens", "step",
+              "training loss (nats per predicted token)", series)
 
-    fig, axes = plt.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.5))
     sizes = [s["train_examples"]["low"], s["train_examples"]["full"]]
-    for ax, task in zip(axes, TASKS):
+    panels = []
+    for task in TASKS:
+        series = {}
         for system in SYSTEMS:
             c = [s["cells"][f"{task}/{size}/{system}"] for size in ("low", "full")]
-            ax.errorbar(sizes, [x["mean"] for x in c], yerr=[x["std"] for x in c], marker="o", capsize=3,
-                        label=system)
-        ax.set_xscale("log")
-        ax.set_title(f"{task} ({TASKS[task][1]}, test)")
-        ax.set_xlabel("labelled training examples")
-    axes[0].legend()
-    fig.tight_layout()
-    atomic_write(out / "scores.png", lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+            series[system] = (sizes, [x["mean"] for x in c], [x["std"] for x in c])
+        panels.append({"title": f"{task} ({TASKS[task][1]}, test)", "xlabel": "labelled training examples",
+                       "series": series, "log_x": True})
+    errorbar_panels(out / "scores.png", panels)

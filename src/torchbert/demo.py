@@ -202,22 +202,13 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
 
 def plot_gain(out: Path, s: dict[str, Any]) -> None:
-    import matplotlib
+    from .eval.plots import errorbar_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .io.files import atomic_write
-
-    fig, axes = plt.subplots(1, len(TASKS), figsize=(4.5 * len(TASKS), 3.5))
-    for ax, task in zip(axes, TASKS):
+    panels = []
+    for task in TASKS:
         c = [x for x in s["cells"].values() if x["task"] == task]
-        ax.errorbar([x["steps"] for x in c], [x["mean"] for x in c], yerr=[x["std"] for x in c], marker="o",
-                    capsize=3, label="fine-tuned BERT")
-        ax.axhline(s["cells"][f"{task}/0"]["mean"], linestyle="--", color="gray", label="random weights")
-        ax.set_title(f"{task} ({s['labelled_examples']} examples, test)")
-        ax.set_xlabel("pretraining steps")
-    axes[0].legend()
-    fig.tight_layout()
-    atomic_write(out / "gain.png", lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+        panels.append({"title": f"{task} ({s['labelled_examples']} examples, test)", "xlabel": "pretraining steps",
+                       "series": {"fine-tuned BERT": ([x["steps"] for x in c], [x["mean"] for x in c],
+                                                      [x["std"] for x in c])},
+                       "baseline": (s["cells"][f"{task}/0"]["mean"], "random weights")})
+    errorbar_panels(out / "gain.png", panels)

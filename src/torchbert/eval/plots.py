@@ -17,6 +17,8 @@ def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..io.files import atomic_write
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, (x, y, style) in series.items():
         ax.plot(x, y, style, label=label)
@@ -26,7 +28,34 @@ def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+def errorbar_panels(path: Path, panels: list[dict]) -> None:
+    """One PNG of side-by-side panels, each {"title", "xlabel", "series": {label: (x, mean, std)}, and
+    optionally "baseline": (y, label), a dashed line, and "log_x": True}; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io.files import atomic_write
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, (x, y, err) in panel["series"].items():
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+        if panel.get("baseline"):
+            y, label = panel["baseline"]
+            ax.axhline(y, linestyle="--", color="gray", label=label)
+        if panel.get("log_x"):
+            ax.set_xscale("log")
+        ax.set_title(panel["title"])
+        ax.set_xlabel(panel["xlabel"])
+    axes[0][0].legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)
 
 
