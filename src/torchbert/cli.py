@@ -734,7 +734,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 EPILOG_COMPARE = """\
 examples:
-  torchbert compare --out runs/compare                # about 40 minutes on 2 CPU cores
+  torchbert compare --out runs/compare                # about 2 hours on 2 CPU cores
   torchbert compare --out runs/compare --resume       # after an interruption: finished runs are kept
   torchbert compare --out runs/big --budget 8         # 8x the pretraining and the full training sets
 
@@ -937,7 +937,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
     c.add_argument("--quick", action="store_true", help="everything shrunk to a smoke test of a minute or two")
     c.add_argument("--budget", type=float, default=1.0,
-                   help="multiply the pretraining steps and the full training sets (default: 1, about 40 minutes "
+                   help="multiply the pretraining steps and the full training sets (default: 1, about 2 hours "
                         "on 2 CPU cores; 4 or more on bigger machines)")
     c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
