@@ -69,7 +69,7 @@ class Budget:
 
 GRIDS = {"bert": (5e-4, 2e-3), "gpt": (5e-4, 2e-3), "elmo": (1e-3, 3e-3), "random": (5e-4, 2e-3)}
 # About 2 hours on 2 CPU cores (tiny preset: L2 H128; 2,000 steps of 32 x 128 tokens each). Measured per
-# system: BERT pretrains at about 25k tokens/s, ELMo at about 7k; GPT fine-tunes about 4x slower than BERT
+# system: BERT pretrains at about 25k tokens/s, ELMo at about 3.5k; GPT fine-tunes about 4x slower than BERT
 # (its L1 term predicts every token over the whole vocabulary). 600 steps left BERT at held-out MLM accuracy
 # 0.075, barely past predicting frequent characters.
 FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
