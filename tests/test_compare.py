@@ -107,3 +107,22 @@ def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tm
     assert main(["compare", "--quick", "--out", str(earlier), "--overwrite"]) == 2
     assert [p.name for p in earlier.iterdir()] == ["pretrain"]  # the new one stays, for --resume
     assert not list(tmp_path.glob(".run*"))
+
+
+def test_random_init_is_seeded_whole_and_leaves_the_global_rng_alone(tmp_path, minilm_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    from torchbert.compare import random_init
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    random_init(minilm_dir, tmp_path / "a", seed=0)
+    assert torch.equal(torch.get_rng_state(), before)
+    random_init(minilm_dir, tmp_path / "b", seed=0)
+    random_init(minilm_dir, tmp_path / "c", seed=1)
+    a, b, c = (load_file(tmp_path / x / "model.safetensors") for x in "abc")
+    assert all(a[k].equal(b[k]) for k in a) and not all(a[k].equal(c[k]) for k in a)
+    assert not a["bert.encoder.layer.0.attention.self.query.weight"].equal(
+        load_file(minilm_dir / "model.safetensors")["encoder.layer.0.attention.self.query.weight"])
+    assert (tmp_path / "a" / "vocab.txt").is_file() and not list(tmp_path.glob(".*tmp"))

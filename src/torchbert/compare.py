@@ -95,7 +95,6 @@ class Stages:
         self.times[name] = round(time.perf_counter() - start, 1)
 
 
-
 # -- the tasks' data ---------------------------------------------------------------------------------
 
 ENTITY = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
@@ -240,20 +239,34 @@ def parameters(run: Path) -> dict[str, int]:
     return counts
 
 
-def random_init(pretrained: Path, out: Path, seed: int) -> None:
-    """The pretrained BERT's architecture with fresh weights (and its tokenizer)."""
+def bert_folder(run: Path, out: Path, weights: Path | None = None, seed: int = 0) -> None:
+    """A model folder that `finetune` reads, with the config and tokenizer of BERT run `run`: the weights
+    in `weights` (a checkpoint's model.safetensors) or, without, fresh ones drawn from `seed` (the global
+    RNG is left as it was). Written whole or not at all; one already there is kept."""
     if (out / "model.safetensors").is_file():
         return
     import torch
+    from safetensors.torch import load_file
 
     from .config import BertConfig
     from .heads import BertForPreTraining
+    from .io.files import atomic_folder
 
-    torch.manual_seed(seed)
-    BertForPreTraining(BertConfig.load(pretrained)).save_pretrained(out)
-    for f in TOKENIZER_FILES:
-        if (pretrained / f).is_file():
-            shutil.copyfile(pretrained / f, out / f)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = BertForPreTraining(BertConfig.load(run))
+    if weights is not None:
+        model.load_state_dict(load_file(weights))
+    with atomic_folder(out) as tmp:
+        model.save_pretrained(tmp)
+        for f in TOKENIZER_FILES:
+            if (run / f).is_file():
+                shutil.copyfile(run / f, tmp / f)
+
+
+def random_init(pretrained: Path, out: Path, seed: int) -> None:
+    """The pretrained BERT's architecture with fresh weights (and its tokenizer)."""
+    bert_folder(pretrained, out, seed=seed)
 
 
 def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, model: Path, lr: float,

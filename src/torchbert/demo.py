@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .compare import Budget, Stages, cell, pretrain_all, write_tasks
+from .compare import Budget, Stages, bert_folder, cell, pretrain_all, write_tasks
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 TASKS = ("sentiment", "ner")
@@ -56,19 +55,9 @@ QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max
 
 def checkpoint_model(run: Path, step: int, out: Path) -> None:
     """Pretraining checkpoint `step` of `run` as a model folder that `finetune` reads."""
-    from safetensors.torch import load_file
-
-    from .config import BertConfig
-    from .data.pretraining import TOKENIZER_FILES
-    from .heads import BertForPreTraining
     from .io.checkpoint import PREFIX
 
-    model = BertForPreTraining(BertConfig.load(run))
-    model.load_state_dict(load_file(run / "checkpoints" / f"{PREFIX}{step:08d}" / "model.safetensors"))
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (run / name).is_file():
-            shutil.copyfile(run / name, out / name)
+    bert_folder(run, out, run / "checkpoints" / f"{PREFIX}{step:08d}" / "model.safetensors")
 
 
 def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0, seed: int = 0,
@@ -91,7 +80,7 @@ def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, b
     models = {0: out / "pretrain" / "random"}
     for n in steps:
         models[n] = bert if n == b.pretrain_steps else out / "pretrain" / f"bert-step{n}"
-        if n != b.pretrain_steps and not (models[n] / "model.safetensors").is_file():
+        if n != b.pretrain_steps:
             checkpoint_model(bert, n, models[n])
     heldout = {0: None} | {n: held_out_at(bert, n) for n in steps}
 
