@@ -58,6 +58,45 @@ def test_dev_and_test_text_stay_out_of_the_corpus_and_the_training_files(compare
     assert {"O", "B-PER", "B-LOC"} <= tags
 
 
+def test_the_pair_task_asks_which_sentence_follows_on_held_out_paragraphs(compared):
+    from torchbert.compare import peoples_daily_paragraphs
+
+    data = compared / "data"
+    corpus = (data / "corpus.txt").read_text(encoding="utf-8")
+    rows = {split: [json.loads(x) for x in (data / f"pair.{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+            for split in ("train", "train_low", "dev", "test")}
+    assert all(r in rows["train"] for r in rows["train_low"])
+    for split in ("train", "train_low", "dev", "test"):  # balanced
+        assert len(rows[split]) >= 8 and [r["label"] for r in rows[split]].count("next") * 2 == len(rows[split])
+    for split in ("dev", "test"):
+        for r in rows[split]:  # held out: neither sentence is in the corpus
+            assert r["sentence1"] not in corpus and r["sentence2"] not in corpus
+        # each first sentence comes once with its next sentence and once with another paragraph's
+        by_first: dict[str, list[str]] = {}
+        for r in rows[split]:
+            by_first.setdefault(r["sentence1"], []).append(r["label"])
+        assert all(sorted(v) == ["next", "other"] for v in by_first.values())
+    text = "\n".join(peoples_daily_paragraphs())
+    for r in rows["train"]:  # `next`: the second follows the first in a paragraph; `other`: it does not
+        assert (r["sentence1"] + r["sentence2"] in text) == (r["label"] == "next")
+
+
+def test_next_sentence_pairs_pair_only_adjacent_sentences_and_other_paragraphs():
+    from torchbert.compare import next_sentence_pairs
+
+    paragraphs = [["a1", "a2", "a3"], ["b1"], ["c1", "c2"]]
+    rows = next_sentence_pairs(paragraphs, 100, seed=0)
+    assert sorted((r["sentence1"], r["sentence2"]) for r in rows if r["label"] == "next") == [
+        ("a1", "a2"), ("a2", "a3"), ("c1", "c2")]
+    other = [(r["sentence1"], r["sentence2"]) for r in rows if r["label"] == "other"]
+    assert sorted(a for a, _ in other) == ["a1", "a2", "c1"]
+    assert all(a[0] != b[0] for a, b in other)  # never the sentence's own paragraph
+    assert rows == next_sentence_pairs(paragraphs, 100, seed=0) and len(rows) == 6
+    assert len(next_sentence_pairs(paragraphs, 5, seed=0)) == 4  # whole couples only
+    gap = next_sentence_pairs([["a1", None, "a2", "a3"], ["b1"]], 100, seed=0)
+    assert sorted((r["sentence1"], r["sentence2"]) for r in gap if r["label"] == "next") == [("a2", "a3")]
+
+
 def test_resume_reruns_nothing_and_a_foreign_folder_is_refused(compared, tmp_path, capsys):
     from clihelp import cli
 

