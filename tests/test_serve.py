@@ -98,7 +98,7 @@ def test_health_and_prometheus_metrics(client):
     assert 'torchbert_requests_total{endpoint="embeddings",status="200"}' in text
     assert 'torchbert_requests_total{endpoint="embeddings",status="400"}' in text
     assert "torchbert_request_seconds_bucket" in text and "torchbert_batch_texts_count" in text
-    assert "torchbert_queue_texts 0.0" in text
+    assert 'torchbert_queue_texts{endpoint="embeddings"} 0.0' in text
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_rows():
@@ -324,3 +324,125 @@ def test_serve_cli_refuses_bad_settings(capsys):
     assert code == 2 and "--port must be in [0, 65535]" in err
     code, _, err = cli(capsys, "serve", "--model", "/no/such/folder")
     assert code == 2 and "not a folder" in err
+
+
+# -- /predict: a fine-tuned model of each task type answers as `torchbert predict` does ----------------
+
+def _task_inputs():
+    en = list(realdata.english_texts()[:12])
+    text = [{"id": f"t{i}", "text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(en)]
+    pair = [{"sentence1": a, "sentence2": b, "label": str(i % 3)} for i, (a, b) in enumerate(zip(en, en[1:]))]
+    score = [{"sentence1": a, "sentence2": b, "label": i % 5} for i, (a, b) in enumerate(zip(en, en[1:]))]
+    choice = [{"id": f"c{i}", "context": a, "choices": [b, c, "nothing"], "label": i % 3}
+              for i, (a, b, c) in enumerate(zip(en, en[1:], en[2:]))]
+    words = [list(w) for w, _ in realdata.wnut_sentences()[:10]]
+    tags = [t for _, t in realdata.wnut_sentences()[:10]]
+    qa = [(c, "what is it?", c.split()[1]) for c in en[:8] if len(c.split()) > 2]
+    return {"classification": text, "pair": pair, "regression": score, "multiple-choice": choice,
+            "token": (words, tags), "qa": qa}
+
+
+@pytest.fixture(scope="module")
+def finetuned(minilm_dir, tmp_path_factory):
+    """A tiny BERT fine-tuned for one epoch on each task type: (run folder, its input file, JSON inputs)."""
+    from clihelp import squad_file, tiny_bert, write_conll
+
+    from torchbert.cli import main
+
+    root = tmp_path_factory.mktemp("serve-tasks")
+    base = tiny_bert(root / "base", minilm_dir)
+    runs = {}
+    for task, data in _task_inputs().items():
+        if task == "token":
+            path = root / "token.conll"
+            write_conll(path, list(zip(*data)))
+            inputs = [{"id": str(i), "tokens": w} for i, w in enumerate(data[0])]
+        elif task == "qa":
+            path = root / "qa.json"
+            squad_file(path, data, v2=False)
+            inputs = [{"id": f"q{i}", "question": q, "context": c} for i, (c, q, _) in enumerate(data)]
+        else:
+            path = root / f"{task}.jsonl"
+            path.write_text("".join(json.dumps(x) + "\n" for x in data), encoding="utf-8")
+            inputs = [{k: v for k, v in x.items() if k != "label"} for x in data]
+        out = root / task
+        assert main(["finetune", "--task", task, "--model", str(base), "--train", str(path), "--dev", str(path),
+                     "--out", str(out), "--epochs", "1", "--batch-size", "4", "--max-length", "48", "--quiet"]) == 0
+        runs[task] = (out, path, inputs)
+    return runs
+
+
+@pytest.mark.parametrize("task", ["classification", "pair", "regression", "token", "qa", "multiple-choice"])
+def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
+    from starlette.testclient import TestClient
+
+    from torchbert.predict import run_predict
+    from torchbert.serve import Limits, Predictor, create_app
+
+    out, path, inputs = finetuned[task]
+    want = run_predict(out, path, __import__("torch").device("cpu"), progress=False)
+    with TestClient(create_app(None, Limits(max_wait_ms=20), Predictor(out, name="m"))) as c:
+        halves = [inputs[:3], inputs[3:]]  # two requests, batched together or not: each its own records
+        got = [c.post("/predict", json={"inputs": h}) for h in halves]
+        assert all(r.status_code == 200 for r in got), got[0].text
+        records = [x for r in got for x in r.json()["predictions"]]
+        assert got[0].json()["task"] == predictor_type(out)
+        no_embeddings = c.post("/v1/embeddings", json={"input": "x"})
+    assert no_embeddings.status_code == 404
+    if task != "qa":  # ids: the file's line numbers where it has no id field (CoNLL: never)
+        for r in (want, records):
+            for x in r:
+                x.pop("id")
+    else:
+        assert [x["id"] for x in records] == [x["id"] for x in want]
+    assert len(records) == len(want)
+    for a, b in zip(records, want):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float):
+                assert a[k] == pytest.approx(b[k], abs=1e-5)
+            elif isinstance(a[k], dict):
+                assert a[k] == pytest.approx(b[k], abs=1e-5)
+            elif isinstance(a[k], list) and a[k] and isinstance(a[k][0], float):
+                assert a[k] == pytest.approx(b[k], abs=1e-5)
+            else:
+                assert a[k] == b[k], k
+
+
+def predictor_type(out):
+    return json.loads((out / "config.json").read_text())["torchbert_task"]["type"]
+
+
+@pytest.mark.parametrize("task, inputs, words", [
+    ("token", {"inputs": [{"tokens": "a b"}]}, "inputs[0]: \"tokens\" is \"a b\""),
+    ("token", {"inputs": [{"tokens": ["a"]}, 5]}, "'inputs[1]' is int"),
+    ("qa", {"inputs": [{"question": "q"}]}, "inputs[0]: \"context\" is null"),
+    ("classification", {"inputs": [{"txt": "a"}]}, "inputs[0]: no sentence column"),
+    ("multiple-choice", {"inputs": [{"context": "c", "choices": ["one"]}]}, "inputs[0]: 1 choices"),
+    ("classification", {"examples": []}, "field 'inputs' must be a non-empty list"),
+])
+def test_predict_names_the_field_of_a_bad_example(finetuned, task, inputs, words):
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Limits, Predictor, create_app
+
+    with TestClient(create_app(None, Limits(), Predictor(finetuned[task][0], name="m"))) as c:
+        r = c.post("/predict", json=inputs)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_serve_cli_on_a_fine_tuned_folder_serves_predict_and_its_encoders_embeddings(finetuned, monkeypatch, capsys):
+    import uvicorn
+    from starlette.testclient import TestClient
+
+    from torchbert.cli import main
+
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    out, _, inputs = finetuned["classification"]
+    assert main(["serve", "--model", str(out), "--port", "0"]) == 0
+    assert served["host"] == "127.0.0.1" and "a classification model" in capsys.readouterr().err
+    with TestClient(served["app"]) as c:
+        assert c.get("/health").json()["endpoints"] == ["embeddings", "predict"]
+        assert c.post("/predict", json={"inputs": inputs[:2]}).json()["predictions"][0]["label"] in ("pos", "neg")
+        assert len(c.post("/v1/embeddings", json={"input": "x"}).json()["data"][0]["embedding"]) == 128

@@ -97,7 +97,14 @@ examples:
   python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); \\
 print(len(c.embeddings.create(model='minilm', input='hello').data[0].embedding))"
 
-Responses: OpenAI's embeddings object (data[i].embedding, usage.prompt_tokens), with
+A folder written by `torchbert finetune` also answers POST /predict: {"inputs": [...]}, each
+example a JSON object as a line of the task's JSON Lines file ({"text"} or {"sentence1",
+"sentence2"}; {"tokens": [words]} for tagging; {"question", "context"} for QA; {"context",
+"choices"} for multiple choice), answered with the records `torchbert predict` writes:
+  curl -s localhost:8000/predict -H 'Content-Type: application/json' \\
+       -d '{"inputs": [{"text": "这家餐厅很好吃"}]}'
+
+Embeddings responses: OpenAI's embeddings object (data[i].embedding, usage.prompt_tokens), with
 encoding_format "float" or "base64" (little-endian float32); a text over --max-length tokens is cut
 and the response's `truncated` names it. Errors: 400 for malformed JSON or a wrong field (the
 message names it), 413 over --max-texts, --max-chars or the body size, 503 with Retry-After when
@@ -797,7 +804,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Embedder, Limits, create_app
+    from .serve import Embedder, Limits, Predictor, create_app
 
     limits = Limits(args.max_batch_tokens, args.max_wait_ms, args.max_queue, args.max_texts, args.max_chars)
     try:
@@ -810,18 +817,30 @@ def cmd_serve(args: argparse.Namespace) -> None:
         import uvicorn
     except ImportError:
         raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
+    from .config import load_config
+    from .model import BertModel
+
     model_dir = resolve_model(args.model)
     device = pick_device(args.device)
-    embedder = Embedder(model_dir, name=args.name or Path(args.model).name, pooling=args.pooling,
-                        normalize=args.normalize, max_length=args.max_length,
-                        max_batch_tokens=args.max_batch_tokens, device=str(device))
-    if args.max_length is not None and not 2 <= args.max_length <= embedder.model.config.max_position_embeddings:
-        raise UserError(f"--max-length must be in [2, {embedder.model.config.max_position_embeddings}] for this "
-                        f"model, got {args.max_length}")
-    print(f"serving {model_dir} as {embedder.name!r} on http://{args.host}:{args.port} "
-          f"(POST /v1/embeddings, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering "
-          "what is in flight", file=sys.stderr)
-    uvicorn.run(create_app(embedder, limits), host=args.host, port=args.port, log_level=args.log_level,
+    name = args.name or Path(args.model).name
+    predictor = None
+    if "torchbert_task" in load_config(model_dir).extra:  # fine-tuned: /predict, and its encoder's embeddings
+        predictor = Predictor(model_dir, name=name, device=str(device))
+        encoder = getattr(predictor.model, "bert", None)
+        embedder = None if not isinstance(encoder, BertModel) else Embedder(
+            None, name=name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
+            max_batch_tokens=args.max_batch_tokens, model=encoder, tokenizer=predictor.tokenizer)
+    else:
+        embedder = Embedder(model_dir, name=name, pooling=args.pooling, normalize=args.normalize,
+                            max_length=args.max_length, max_batch_tokens=args.max_batch_tokens, device=str(device))
+    limit = (embedder or predictor).model.config.max_position_embeddings
+    if args.max_length is not None and not 2 <= args.max_length <= limit:
+        raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
+    routes = ["POST /v1/embeddings"] * (embedder is not None) + ["POST /predict"] * (predictor is not None)
+    task = f", a {predictor.ts.type} model" if predictor else ""
+    print(f"serving {model_dir} as {name!r}{task} on http://{args.host}:{args.port} ({', '.join(routes)}, "
+          "GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering what is in flight", file=sys.stderr)
+    uvicorn.run(create_app(embedder, limits, predictor), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug")
 
 
@@ -905,8 +924,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed)
 
-    sv = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-style /v1/embeddings, batched across clients",
-                        description="Serve a BERT's sentence embeddings over HTTP. Requests from concurrent "
+    sv = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched "
+                                      "across clients",
+                        description="Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), "
+                                    "and a fine-tuned model's predictions (POST /predict). Requests from concurrent "
                                     "clients are batched together under a token budget.",
                         epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     sv.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")

@@ -14,6 +14,7 @@ the task type themselves.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from .config import BertConfig, ELMoConfig, GPTConfig
 from .data import encode as enc
 from .data import hub, tasks
+from .data.examples import QAExample, TokenExample
 from .elmo import ELMoForSequenceClassification, ELMoForTokenClassification
 from .eval import metrics
 from .gpt import (
@@ -105,6 +107,11 @@ class TaskFamily:
         return self._read(path, layout, labelled, warn)
 
     def _read(self, path, layout: str, labelled: bool, warn) -> list:
+        raise NotImplementedError
+
+    def from_record(self, record: dict, where: str, default_id: str) -> Any:
+        """An unlabelled example from one JSON object (`torchbert serve`'s /predict); ValueError names
+        `where` and the field when it does not fit."""
         raise NotImplementedError
 
     def label_map(self, examples: list) -> tasks.LabelMap | None:
@@ -206,6 +213,9 @@ class TextTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         return tasks.read_text_examples(path, self.pair, self.regression, layout, labelled, warn)
 
+    def from_record(self, record, where, default_id):
+        return tasks.text_example_from_record(record, where, default_id, self.pair, self.regression)
+
     def _encode(self, tokenizer, examples, ts, label2id, training):
         return enc.encode_texts(tokenizer, examples, ts.max_length, label2id, regression=self.regression)
 
@@ -260,6 +270,14 @@ class TokenTask(TaskFamily):
 
     def _read(self, path, layout, labelled, warn):
         return tasks.read_conll(path, labelled)
+
+    def from_record(self, record, where, default_id):
+        words = record.get("tokens")
+        if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
+            raise ValueError(f"{where}: \"tokens\" is {json.dumps(words)[:60]}; expected a non-empty list of "
+                             "words (strings), as the lines of a CoNLL file")
+        ident = record.get("id")
+        return TokenExample(default_id if ident is None or ident == "" else str(ident), words, None, where)
 
     def _encode(self, tokenizer, examples, ts, label2id, training):
         return enc.encode_tokens(tokenizer, examples, ts.max_length, ts.doc_stride, label2id,
@@ -328,6 +346,14 @@ class SpanTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         return tasks.read_squad(path, self.v2, labelled, warn)
 
+    def from_record(self, record, where, default_id):
+        for key in ("question", "context"):
+            if not isinstance(record.get(key), str):
+                raise ValueError(f"{where}: \"{key}\" is {json.dumps(record.get(key))[:40]}; expected a string")
+        ident = record.get("id")
+        return QAExample(default_id if ident is None or ident == "" else str(ident), record["question"],
+                         record["context"], [], False, where)
+
     def _encode(self, tokenizer, examples, ts, label2id, training):
         return enc.encode_qa(tokenizer, examples, ts.max_length, ts.doc_stride, ts.max_query_length,
                              training=training, v2=self.v2)
@@ -388,6 +414,9 @@ class ChoiceTask(TaskFamily):
 
     def _read(self, path, layout, labelled, warn):
         return tasks.read_choices(path, labelled)
+
+    def from_record(self, record, where, default_id):
+        return tasks.choice_example_from_record(record, where, default_id)
 
     def _encode(self, tokenizer, examples, ts, label2id, training):
         return enc.encode_choices(tokenizer, examples, ts.max_length)

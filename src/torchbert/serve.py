@@ -1,6 +1,8 @@
 """`torchbert serve`: a model behind HTTP, the requests of concurrent clients batched together.
 
     POST /v1/embeddings   sentence embeddings, OpenAI's request and response (input, model, encoding_format)
+    POST /predict         a fine-tuned model's predictions: {"inputs": [examples]} -> the records of
+                          `torchbert predict` (classification, regression, tagging, QA, multiple choice)
     GET  /health          {"status": "ok", ...} once the model is loaded
     GET  /metrics         Prometheus text: requests by endpoint and status, latency, batch sizes, queue depth
 
@@ -66,12 +68,15 @@ class Batcher:
     """Coalesces the jobs of concurrent requests into batches for `run` (items -> one result per item,
     in order), which runs on a single inference thread."""
 
-    def __init__(self, run: Callable[[list], Sequence], limits: Limits, metrics: Metrics | None = None):
+    def __init__(self, run: Callable[[list], Sequence], limits: Limits, metrics: Metrics | None = None,
+                 pool: ThreadPoolExecutor | None = None):
         self.run, self.limits, self.metrics = run, limits, metrics
         self.waiting = 0  # texts queued or running
         self.queue: asyncio.Queue[_Job | None] | None = None
         self.task: asyncio.Task | None = None
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="torchbert-inference")
+        self.own_pool = pool is None
+        self.name = getattr(run, "endpoint", "model")
+        self.pool = pool or ThreadPoolExecutor(1, thread_name_prefix="torchbert-inference")
 
     async def start(self) -> None:
         self.queue = asyncio.Queue()
@@ -83,7 +88,8 @@ class Batcher:
             self.queue.put_nowait(None)
             await self.task
             self.task = None
-        self.pool.shutdown(wait=True)
+        if self.own_pool:
+            self.pool.shutdown(wait=True)
 
     async def submit(self, items: list, tokens: int) -> list:
         if self.task is None or self.task.done():
@@ -103,7 +109,7 @@ class Batcher:
 
     def _gauge(self) -> None:
         if self.metrics is not None:
-            self.metrics.queue.set(self.waiting)
+            self.metrics.queue.labels(self.name).set(self.waiting)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -133,8 +139,8 @@ class Batcher:
         if not items:
             return
         if self.metrics is not None:
-            self.metrics.batch_texts.observe(len(items))
-            self.metrics.batch_tokens.observe(sum(j.tokens for j in jobs))
+            self.metrics.batch_texts.labels(self.name).observe(len(items))
+            self.metrics.batch_tokens.labels(self.name).observe(sum(j.tokens for j in jobs))
         try:
             results = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, items)
         except Exception as e:  # every request of the batch fails with it; the server stays up
@@ -179,14 +185,14 @@ class Metrics:
         self.latency = Histogram("torchbert_request_seconds", "request latency, arrival to response",
                                  ["endpoint"], registry=self.registry,
                                  buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
-        self.texts = Counter("torchbert_texts", "texts answered", registry=self.registry)
-        self.tokens = Counter("torchbert_tokens", "tokens of the texts answered", registry=self.registry)
-        self.batch_texts = Histogram("torchbert_batch_texts", "texts per batch handed to the model",
+        self.texts = Counter("torchbert_texts", "texts (or examples) answered", ["endpoint"], registry=self.registry)
+        self.tokens = Counter("torchbert_tokens", "tokens of the texts answered", ["endpoint"], registry=self.registry)
+        self.batch_texts = Histogram("torchbert_batch_texts", "texts per batch handed to the model", ["endpoint"],
                                      registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-        self.batch_tokens = Histogram("torchbert_batch_tokens", "tokens per batch handed to the model",
+        self.batch_tokens = Histogram("torchbert_batch_tokens", "tokens per batch handed to the model", ["endpoint"],
                                       registry=self.registry,
                                       buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536))
-        self.queue = Gauge("torchbert_queue_texts", "texts waiting or running", registry=self.registry)
+        self.queue = Gauge("torchbert_queue_texts", "texts waiting or running", ["endpoint"], registry=self.registry)
 
     def text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -197,18 +203,22 @@ class Metrics:
 # -- the model ---------------------------------------------------------------------------------------
 
 class Embedder:
-    """A BERT encoder's sentence embeddings, as `torchbert embed` computes them."""
+    """A BERT encoder's sentence embeddings, as `torchbert embed` computes them: from a folder, or
+    from the encoder and tokenizer of a loaded model (`Embedder.of`)."""
 
-    def __init__(self, model_dir: Path, *, name: str, pooling: str = "mean", normalize: bool = True,
-                 max_length: int | None = None, max_batch_tokens: int = 16384, device: str = "cpu"):
+    endpoint = "embeddings"
+
+    def __init__(self, model_dir: Path | None, *, name: str, pooling: str = "mean", normalize: bool = True,
+                 max_length: int | None = None, max_batch_tokens: int = 16384, device: str = "cpu",
+                 model=None, tokenizer=None):
         import torch
 
         from .model import BertModel
         from .tokenizer import BertTokenizer
 
         self.name, self.pooling, self.normalize, self.max_batch_tokens = name, pooling, normalize, max_batch_tokens
-        self.tokenizer = BertTokenizer.from_pretrained(model_dir)
-        self.model = BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
+        self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
+        self.model = model or BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
         limit = self.model.config.max_position_embeddings
         self.max_length = min(max_length or limit, limit)
         self.sep = self.tokenizer.sep_token_id
@@ -229,6 +239,74 @@ class Embedder:
             out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling, normalize=self.normalize,
                                  batch_size=len(idx))
         return out
+
+
+class Predictor:
+    """A model fine-tuned by torchbert: for JSON examples, the records `torchbert predict` writes."""
+
+    endpoint = "predict"
+
+    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu"):
+        import itertools
+
+        import torch
+
+        from .families import family
+        from .predict import id2label, load_finetuned
+
+        self.name = name
+        self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device))
+        self.family, self.id2label = family(self.ts.type), id2label(self.model.config)
+        self.device = torch.device(device)
+        self.serial = itertools.count()  # examples of different requests share a batch: their ids must not clash
+
+    def examples(self, body: Any, limits: Limits) -> tuple[list, list[str], int]:
+        """The request's examples (with ids unique to this server), the ids to answer with, and an
+        estimate of their tokens; or Rejected naming the field that is wrong."""
+        from dataclasses import replace
+
+        if not isinstance(body, dict):
+            raise Rejected(400, f"the body must be a JSON object, not {type(body).__name__}")
+        records = body.get("inputs")
+        if not isinstance(records, list) or not records:
+            raise Rejected(400, "field 'inputs' must be a non-empty list of examples (JSON objects, as the lines "
+                                f"of a {self.ts.type} task's JSON Lines file)")
+        if len(records) > limits.max_texts:
+            raise Rejected(413, f"field 'inputs' holds {len(records)} examples; at most {limits.max_texts} per request")
+        examples, ids, tokens = [], [], 0
+        for i, record in enumerate(records):
+            where = f"inputs[{i}]"
+            if not isinstance(record, dict):
+                raise Rejected(400, f"field '{where}' is {type(record).__name__}; expected a JSON object")
+            chars = sum(len(x) for x in _strings(record))
+            if chars > limits.max_chars:
+                raise Rejected(413, f"field '{where}' holds {chars} characters; at most {limits.max_chars}")
+            try:
+                example = self.family.from_record(record, where, str(i))
+            except ValueError as e:
+                raise Rejected(400, str(e)) from None
+            ids.append(example.id)
+            examples.append(replace(example, id=f"#{next(self.serial)}"))
+            tokens += min(chars, self.ts.max_length)  # about: a token per character at most, as Chinese
+        return examples, ids, tokens
+
+    def __call__(self, examples: list) -> list[dict]:
+        from .data.taskdata import TaskData
+        from .predict import predict
+
+        encoded = self.family.encode(self.tokenizer, examples, self.ts, None, training=False, use_labels=False)
+        return predict(self.model, TaskData(encoded, self.family), examples, self.ts, self.id2label, 64, self.device)
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 # -- HTTP --------------------------------------------------------------------------------------------
@@ -261,8 +339,8 @@ def _texts(body: Any, limits: Limits) -> list[str]:
     return texts
 
 
-def create_app(embedder: Embedder, limits: Limits):
-    """The ASGI application: Starlette routes around one Batcher."""
+def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor | None = None):
+    """The ASGI application: Starlette routes, a Batcher per model function, one inference thread."""
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
@@ -270,20 +348,35 @@ def create_app(embedder: Embedder, limits: Limits):
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
+    if embedder is None and predictor is None:
+        raise ValueError("nothing to serve: give an embedder, a predictor or both")
     metrics = Metrics()
-    batcher = Batcher(embedder, limits, metrics)
-    body_limit = limits.max_texts * (limits.max_chars * 4 + 16) + 4096  # UTF-8 and JSON escapes
+    pool = ThreadPoolExecutor(1, thread_name_prefix="torchbert-inference")  # the model runs one batch at a time
+    batchers = {x.endpoint: Batcher(x, limits, metrics, pool) for x in (embedder, predictor) if x is not None}
+    body_limit = limits.max_texts * (limits.max_chars * 4 + 256) + 4096  # UTF-8, JSON escapes and keys
+    name = (predictor or embedder).name
 
     @asynccontextmanager
     async def lifespan(app):
-        await batcher.start()
+        for b in batchers.values():
+            await b.start()
         yield
-        await batcher.stop()  # after the server has answered what was in flight
+        for b in batchers.values():  # after the server has answered what was in flight
+            await b.stop()
+        pool.shutdown(wait=True)
 
     def answer(endpoint: str, start: float, status: int, content: Any, headers: dict | None = None):
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return JSONResponse(content, status_code=status, headers=headers)
+
+    def failed(endpoint: str, start: float, e: Exception):
+        if isinstance(e, Rejected):
+            kind = "invalid_request_error" if e.status < 500 else "unavailable"
+            return answer(endpoint, start, e.status, {"error": {"message": e.message, "type": kind}}, e.headers)
+        # the model failed on this request's batch; the server stays up
+        return answer(endpoint, start, 500, {"error": {"message": f"inference failed: {type(e).__name__}: {e}",
+                                                       "type": "server_error"}})
 
     async def read_json(request: Request) -> Any:
         length = request.headers.get("content-length")
@@ -302,19 +395,17 @@ def create_app(embedder: Embedder, limits: Limits):
     async def embeddings(request: Request):
         start = time.perf_counter()
         try:
+            if embedder is None:
+                raise Rejected(404, f"{name} is not a BERT encoder: it serves POST /predict only")
             body = await read_json(request)
             texts = _texts(body, limits)
             ids, cut = embedder.tokenize(texts)
-            vectors = await batcher.submit(ids, sum(len(x) for x in ids))
-        except Rejected as e:
-            kind = "invalid_request_error" if e.status < 500 else "unavailable"
-            return answer("embeddings", start, e.status, {"error": {"message": e.message, "type": kind}}, e.headers)
-        except Exception as e:  # the model failed on this request's batch; the server stays up
-            return answer("embeddings", start, 500, {"error": {"message": f"inference failed: {type(e).__name__}: "
-                                                                          f"{e}", "type": "server_error"}})
+            vectors = await batchers["embeddings"].submit(ids, sum(len(x) for x in ids))
+        except Exception as e:
+            return failed("embeddings", start, e)
         tokens = sum(len(x) for x in ids)
-        metrics.texts.inc(len(texts))
-        metrics.tokens.inc(tokens)
+        metrics.texts.labels("embeddings").inc(len(texts))
+        metrics.tokens.labels("embeddings").inc(tokens)
         if body.get("encoding_format", "float") == "base64":
             data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vectors]
         else:
@@ -327,14 +418,30 @@ def create_app(embedder: Embedder, limits: Limits):
                                     "kept": "the first tokens ([SEP] last)"}
         return answer("embeddings", start, 200, content)
 
+    async def predict(request: Request):
+        start = time.perf_counter()
+        try:
+            if predictor is None:
+                raise Rejected(404, f"{name} is not fine-tuned for a task: it serves POST /v1/embeddings only")
+            examples, ids, tokens = predictor.examples(await read_json(request), limits)
+            records = await batchers["predict"].submit(examples, tokens)
+        except Exception as e:
+            return failed("predict", start, e)
+        metrics.texts.labels("predict").inc(len(examples))
+        for record, ident in zip(records, ids):
+            record["id"] = ident
+        return answer("predict", start, 200, {"model": predictor.name, "task": predictor.ts.type,
+                                              "predictions": records})
+
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": embedder.name, "queue_texts": batcher.waiting})
+        return JSONResponse({"status": "ok", "model": name, "endpoints": sorted(batchers),
+                             "queue_texts": sum(b.waiting for b in batchers.values())})
 
     async def prometheus(request: Request):
         return Response(metrics.text(), media_type="text/plain; version=0.0.4")
 
     app = Starlette(lifespan=lifespan, routes=[
-        Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/health", health, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"])])
-    app.state.batcher, app.state.metrics = batcher, metrics
+        Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/predict", predict, methods=["POST"]),
+        Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])])
+    app.state.batchers, app.state.metrics = batchers, metrics
     return app

@@ -268,6 +268,22 @@ def _kind(pair: bool | None, regression: bool) -> str:
     return shape + ("regression" if regression else "classification")
 
 
+def _text_example(record: dict, cols: _Columns, where: str, default_id: str, regression: bool,
+                  labelled: bool) -> TextExample:
+    text_a = _text(record, cols.a, where)
+    text_b = _text(record, cols.b, where) if cols.b else None
+    label = _label(record.get(cols.label) if cols.label else None, cols.label or "label", where, regression, labelled)
+    ident = record.get(cols.id) if cols.id else None
+    return TextExample(default_id if ident is None or ident == "" else str(ident), text_a, text_b, label, where)
+
+
+def text_example_from_record(record: dict, where: str, default_id: str, pair: bool | None,
+                             regression: bool) -> TextExample:
+    """An unlabelled text example from one JSON object, keyed as a JSON Lines task file is."""
+    return _text_example(record, _columns(list(record), pair, "auto", False, where), where, default_id, regression,
+                         False)
+
+
 def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layout: str = "auto",
                        labelled: bool = True, warn: Warn = note) -> list[TextExample]:
     """Sentences or sentence pairs with a class label or a score.  pair=None: whichever the file holds.
@@ -309,20 +325,13 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
 
     examples, disputed = [], 0
     for n, record in records:
-        where = f"{path}:{n}"
         cols = columns(record, n)
-        text_a = _text(record, cols.a, where)
-        text_b = _text(record, cols.b, where) if cols.b else None
-        raw = record.get(cols.label) if cols.label else None
-        if layout == "nli-jsonl" and raw == "-":
+        if layout == "nli-jsonl" and cols.label and record.get(cols.label) == "-":
             if labelled:
                 disputed += 1
                 continue
-            raw = None
-        label = _label(raw, cols.label or "label", where, regression, labelled)
-        ident = record.get(cols.id) if cols.id else None
-        ident = str(n) if ident is None or ident == "" else str(ident)
-        examples.append(TextExample(ident, text_a, text_b, label, where))
+            record = {**record, cols.label: None}
+        examples.append(_text_example(record, cols, f"{path}:{n}", str(n), regression, labelled))
     if disputed:
         warn(f"{path}: dropped {disputed} pairs whose gold_label is '-' (no annotator majority)")
     if not examples:
@@ -493,6 +502,20 @@ def _choice_label(value: object, n_choices: int, where: str, labelled: bool) -> 
     return value
 
 
+def choice_example_from_record(record: dict, where: str, default_id: str, labelled: bool = False) -> ChoiceExample:
+    """A multiple-choice example from one JSON object: {"id", "context", "question", "choices", "label"}."""
+    choices = record.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"{where}: \"choices\" is {json.dumps(choices)[:60]}; expected a list of strings")
+    if len(choices) < 2:
+        raise ValueError(f"{where}: {len(choices)} choices; a multiple-choice example needs at least 2")
+    context = _text(record, "context", where)
+    question = _text(record, "question", where) if "question" in record else ""
+    ident = record.get("id")
+    return ChoiceExample(default_id if ident is None or ident == "" else str(ident), context, question, choices,
+                         _choice_label(record.get("label"), len(choices), where, labelled), where)
+
+
 def read_choices(path: PathLike, labelled: bool = True) -> list[ChoiceExample]:
     """Multiple-choice examples from a SWAG CSV (.csv) or JSON Lines (.jsonl / .json).
 
@@ -527,18 +550,7 @@ def read_choices(path: PathLike, labelled: bool = True) -> list[ChoiceExample]:
                                                         labelled), where))
     elif suffix in (".jsonl", ".json"):
         for n, record in _records(path):
-            where = f"{path}:{n}"
-            choices = record.get("choices")
-            if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-                raise ValueError(f"{where}: \"choices\" is {json.dumps(choices)[:60]}; expected a list of strings")
-            if len(choices) < 2:
-                raise ValueError(f"{where}: {len(choices)} choices; a multiple-choice example needs at least 2")
-            context = _text(record, "context", where)
-            question = _text(record, "question", where) if "question" in record else ""
-            ident = record.get("id")
-            examples.append(ChoiceExample(str(n) if ident is None or ident == "" else str(ident), context, question,
-                                          choices, _choice_label(record.get("label"), len(choices), where, labelled),
-                                          where))
+            examples.append(choice_example_from_record(record, f"{path}:{n}", str(n), labelled))
     else:
         raise ValueError(f"{path}: cannot tell the format from the extension {suffix!r}; expected .csv (SWAG) "
                          "or .jsonl / .json")
