@@ -114,6 +114,19 @@ and tokens per batch, queue depth).
 """
 
 
+EPILOG_EXPORT = """\
+examples:
+  torchbert export --model minilm --out onnx/minilm              # encoder: last_hidden_state, pooler_output
+  torchbert export --model runs/ner --out onnx/ner --int8        # a tagger: logits [batch, sequence, tags]
+
+Inputs: input_ids, attention_mask, token_type_ids (int64, [batch, sequence]; multiple choice
+[batch, choices, sequence]), padded as the tokenizer pads. Outputs follow the model: an encoder's
+last_hidden_state and pooler_output; logits for classification, regression, tagging and multiple
+choice; start_logits and end_logits for QA. export.json records the check: the largest difference
+from PyTorch per output, and with --int8 the cosine of the INT8 outputs to fp32.
+"""
+
+
 def resolve_model(name: str) -> Path:
     """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
     path = Path(name)
@@ -844,6 +857,29 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 access_log=args.log_level == "debug")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from .io.files import model_inputs
+
+    out = Path(args.out)
+    if not 13 <= args.opset <= 23:
+        raise UserError(f"--opset must be in [13, 23], got {args.opset}")
+    try:
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        raise UserError("torchbert export needs onnx, onnxscript and onnxruntime: "
+                        "pip install onnx onnxscript onnxruntime") from None
+    from .export import export_onnx
+
+    model_dir = resolve_model(args.model)
+    check_out_folder(out, args.overwrite, list(model_inputs(model_dir)))
+    try:
+        export_onnx(model_dir, out, int8=args.int8, opset=args.opset,
+                    log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def _holds_files(out: Path) -> bool:
     """Whether output folder --out exists with something in it; an error if it is not a folder."""
     if out.exists() and not out.is_dir():
@@ -954,6 +990,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                     help="uvicorn's log level; debug also logs each request (default: info)")
     sv.set_defaults(func=cmd_serve)
+
+    x = sub.add_parser("export", help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against "
+                                      "PyTorch",
+                       description="Export a BERT folder (the encoder) or a model fine-tuned by torchbert (with its "
+                                   "head) to ONNX, with dynamic batch and sequence axes, and check the graph in "
+                                   "onnxruntime against PyTorch (fp32, 1e-4) before anything is written.",
+                       epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
+    x.add_argument("--format", choices=("onnx",), default="onnx", help="the output format (default: onnx)")
+    x.add_argument("--out", required=True, help="output folder: model.onnx, config.json, the tokenizer, export.json")
+    x.add_argument("--int8", action="store_true",
+                   help="also write model.int8.onnx (linear weights in 8 bits, ONNX Runtime's dynamic quantizer) "
+                        "and report how close its outputs stay")
+    x.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
+    x.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    x.set_defaults(func=cmd_export)
 
     v = sub.add_parser("vocab", help="train a WordPiece vocabulary on text files",
                        description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
