@@ -92,3 +92,77 @@ def test_export_refuses_bad_arguments_and_keeps_the_folder(minilm_onnx, minilm_d
     code, _, err = cli(capsys, "export", "--model", minilm_dir, "--out", minilm_dir, "--overwrite")
     assert code == 2 and "--out" in err
     assert sorted(p.name for p in minilm_onnx.iterdir()) == before
+
+
+def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_positions(minilm_dir):
+    """fast.int8.OnnxEncoder with fp32 weights equals BertModel; with INT8 it stays close."""
+    import copy
+
+    import torch
+
+    from torchbert.fast.int8 import int8
+    from torchbert.model import BertModel
+    from torchbert.packing import pack
+    from torchbert.tokenizer import BertTokenizer
+
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    texts = list(realdata.english_texts()[20:23]) + list(realdata.peoples_daily_sentences()[20:23])
+    ids = tok.encode_ids(texts, max_length=64, truncation=True)
+    flat, cu, longest = pack(ids)
+    enc = tok(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    positions = torch.tensor([0, 3, 7, int(cu[-1]) - 1])
+    with torch.no_grad():
+        want_packed = model(flat, cu_seqlens=cu, max_seqlen=longest)
+        want_padded = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        want_rows = model(flat, cu_seqlens=cu, max_seqlen=longest, output_positions=positions)
+        onnx = int8(copy.deepcopy(model), quantize=False)
+        packed = onnx(flat, cu_seqlens=cu, max_seqlen=longest)
+        padded = onnx(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        rows = onnx(flat, cu_seqlens=cu, max_seqlen=longest, output_positions=positions)
+    mask = enc["attention_mask"].bool()
+    assert (packed.last_hidden_state - want_packed.last_hidden_state).abs().max() < 1e-4
+    assert (padded.last_hidden_state[mask] - want_padded.last_hidden_state[mask]).abs().max() < 1e-4
+    assert (rows.last_hidden_state - want_rows.last_hidden_state).abs().max() < 1e-4
+    assert (packed.pooler_output - want_packed.pooler_output).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="last layer only"):
+        onnx(flat, cu_seqlens=cu, max_seqlen=longest, output_hidden_states=True)
+
+    from torchbert.features import embed_ids
+
+    quantized = int8(copy.deepcopy(model))
+    a = embed_ids(quantized, ids, normalize=True)
+    b = embed_ids(model, ids, normalize=True)
+    assert (a * b).sum(1).min() > 0.97  # cosine of the sentence embeddings
+
+
+def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys):
+    from clihelp import cli, tiny_bert
+
+    (tmp_path / "in.txt").write_text("\n".join(realdata.peoples_daily_sentences()[:6]) + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                       tmp_path / "q.npy", "--int8", "--normalize", "--quiet")
+    assert code == 0, err
+    code, _, _ = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                     tmp_path / "f.npy", "--normalize", "--quiet")
+    q, f = np.load(tmp_path / "q.npy"), np.load(tmp_path / "f.npy")
+    assert q.shape == f.shape and (q * f).sum(1).min() > 0.97
+    code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                       tmp_path / "x.npy", "--int8", "--layers", "sum_all")
+    assert code == 2 and "--int8 gives the last layer only" in err
+
+    base = tiny_bert(tmp_path / "base", minilm_dir)
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": str(i % 2)}) + "\n"
+                            for i, t in enumerate(realdata.english_texts()[:8])), encoding="utf-8")
+    assert cli(capsys, "finetune", "--task", "classification", "--model", base, "--train", data, "--dev", data,
+               "--out", tmp_path / "run", "--epochs", "1", "--quiet")[0] == 0
+    for extra in ((), ("--int8",)):
+        code, _, err = cli(capsys, "predict", "--model", tmp_path / "run", "--input", data, "--out",
+                           tmp_path / f"p{len(extra)}.jsonl", "--quiet", *extra)
+        assert code == 0, err
+    fp32, q8 = ([json.loads(x) for x in (tmp_path / f"p{k}.jsonl").read_text().splitlines()] for k in (0, 1))
+    assert len(q8) == len(fp32) == 8
+    assert max(abs(a["probability"] - b["probability"]) for a, b in zip(q8, fp32)) < 0.05
+    code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "run", "--data", data, "--int8", "--quiet")
+    assert code == 0 and "accuracy" in json.loads(out), err

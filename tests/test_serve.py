@@ -250,10 +250,11 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
         rss.append(_rss_mb())
         objects.append(len(gc.get_objects()))
     # after warm-up a round leaves nothing behind: no Python objects (requests, futures, jobs, rows),
-    # and no memory beyond the allocator's occasional step (about 30 MB, measured over 12 rounds)
+    # and the process stays bounded (a coarse guard: glibc's per-thread arenas grow in steps of 30 to
+    # 90 MB as batch sizes vary, then level off; measured over 12 rounds)
     assert objects[-1] - objects[1] < 400, objects  # one future kept per request: about 800 (measured)
     assert len(kept()) <= kept_before, kept()[:3]  # no request's future or job outlives it
-    assert rss[-1] - rss[1] < 100, rss
+    assert rss[-1] - rss[1] < 250, rss
 
     def count(text, key):
         return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(key)), 0.0)

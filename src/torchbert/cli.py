@@ -164,6 +164,34 @@ def pick_device(name: str):
     return torch.device(name)
 
 
+INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX and quantized per channel by ONNX Runtime at "
+             "start (faster; outputs move slightly)")
+
+
+def cpu_for_int8(args: argparse.Namespace):
+    """The device; --int8 runs on the CPU only."""
+    device = pick_device(args.device)
+    if getattr(args, "int8", False) and device.type != "cpu":
+        if args.device != "auto":
+            raise UserError(f"--int8 runs on the CPU; got --device {args.device}")
+        import torch
+
+        device = torch.device("cpu")
+    return device
+
+
+def int8_model(model, device, layers="last"):
+    """model with its encoder in INT8 (fast/int8.py), after checking what --int8 cannot do."""
+    if device.type != "cpu":
+        raise UserError(f"--int8 runs on the CPU; got --device {device}")
+    if str(layers) != "last":
+        raise UserError(f"--int8 gives the last layer only; --layers {layers} needs every layer (drop --int8)")
+    from .fast.int8 import int8
+
+    print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+    return int8(model)
+
+
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
@@ -183,11 +211,13 @@ def cmd_embed(args: argparse.Namespace) -> None:
     model_dir = resolve_model(args.model)
     texts = read_texts(args.input)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
-    device = pick_device(args.device)
+    device = cpu_for_int8(args)
     model = BertModel.from_pretrained(model_dir).eval().to(device)
     limit = model.config.max_position_embeddings
     if args.max_length is not None and not 2 <= args.max_length <= limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
+    if args.int8:
+        model = int8_model(model, device, args.layers)
     empty = sum(1 for t in texts if not t.strip())
     if empty:
         print(f"note: {empty} empty line(s) in {args.input} embed as the empty text", file=sys.stderr)
@@ -642,8 +672,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     if args.out:
         check_output_file(Path(args.out), inputs=[("--data", args.data), *model_inputs(args.model)])
-    scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, pick_device(args.device),
-                             args.batch_size, progress=not args.quiet)
+    scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, cpu_for_int8(args),
+                             args.batch_size, progress=not args.quiet, int8=args.int8)
     text = json.dumps(scores, indent=2)
     if args.out:
         atomic_write_text(Path(args.out), text + "\n")
@@ -656,8 +686,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
     from .predict import run_predict
 
     check_output_file(Path(args.out), inputs=[("--input", args.input), *model_inputs(args.model)])
-    records = run_predict(resolve_model(args.model), Path(args.input), pick_device(args.device), args.batch_size,
-                          progress=not args.quiet)
+    records = run_predict(resolve_model(args.model), Path(args.input), cpu_for_int8(args), args.batch_size,
+                          progress=not args.quiet, int8=args.int8)
     atomic_write_text(Path(args.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     print(f"wrote {args.out}: {len(records)} predictions")
 
@@ -724,6 +754,7 @@ def add_finetune_parsers(sub) -> None:
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--device", default="auto")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.add_argument("--int8", action="store_true", help=INT8_HELP)
     e.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="run a fine-tuned model on a file; JSONL predictions in input order",
@@ -735,6 +766,7 @@ def add_finetune_parsers(sub) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--int8", action="store_true", help=INT8_HELP)
     p.set_defaults(func=cmd_predict)
 
 
@@ -831,22 +863,27 @@ def cmd_serve(args: argparse.Namespace) -> None:
     except ImportError:
         raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
     from .config import load_config
+    from .fast.int8 import OnnxEncoder
     from .model import BertModel
 
     model_dir = resolve_model(args.model)
-    device = pick_device(args.device)
+    device = cpu_for_int8(args)
     name = args.name or Path(args.model).name
     predictor = None
     if "torchbert_task" in load_config(model_dir).extra:  # fine-tuned: /predict, and its encoder's embeddings
-        predictor = Predictor(model_dir, name=name, device=str(device))
+        predictor = Predictor(model_dir, name=name, device=str(device), int8=args.int8)
         encoder = getattr(predictor.model, "bert", None)
-        embedder = None if not isinstance(encoder, BertModel) else Embedder(
+        embedder = None if not isinstance(encoder, (BertModel, OnnxEncoder)) else Embedder(
             None, name=name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
             max_batch_tokens=args.max_batch_tokens, model=encoder, tokenizer=predictor.tokenizer)
     else:
         embedder = Embedder(model_dir, name=name, pooling=args.pooling, normalize=args.normalize,
                             max_length=args.max_length, max_batch_tokens=args.max_batch_tokens, device=str(device))
+        if args.int8:
+            embedder.model = int8_model(embedder.model, device)
     limit = (embedder or predictor).model.config.max_position_embeddings
+    if args.int8 and predictor is not None:
+        print("note: --int8: the encoder runs in 8 bits (exported and quantized at start)", file=sys.stderr)
     if args.max_length is not None and not 2 <= args.max_length <= limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
     routes = ["POST /v1/embeddings"] * (embedder is not None) + ["POST /predict"] * (predictor is not None)
@@ -957,6 +994,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     e.add_argument("--show-neighbours", type=int, default=0, metavar="K",
                    help="after writing, print the nearest other text for each of the first K texts")
+    e.add_argument("--int8", action="store_true", help=INT8_HELP)
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_embed)
 
@@ -989,6 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                     help="uvicorn's log level; debug also logs each request (default: info)")
+    sv.add_argument("--int8", action="store_true", help=INT8_HELP)
     sv.set_defaults(func=cmd_serve)
 
     x = sub.add_parser("export", help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against "

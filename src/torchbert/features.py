@@ -20,6 +20,7 @@ model on packed batches, pool each sequence with segment sums, and return rows i
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,7 +161,7 @@ def embed_ids(model, ids: Sequence[Sequence[int]], *, pooling: str = "mean", lay
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     strategy = parse_strategy(layers)
-    device = next(model.parameters()).device
+    device = next(itertools.chain(model.parameters(), model.buffers())).device  # an INT8 encoder has buffers only
     dim = model.config.hidden_size * (4 if strategy == "concat_last_four" else 1)
     out = np.empty((len(ids), dim), dtype=np.float32)
     batches = length_sorted_batches([len(x) for x in ids], batch_size)

@@ -51,8 +51,11 @@ def id2label(config: BertConfig) -> dict[int, str] | None:
     return {int(k): v for k, v in saved.items()} if saved else None
 
 
-def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
-    """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None)."""
+def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8: bool = False):
+    """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None); int8: its
+    encoder run by onnxruntime with 8-bit weights (CPU only)."""
+    if int8 and device.type != "cpu":
+        raise ValueError(f"--int8 runs on the CPU; got --device {device}")
     config = load_config(model_dir)
     if task is not None and "torchbert_task" not in config.extra:
         task_type, preset = tasks.resolve_task(task)
@@ -78,13 +81,18 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device):
         model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
         if any(not k.startswith("bert.") for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
+    if int8:
+        from .fast.int8 import int8 as to_int8
+
+        model = to_int8(model)
     return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
 
 
 def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.device, batch_size: int = 64,
-                 progress: bool = True) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The metrics of a fine-tuned model on a labelled file, and its predictions."""
-    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device)
+                 progress: bool = True, int8: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The metrics of a fine-tuned model on a labelled file, and its predictions (int8: the encoder
+    in 8 bits on CPU, fast/int8.py)."""
+    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, int8)
     fam = family(ts.type)
     examples = fam.read(data, ts.layout)
     if label_map is not None:
@@ -96,9 +104,9 @@ def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.de
 
 
 def run_predict(model_dir: Path, data: Path, device: torch.device, batch_size: int = 64,
-                progress: bool = True) -> list[dict[str, Any]]:
+                progress: bool = True, int8: bool = False) -> list[dict[str, Any]]:
     """Predictions for an unlabelled (or labelled) file, one record per example in input order."""
-    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device)
+    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, int8)
     fam = family(ts.type)
     examples = fam.read(data, ts.layout, labelled=False)
     encoded = fam.encode(tokenizer, examples, ts, None, training=False, use_labels=False)

@@ -246,7 +246,7 @@ class Predictor:
 
     endpoint = "predict"
 
-    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu"):
+    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", int8: bool = False):
         import itertools
 
         import torch
@@ -255,7 +255,7 @@ class Predictor:
         from .predict import id2label, load_finetuned
 
         self.name = name
-        self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device))
+        self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device), int8)
         self.family, self.id2label = family(self.ts.type), id2label(self.model.config)
         self.device = torch.device(device)
         self.serial = itertools.count()  # examples of different requests share a batch: their ids must not clash

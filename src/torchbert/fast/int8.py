@@ -1,0 +1,102 @@
+"""INT8 inference on CPU: a model's BERT encoder swapped for its ONNX graph with 8-bit weights.
+
+`int8(model)` exports `model.bert` (or the BertModel itself) to ONNX, quantizes the weights of its
+linear layers per output channel with ONNX Runtime's dynamic quantizer (activations are quantized
+on the fly, per batch), and puts an `OnnxEncoder` in its place: the same call and the same
+BertOutput as BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and
+`serve` run on it unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few
+seconds per layer and is done once per process.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..model import BertModel, BertOutput
+from ..packing import pad
+
+
+class OnnxEncoder(nn.Module):
+    """BertModel's forward on an onnxruntime session (inference only)."""
+
+    def __init__(self, session, config, pooler: bool):
+        super().__init__()
+        self.session, self.config, self.pooler_output = session, config, pooler
+        self.register_buffer("_device", torch.empty(0), persistent=False)  # so that callers can ask for the device
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                output_positions: Tensor | None = None) -> BertOutput:
+        if output_hidden_states or output_attentions:
+            raise ValueError("INT8 inference gives the last layer only: no hidden states or attentions of every "
+                             "layer (run without --int8 for those)")
+        if position_ids is not None:
+            raise ValueError("INT8 inference takes the default positions only")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        packed = cu_seqlens is not None
+        if packed:  # [N] -> [B, T]
+            ids = pad(input_ids, cu_seqlens, max_seqlen)
+            types = pad(token_type_ids, cu_seqlens, max_seqlen)
+            mask = torch.arange(max_seqlen) < cu_seqlens.diff()[:, None]
+        else:
+            ids, types = input_ids, token_type_ids
+            mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        feed = {"input_ids": ids.numpy().astype(np.int64), "attention_mask": mask.numpy().astype(np.int64),
+                "token_type_ids": types.numpy().astype(np.int64)}
+        out = [torch.from_numpy(x) for x in self.session.run(None, feed)]
+        hidden = out[0][mask] if packed else out[0]  # [N, H] or [B, T, H]
+        if output_positions is not None:  # BertModel's rows: the wanted positions of the flat tokens
+            hidden = hidden.reshape(-1, hidden.shape[-1])[output_positions]
+        return BertOutput(last_hidden_state=hidden, pooler_output=out[1] if self.pooler_output else None)
+
+
+def encoder_session(encoder: BertModel, folder: Path, quantize: bool = True):
+    """The encoder as ONNX in `folder`, its linear weights in INT8 (or left in fp32): an onnxruntime
+    session, and whether it gives pooler_output."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from ..export import INPUTS, _Graph
+
+    outputs = ("last_hidden_state", "pooler_output") if encoder.pooler is not None else ("last_hidden_state",)
+    was = encoder.check_inputs
+    encoder.check_inputs = False  # a traced graph cannot read tensor values
+    ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]]) % encoder.config.vocab_size
+    example = (ids, (ids > 0).long(), torch.zeros_like(ids))
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=encoder.config.max_position_embeddings)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Graph(encoder.eval(), outputs), example, folder / "fp32.onnx", input_names=list(INPUTS),
+                              output_names=list(outputs), opset_version=18, dynamo=True, external_data=False,
+                              dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS), verbose=False)
+    finally:
+        encoder.check_inputs = was
+    if not quantize:
+        return ort.InferenceSession(str(folder / "fp32.onnx"), providers=["CPUExecutionProvider"]), len(outputs) == 2
+    quantize_dynamic(folder / "fp32.onnx", folder / "int8.onnx", weight_type=QuantType.QInt8, per_channel=True)
+    return ort.InferenceSession(str(folder / "int8.onnx"), providers=["CPUExecutionProvider"]), len(outputs) == 2
+
+
+def int8(model: nn.Module, quantize: bool = True) -> nn.Module:
+    """`model` (a BertModel, or a task model with `.bert`) with its encoder run in INT8 by onnxruntime.
+    The model is changed in place and returned; it is for inference only. quantize=False keeps
+    fp32 weights in the graph (the tests hold OnnxEncoder to BertModel with it)."""
+    encoder = model if isinstance(model, BertModel) else getattr(model, "bert", None)
+    if not isinstance(encoder, BertModel):
+        raise ValueError(f"--int8 runs BERT encoders; this model is a {type(model).__name__}")
+    with tempfile.TemporaryDirectory(prefix="torchbert-int8.") as folder:
+        session, pooler = encoder_session(encoder, Path(folder), quantize)
+    fast = OnnxEncoder(session, encoder.config, pooler)
+    if model is encoder:
+        return fast
+    model.bert = fast
+    return model
