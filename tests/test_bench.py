@@ -45,3 +45,11 @@ def test_bench_finetune_starts_both_systems_equal_and_judges_the_target():
     ours, theirs = (r for r in rows if r[0] in systems)
     assert ours[6] == theirs[6] and int(ours[7].replace(",", "")) < int(theirs[7].replace(",", ""))
     assert re.search(r"target \(dev f1 within noise or better, train time <= 0\.5x\): (NOT )?MET", out), out
+
+
+def test_bench_serve_loads_both_servers_and_their_answers_agree():
+    out = run_bench("bench_serve.py", "--clients", "1", "2", "--requests", "6", "--threads", "1")
+    rows = table_rows(out)
+    assert [(r[0].split(" (")[0], r[1]) for r in rows] == [("torchbert serve", "1"), ("torchbert serve", "2"),
+                                                           ("naive", "1"), ("naive", "2")], out
+    assert all(float(r[-1]) < 1e-5 for r in rows) and all(float(r[2]) > 0 for r in rows)

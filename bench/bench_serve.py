@@ -1,0 +1,168 @@
+"""Serving under load: `torchbert serve` against a naive server of the same weights, side by side.
+
+Both servers run as subprocesses on this machine with the same CPU threads, serve MiniLM's mean-
+pooled normalized embeddings over loopback, and get the same requests: each of C concurrent clients
+sends its share of a fixed list of real mixed-length texts, one text per request, and waits for the
+answer before sending the next. The naive server is what a user writes first: Starlette (FastAPI's
+core) on uvicorn, `transformers.BertModel`, one forward per request in the threadpool of a sync
+handler. torchbert's batches what arrives together (serve.py). Every answer of both must agree with
+offline embeddings within 1e-5 (checked on the first round).
+
+    python bench/bench_serve.py                          # 1, 8 and 32 clients, 400 requests each
+    python bench/bench_serve.py --clients 32 --requests 800 --int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+import realdata  # noqa: E402
+from bench_embed import load_texts  # noqa: E402
+from machine import cpu_name  # noqa: E402
+
+NAIVE = '''
+import sys, torch, torch.nn.functional as F
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from transformers import AutoTokenizer, BertModel
+torch.set_num_threads(int(sys.argv[2]))
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+model = BertModel.from_pretrained(sys.argv[1]).eval()
+
+def forward(texts):
+    with torch.inference_mode():
+        enc = tok(texts, padding=True, truncation=True, max_length=512, return_tensors="pt")
+        h = model(**enc).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+        return F.normalize((h * m).sum(1) / m.sum(1), dim=-1).tolist()
+
+async def embeddings(request):
+    body = await request.json()
+    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    vectors = await run_in_threadpool(forward, texts)  # what a sync FastAPI handler does
+    return JSONResponse({"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]})
+
+async def health(request):
+    return JSONResponse({"status": "ok"})
+
+app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/health", health)])
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name: str, threads: int, int8: bool, folder: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    model = str(realdata.minilm_dir())
+    if name == "torchbert":
+        cmd = [sys.executable, "-m", "torchbert", "serve", "--model", model, "--port", str(port), "--log-level",
+               "warning", *(["--int8"] if int8 else [])]
+    else:
+        (folder / "naive.py").write_text(NAIVE, encoding="utf-8")
+        cmd = [sys.executable, "-c", f"import sys; sys.argv = ['naive', {model!r}, '{threads}']; "
+               f"exec(open({str(folder / 'naive.py')!r}).read()); import uvicorn; "
+               f"uvicorn.run(app, host='127.0.0.1', port={port}, log_level='warning')"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{name} server did not start")
+
+
+async def load(url: str, texts: list[str], clients: int) -> tuple[float, np.ndarray, list]:
+    """Each client sends its share of `texts` one request at a time: (seconds, latencies, vectors)."""
+    import httpx
+
+    latencies = np.zeros(len(texts))
+    vectors: list = [None] * len(texts)
+
+    async def client(c, k):
+        for i in range(k, len(texts), clients):
+            start = time.perf_counter()
+            r = await c.post("/v1/embeddings", json={"input": texts[i]})
+            latencies[i] = time.perf_counter() - start
+            r.raise_for_status()
+            vectors[i] = r.json()["data"][0]["embedding"]
+
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=clients)) as c:
+        await c.post("/v1/embeddings", json={"input": texts[:4]})  # warm up
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c, k) for k in range(clients)))
+        return time.perf_counter() - start, latencies, vectors
+
+
+def main() -> None:
+    import tempfile
+
+    import torch
+    import transformers
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=400, help="requests per round (one text each)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
+    p.add_argument("--int8", action="store_true", help="torchbert serve --int8 (the naive server stays fp32)")
+    args = p.parse_args()
+
+    texts = load_texts(args.requests, "sentences")
+    print(f"# {args.threads} threads per server; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"{cpu_name()}; {time.strftime('%Y-%m-%d')}")
+    print(f"# {len(texts)} requests of one real text each (tweets and People's Daily sentences), per round\n")
+    from torchbert.features import embed
+    from torchbert.model import BertModel
+    from torchbert.tokenizer import BertTokenizer
+
+    want = embed(BertModel.from_pretrained(realdata.minilm_dir()).eval(),
+                 BertTokenizer.from_pretrained(realdata.minilm_dir()), texts, normalize=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in ("torchbert", "naive"):  # one server at a time: each gets the machine to itself
+            proc, url = start(name, args.threads, args.int8 and name == "torchbert", Path(folder))
+            try:
+                for clients in args.clients:
+                    seconds, lat, vectors = asyncio.run(load(url, texts, clients))
+                    diff = float(np.abs(np.asarray(vectors, dtype=np.float32) - want).max())
+                    rows.append((name, clients, len(texts) / seconds, *np.percentile(lat * 1000, [50, 95, 99]), diff))
+            finally:
+                proc.terminate()
+                proc.wait(60)
+    print("| system | clients | requests/s | p50 ms | p95 ms | p99 ms | torchbert throughput x | "
+          "max abs diff vs offline |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    ours = {r[1]: r[2] for r in rows if r[0] == "torchbert"}
+    for name, clients, rps, p50, p95, p99, diff in rows:
+        label = "torchbert serve" + (" --int8" if args.int8 else "") if name == "torchbert" else \
+            "naive (transformers, a forward per request)"
+        print(f"| {label} | {clients} | {rps:.1f} | {p50:.1f} | {p95:.1f} | {p99:.1f} | "
+              f"{ours[clients] / rps:.2f}x | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
