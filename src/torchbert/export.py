@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,10 @@ import torch
 from torch import nn
 
 from .data.pretraining import TOKENIZER_FILES
+from .io.onnx import INPUTS, Graph, write_onnx
 
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 TOLERANCE = 1e-4
 PER_TOKEN = ("last_hidden_state", "start_logits", "end_logits")  # and a tagger's logits
-
-
-class _Graph(nn.Module):
-    """The model with plain tensor inputs and a tuple of outputs, as ONNX wants."""
-
-    def __init__(self, model: nn.Module, outputs: tuple[str, ...]):
-        super().__init__()
-        self.model, self.outputs = model, outputs
-
-    def forward(self, input_ids, attention_mask, token_type_ids):
-        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return tuple(getattr(out, name) for name in self.outputs)
 
 
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
@@ -60,11 +47,7 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
         from .model import BertModel
 
         model, kind, outputs = BertModel.from_pretrained(model_dir), "encoder", ("last_hidden_state", "pooler_output")
-    model.eval()
-    for m in model.modules():  # the id range check reads tensor values, which a traced graph cannot
-        if hasattr(m, "check_inputs"):
-            m.check_inputs = False
-    return model, kind, outputs
+    return model.eval(), kind, outputs
 
 
 def sample_inputs(tokenizer, kind: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
@@ -100,17 +83,10 @@ def export_onnx(model_dir: Path, out: Path, *, int8: bool = False, opset: int = 
     texts = _texts()
     trace = sample_inputs(tokenizer, kind, texts[:4], 16)
     check = sample_inputs(tokenizer, kind, texts, 48)  # other batch and sequence sizes than the trace's
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=model.config.max_position_embeddings)
-    axes = {0: batch, 1: seq} if kind != "multiple-choice" else {0: batch, 1: torch.export.Dim("choices"), 2: seq}
     with atomic_folder(out) as tmp:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the exporter's deprecation and shape notes
-            torch.onnx.export(_Graph(model, outputs), tuple(trace[k] for k in INPUTS), tmp / "model.onnx",
-                              input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
-                              dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
-                              verbose=False)
+        write_onnx(model, outputs, tmp / "model.onnx", trace, opset)
         with torch.no_grad():
-            want = _Graph(model, outputs)(*(check[k] for k in INPUTS))
+            want = Graph(model, outputs)(*(check[k] for k in INPUTS))
         feed = {k: check[k].numpy() for k in INPUTS}
         mask = check["attention_mask"].bool().numpy()
         got = ort.InferenceSession(str(tmp / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)

@@ -51,6 +51,10 @@ def errorbar_panels(path: Path, panels: list[dict]) -> None:
             ax.axhline(y, linestyle="--", color="gray", label=label)
         if panel.get("log_x"):
             ax.set_xscale("log")
+        ticks = sorted({v for x, _, _ in panel["series"].values() for v in x})
+        if len(ticks) <= 8:  # ticks at the points plotted, written plainly (200, 2,000, 16,000)
+            ax.set_xticks(ticks, [f"{v:,}" for v in ticks])
+            ax.minorticks_off()
         ax.set_title(panel["title"])
         ax.set_xlabel(panel["xlabel"])
     axes[0][0].legend()

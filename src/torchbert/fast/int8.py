@@ -11,7 +11,6 @@ seconds per layer and is done once per process.
 from __future__ import annotations
 
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -64,22 +63,12 @@ def encoder_session(encoder: BertModel, folder: Path, quantize: bool = True):
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from ..export import INPUTS, _Graph
+    from ..io.onnx import write_onnx
 
     outputs = ("last_hidden_state", "pooler_output") if encoder.pooler is not None else ("last_hidden_state",)
-    was = encoder.check_inputs
-    encoder.check_inputs = False  # a traced graph cannot read tensor values
     ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]]) % encoder.config.vocab_size
-    example = (ids, (ids > 0).long(), torch.zeros_like(ids))
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=encoder.config.max_position_embeddings)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(_Graph(encoder.eval(), outputs), example, folder / "fp32.onnx", input_names=list(INPUTS),
-                              output_names=list(outputs), opset_version=18, dynamo=True, external_data=False,
-                              dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS), verbose=False)
-    finally:
-        encoder.check_inputs = was
+    write_onnx(encoder, outputs, folder / "fp32.onnx",
+               {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)})
     if not quantize:
         return ort.InferenceSession(str(folder / "fp32.onnx"), providers=["CPUExecutionProvider"]), len(outputs) == 2
     quantize_dynamic(folder / "fp32.onnx", folder / "int8.onnx", weight_type=QuantType.QInt8, per_channel=True)

@@ -1,0 +1,52 @@
+"""A BERT (or a task model on one) written as an ONNX graph: the one export call that `torchbert
+export` and the INT8 encoder (fast/int8.py) share.
+
+The graph takes padded input_ids, attention_mask and token_type_ids (int64), [batch, sequence] or,
+for multiple choice, [batch, choices, sequence], every axis dynamic, and returns the named fields of
+the model's output in order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Graph(nn.Module):
+    """The model with plain tensor inputs and a tuple of outputs, as ONNX wants."""
+
+    def __init__(self, model: nn.Module, outputs: tuple[str, ...]):
+        super().__init__()
+        self.model, self.outputs = model, outputs
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return tuple(getattr(out, name) for name in self.outputs)
+
+
+def write_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, example: dict[str, torch.Tensor],
+               opset: int = 18) -> None:
+    """Trace `model` (in eval mode) on `example` and write `path`, one file. The id range check of
+    BertModel reads tensor values, which a traced graph cannot: it is off while tracing."""
+    checks = [m for m in model.modules() if getattr(m, "check_inputs", False)]
+    for m in checks:
+        m.check_inputs = False
+    limit = model.config.max_position_embeddings
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=limit)
+    axes = {0: batch, 1: seq} if example["input_ids"].dim() == 2 else {0: batch, 1: torch.export.Dim("choices"),
+                                                                       2: seq}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter's deprecation and shape notes
+            torch.onnx.export(Graph(model.eval(), outputs), tuple(example[k] for k in INPUTS), path,
+                              input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
+                              dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
+                              verbose=False)
+    finally:
+        for m in checks:
+            m.check_inputs = True
