@@ -69,7 +69,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, threads: int, int8: bool, folder: Path) -> tuple[subprocess.Popen, str]:
+def start(name: str, threads: int, int8: bool, folder: Path,
+          extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
@@ -77,7 +78,7 @@ def start(name: str, threads: int, int8: bool, folder: Path) -> tuple[subprocess
     model = str(realdata.minilm_dir())
     if name == "torchbert":
         cmd = [sys.executable, "-m", "torchbert", "serve", "--model", model, "--port", str(port), "--log-level",
-               "warning", *(["--int8"] if int8 else [])]
+               "warning", *(["--int8"] if int8 else []), *extra]
     else:
         (folder / "naive.py").write_text(NAIVE, encoding="utf-8")
         cmd = [sys.executable, "-c", f"import sys; sys.argv = ['naive', {model!r}, '{threads}']; "
@@ -129,6 +130,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=400, help="requests per round (one text each)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
     p.add_argument("--int8", action="store_true", help="torchbert serve --int8 (the naive server stays fp32)")
+    p.add_argument("--serve-args", default="", help="more options for torchbert serve, e.g. '--max-wait-ms 2'")
+    p.add_argument("--systems", nargs="+", choices=("torchbert", "naive"), default=["torchbert", "naive"])
     args = p.parse_args()
 
     texts = load_texts(args.requests, "sentences")
@@ -143,8 +146,9 @@ def main() -> None:
                  BertTokenizer.from_pretrained(realdata.minilm_dir()), texts, normalize=True)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for name in ("torchbert", "naive"):  # one server at a time: each gets the machine to itself
-            proc, url = start(name, args.threads, args.int8 and name == "torchbert", Path(folder))
+        for name in args.systems:  # one server at a time: each gets the machine to itself
+            proc, url = start(name, args.threads, args.int8 and name == "torchbert", Path(folder),
+                              tuple(args.serve_args.split()) if name == "torchbert" else ())
             try:
                 for clients in args.clients:
                     seconds, lat, vectors = asyncio.run(load(url, texts, clients))
@@ -160,8 +164,8 @@ def main() -> None:
     for name, clients, rps, p50, p95, p99, diff in rows:
         label = "torchbert serve" + (" --int8" if args.int8 else "") if name == "torchbert" else \
             "naive (transformers, a forward per request)"
-        print(f"| {label} | {clients} | {rps:.1f} | {p50:.1f} | {p95:.1f} | {p99:.1f} | "
-              f"{ours[clients] / rps:.2f}x | {diff:.1e} |")
+        ratio = f"{ours[clients] / rps:.2f}x" if clients in ours else "-"
+        print(f"| {label} | {clients} | {rps:.1f} | {p50:.1f} | {p95:.1f} | {p99:.1f} | {ratio} | {diff:.1e} |")
 
 
 if __name__ == "__main__":

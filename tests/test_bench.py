@@ -53,3 +53,18 @@ def test_bench_serve_loads_both_servers_and_their_answers_agree():
     assert [(r[0].split(" (")[0], r[1]) for r in rows] == [("torchbert serve", "1"), ("torchbert serve", "2"),
                                                            ("naive", "1"), ("naive", "2")], out
     assert all(float(r[-1]) < 1e-5 for r in rows) and all(float(r[2]) > 0 for r in rows)
+
+
+def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
+    out = run_bench("bench_int8.py", "--n", "8", "--corpus", "sentences", "--repeats", "1", "--threads", "1",
+                    "--ner-train-size", "16", "--sentiment-train-size", "16", "--dev-size", "8", "--test-size", "8")
+    rows = table_rows(out)
+    speed = {r[0]: r for r in rows if r[0].startswith(("transformers", "torchbert"))}
+    assert list(speed) == ["transformers fp32 (naive, sdpa)", "torchbert fp32", "torchbert onnx fp32",
+                           "torchbert --int8"], out
+    assert float(speed["transformers fp32 (naive, sdpa)"][4]) > 0.9999  # min cosine to torchbert fp32
+    assert float(speed["torchbert onnx fp32"][4]) > 0.9999 and 0.9 < float(speed["torchbert --int8"][3]) < 1
+    quality = [r for r in rows if r[0] in ("ner", "sentiment")]
+    assert [(r[0], r[2]) for r in quality] == [("ner", "f1"), ("sentiment", "accuracy")], out
+    assert 0 < int(quality[0][1]) <= 8 and quality[1][1] == "8"  # NER: test tweets with unseen tags go to train
+    assert all(0 <= float(r[3]) <= 1 and 0 <= float(r[4]) <= 1 for r in quality)

@@ -47,6 +47,17 @@ def test_the_encoder_graph_equals_pytorch_and_transformers_on_new_shapes(minilm_
     assert min(cos) > 0.975 and report["int8"]["last_hidden_state"]["cosine"] > 0.9, cos
 
 
+def test_int8_keeps_the_feed_forward_down_projections_in_fp32(minilm_onnx):
+    import onnx
+
+    graph = onnx.load(str(minilm_onnx / "model.int8.onnx")).graph
+    shapes = {w.name: tuple(w.dims) for w in graph.initializer}
+    fp32 = sorted(shapes[x] for n in graph.node if n.op_type == "MatMul" for x in n.input if x in shapes)
+    quantized = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    assert fp32 == [(1536, 384)] * 6  # MiniLM: 6 layers, intermediate 1536, hidden 384
+    assert len(quantized) == 6 * 3 + 1  # q/k/v (one product), attention output, up projection; the pooler
+
+
 @pytest.mark.parametrize("task", ["classification", "token", "qa", "multiple-choice"])
 def test_each_task_head_exports_and_matches(task, minilm_dir, tmp_path):
     """A tiny BERT under each head, fine-tuned for a few steps, exported and checked."""

@@ -122,10 +122,37 @@ def test_concurrent_requests_share_batches_and_get_their_own_rows():
     assert len(batches) < 8 and max(len(x) for x in batches) > 2  # coalesced
 
 
+def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more():
+    from torchbert.serve import Batcher, Limits
+
+    release, batches = threading.Event(), []
+
+    def run(items):
+        release.wait(5)
+        batches.append(list(items))
+        return items
+
+    async def main():
+        b = Batcher(run, Limits(max_wait_ms=0))
+        await b.start()
+        first = asyncio.create_task(b.submit([0], 1))
+        await asyncio.sleep(0.05)  # the first batch is running, alone
+        rest = [asyncio.create_task(b.submit([i], 1)) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        release.set()
+        out = await asyncio.gather(first, *rest)
+        await b.stop()
+        return out
+
+    assert asyncio.run(main()) == [[i] for i in range(6)]
+    assert batches == [[0], [1, 2, 3, 4, 5]]
+
+
 def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
     from torchbert.serve import Batcher, Limits, Rejected, budget_batches
 
-    assert [list(x) for x in budget_batches([3, 9, 5, 1], 10)] == [[1], [2, 0, 3]]
+    assert [list(x) for x in budget_batches([3, 9, 5, 1], 10)] == [[1], [2, 0], [3]]
+    assert [list(x) for x in budget_batches([8, 3, 8, 4], 100)] == [[0, 2, 3], [1]]  # 3 < 8 / 2: a new batch
     release = threading.Event()
     sizes = []
 
@@ -327,6 +354,35 @@ def test_serve_cli_refuses_bad_settings(capsys):
     assert code == 2 and "not a folder" in err
 
 
+def test_bf16_serves_bfloat16_products_close_to_fp32(embedder, minilm_dir):
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Embedder, Limits, create_app
+
+    texts = list(realdata.english_texts()[:4]) + list(realdata.peoples_daily_sentences()[:4])
+    bf16 = Embedder(None, name="minilm", max_length=64, precision="bf16", model=embedder.model,
+                    tokenizer=embedder.tokenizer)
+    with TestClient(create_app(bf16, Limits())) as c:
+        assert c.get("/health").json()["precision"] == "bf16"
+        got = np.array([d["embedding"] for d in c.post("/v1/embeddings", json={"input": texts}).json()["data"]])
+    want = offline(minilm_dir, texts)
+    cosine = (got * want).sum(1)
+    assert cosine.min() > 0.99  # bf16 keeps 8 bits of mantissa: close, and
+    assert np.abs(got - want).max() > 1e-4  # not the fp32 answer, so bfloat16 did run
+
+
+def test_serve_cli_gives_bf16_only_where_the_device_has_it(capsys, monkeypatch):
+    from clihelp import cli
+
+    import torchbert.cli
+
+    monkeypatch.setattr(torchbert.cli, "fast_bf16", lambda device: False)
+    code, _, err = cli(capsys, "serve", "--model", "minilm", "--precision", "bf16", "--device", "cpu")
+    assert code == 2 and "--precision bf16: this CPU has no fast bf16" in err and "AVX512 or AMX" in err
+    code, _, err = cli(capsys, "serve", "--model", "minilm", "--precision", "bf16", "--int8")
+    assert code == 2 and "--precision bf16 and --int8 exclude each other" in err
+
+
 # -- /predict: a fine-tuned model of each task type answers as `torchbert predict` does ----------------
 
 def _task_inputs():
@@ -408,6 +464,23 @@ def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
                 assert a[k] == pytest.approx(b[k], abs=1e-5)
             else:
                 assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_predict_in_bf16_is_close_to_fp32(finetuned, task):
+    from torchbert.serve import Limits, Predictor
+
+    out, _, inputs = finetuned[task]
+    key = "probabilities" if task == "classification" else "score"
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        p = Predictor(out, name="m", precision=precision)
+        examples, _, _ = p.examples({"inputs": inputs}, Limits())
+        runs[precision] = [sorted(r[key].items()) if isinstance(r[key], dict) else r[key] for r in p(examples)]
+    if task == "classification":  # {label: probability} -> probabilities in label order
+        runs = {k: [[x for _, x in r] for r in v] for k, v in runs.items()}
+    a, b = np.array(runs["fp32"], dtype=np.float64), np.array(runs["bf16"], dtype=np.float64)
+    assert np.abs(a - b).max() < 0.05 and np.abs(a - b).max() > 0  # bfloat16 ran, and moved little
 
 
 def predictor_type(out):

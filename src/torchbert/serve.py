@@ -7,11 +7,12 @@
     GET  /metrics         Prometheus text: requests by endpoint and status, latency, batch sizes, queue depth
 
 Dynamic batching: a request's texts are checked and tokenized as it arrives, then queued. One
-batcher task takes the first waiting request and whatever else arrives within `max_wait_ms`, up to
-`max_batch_tokens` tokens, and hands the lot to the one inference thread, which runs it as packed,
-length-sorted batches under the token budget; each request gets its own rows back, in its order.
-The event loop never runs the model, so requests keep arriving (and joining the next batch) while
-one batch computes. The queue is bounded in texts: past it a request gets 503 and Retry-After.
+batcher task takes, as soon as the model is free, every request that waited meanwhile (and what
+arrives within `max_wait_ms`, 0 by default), up to `max_batch_tokens` tokens, and hands the lot to
+the one inference thread, which runs it as packed, length-sorted forward passes; each request gets
+its own rows back, in its order. The event loop never runs the model, so requests keep arriving
+(and joining the next batch) while one batch computes. The queue is bounded in texts: past it a
+request gets 503 and Retry-After.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import numpy as np
 class Limits:
     """What one server accepts and how it batches; the defaults suit a small BERT on a few CPU cores."""
 
-    max_batch_tokens: int = 16384  # tokens per forward pass (padding never counts: batches are packed)
-    max_wait_ms: float = 5.0  # how long the first request of a batch waits for others to join it
+    max_batch_tokens: int = 2048  # tokens per batch (padding never counts: batches are packed)
+    max_wait_ms: float = 0.0  # how long a batch waits for more requests once the model is free
     max_queue: int = 1024  # texts waiting or running; past it, 503
     max_texts: int = 256  # per request; past it, 413
     max_chars: int = 20000  # per text; past it, 413
@@ -120,10 +121,16 @@ class Batcher:
             jobs, tokens, last = [job], job.tokens, False
             deadline = loop.time() + self.limits.max_wait_ms / 1000
             while tokens < self.limits.max_batch_tokens:
-                try:  # a cancelled get leaves its item in the queue
-                    job = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - loop.time()))
-                except TimeoutError:
-                    break
+                if not self.queue.empty():  # what arrived while the last batch ran joins without waiting
+                    job = self.queue.get_nowait()
+                else:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:  # a cancelled get leaves its item in the queue
+                        job = await asyncio.wait_for(self.queue.get(), remaining)
+                    except TimeoutError:
+                        break
                 if job is None:
                     last = True
                     break
@@ -157,11 +164,12 @@ class Batcher:
 
 def budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
     """Indices in batches of similar length, longest first, each under max_tokens tokens (a longer
-    sequence goes alone)."""
+    sequence goes alone), and none with a sequence under half its longest: attention works on the
+    padded block, which stays at most half padding."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     batches, current, used = [], [], 0
     for i in order:
-        if current and used + lengths[i] > max_tokens:
+        if current and (used + lengths[i] > max_tokens or 2 * lengths[i] < lengths[current[0]]):
             batches.append(np.asarray(current))
             current, used = [], 0
         current.append(i)
@@ -209,14 +217,15 @@ class Embedder:
     endpoint = "embeddings"
 
     def __init__(self, model_dir: Path | None, *, name: str, pooling: str = "mean", normalize: bool = True,
-                 max_length: int | None = None, max_batch_tokens: int = 16384, device: str = "cpu",
-                 model=None, tokenizer=None):
+                 max_length: int | None = None, max_batch_tokens: int = 2048, device: str = "cpu",
+                 precision: str = "fp32", model=None, tokenizer=None):
         import torch
 
         from .model import BertModel
         from .tokenizer import BertTokenizer
 
         self.name, self.pooling, self.normalize, self.max_batch_tokens = name, pooling, normalize, max_batch_tokens
+        self.precision = precision
         self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
         self.model = model or BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
         limit = self.model.config.max_position_embeddings
@@ -235,10 +244,24 @@ class Embedder:
         from .features import embed_ids
 
         out = np.empty((len(ids), self.model.config.hidden_size), dtype=np.float32)
-        for idx in budget_batches([len(x) for x in ids], self.max_batch_tokens):
-            out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling, normalize=self.normalize,
-                                 batch_size=len(idx))
+        with _autocast(self.precision, self.model):
+            for idx in budget_batches([len(x) for x in ids], self.max_batch_tokens):
+                out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling,
+                                     normalize=self.normalize, batch_size=len(idx))
         return out
+
+
+def _autocast(precision: str, model):
+    """bf16: the model's matrix products in bfloat16 (torch.autocast; its weights stay fp32). fp32
+    and int8 (an encoder that is already 8-bit) run as they are."""
+    import contextlib
+    import itertools
+
+    from .train.loop import autocast
+
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return autocast(precision, next(itertools.chain(model.parameters(), model.buffers())).device)
 
 
 class Predictor:
@@ -246,7 +269,8 @@ class Predictor:
 
     endpoint = "predict"
 
-    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", int8: bool = False):
+    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", int8: bool = False,
+                 precision: str = "fp32"):
         import itertools
 
         import torch
@@ -254,7 +278,7 @@ class Predictor:
         from .families import family
         from .predict import id2label, load_finetuned
 
-        self.name = name
+        self.name, self.precision = name, "int8" if int8 else precision
         self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device), int8)
         self.family, self.id2label = family(self.ts.type), id2label(self.model.config)
         self.device = torch.device(device)
@@ -295,7 +319,9 @@ class Predictor:
         from .predict import predict
 
         encoded = self.family.encode(self.tokenizer, examples, self.ts, None, training=False, use_labels=False)
-        return predict(self.model, TaskData(encoded, self.family), examples, self.ts, self.id2label, 64, self.device)
+        with _autocast(self.precision, self.model):
+            return predict(self.model, TaskData(encoded, self.family), examples, self.ts, self.id2label, 64,
+                           self.device)
 
 
 def _strings(value: Any):
@@ -355,6 +381,7 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
     batchers = {x.endpoint: Batcher(x, limits, metrics, pool) for x in (embedder, predictor) if x is not None}
     body_limit = limits.max_texts * (limits.max_chars * 4 + 256) + 4096  # UTF-8, JSON escapes and keys
     name = (predictor or embedder).name
+    precision = (predictor or embedder).precision
 
     @asynccontextmanager
     async def lifespan(app):
@@ -434,7 +461,7 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
                                               "predictions": records})
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": name, "endpoints": sorted(batchers),
+        return JSONResponse({"status": "ok", "model": name, "endpoints": sorted(batchers), "precision": precision,
                              "queue_texts": sum(b.waiting for b in batchers.values())})
 
     async def prometheus(request: Request):

@@ -6,6 +6,7 @@ on the fly, per batch), and puts an `OnnxEncoder` in its place: the same call an
 BertOutput as BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and
 `serve` run on it unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few
 seconds per layer and is done once per process.
+The feed-forward down projections stay in fp32 (io/onnx.py: quantize_int8 says why).
 """
 
 from __future__ import annotations
@@ -61,18 +62,19 @@ def encoder_session(encoder: BertModel, folder: Path, quantize: bool = True):
     """The encoder as ONNX in `folder`, its linear weights in INT8 (or left in fp32): an onnxruntime
     session, and whether it gives pooler_output."""
     import onnxruntime as ort
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from ..io.onnx import write_onnx
+    from ..io.onnx import quantize_int8, write_onnx
 
     outputs = ("last_hidden_state", "pooler_output") if encoder.pooler is not None else ("last_hidden_state",)
     ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]]) % encoder.config.vocab_size
     write_onnx(encoder, outputs, folder / "fp32.onnx",
                {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)})
-    if not quantize:
-        return ort.InferenceSession(str(folder / "fp32.onnx"), providers=["CPUExecutionProvider"]), len(outputs) == 2
-    quantize_dynamic(folder / "fp32.onnx", folder / "int8.onnx", weight_type=QuantType.QInt8, per_channel=True)
-    return ort.InferenceSession(str(folder / "int8.onnx"), providers=["CPUExecutionProvider"]), len(outputs) == 2
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch's own ops use
+    if quantize:
+        quantize_int8(folder / "fp32.onnx", folder / "int8.onnx", encoder.config)
+    path = folder / ("int8.onnx" if quantize else "fp32.onnx")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), len(outputs) == 2
 
 
 def int8(model: nn.Module, quantize: bool = True) -> nn.Module:

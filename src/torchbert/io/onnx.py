@@ -1,5 +1,5 @@
-"""A BERT (or a task model on one) written as an ONNX graph: the one export call that `torchbert
-export` and the INT8 encoder (fast/int8.py) share.
+"""A BERT (or a task model on one) written as an ONNX graph, and its 8-bit version: the export and
+quantization calls that `torchbert export` and the INT8 encoder (fast/int8.py) share.
 
 The graph takes padded input_ids, attention_mask and token_type_ids (int64), [batch, sequence] or,
 for multiple choice, [batch, choices, sequence], every axis dynamic, and returns the named fields of
@@ -50,3 +50,29 @@ def write_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, example: 
     finally:
         for m in checks:
             m.check_inputs = True
+
+
+def down_projections(path: Path, intermediate: int, hidden: int) -> list[str]:
+    """The names of the graph's MatMul nodes by a constant [intermediate, hidden] weight: the
+    feed-forward down projections (none when the two sizes are equal and the shape says nothing)."""
+    import onnx
+
+    if intermediate == hidden:
+        return []
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {w.name for w in graph.initializer if tuple(w.dims) == (intermediate, hidden)}
+    return [n.name for n in graph.node if n.op_type == "MatMul" and weights & set(n.input)]
+
+
+def quantize_int8(src: Path, dst: Path, config) -> None:
+    """`src` with the weights of its linear layers in 8 bits per output channel (ONNX Runtime's dynamic
+    quantizer: activations are quantized on the fly, per batch), except the feed-forward down
+    projections, which stay in fp32. Their input, the GELU of the up projection, has the widest range,
+    and one 8-bit scale for all of it loses the most: on MiniLM (300 real sentences) mean-pooled
+    embeddings reach a cosine of 0.9877 to fp32 (min 0.968) with every projection in 8 bits and
+    0.9932 (min 0.982) with the down projections in fp32; keeping q/k/v, the attention output or the
+    up projections in fp32 instead gave 0.990, 0.988 and 0.991. Per tensor instead of per channel: 0.931."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    keep = down_projections(src, config.intermediate_size, config.hidden_size)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep)
