@@ -49,3 +49,25 @@ def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0):
         if (minilm_dir / f).is_file():
             shutil.copyfile(minilm_dir / f, folder / f)
     return folder
+
+
+def assert_served_like_predict(run, inputs, predicted):
+    """`torchbert serve` of a fine-tuned run folder answers POST /predict for `inputs` with the records
+    of `torchbert predict` (`predicted`, read from its output file; ids aside, numbers within 1e-5),
+    and refuses /v1/embeddings when the model has no BERT encoder."""
+    import pytest
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Limits, Predictor, create_app
+
+    with TestClient(create_app(None, Limits(), Predictor(run, name="m"))) as c:
+        r = c.post("/predict", json={"inputs": inputs})
+        assert r.status_code == 200, r.text
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 404
+    got = r.json()["predictions"]
+    assert len(got) == len(predicted)
+    for a, b in zip(got, predicted):
+        a, b = {k: v for k, v in a.items() if k != "id"}, {k: v for k, v in b.items() if k != "id"}
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == (pytest.approx(b[k], abs=1e-5) if isinstance(a[k], (float, dict, list)) else b[k]), k

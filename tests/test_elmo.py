@@ -125,7 +125,7 @@ def test_elmo_pretrains_resumes_exactly_and_fine_tunes_through_the_same_commands
     import shutil
 
     import realdata
-    from clihelp import cli, write_conll
+    from clihelp import assert_served_like_predict, cli, write_conll
     from safetensors.torch import load_file
 
     args = ["pretrain", "--data", prepared / "data", "--config", "tiny", "--model", "elmo", "--batch-size", "16",
@@ -163,6 +163,7 @@ def test_elmo_pretrains_resumes_exactly_and_fine_tunes_through_the_same_commands
     assert code == 0, err
     records = [json.loads(x) for x in (run / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(records) == 60 and all(len(r["tags"]) == len(r["words"]) for r in records)
+    assert_served_like_predict(run, [{"tokens": list(w)} for w, _ in sentences], records)  # torchbert serve
     bilm = load_file(tmp_path / "full" / "model.safetensors")
     tuned = load_file(run / "model.safetensors")
     assert all(torch.equal(tuned[k], v) for k, v in bilm.items() if k.startswith("elmo."))  # frozen

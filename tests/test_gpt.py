@@ -197,7 +197,7 @@ def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepare
     import random
 
     import realdata
-    from clihelp import cli, squad_file, write_conll
+    from clihelp import assert_served_like_predict, cli, squad_file, write_conll
 
     gpt = tmp_path / "gpt"
     code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", gpt, "--config", "tiny", "--model",
@@ -227,6 +227,7 @@ def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepare
     assert code == 0, err
     records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(records) == 40 and {r["label"] for r in records} <= {"pos", "neg"}
+    assert_served_like_predict(run, [{"sentence": t[:60]} for t, _ in rows[80:]], records)  # torchbert serve
     # every other task type through the same commands: tagging (People's Daily person/place names),
     # multiple choice, QA and similarity, each a new head on the pretrained GPT
     sentences = [(w, tuple("B-PER" if t == "nr" else "B-LOC" if t == "ns" else "O" for t in tags))
