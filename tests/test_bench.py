@@ -48,7 +48,7 @@ def test_bench_finetune_starts_both_systems_equal_and_judges_the_target():
 
 
 def test_bench_serve_loads_both_servers_and_their_answers_agree():
-    out = run_bench("bench_serve.py", "--clients", "1", "2", "--requests", "6", "--threads", "1")
+    out = run_bench("bench_serve.py", "--clients", "1", "2", "--requests", "6", "--threads", "1", "--repeats", "2")
     rows = table_rows(out)
     assert [(r[0].split(" (")[0], r[1]) for r in rows] == [("torchbert serve", "1"), ("torchbert serve", "2"),
                                                            ("naive", "1"), ("naive", "2")], out

@@ -295,6 +295,38 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
     assert batches < 480  # concurrent requests shared forward passes
 
 
+def test_a_worker_process_answers_like_offline_a_dead_one_gets_503_and_a_bad_model_fails_at_start(minilm_dir,
+                                                                                                     tmp_path):
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Limits, Spec, build, create_app, worker_pool
+
+    spec = Spec(str(minilm_dir), "m", max_length=64)
+    embedder, predictor = build(spec, load=False)
+    assert predictor is None and embedder.model is None  # the server's side holds no weights
+    workers = worker_pool(spec)
+    texts = list(realdata.english_texts()[20:24]) + list(realdata.peoples_daily_sentences()[20:24])
+    with TestClient(create_app(embedder, Limits(), None, workers)) as c:
+        r = c.post("/v1/embeddings", json={"input": texts})
+        got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, offline(minilm_dir, texts), atol=1e-5)
+        for process in list(workers._processes.values()):  # the worker is killed (out of memory, say)
+            process.kill()
+            process.join()
+        r = c.post("/v1/embeddings", json={"input": texts})
+        assert r.status_code == 503 and "the inference process has stopped" in r.json()["error"]["message"]
+        assert c.get("/health").status_code == 503
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 503  # and stays so, at once
+    bad = tmp_path / "bad"
+    shutil.copytree(minilm_dir, bad)
+    with open(bad / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(Exception, match="not a valid safetensors file"):
+        worker_pool(Spec(str(bad), "m"))
+
+
 def test_the_openai_client_gets_our_embeddings(live, minilm_dir):
     openai = pytest.importorskip("openai")
 

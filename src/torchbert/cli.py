@@ -866,7 +866,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Embedder, Limits, Predictor, create_app
+    from .serve import Limits, Spec, build, create_app, worker_pool
 
     limits = Limits(args.max_batch_tokens, args.max_wait_ms, args.max_queue, args.max_texts, args.max_chars)
     try:
@@ -879,10 +879,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
         import uvicorn
     except ImportError:
         raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
-    from .config import load_config
-    from .fast.int8 import OnnxEncoder
-    from .model import BertModel
-
     model_dir = resolve_model(args.model)
     device = cpu_for_int8(args)
     if args.precision == "bf16":
@@ -891,33 +887,33 @@ def cmd_serve(args: argparse.Namespace) -> None:
         if not fast_bf16(device):
             raise UserError(f"--precision bf16: this {device.type.upper()} has no fast bf16 (it needs a CUDA GPU "
                             "with bf16, or a CPU with AVX512 or AMX); serve in fp32, or --int8 on the CPU")
-    precision = "int8" if args.int8 else args.precision
-    name = args.name or Path(args.model).name
-    predictor = None
-    if "torchbert_task" in load_config(model_dir).extra:  # fine-tuned: /predict, and its encoder's embeddings
-        predictor = Predictor(model_dir, name=name, device=str(device), int8=args.int8, precision=precision)
-        encoder = getattr(predictor.model, "bert", None)
-        embedder = None if not isinstance(encoder, (BertModel, OnnxEncoder)) else Embedder(
-            None, name=name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
-            max_batch_tokens=args.max_batch_tokens, precision=precision, model=encoder,
-            tokenizer=predictor.tokenizer)
-    else:
-        embedder = Embedder(model_dir, name=name, pooling=args.pooling, normalize=args.normalize,
-                            max_length=args.max_length, max_batch_tokens=args.max_batch_tokens, device=str(device),
-                            precision=precision)
-        if args.int8:
-            embedder.model = int8_model(embedder.model, device)
-    limit = (embedder or predictor).model.config.max_position_embeddings
-    if args.int8 and predictor is not None:
-        print("note: --int8: the encoder runs in 8 bits (exported and quantized at start)", file=sys.stderr)
+    from .config import load_config
+
+    limit = load_config(model_dir).max_position_embeddings
     if args.max_length is not None and not 2 <= args.max_length <= limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
+    name = args.name or Path(args.model).name
+    spec = Spec(str(model_dir), name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
+                max_batch_tokens=args.max_batch_tokens, device=str(device),
+                precision="int8" if args.int8 else args.precision)
+    if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
+        print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+        embedder, predictor = build(spec, load=True)
+        workers = None
+    else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
+        embedder, predictor = build(spec, load=False)  # the request side
+        workers = worker_pool(spec)
     routes = ["POST /v1/embeddings"] * (embedder is not None) + ["POST /predict"] * (predictor is not None)
     task = f", a {predictor.ts.type} model" if predictor else ""
     print(f"serving {model_dir} as {name!r}{task} on http://{args.host}:{args.port} ({', '.join(routes)}, "
           "GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering what is in flight", file=sys.stderr)
-    uvicorn.run(create_app(embedder, limits, predictor), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.log_level == "debug")
+    try:  # the app shuts the worker down when it stops; if it never started, this does
+        uvicorn.run(create_app(embedder, limits, predictor, workers), host=args.host, port=args.port,
+                    log_level=args.log_level, access_log=args.log_level == "debug")
+    except BaseException:
+        if workers is not None:
+            workers.shutdown(wait=True, cancel_futures=True)
+        raise
 
 
 def cmd_export(args: argparse.Namespace) -> None:
