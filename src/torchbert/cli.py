@@ -166,8 +166,8 @@ def pick_device(name: str):
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
              "Runtime, feed-forward down projections kept in fp32. Outputs move slightly (MiniLM embeddings: cosine "
-             "0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts and 1.15x on 128-token "
-             "ones (bench/README.md)")
+             "0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts (36 tokens) and 1.15x on "
+             "longer ones (74) (bench/README.md)")
 
 
 def fast_bf16(device) -> bool:
