@@ -327,6 +327,34 @@ def test_a_worker_process_answers_like_offline_a_dead_one_gets_503_and_a_bad_mod
         worker_pool(Spec(str(bad), "m"))
 
 
+def test_the_worker_process_goes_when_its_server_is_killed_outright(minilm_dir):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time; from torchbert.serve import Spec, worker_pool; "
+              f"pool = worker_pool(Spec({str(minilm_dir)!r}, 'm')); "
+              "print(*pool._processes, flush=True); time.sleep(600)")
+    server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(server.stdout.readline())
+        os.kill(worker, 0)  # it is there
+        server.kill()  # kill -9: nothing of the server runs to stop it
+        server.wait(30)
+        for _ in range(100):
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, 9)
+            raise AssertionError("the worker outlived its server by 10 s")
+    finally:
+        server.kill()
+
+
 def test_the_openai_client_gets_our_embeddings(live, minilm_dir):
     openai = pytest.importorskip("openai")
 

@@ -413,12 +413,21 @@ _FAILED: list[BaseException] = []  # in the worker process: why loading failed, 
 
 
 def _worker_start(spec: Spec) -> None:
+    import multiprocessing
+    import os
     import signal
+    import threading
+    from multiprocessing.connection import wait
 
     # Ctrl-C and SIGTERM reach the whole process group; the server stops this process itself, after
     # answering what is in flight
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a server killed outright (kill -9, out of memory) cannot stop it: it goes when its parent goes
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (wait([parent.sentinel]), os._exit(1)), daemon=True,
+                         name="torchbert-orphan-watch").start()
     try:
         embedder, predictor = build(spec, load=True)
     except Exception as e:  # noqa: BLE001 - handed to the server with the first call
