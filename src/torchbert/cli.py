@@ -197,15 +197,18 @@ def cpu_for_int8(args: argparse.Namespace):
     return device
 
 
-def int8_model(model, device, layers="last"):
-    """model with its encoder in INT8 (fast/int8.py), after checking what --int8 cannot do."""
-    if device.type != "cpu":
-        raise UserError(f"--int8 runs on the CPU; got --device {device}")
+def int8_note() -> None:
+    print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+
+
+def int8_model(model, layers="last"):
+    """model (on the CPU: cpu_for_int8) with its encoder in INT8 (fast/int8.py), after checking what
+    --int8 cannot do."""
     if str(layers) != "last":
         raise UserError(f"--int8 gives the last layer only; --layers {layers} needs every layer (drop --int8)")
     from .fast.int8 import int8
 
-    print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+    int8_note()
     return int8(model)
 
 
@@ -234,7 +237,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     if args.max_length is not None and not 2 <= args.max_length <= limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
     if args.int8:
-        model = int8_model(model, device, args.layers)
+        model = int8_model(model, args.layers)
     empty = sum(1 for t in texts if not t.strip())
     if empty:
         print(f"note: {empty} empty line(s) in {args.input} embed as the empty text", file=sys.stderr)
@@ -897,7 +900,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 max_batch_tokens=args.max_batch_tokens, device=str(device),
                 precision="int8" if args.int8 else args.precision)
     if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
-        print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+        int8_note()
         embedder, predictor = build(spec, load=True)
         workers = None
     else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own

@@ -298,8 +298,8 @@ class Predictor:
 
     endpoint = "predict"
 
-    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", int8: bool = False,
-                 precision: str = "fp32", load: bool = True):
+    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", precision: str = "fp32",
+                 load: bool = True):
         import itertools
 
         import torch
@@ -308,7 +308,7 @@ class Predictor:
         from .families import TaskSettings, family
         from .predict import id2label, load_finetuned
 
-        self.name, self.precision = name, "int8" if int8 else precision
+        self.name, self.precision = name, precision  # fp32, bf16 or int8
         if load:
             self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device),
                                                                     self.precision == "int8")
@@ -399,8 +399,7 @@ def build(spec: Spec, load: bool = True) -> tuple[Embedder | None, Predictor | N
               max_batch_tokens=spec.max_batch_tokens, precision=spec.precision)
     if "torchbert_task" not in config.extra:
         return Embedder(model_dir, device=spec.device, load=load, **kw), None
-    predictor = Predictor(model_dir, name=spec.name, device=spec.device, precision=spec.precision, load=load,
-                          int8=spec.precision == "int8")
+    predictor = Predictor(model_dir, name=spec.name, device=spec.device, precision=spec.precision, load=load)
     if not isinstance(config, BertConfig):  # GPT, ELMo: no BERT encoder to embed with
         return None, predictor
     if not load:

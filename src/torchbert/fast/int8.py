@@ -5,8 +5,8 @@ linear layers per output channel with ONNX Runtime's dynamic quantizer (activati
 on the fly, per batch), and puts an `OnnxEncoder` in its place: the same call and the same
 BertOutput as BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and
 `serve` run on it unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few
-seconds per layer and is done once per process.
-The feed-forward down projections stay in fp32 (io/onnx.py: quantize_int8 says why).
+seconds per layer and is done once per process. The feed-forward down projections stay in fp32
+(io/onnx.py: quantize_int8 says why).
 """
 
 from __future__ import annotations
