@@ -53,9 +53,8 @@ def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0):
 
 def assert_served_like_predict(run, inputs, predicted):
     """`torchbert serve` of a fine-tuned run folder answers POST /predict for `inputs` with the records
-    of `torchbert predict` (`predicted`, read from its output file; ids aside, numbers within 1e-5),
-    and refuses /v1/embeddings when the model has no BERT encoder."""
-    import pytest
+    of `torchbert predict` (`predicted`, read from its output file; ids aside, the same fields, the
+    numbers at parity), and refuses /v1/embeddings when the model has no BERT encoder."""
     from starlette.testclient import TestClient
 
     from torchbert.serve import Limits, Predictor, create_app
@@ -64,10 +63,31 @@ def assert_served_like_predict(run, inputs, predicted):
         r = c.post("/predict", json={"inputs": inputs})
         assert r.status_code == 200, r.text
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 404
-    got = r.json()["predictions"]
-    assert len(got) == len(predicted)
-    for a, b in zip(got, predicted):
-        a, b = {k: v for k, v in a.items() if k != "id"}, {k: v for k, v in b.items() if k != "id"}
-        assert a.keys() == b.keys()
-        for k in a:
-            assert a[k] == (pytest.approx(b[k], abs=1e-5) if isinstance(a[k], (float, dict, list)) else b[k]), k
+    assert_same_records(*([{k: v for k, v in x.items() if k != "id"} for x in side]
+                          for side in (r.json()["predictions"], predicted)))
+
+
+def assert_same_records(got: list[dict], want: list[dict]) -> None:
+    """Prediction records alike in every field, word, label and index, their numbers (probabilities,
+    scores: fp32, computed by two processes) at parity."""
+    import numpy as np
+    from parity import assert_parity
+
+    assert len(got) == len(want)
+    (got_rest, got_numbers), (want_rest, want_numbers) = _numbers_apart(got), _numbers_apart(want)
+    assert got_rest == want_rest
+    if want_numbers:
+        assert_parity(np.array(got_numbers, np.float32), np.array(want_numbers, np.float32))
+
+
+def _numbers_apart(value, numbers=None):
+    """(value with each float replaced by a placeholder, the floats in order)."""
+    numbers = [] if numbers is None else numbers
+    if isinstance(value, float):
+        numbers.append(value)
+        return "<float>", numbers
+    if isinstance(value, dict):
+        return {k: _numbers_apart(v, numbers)[0] for k, v in value.items()}, numbers
+    if isinstance(value, list):
+        return [_numbers_apart(v, numbers)[0] for v in value], numbers
+    return value, numbers

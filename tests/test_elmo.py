@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from parity import assert_parity
 
 from torchbert.config import BertConfig, ELMoConfig, bert_body_parameters
 from torchbert.elmo import (
@@ -43,7 +44,7 @@ def test_each_direction_reads_one_side_only_and_packed_equals_alone():
     assert len(out.layers) == 3 and all(h.shape == (16, 16) for h in out.layers)
     alone = [model(s[None]) for s in seqs]
     for j in range(3):
-        assert torch.allclose(out.layers[j], torch.cat([a.layers[j] for a in alone]), atol=1e-6, rtol=0)
+        assert_parity(out.layers[j], torch.cat([a.layers[j] for a in alone]))
     s = seqs[1]
     changed = s.clone()
     changed[4] = (s[4] + 1) % 50
@@ -65,8 +66,9 @@ def test_bilm_loss_is_forward_plus_backward_nll_through_one_softmax():
         [t for s in seqs for t in [*s[1:].tolist(), IGNORE]]), ignore_index=IGNORE)
     b = torch.nn.functional.cross_entropy(model.softmax(top.backward_top), ids.new_tensor(
         [t for s in seqs for t in [IGNORE, *s[:-1].tolist()]]), ignore_index=IGNORE)
-    assert abs(out.forward_loss.item() - f.item()) < 1e-5 and abs(out.backward_loss.item() - b.item()) < 1e-5
-    assert abs(out.loss.item() - (f + b).item()) < 1e-5
+    assert_parity(out.forward_loss, f)
+    assert_parity(out.backward_loss, b)
+    assert_parity(out.loss, f + b)
 
 
 def test_matched_size_and_a_task_model_learns_on_a_frozen_bilm(tmp_path):

@@ -10,6 +10,7 @@ import shutil
 import pytest
 import realdata
 from clihelp import cli, write_conll
+from parity import assert_parity
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -98,7 +99,7 @@ def test_the_linear_tagger_reads_the_chosen_layers(strategy):
     expected = BY_HAND[strategy](hs) @ model.classifier.weight.T + model.classifier.bias  # [N, L]
     got = model(flat, cu_seqlens=cu, max_seqlen=T).logits
     assert got.shape == (int(mask.sum()), len(LABELS))
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_parity(got, expected)
     assert set(STRATEGIES) <= set(BY_HAND)
 
 
@@ -109,13 +110,13 @@ def test_the_bilstm_reads_each_sequence_alone_packed_or_padded():
     ids, mask, flat, cu, T = tiny_batch()
     packed = model(flat, cu_seqlens=cu, max_seqlen=T).logits  # [N, L]
     padded = model(ids, attention_mask=mask).logits  # [B, T, L]
-    torch.testing.assert_close(padded[mask.bool()], packed, atol=1e-5, rtol=1e-5)
+    assert_parity(padded[mask.bool()], packed)
     # a plain nn.LSTM call on one sequence's features, no packing: what each sequence must get
     for b, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         one = ids[b, : end - start][None]  # [1, T_b]
         hs = model.bert(one, output_hidden_states=True).hidden_states
         y = model.lstm(torch.cat(hs[-4:], -1))[0]  # [1, T_b, 2R]
-        torch.testing.assert_close(packed[start:end], model.classifier(y[0]), atol=1e-5, rtol=1e-5)
+        assert_parity(packed[start:end], model.classifier(y[0]))
 
 
 def test_the_loss_is_the_mean_cross_entropy_of_labelled_tokens():
@@ -128,7 +129,7 @@ def test_the_loss_is_the_mean_cross_entropy_of_labelled_tokens():
     keep = labels != IGNORE
     logp = out.logits.log_softmax(-1)[keep]
     by_hand = -logp[torch.arange(int(keep.sum())), labels[keep]].mean()
-    torch.testing.assert_close(out.loss, by_hand)
+    assert_parity(out.loss, by_hand)
 
 
 @pytest.mark.parametrize("kind", ["bilstm", "linear"])
@@ -141,7 +142,7 @@ def test_the_encoder_is_frozen_and_only_the_tagger_learns(kind):
     labels = torch.randint(0, len(LABELS), flat.shape, generator=torch.Generator().manual_seed(1))
     # BERT's own dropout is 0.1: equal outputs in train mode show it is off
     first = model(flat, cu_seqlens=cu, max_seqlen=T, labels=labels)
-    torch.testing.assert_close(model(flat, cu_seqlens=cu, max_seqlen=T).logits, first.logits)
+    assert_parity(model(flat, cu_seqlens=cu, max_seqlen=T).logits, first.logits)
     first.loss.backward()
     tagger = {n: p for n, p in model.named_parameters() if not n.startswith("bert.")}
     assert tagger and all(p.grad is not None and p.grad.abs().sum() > 0 for p in tagger.values())
@@ -274,7 +275,7 @@ def test_transformers_reads_the_encoder_of_a_run(runs):
     theirs = transformers.BertModel.from_pretrained(run, add_pooling_layer=False).eval()
     ours = BertModel.from_pretrained(run, add_pooling_layer=False).eval()
     x = torch.tensor([[101, 7592, 2088, 999, 102]])
-    torch.testing.assert_close(ours(x).last_hidden_state, theirs(x).last_hidden_state, atol=1e-5, rtol=1e-5)
+    assert_parity(ours(x).last_hidden_state, theirs(x).last_hidden_state)
 
 
 @pytest.mark.parametrize("kind", ["bilstm", "linear"])

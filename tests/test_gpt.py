@@ -4,6 +4,7 @@ and the properties its fine-tuning and pretraining rely on: causal, packed == on
 import pytest
 import torch
 import transformers
+from parity import assert_parity
 
 from torchbert.config import BertConfig, GPTConfig
 from torchbert.gpt import OpenAIGPTLMHeadModel, OpenAIGPTModel, next_tokens
@@ -30,14 +31,14 @@ def test_we_read_transformers_gpt_with_the_same_outputs(theirs):
     ours = OpenAIGPTLMHeadModel.from_pretrained(folder).eval()
     ids = torch.randint(0, SMALL["vocab_size"], (3, 17))
     a, b = ref(ids, labels=ids, output_hidden_states=True), ours(ids, labels=ids, output_hidden_states=True)
-    assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0)
-    assert abs(a.loss.item() - b.loss.item()) < 1e-5
+    assert_parity(a.logits, b.logits)
+    assert_parity(a.loss, b.loss)
     assert len(a.hidden_states) == len(b.hidden_states) == SMALL["n_layer"] + 1
     for x, y in zip(a.hidden_states, b.hidden_states):
-        assert torch.allclose(x, y, atol=1e-5, rtol=0)
+        assert_parity(x, y)
     # the bare model from the LM head model's file, and transformers' bare model
     base = OpenAIGPTModel.from_pretrained(folder).eval()
-    assert torch.allclose(base(ids).last_hidden_state, ref.transformer(ids).last_hidden_state, atol=1e-5, rtol=0)
+    assert_parity(base(ids).last_hidden_state, ref.transformer(ids).last_hidden_state)
 
 
 @torch.no_grad()
@@ -48,7 +49,7 @@ def test_transformers_reads_ours_with_the_same_outputs(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(ref).__name__ == "OpenAIGPTLMHeadModel"
     ids = torch.randint(0, SMALL["vocab_size"], (2, 11))
-    assert torch.allclose(ours(ids).logits, ref(ids).logits, atol=1e-5, rtol=0)
+    assert_parity(ours(ids).logits, ref(ids).logits)
     # tied: their output layer is our token embedding
     assert torch.equal(ref.lm_head.weight, ours.transformer.embeddings.tokens.weight)
     again = OpenAIGPTLMHeadModel.from_pretrained(tmp_path).eval()
@@ -63,17 +64,18 @@ def test_packed_sequences_equal_each_sequence_alone_and_nothing_sees_the_future(
     cu = torch.tensor([0, 7, 11, 20], dtype=torch.int32)
     packed = model(torch.cat(seqs), cu_seqlens=cu, max_seqlen=9, labels=torch.cat(seqs))
     alone = [model(s[None], labels=s[None]) for s in seqs]
-    assert torch.allclose(packed.logits, torch.cat([a.logits[0] for a in alone]), atol=1e-5, rtol=0)
+    assert_parity(packed.logits, torch.cat([a.logits[0] for a in alone]))
     # the loss: every next-token target of the three sequences, none across their borders
     n_targets = sum(len(s) - 1 for s in seqs)
     want = sum(a.loss * (len(s) - 1) for a, s in zip(alone, seqs)) / n_targets
-    assert abs(packed.loss.item() - want.item()) < 1e-5
+    assert_parity(packed.loss, want)
     # causal: changing the last five tokens leaves every earlier position's output unchanged
     ids = torch.randint(0, 99, (1, 12))
     changed = ids.clone()
     changed[0, 7:] = (changed[0, 7:] + 1) % 99
     a, b = model(ids).logits, model(changed).logits
-    assert torch.allclose(a[0, :7], b[0, :7], atol=1e-6, rtol=0) and not torch.allclose(a[0, 7:], b[0, 7:])
+    assert_parity(a[0, :7], b[0, :7])
+    assert not torch.allclose(a[0, 7:], b[0, 7:])
 
 
 @torch.no_grad()
@@ -83,10 +85,11 @@ def test_eager_attention_gives_the_same_outputs_and_lower_triangular_maps():
     ids = torch.randint(0, 99, (2, 8))
     fast = model(ids).last_hidden_state
     out = model(ids, output_attentions=True)  # the probabilities come from the eager path
-    assert torch.allclose(out.last_hidden_state, fast, atol=1e-5, rtol=0)
+    assert_parity(out.last_hidden_state, fast)
     probs = out.attentions[0]  # [B, A, T, T]
     assert probs.shape == (2, 4, 8, 8)
-    assert torch.all(probs.triu(1) == 0) and torch.allclose(probs.sum(-1), torch.ones(2, 4, 8))
+    assert torch.all(probs.triu(1) == 0)
+    assert_parity(probs.sum(-1), torch.ones(2, 4, 8))
 
 
 def test_next_tokens_stay_inside_each_sequence():
@@ -146,7 +149,7 @@ def test_gpt_pretrains_on_the_prepared_data_and_resumes_exactly(prepared, tmp_pa
     ours = OpenAIGPTLMHeadModel.from_pretrained(run).eval()
     ids = torch.randint(0, ours.config.vocab_size, (2, 20))
     with torch.no_grad():
-        assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+        assert_parity(ours(ids).logits, ref(ids).logits)
 
     # the same run stopped after step 15: resumed, it ends where the whole run did
     half = tmp_path / "half"
@@ -170,21 +173,22 @@ def test_sequence_classification_matches_transformers_and_reads_each_sequences_l
     ref.save_pretrained(tmp_path / "theirs")
     ours = OpenAIGPTForSequenceClassification.from_pretrained(tmp_path / "theirs").eval()
     ids = torch.randint(1, SMALL["vocab_size"], (4, 9))  # no pad id: transformers reads the last token too
-    assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+    assert_parity(ours(ids).logits, ref(ids).logits)
     ours.save_pretrained(tmp_path / "ours")
     back = transformers.OpenAIGPTForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
-    assert torch.allclose(back(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+    assert_parity(ours(ids).logits, back(ids).logits)
     # packed: each sequence's own last token
     seqs = [ids[0, :5], ids[1, :9], ids[2, :2]]
     packed = ours(torch.cat(seqs), cu_seqlens=torch.tensor([0, 5, 14, 16], dtype=torch.int32), max_seqlen=9)
     alone = torch.cat([ours(s[None]).logits for s in seqs])
-    assert torch.allclose(packed.logits, alone, atol=1e-5, rtol=0)
+    assert_parity(packed.logits, alone)
     # L3 = L2 + 0.5 L1: the task's cross-entropy plus half the next-token loss on the same text
     labels = torch.tensor([0, 2, 1, 1])
     out = ours(ids, labels=labels)
     h = ours.transformer(ids).last_hidden_state
     want = torch.nn.functional.cross_entropy(out.logits, labels) + 0.5 * lm_loss(ours.transformer, h, ids, None)[1]
-    assert ours.lm_coef == 0.5 and abs(out.loss.item() - want.item()) < 1e-5
+    assert ours.lm_coef == 0.5
+    assert_parity(out.loss, want)
     with pytest.raises(ValueError, match="packed input"):
         ours(ids, attention_mask=torch.ones_like(ids))
 
@@ -302,28 +306,28 @@ def test_gpt_task_heads_read_packed_input_as_each_sequence_alone_and_add_half_l1
     tagger = OpenAIGPTForTokenClassification(config).eval()
     out = tagger(ids, **packed)
     alone = torch.cat([tagger(s[None]).logits[0] for s in seqs])
-    assert torch.allclose(out.logits, alone, atol=1e-5, rtol=0)
+    assert_parity(out.logits, alone)
     labels = torch.tensor([0, 1, IGNORE, 2, 0, 1, 1, IGNORE, 0, 0, 2, 2, 1, 0, IGNORE, 1])
     h = tagger.transformer(ids, **packed).last_hidden_state
     l1 = lm_loss(tagger.transformer, h, ids, cu)[1]
     got = tagger(ids, **packed, labels=labels, labelled_only=True)
     assert got.logits.shape == (13, 3)
     want = torch.nn.functional.cross_entropy(out.logits, labels, ignore_index=IGNORE) + 0.5 * l1
-    assert abs(got.loss.item() - want.item()) < 1e-5
+    assert_parity(got.loss, want)
 
     qa = OpenAIGPTForQuestionAnswering(config).eval()
     out = qa(ids, **packed, start_positions=torch.tensor([1, 3, 0]), end_positions=torch.tensor([2, 8, 1]))
-    assert torch.allclose(out.start_logits, torch.cat([qa(s[None]).start_logits[0] for s in seqs]), atol=1e-5)
+    assert_parity(out.start_logits, torch.cat([qa(s[None]).start_logits[0] for s in seqs]))
     h = qa.transformer(ids, **packed).last_hidden_state
     l2 = sum(torch.nn.functional.cross_entropy(lg[None], torch.tensor([p])) for lg, p in
              zip(list(out.start_logits.split([5, 9, 2])) + list(out.end_logits.split([5, 9, 2])),
                  [1, 3, 0, 2, 8, 1])) / 6
-    assert abs(out.loss.item() - (l2 + 0.5 * lm_loss(qa.transformer, h, ids, cu)[1]).item()) < 1e-5
+    assert_parity(out.loss, l2 + 0.5 * lm_loss(qa.transformer, h, ids, cu)[1])
 
     mc = OpenAIGPTForMultipleChoice(config).eval()  # example 0: choices 0, 1; example 1: choice 2
     out = mc(ids, **packed, num_choices=torch.tensor([2, 1]), labels=torch.tensor([1, 0]))
     scores = [mc.multiple_choice_head(mc.transformer(s[None]).last_hidden_state[:, -1]) for s in seqs]
-    assert torch.allclose(out.logits[0], torch.cat(scores[:2]), atol=1e-5)
+    assert_parity(out.logits[0], torch.cat(scores[:2]))
     assert out.logits[1, 1] == torch.finfo(out.logits.dtype).min  # no second choice
 
     config.extra.update(num_labels=1, problem_type="regression", both_orders=True)
@@ -333,7 +337,7 @@ def test_gpt_task_heads_read_packed_input_as_each_sequence_alone_and_add_half_l1
     out = sim(ids, token_type_ids=types, **packed, labels=torch.tensor([0.5, 1.0, 2.0]))
     final = [sim.transformer(x[None]).last_hidden_state[0, -1] for x in (*seqs, *swapped.split([5, 9, 2]))]
     want = torch.stack([sim.score(final[i] + final[i + 3]) for i in range(3)])
-    assert torch.allclose(out.logits, want, atol=1e-5, rtol=0)
+    assert_parity(out.logits, want)
     with pytest.raises(ValueError, match="token_type_ids"):
         sim(ids, **packed)
 
@@ -350,7 +354,7 @@ def test_multiple_choice_matches_transformers_double_heads_both_ways(tmp_path):
     ours = OpenAIGPTForMultipleChoice.from_pretrained(tmp_path / "theirs").eval()
     ids = torch.randint(1, SMALL["vocab_size"], (2, 3, 7))  # 2 examples, 3 choices, 7 tokens
     last = torch.full((2, 3), 6)
-    assert torch.allclose(ref(ids, mc_token_ids=last).mc_logits, ours(ids).logits, atol=1e-5, rtol=0)
+    assert_parity(ours(ids).logits, ref(ids, mc_token_ids=last).mc_logits)
     ours.save_pretrained(tmp_path / "ours")
     back = transformers.OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "ours").eval()
-    assert torch.allclose(back(ids, mc_token_ids=last).mc_logits, ours(ids).logits, atol=1e-5, rtol=0)
+    assert_parity(ours(ids).logits, back(ids, mc_token_ids=last).mc_logits)

@@ -3,13 +3,13 @@
 import pytest
 import torch
 import transformers
+from parity import assert_parity
 from safetensors.torch import load_file
 
 from torchbert import BertConfig
 from torchbert.heads import BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining
 from torchbert.packing import unpad
 
-TOL = 1e-5
 HEADS = [
     (BertForPreTraining, transformers.BertForPreTraining),
     (BertForMaskedLM, transformers.BertForMaskedLM),
@@ -38,15 +38,15 @@ def test_heads_match_transformers_on_real_weights(ours_cls, their_cls, minilm_wi
     theirs = their_cls.from_pretrained(folder).eval()  # transformers loads what we saved
     inputs, labels, nsp = real_batch
     a, b = call(ours, inputs, labels, nsp), call(theirs, inputs, labels, nsp)
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.loss, b.loss)
     if ours_cls is BertForPreTraining:
-        assert (a.mlm_logits - b.prediction_logits[labels != -100]).abs().max() < TOL
-        assert (a.nsp_logits - b.seq_relationship_logits).abs().max() < TOL
-        assert a.mlm_loss.item() + a.nsp_loss.item() == pytest.approx(a.loss.item())
+        assert_parity(a.mlm_logits, b.prediction_logits[labels != -100])
+        assert_parity(a.nsp_logits, b.seq_relationship_logits)
+        assert_parity(a.mlm_loss + a.nsp_loss, a.loss)
     elif ours_cls is BertForMaskedLM:
-        assert (a.mlm_logits - b.logits[labels != -100]).abs().max() < TOL
+        assert_parity(a.mlm_logits, b.logits[labels != -100])
     else:
-        assert (a.nsp_logits - b.logits).abs().max() < TOL
+        assert_parity(a.nsp_logits, b.logits)
 
 
 @pytest.mark.parametrize("ours_cls,their_cls", HEADS)
@@ -61,7 +61,7 @@ def test_transformers_checkpoints_load_in_ours(ours_cls, their_cls, tmp_path, re
     assert ours.load_report == {"missing": [], "unused": []}
     inputs, labels, nsp = real_batch
     a, b = call(ours, inputs, labels, nsp), call(theirs, inputs, labels, nsp)
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.loss, b.loss)
 
 
 def test_saved_files_hold_their_names_and_no_decoder_copy(minilm_with_heads):
@@ -82,9 +82,9 @@ def test_packed_equals_padded(minilm_with_heads, real_batch):
     positions = (flat_labels != -100).nonzero().squeeze(1)
     packed = model(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=T, mlm_positions=positions,
                    mlm_labels=flat_labels[positions], next_sentence_label=nsp)
-    assert abs(packed.loss.item() - padded.loss.item()) < TOL
-    assert (packed.mlm_logits - padded.mlm_logits).abs().max() < TOL
-    assert (packed.nsp_logits - padded.nsp_logits).abs().max() < TOL
+    assert_parity(packed.loss, padded.loss)
+    assert_parity(packed.mlm_logits, padded.mlm_logits)
+    assert_parity(packed.nsp_logits, padded.nsp_logits)
 
 
 def test_decoder_is_tied_and_every_parameter_learns():

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import realdata
+from parity import assert_parity
 
 pytest.importorskip("starlette")
 
@@ -41,6 +42,26 @@ def offline(minilm_dir, texts, **kw):
                  max_length=64, **kw)
 
 
+async def until(condition, what: str, timeout: float = 300.0) -> None:
+    """Yield to the event loop until condition() holds: readiness, not a guess at how long it takes
+    (the timeout only bounds a test that would otherwise hang)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"still waiting, after {timeout:.0f} s, for {what}"
+        await asyncio.sleep(0.001)
+
+
+def wait_until(condition, what: str, timeout: float = 300.0) -> None:
+    """The same, blocking: for servers and processes started by the test."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting, after {timeout:.0f} s, for {what}"
+        time.sleep(0.05)
+
+
 def test_embeddings_follow_openai_and_equal_offline_embed(client, minilm_dir):
     texts = list(realdata.english_texts()[:3]) + list(realdata.peoples_daily_sentences()[:2])
     r = client.post("/v1/embeddings", json={"input": texts, "model": "m"})
@@ -49,8 +70,8 @@ def test_embeddings_follow_openai_and_equal_offline_embed(client, minilm_dir):
     assert body["object"] == "list" and body["model"] == "m" and "truncated" not in body
     assert [d["index"] for d in body["data"]] == list(range(5)) and {d["object"] for d in body["data"]} == {"embedding"}
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
-    np.testing.assert_allclose(got, offline(minilm_dir, texts), atol=1e-5)
-    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    assert_parity(got, offline(minilm_dir, texts))
+    assert_parity(np.linalg.norm(got, axis=1), np.ones(len(got), np.float32))
     from torchbert.tokenizer import BertTokenizer
 
     n = sum(len(x) for x in BertTokenizer.from_pretrained(minilm_dir).encode_ids(texts))
@@ -58,7 +79,7 @@ def test_embeddings_follow_openai_and_equal_offline_embed(client, minilm_dir):
 
     b64 = client.post("/v1/embeddings", json={"input": texts[0], "encoding_format": "base64"}).json()
     vec = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
-    np.testing.assert_allclose(vec, got[0], atol=1e-6)
+    assert_parity(vec, got[0])
     assert b64["model"] == "minilm"  # the server's name when the request gives none
 
 
@@ -67,7 +88,7 @@ def test_a_long_text_is_cut_and_the_response_says_so(client, minilm_dir):
     body = client.post("/v1/embeddings", json={"input": ["short", long]}).json()
     assert body["truncated"]["indexes"] == [1] and body["truncated"]["max_tokens"] == 64
     got = np.array(body["data"][1]["embedding"], dtype=np.float32)
-    np.testing.assert_allclose(got, offline(minilm_dir, [long])[0], atol=1e-5)  # embed truncates the same way
+    assert_parity(got, offline(minilm_dir, [long])[0])  # embed truncates the same way
 
 
 @pytest.mark.parametrize("payload, status, words", [
@@ -125,10 +146,11 @@ def test_concurrent_requests_share_batches_and_get_their_own_rows():
 def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more():
     from torchbert.serve import Batcher, Limits
 
-    release, batches = threading.Event(), []
+    running, release, batches = threading.Event(), threading.Event(), []
 
     def run(items):
-        release.wait(5)
+        running.set()
+        assert release.wait(300), "never released"
         batches.append(list(items))
         return items
 
@@ -136,9 +158,9 @@ def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more(
         b = Batcher(run, Limits(max_wait_ms=0))
         await b.start()
         first = asyncio.create_task(b.submit([0], 1))
-        await asyncio.sleep(0.05)  # the first batch is running, alone
+        await until(running.is_set, "the first batch to run, alone")
         rest = [asyncio.create_task(b.submit([i], 1)) for i in range(1, 6)]
-        await asyncio.sleep(0.05)
+        await until(lambda: b.waiting == 6, "five more requests to queue behind it")
         release.set()
         out = await asyncio.gather(first, *rest)
         await b.stop()
@@ -157,7 +179,7 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
     sizes = []
 
     def run(items):
-        release.wait(5)
+        assert release.wait(300), "never released"
         sizes.append(len(items))
         return items
 
@@ -165,7 +187,7 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
         b = Batcher(run, Limits(max_batch_tokens=4, max_wait_ms=20, max_queue=6))
         await b.start()
         first = [asyncio.create_task(b.submit([i, i], 2)) for i in range(3)]  # 6 texts: the queue is full
-        await asyncio.sleep(0.05)
+        await until(lambda: b.waiting == 6, "three requests to queue")
         with pytest.raises(Rejected) as e:
             await b.submit([9], 1)
         release.set()
@@ -223,10 +245,8 @@ def live(embedder):
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        threading.Event().wait(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), "the server to start")
+    assert server.started, "the server thread ended before it started serving"
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(30)
@@ -252,14 +272,14 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
         return {"json": {"input": ["x"] * 9} if k % 2 else {"input": ["y" * 2001]}}, 413, None
 
     async def round_(n: int):
-        async with httpx.AsyncClient(base_url=live, timeout=60, limits=httpx.Limits(max_connections=32)) as c:
+        async with httpx.AsyncClient(base_url=live, timeout=600, limits=httpx.Limits(max_connections=32)) as c:
             plans = [request(k) for k in range(n)]
             responses = await asyncio.gather(*(c.post("/v1/embeddings", **p) for p, _, _ in plans))
             for (_, status, idx), r in zip(plans, responses):
                 assert r.status_code == status, r.text
                 if idx is not None:
                     got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
-                    np.testing.assert_allclose(got, want[idx], atol=1e-5)
+                    assert_parity(got, want[idx])
             return (await c.get("/metrics")).text
 
     import gc
@@ -311,7 +331,7 @@ def test_a_worker_process_answers_like_offline_a_dead_one_gets_503_and_a_bad_mod
     with TestClient(create_app(embedder, Limits(), None, workers)) as c:
         r = c.post("/v1/embeddings", json={"input": texts})
         got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
-        np.testing.assert_allclose(got, offline(minilm_dir, texts), atol=1e-5)
+        assert_parity(got, offline(minilm_dir, texts))
         for process in list(workers._processes.values()):  # the worker is killed (out of memory, say)
             process.kill()
             process.join()
@@ -331,7 +351,6 @@ def test_the_worker_process_goes_when_its_server_is_killed_outright(minilm_dir):
     import os
     import subprocess
     import sys
-    import time
 
     script = ("import sys, time; from torchbert.serve import Spec, worker_pool; "
               f"pool = worker_pool(Spec({str(minilm_dir)!r}, 'm')); "
@@ -341,16 +360,20 @@ def test_the_worker_process_goes_when_its_server_is_killed_outright(minilm_dir):
         worker = int(server.stdout.readline())
         os.kill(worker, 0)  # it is there
         server.kill()  # kill -9: nothing of the server runs to stop it
-        server.wait(30)
-        for _ in range(100):
+        server.wait(300)
+
+        def gone():
             try:
                 os.kill(worker, 0)
             except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
+                return True
+            return False
+
+        try:
+            wait_until(gone, "the worker to go after its server")
+        except AssertionError:
             os.kill(worker, 9)
-            raise AssertionError("the worker outlived its server by 10 s")
+            raise
     finally:
         server.kill()
 
@@ -361,8 +384,7 @@ def test_the_openai_client_gets_our_embeddings(live, minilm_dir):
     texts = list(realdata.peoples_daily_sentences()[:3])
     c = openai.OpenAI(base_url=live + "/v1", api_key="none")
     r = c.embeddings.create(model="minilm", input=texts)  # the client asks for base64 and decodes it
-    np.testing.assert_allclose(np.array([d.embedding for d in r.data], dtype=np.float32), offline(minilm_dir, texts),
-                               atol=1e-5)
+    assert_parity(np.array([d.embedding for d in r.data], dtype=np.float32), offline(minilm_dir, texts))
     assert r.usage.prompt_tokens > 3 and r.model == "minilm"
     with pytest.raises(openai.BadRequestError, match="missing field 'input'|input"):
         c.embeddings.create(model="minilm", input=[])
@@ -372,31 +394,36 @@ def test_serve_cli_finishes_in_flight_requests_on_sigterm(minilm_dir, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     import httpx
 
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "torchbert", "serve", "--model", str(minilm_dir), "--port",
-                             str(port), "--max-wait-ms", "1500", "--log-level", "warning"],
+                             str(port), "--max-wait-ms", "5000", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
+
+        def answers(path: str) -> str | None:
+            assert proc.poll() is None, proc.stderr.read()
             try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
+                r = httpx.get(url + path)
             except httpx.TransportError:
-                time.sleep(0.1)
+                return None
+            return r.text if r.status_code == 200 else None
+
+        wait_until(lambda: answers("/health"), "the server to answer /health")
         result = {}
-        thread = threading.Thread(target=lambda: result.update(r=httpx.post(url + "/v1/embeddings", timeout=30,
+        thread = threading.Thread(target=lambda: result.update(r=httpx.post(url + "/v1/embeddings", timeout=300,
                                                                               json={"input": ["in flight"]})))
         thread.start()
-        time.sleep(0.5)  # the request waits in the batcher (--max-wait-ms 1500)
+        # the request is in the batcher, which holds it for --max-wait-ms (5 s) before running it
+        wait_until(lambda: 'torchbert_queue_texts{endpoint="embeddings"} 1.0' in (answers("/metrics") or ""),
+                   "the request to reach the batcher")
         proc.send_signal(signal.SIGTERM)
-        thread.join(30)
+        thread.join(300)
         assert result["r"].status_code == 200 and len(result["r"].json()["data"][0]["embedding"]) == 384
-        assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        assert proc.wait(300) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
     finally:
         proc.kill()
         proc.wait()
@@ -512,18 +539,9 @@ def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
                 x.pop("id")
     else:
         assert [x["id"] for x in records] == [x["id"] for x in want]
-    assert len(records) == len(want)
-    for a, b in zip(records, want):
-        assert a.keys() == b.keys()
-        for k in a:
-            if isinstance(a[k], float):
-                assert a[k] == pytest.approx(b[k], abs=1e-5)
-            elif isinstance(a[k], dict):
-                assert a[k] == pytest.approx(b[k], abs=1e-5)
-            elif isinstance(a[k], list) and a[k] and isinstance(a[k][0], float):
-                assert a[k] == pytest.approx(b[k], abs=1e-5)
-            else:
-                assert a[k] == b[k], k
+    from clihelp import assert_same_records
+
+    assert_same_records(records, want)
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])

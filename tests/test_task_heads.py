@@ -6,6 +6,7 @@ import torch
 import transformers
 
 import realdata
+from parity import assert_parity
 from torchbert.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -15,7 +16,6 @@ from torchbert.heads import (
 from torchbert.packing import unpad
 from torchbert.tokenizer import BertTokenizer
 
-TOL = 1e-5
 LABELS = {"O": 0, "B-person": 1, "I-person": 2, "B-location": 3, "I-location": 4}
 
 
@@ -71,12 +71,12 @@ def test_sequence_classification_matches_transformers(kind, minilm_dir, tmp_path
               "multi_label": torch.randint(0, 2, (B, 2), generator=g).float()}[kind]
     a, b = ours(**pairs, labels=labels), theirs(**pairs, labels=labels)
     assert a.logits.shape == b.logits.shape == (B, {"single_label": 3, "regression": 1, "multi_label": 2}[kind])
-    assert (a.logits - b.logits).abs().max() < TOL
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.logits, b.logits)
+    assert_parity(a.loss, b.loss)
     ids, types, cu, T = unpad(pairs["input_ids"], pairs["attention_mask"], pairs["token_type_ids"])
     packed = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=T, labels=labels)
-    assert (packed.logits - a.logits).abs().max() < TOL
-    assert abs(packed.loss.item() - a.loss.item()) < TOL
+    assert_parity(packed.logits, a.logits)
+    assert_parity(packed.loss, a.loss)
 
 
 @torch.no_grad()
@@ -100,22 +100,23 @@ def test_token_classification_matches_transformers(minilm_dir, tmp_path, tok):
     folder = saved(BertForTokenClassification, minilm_dir, tmp_path, id2label=id2label, label2id=LABELS)
     ours, theirs = both(BertForTokenClassification, transformers.BertForTokenClassification, folder)
     a, b = ours(ids, attention_mask=mask, labels=labels), theirs(input_ids=ids, attention_mask=mask, labels=labels)
-    assert (a.logits - b.logits)[mask.bool()].abs().max() < TOL
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.logits[mask.bool()], b.logits[mask.bool()])
+    assert_parity(a.loss, b.loss)
     flat, cu, Tmax = unpad(ids, mask)
     packed = ours(flat, cu_seqlens=cu, max_seqlen=Tmax, labels=labels[mask.bool()])
     assert packed.logits.shape == (int(mask.sum()), len(LABELS))
-    assert (packed.logits - a.logits[mask.bool()]).abs().max() < TOL
-    assert abs(packed.loss.item() - a.loss.item()) < TOL
+    assert_parity(packed.logits, a.logits[mask.bool()])
+    assert_parity(packed.loss, a.loss)
     # labelled_only, the training path: the last layer runs for the labelled tokens alone
     labelled = labels != -100
     assert 0 < labelled.sum() < mask.sum()
     only = ours(ids, attention_mask=mask, labels=labels, labelled_only=True)
     assert only.logits.shape == (int(labelled.sum()), len(LABELS))
-    assert (only.logits - b.logits[labelled]).abs().max() < TOL
-    assert abs(only.loss.item() - b.loss.item()) < TOL
+    assert_parity(only.logits, b.logits[labelled])
+    assert_parity(only.loss, b.loss)
     states = ours(ids, attention_mask=mask, labels=labels, labelled_only=True, output_hidden_states=True)
-    assert len(states.hidden_states) == 7 and (states.logits - only.logits).abs().max() < TOL  # full last layer, rows picked
+    assert len(states.hidden_states) == 7  # the full last layer, rows picked from it
+    assert_parity(states.logits, only.logits)
     with torch.enable_grad():  # and the same gradients as the full computation, packed
         grads = []
         for kw in ({}, {"labelled_only": True}):
@@ -124,7 +125,7 @@ def test_token_classification_matches_transformers(minilm_dir, tmp_path, tok):
             grads.append({k: p.grad.clone() for k, p in ours.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(ours.parameters()))
     for k, g in grads[0].items():
-        assert (g - grads[1][k]).abs().max() < 1e-6, k
+        assert_parity(grads[1][k], g, k)
 
 
 @torch.no_grad()
@@ -140,18 +141,18 @@ def test_question_answering_matches_transformers(minilm_dir, tmp_path, tok, pair
     a = ours(**pairs, start_positions=starts, end_positions=ends)
     b = theirs(**pairs, start_positions=starts, end_positions=ends)
     m = pairs["attention_mask"].bool()
-    assert (a.start_logits - b.start_logits)[m].abs().max() < TOL
-    assert (a.end_logits - b.end_logits)[m].abs().max() < TOL
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.start_logits[m], b.start_logits[m])
+    assert_parity(a.end_logits[m], b.end_logits[m])
+    assert_parity(a.loss, b.loss)
     # packed: each sequence scored over its own tokens only, so the loss is the padded loss with the
     # padding positions excluded; compare with transformers' logits masked by hand
     ids, types, cu, Tm = unpad(pairs["input_ids"], pairs["attention_mask"], pairs["token_type_ids"])
     p = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=Tm, start_positions=starts, end_positions=ends)
-    assert (p.start_logits - a.start_logits[m]).abs().max() < TOL
+    assert_parity(p.start_logits, a.start_logits[m])
     keep = starts < lengths
     ref = sum(torch.nn.functional.cross_entropy(x.masked_fill(~m, float("-inf"))[keep], pos[keep])
               for x, pos in ((b.start_logits, starts), (b.end_logits, ends))) / 2
-    assert abs(p.loss.item() - ref.item()) < TOL
+    assert_parity(p.loss, ref)
 
 
 @torch.no_grad()
@@ -166,8 +167,8 @@ def test_multiple_choice_matches_transformers_and_pads_choices(minilm_dir, tmp_p
     ours, theirs = both(BertForMultipleChoice, transformers.BertForMultipleChoice, folder)
     a, b = ours(**inputs, labels=labels), theirs(**inputs, labels=labels)
     assert a.logits.shape == (3, 4)
-    assert (a.logits - b.logits).abs().max() < TOL
-    assert abs(a.loss.item() - b.loss.item()) < TOL
+    assert_parity(a.logits, b.logits)
+    assert_parity(a.loss, b.loss)
 
     # example 1 keeps only 2 of its choices: padded with a choice mask, and packed with num_choices
     choice_mask = torch.ones(3, 4, dtype=torch.bool)
@@ -181,12 +182,12 @@ def test_multiple_choice_matches_transformers_and_pads_choices(minilm_dir, tmp_p
                               inputs["token_type_ids"].view(12, -1)[real])
     packed = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=T, num_choices=torch.tensor([4, 2, 4]),
                   labels=small_labels)
-    assert (packed.logits[choice_mask] - a.logits[choice_mask]).abs().max() < TOL
-    assert abs(packed.loss.item() - masked.loss.item()) < TOL
+    assert_parity(packed.logits[choice_mask], a.logits[choice_mask])
+    assert_parity(packed.loss, masked.loss)
     # the loss is the softmax over the real choices only
     ref = torch.nn.functional.cross_entropy(b.logits[1:2, :2], torch.tensor([1]))
     per_example = [torch.nn.functional.cross_entropy(masked.logits[i:i + 1], small_labels[i:i + 1]) for i in range(3)]
-    assert abs(per_example[1].item() - ref.item()) < TOL
+    assert_parity(per_example[1], ref)
 
 
 @pytest.mark.parametrize("their_cls,ours_cls", [
@@ -214,12 +215,12 @@ def test_transformers_checkpoints_of_each_head_load(their_cls, ours_cls, minilm_
     a, b = ours(**x), theirs(**x)
     if ours_cls is BertForQuestionAnswering:
         m = pairs["attention_mask"].bool()
-        assert (a.start_logits - b.start_logits)[m].abs().max() < TOL
-        assert (a.end_logits - b.end_logits)[m].abs().max() < TOL
+        assert_parity(a.start_logits[m], b.start_logits[m])
+        assert_parity(a.end_logits[m], b.end_logits[m])
     elif ours_cls is BertForTokenClassification:
-        assert (a.logits - b.logits)[pairs["attention_mask"].bool()].abs().max() < TOL
+        assert_parity(a.logits[pairs["attention_mask"].bool()], b.logits[pairs["attention_mask"].bool()])
     else:
-        assert (a.logits - b.logits).abs().max() < TOL
+        assert_parity(a.logits, b.logits)
 
 
 def test_dropout_before_the_classifier_trains():

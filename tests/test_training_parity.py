@@ -16,6 +16,7 @@ import realdata
 import torch
 import transformers
 from clihelp import squad_file, write_conll
+from parity import assert_parity
 from safetensors.torch import load_file
 
 from torchbert.cli import main
@@ -77,15 +78,23 @@ def textbook_optimizer(model, lr, warmup, steps):
     return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, steps)
 
 
-def weight_gaps(trained_file, reference, start_file, skip=()):
-    """(how far the reference's weights moved from the start, how far torchbert's ended from them):
-    the largest absolute difference over the checkpoint's tensors, but those in `skip`."""
+# Weights whose gradient is 0 but for rounding, which AdamW scales up to a step on both sides: a key's
+# bias adds q.b to every score of a query, and qa_outputs.bias one number to every position's start (or
+# end) logit, both of which a softmax cancels.
+NO_GRADIENT = ("attention.self.key.bias", "qa_outputs.bias")
+
+
+def assert_same_steps(ours, theirs, trained_file, reference, start_file, lr):
+    """Both runs' losses and every weight of the checkpoint (but NO_GRADIENT's) at parity, after the
+    steps moved the reference's weights (a comparison of standing weights proves nothing)."""
+    assert_parity(torch.tensor(ours, dtype=torch.float32), torch.tensor(theirs, dtype=torch.float32), "losses")
+    assert theirs[-1] < theirs[0]
     trained, start = load_file(trained_file), load_file(start_file)
     assert set(trained) <= set(reference)
-    names = [k for k in trained if k not in skip]
-    moved = max((reference[k] - start[k]).abs().max().item() for k in names)
-    apart = max((trained[k] - reference[k]).abs().max().item() for k in names)
-    return moved, apart
+    names = [k for k in trained if not k.endswith(NO_GRADIENT)]
+    assert max((reference[k] - start[k]).abs().max().item() for k in names) > 2 * lr
+    for k in names:
+        assert_parity(trained[k], reference[k], k)
 
 
 def textbook_step(model, loss, optimizer, scheduler):
@@ -166,14 +175,7 @@ def test_finetune_takes_the_steps_of_transformers(model_dir, task_type, tmp_path
 
     theirs, weights = transformers_run(model_dir, task_type, train_path, max_length, doc_stride, tmp_path)
     assert len(ours) == len(theirs) >= 8
-    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
-    assert theirs[-1] < theirs[0]  # the steps move the model: a comparison of standing weights proves nothing
-
-    # qa_outputs.bias adds one number to every position's start (or end) logit, which a softmax over
-    # the positions cancels: its gradient is 0 but for rounding, which AdamW scales up on both sides
-    moved, apart = weight_gaps(out / "model.safetensors", weights, tmp_path / "start" / "model.safetensors",
-                               skip=("qa_outputs.bias",))
-    assert moved > 2 * LR and apart < 1e-6, (moved, apart)
+    assert_same_steps(ours, theirs, out / "model.safetensors", weights, tmp_path / "start" / "model.safetensors", LR)
 
 
 def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
@@ -209,9 +211,5 @@ def test_pretrain_takes_the_steps_of_transformers(prepared, tmp_path):
         textbook_step(model, loss, optimizer, scheduler)
         theirs.append(float(loss))
     assert len(ours) == steps
-    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-5, (ours, theirs)
-    assert theirs[-1] < theirs[0]
-
     weights = {k: v.detach() for k, v in model.state_dict().items()}
-    moved, apart = weight_gaps(out / "model.safetensors", weights, start / "model.safetensors")
-    assert moved > 2 * lr and apart < 1e-6, (moved, apart)
+    assert_same_steps(ours, theirs, out / "model.safetensors", weights, start / "model.safetensors", lr)

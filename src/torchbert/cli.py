@@ -477,7 +477,10 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
                                 resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
-    summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
+    try:
+        summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
+    finally:
+        dist.close()
     if not dist.is_main:
         return
     ev = summary.get("eval")
@@ -670,7 +673,10 @@ def cmd_finetune(args: argparse.Namespace) -> None:
                       seed=args.seed, save_every=args.save_every, keep=2, log_every=args.log_every,
                       precision=args.precision, progress=not args.quiet, fast=args.fast)
     keep_memory(args.fast)
-    result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
+    try:
+        result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
+    finally:
+        dist.close()
     if not dist.is_main:
         return
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in

@@ -55,6 +55,14 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group; each process calls it before it exits, however its run ended.
+        Gloo's worker threads must stop while the interpreter is still whole: a process that exits
+        with them running can abort in its finalization ("terminate called without an active
+        exception"), which a busy host made happen in a process that had finished its run (issue 34)."""
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
 
 def init_distributed(device_name: str = "auto", fsdp: bool = False) -> tuple[Dist, torch.device]:
     """Join the process group that torchrun describes in the environment (or run alone)."""
