@@ -447,7 +447,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     from .train.optim import OPTIMIZERS, SCHEDULES
     from .train.pretrain import PretrainSettings, run_pretraining
 
-    for name in ("steps", "batch_size", "grad_accum", "log_every", "keep"):
+    for name in ("steps", "batch_size", "grad_accum", "log_every", "keep", "eval_batches"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.schedule not in SCHEDULES:
@@ -476,7 +476,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
-                                resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
+                                eval_batches=args.eval_batches, resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
     try:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
     finally:
@@ -496,6 +496,10 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     elif ev:
         print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}, "
               f"NSP accuracy {ev['nsp_accuracy']:.3f}")
+        if "yardsticks" in summary:
+            y = summary["yardsticks"]
+            print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
+                  f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")
 
 
 def add_pretrain_parser(sub) -> None:
@@ -528,6 +532,9 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default: 2)")
     p.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
     p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
+    p.add_argument("--eval-batches", type=int, default=20,
+                   help="held-out batches (of --batch-size) per evaluation, the first of the held-out data "
+                        "(default: 20); the count yardsticks are scored on the same masks")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model, for GPUs: on CPU the plain model measured faster (4-20%% "

@@ -198,6 +198,11 @@ class PretrainingData:
             first = g * global_size + self.rank * batch_size
             yield self.batch(order[first:first + batch_size], epoch=epoch)
 
+    def token_arrays(self) -> Iterator[np.ndarray]:
+        """Each shard's unmasked tokens [N], its instances end to end ([CLS] ... [SEP] each)."""
+        for shard in self._shards:
+            yield np.asarray(shard["tokens"], dtype=np.int64)
+
     def instance(self, index: int) -> dict[str, np.ndarray]:
         """One stored instance, unmasked: tokens, word_starts, a_len, random_next (and static MLM)."""
         s = int(np.searchsorted(self._shard_starts, index, side="right") - 1)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+LINE_COLORS = ("gray", "tab:brown", "tab:olive", "tab:pink")  # reference lines (yardsticks), apart from the curves
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list, str]]) -> None:
-    """One PNG: each series is (x, y, matplotlib format such as "-" or "o--"), named in the legend."""
+def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list, str]],
+              lines: dict[str, float] | None = None) -> None:
+    """One PNG: each series is (x, y, matplotlib format such as "-" or "o--"), named in the legend;
+    `lines`: horizontal dashed lines, {label: y}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,6 +26,8 @@ def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, (x, y, style) in series.items():
         ax.plot(x, y, style, label=label)
+    for (label, y), color in zip((lines or {}).items(), LINE_COLORS):
+        ax.axhline(y, linestyle=":", color=color, label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -63,13 +69,16 @@ def errorbar_panels(path: Path, panels: list[dict]) -> None:
     plt.close(fig)
 
 
-def plot_pretraining(run_dir: Path) -> None:
-    """loss.png and accuracy.png: the training curves per log step, the held-out ones where evaluated."""
+def plot_pretraining(run_dir: Path, yardsticks: dict | None = None) -> None:
+    """loss.png and accuracy.png: the training curves per log step, the held-out ones where evaluated;
+    learning.png: held-out accuracy against tokens and against training seconds. `yardsticks`: the
+    count tables' held-out MLM accuracy (eval/yardsticks.py), drawn as dashed lines."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     if not rows:
         return
     steps = [r["step"] for r in rows]
     parts = [k.removesuffix("_loss") for k in rows[0] if k.endswith("_loss") and not k.startswith("eval_")]
+    lines = {f"count table: {k}": v for k, v in (yardsticks or {}).items() if k != "masked"}
     for name, keys in (("loss", ("loss", *[f"{p}_loss" for p in parts])),
                        ("accuracy", tuple(f"{p}_accuracy" for p in parts))):
         series = {}
@@ -78,7 +87,41 @@ def plot_pretraining(run_dir: Path) -> None:
             evals = [(r["step"], r[f"eval_{k}"]) for r in rows if f"eval_{k}" in r]
             if evals:
                 series[f"held-out {k}"] = (*map(list, zip(*evals)), "o--")
-        line_plot(run_dir / f"{name}.png", f"pretraining {name}: {run_dir.name}", "step", name, series)
+        line_plot(run_dir / f"{name}.png", f"pretraining {name}: {run_dir.name}", "step", name, series,
+                  lines if name == "accuracy" else None)
+    evals = [r for r in rows if any(k.startswith("eval_") and k.endswith("_accuracy") for k in r)]
+    if evals:
+        keys = [k for k in evals[-1] if k.startswith("eval_") and k.endswith("_accuracy")]
+        panels = [(x, label, [r[x] for r in evals]) for x, label in (("tokens", "training tokens"),
+                                                                       ("seconds", "training seconds"))]
+        _panels(run_dir / "learning.png", f"held-out accuracy: {run_dir.name}",
+                [(label, {k.removeprefix("eval_"): (xs, [r[k] for r in evals]) for k in keys}, lines)
+                 for _, label, xs in panels])
+
+
+def _panels(path: Path, title: str, panels: list[tuple[str, dict, dict]]) -> None:
+    """One PNG of side-by-side line panels, each (x label, {label: (x, y)}, {label: y} dashed lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io.files import atomic_write
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (xlabel, series, lines) in zip(axes[0], panels):
+        for label, (x, y) in series.items():
+            ax.plot(x, y, "o-", label=label)
+        for (label, y), color in zip(lines.items(), LINE_COLORS):
+            ax.axhline(y, linestyle="--", color=color, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
 
 
 def plot_finetuning(run_dir: Path, metric: str) -> None:

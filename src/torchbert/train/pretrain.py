@@ -14,6 +14,7 @@ checkpoints/ with the newest training states for --resume.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ..data.shards import PretrainingData
 from ..elmo import ELMoBiLM
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
+from ..eval.yardsticks import yardsticks
 from ..gpt import OpenAIGPTLMHeadModel
 from ..heads import BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
@@ -80,17 +82,22 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: st
     return config
 
 
+def heldout_batches(eval_data: PretrainingData, batch_size: int, max_batches: int) -> list:
+    """The fixed held-out batches: the first max_batches of epoch 0, in the data's order (the
+    evaluation and the count yardsticks both read these)."""
+    batch_size = max(1, min(batch_size, len(eval_data)))  # a small held-out set still gives a batch
+    return list(itertools.islice(eval_data.batches(batch_size, epoch=0), max_batches))
+
+
 def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device, task=None):
     """Held-out loss and accuracy of each part of the objective (BERT: MLM and NSP; GPT: the next
     token) over a fixed set of batches."""
     task = task or PretrainingTask()
-    batch_size = max(1, min(batch_size, len(eval_data)))  # a small held-out set still gives a batch
+    batches = heldout_batches(eval_data, batch_size, max_batches)
 
     def evaluate(model) -> dict[str, float]:
         sums = {p: [0.0, 0, 0] for p in task.parts}
-        for i, batch in enumerate(eval_data.batches(batch_size, epoch=0)):
-            if i == max_batches:
-                break
+        for batch in batches:
             batch = batch.to(device)
             parts, counts = task.forward(model, batch), task.counts(batch)
             for p in sums:
@@ -98,7 +105,7 @@ def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, dev
                 sums[p][1] += int(parts[p][1])
                 sums[p][2] += counts[p]
         if not all(n for _, _, n in sums.values()):
-            raise ValueError(f"{eval_data.folder}: fewer instances than one batch of {batch_size}")
+            raise ValueError(f"{eval_data.folder}: no held-out targets in {len(batches)} batch(es)")
         return {k: v for p, (loss, correct, n) in sums.items()
                 for k, v in ((f"{p}_loss", loss / n), (f"{p}_accuracy", correct / n))}
 
@@ -132,13 +139,18 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         torch.manual_seed(cfg.seed)
         model = cls(model_config(s.config or "small", data.vocab_size, data.max_seq_len, family))
     config = model.config
-    evaluate = None
+    evaluate = counts = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
         s.eval_data = s.data / "heldout"  # prepare --heldout-docs put it there
     if s.eval_data is not None:
         eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False, masked=masked)
         data.check_vocab(s.eval_data)
         evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective())
+        if masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
+            counts = yardsticks(data, heldout_batches(eval_data, cfg.batch_size, s.eval_batches))
+            log(f"count yardsticks on {counts['masked']:,} held-out masked tokens: most frequent token "
+                f"{counts['unigram']:.3f}, given the left neighbour {counts['left']:.3f}, given both neighbours "
+                f"{counts['neighbours']:.3f} (the model's held-out MLM accuracy should pass them)")
     if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
         model.compile(dynamic=True)
         # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
@@ -161,8 +173,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
             if (s.data / name).is_file():
                 atomic_copy(s.data / name, s.out / name)
         summary.update(data=str(s.data), model=family)
+        if counts is not None:
+            summary["yardsticks"] = counts
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
-        plot_pretraining(s.out)
+        plot_pretraining(s.out, counts)
     return summary
 
 

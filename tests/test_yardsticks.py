@@ -1,0 +1,124 @@
+"""The count yardsticks (eval/yardsticks.py): tables of token counts scored on the held-out masks."""
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from torchbert.cli import main
+from torchbert.data.shards import Batch, PretrainingData
+from torchbert.eval.yardsticks import CountTables, neighbours, score, yardsticks
+
+CLS, SEP, MASK = 1, 2, 3
+SPECIAL = (0, CLS, SEP, MASK)
+
+
+def packed(instances, masked):
+    """A Batch of instances (lists of ids) with the flat positions `masked` replaced by [MASK]."""
+    tokens = np.concatenate([np.array(x) for x in instances])
+    cu = np.r_[0, np.cumsum([len(x) for x in instances])]
+    positions = np.array(sorted(masked))
+    inputs = tokens.copy()
+    inputs[positions] = MASK
+    return Batch(torch.from_numpy(inputs), torch.zeros(len(tokens), dtype=torch.long),
+                 torch.from_numpy(cu.astype(np.int32)), int(np.diff(cu).max()), torch.from_numpy(positions),
+                 torch.from_numpy(tokens[positions]), torch.zeros(len(instances), dtype=torch.long))
+
+
+def test_the_tables_answer_from_counts_and_back_off():
+    # 10 and 11 follow 5 twice and once; between 5 and 6 stands 11 (twice), never 10; 12 is the most frequent
+    train = [np.array([CLS, 5, 10, 7, SEP, 12, 12, 12, SEP]), np.array([CLS, 5, 10, 8, SEP, 12, SEP]),
+             np.array([CLS, 5, 11, 6, SEP, 5, 11, 6, SEP, 12, SEP])]
+    tables = CountTables(train, vocab_size=20, special_ids=SPECIAL)
+    assert tables.top == 12  # specials are never an answer, though [SEP] is the most frequent id
+    got = tables.predict(left=np.array([5, 5, 9, CLS]), right=np.array([6, 7, 6, 10]))
+    assert got["unigram"].tolist() == [12, 12, 12, 12]
+    assert got["left"].tolist() == [10, 10, 12, 5]  # 9 never seen on the left: the unigram answer
+    # (5, 6) -> 11; (5, 7) -> 10; (9, 6) unseen -> left's answer; (CLS, 10) -> 5
+    assert got["neighbours"].tolist() == [11, 10, 12, 5]
+
+
+def test_ties_go_to_the_smallest_id():
+    tables = CountTables([np.array([CLS, 4, 9, SEP, 4, 8, SEP])], vocab_size=10, special_ids=SPECIAL)
+    assert tables.predict(np.array([4]), np.array([SEP]))["left"].tolist() == [8]
+
+
+def test_neighbours_skip_masked_tokens_and_stay_in_their_instance():
+    # [CLS] a b c [SEP] | [CLS] d e [SEP]; b and c masked (a whole word), then d
+    batch = packed([[CLS, 21, 22, 23, SEP], [CLS, 24, 25, SEP]], masked=[2, 3, 6])
+    left, right = neighbours(batch.input_ids.numpy(), batch.cu_seqlens.numpy().astype(np.int64),
+                             batch.mlm_positions.numpy())
+    assert left.tolist() == [21, 21, CLS] and right.tolist() == [SEP, SEP, 25]
+
+
+def test_score_counts_each_table_right_on_the_masks():
+    tables = CountTables([np.array([CLS, 5, 10, 7, SEP, CLS, 5, 10, 7, SEP, CLS, 8, 9, 10, SEP])], vocab_size=20,
+                         special_ids=SPECIAL)
+    # masked: 10 (the most frequent) between 5 and 7, which every table gets right; 8 after [CLS] and
+    # before 9, which only the table of both neighbours knows ([CLS] is followed by 5 more often)
+    batch = packed([[CLS, 5, 10, 7, SEP], [CLS, 8, 9, SEP]], masked=[2, 6])
+    assert score(tables, [batch]) == {"unigram": 0.5, "left": 0.5, "neighbours": 1.0, "masked": 2}
+    batch = packed([[CLS, 5, 7, 7, SEP]], masked=[2])
+    assert score(tables, [batch]) == {"unigram": 0.0, "left": 0.0, "neighbours": 0.0, "masked": 1}
+
+
+def brute_force(data: PretrainingData, batches) -> dict[str, float]:
+    """The same three tables with Counters over each instance, and the neighbours by walking."""
+    specials = set(data.manifest["special_ids"]["all"])
+    uni, left, both = Counter(), {}, {}
+    for i in range(len(data)):
+        t = data.instance(i)["tokens"].tolist()
+        for j, c in enumerate(t):
+            if c in specials:
+                continue
+            uni[c] += 1
+            left.setdefault(t[j - 1], Counter())[c] += 1
+            both.setdefault((t[j - 1], t[j + 1]), Counter())[c] += 1
+
+    def best(counter):  # the most frequent, the smallest id among ties
+        return min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+    top = best(uni)
+    right_answers = Counter()
+    n = 0
+    for b in batches:
+        ids, cu = b.input_ids.tolist(), b.cu_seqlens.tolist()
+        masked = set(b.mlm_positions.tolist())
+        for p, label in zip(b.mlm_positions.tolist(), b.mlm_labels.tolist()):
+            lo = p - 1
+            while lo in masked:
+                lo -= 1
+            hi = p + 1
+            while hi in masked:
+                hi += 1
+            assert cu[0] <= lo and hi < cu[-1]
+            guess_left = best(left[ids[lo]]) if ids[lo] in left else top
+            guess_both = best(both[(ids[lo], ids[hi])]) if (ids[lo], ids[hi]) in both else guess_left
+            right_answers["unigram"] += top == label
+            right_answers["left"] += guess_left == label
+            right_answers["neighbours"] += guess_both == label
+            n += 1
+    return {k: right_answers[k] / n for k in ("unigram", "left", "neighbours")} | {"masked": n}
+
+
+def test_yardsticks_on_real_text_equal_a_brute_force_count(prepared):
+    data = PretrainingData(prepared / "data")
+    batches = list(PretrainingData(prepared / "eval", shuffle=False).batches(16))
+    got = yardsticks(data, batches)
+    assert got == pytest.approx(brute_force(data, batches))
+    # on People's Daily, each table knows more than the one before it
+    assert got["masked"] > 300 and 0 < got["unigram"] < got["left"] < got["neighbours"] < 1
+
+
+def test_pretrain_reports_the_yardsticks_beside_the_model(prepared, tmp_path):
+    out = tmp_path / "run"
+    assert main([str(a) for a in ("pretrain", "--data", prepared / "data", "--eval-data", prepared / "eval",
+                                  "--out", out, "--config", "tiny", "--steps", 4, "--batch-size", 8,
+                                  "--eval-every", 2, "--log-every", 1, "--eval-batches", 3, "--quiet")]) == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    batches = list(PretrainingData(prepared / "eval", shuffle=False).batches(8))[:3]
+    assert summary["yardsticks"] == yardsticks(PretrainingData(prepared / "data"), batches)
+    assert summary["yardsticks"]["masked"] == sum(b.mlm_labels.numel() for b in batches)
+    assert (out / "learning.png").is_file() and (out / "accuracy.png").is_file()
