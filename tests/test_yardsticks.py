@@ -9,7 +9,7 @@ import torch
 
 from torchbert.cli import main
 from torchbert.data.shards import Batch, PretrainingData
-from torchbert.eval.yardsticks import CountTables, neighbours, score, yardsticks
+from torchbert.eval.yardsticks import MAX_GAP, CountTables, neighbours, queries, score, yardsticks
 
 CLS, SEP, MASK = 1, 2, 3
 SPECIAL = (0, CLS, SEP, MASK)
@@ -27,45 +27,66 @@ def packed(instances, masked):
                  torch.from_numpy(tokens[positions]), torch.zeros(len(instances), dtype=torch.long))
 
 
+def tables_for(train, queries, vocab_size=20):
+    """CountTables of `train` for queries given as (left, right, d, e) tuples."""
+    left, right, d, e = (np.array(x) for x in zip(*queries))
+    return CountTables(train, vocab_size, SPECIAL, left, right, d, e), (left, right, d, e)
+
+
 def test_the_tables_answer_from_counts_and_back_off():
-    # 10 and 11 follow 5 twice and once; between 5 and 6 stands 11 (twice), never 10; 12 is the most frequent
+    # after 5 come 10 twice and 11 once; between 5 and 6 stands 11 (twice), never 10; 12 is the most frequent
     train = [np.array([CLS, 5, 10, 7, SEP, 12, 12, 12, SEP]), np.array([CLS, 5, 10, 8, SEP, 12, SEP]),
              np.array([CLS, 5, 11, 6, SEP, 5, 11, 6, SEP, 12, SEP])]
-    tables = CountTables(train, vocab_size=20, special_ids=SPECIAL)
+    # (5, 6) -> 11; (5, 7) -> 10; 9 never seen: unigram; (CLS, 10) -> 5
+    tables, q = tables_for(train, [(5, 6, 1, 1), (5, 7, 1, 1), (9, 6, 1, 1), (CLS, 10, 1, 1)])
     assert tables.top == 12  # specials are never an answer, though [SEP] is the most frequent id
-    got = tables.predict(left=np.array([5, 5, 9, CLS]), right=np.array([6, 7, 6, 10]))
+    got = tables.predict(*q)
     assert got["unigram"].tolist() == [12, 12, 12, 12]
-    assert got["left"].tolist() == [10, 10, 12, 5]  # 9 never seen on the left: the unigram answer
-    # (5, 6) -> 11; (5, 7) -> 10; (9, 6) unseen -> left's answer; (CLS, 10) -> 5
+    assert got["left"].tolist() == [10, 10, 12, 5]
     assert got["neighbours"].tolist() == [11, 10, 12, 5]
 
 
+def test_distances_count_tokens_further_away_and_never_across_a_special():
+    # a masked word of two before 6: its second token is 2 after 5 (8, 8, 11: 8), but 2 after 5 and 1
+    # before 6 is 11 ([5 10 11 6]); 3 after 5 is 6 alone ([SEP] is no answer); 5 and 9 stand around a
+    # token only across instances, and [SEP] [CLS] between never count: those back off to the left table
+    train = [np.array([CLS, 5, 10, 8, SEP, CLS, 5, 10, 8, SEP, CLS, 5, 10, 11, 6, SEP, CLS, 4, 11, 6, SEP]),
+             np.array([CLS, 5, SEP, CLS, 7, 9, SEP, CLS, 5, SEP, CLS, 7, 9, SEP])]
+    tables, q = tables_for(train, [(5, 6, 2, 1), (5, 9, 3, 2), (5, 9, 1, 1)])
+    got = tables.predict(*q)
+    assert got["left"].tolist() == [8, 6, 10]
+    assert got["neighbours"].tolist() == [11, 6, 10]
+
+
 def test_ties_go_to_the_smallest_id():
-    tables = CountTables([np.array([CLS, 4, 9, SEP, 4, 8, SEP])], vocab_size=10, special_ids=SPECIAL)
-    assert tables.predict(np.array([4]), np.array([SEP]))["left"].tolist() == [8]
+    tables, q = tables_for([np.array([CLS, 4, 9, SEP, CLS, 4, 8, SEP])], [(4, SEP, 1, 1)], vocab_size=10)
+    assert tables.predict(*q)["left"].tolist() == [8]
 
 
 def test_neighbours_skip_masked_tokens_and_stay_in_their_instance():
     # [CLS] a b c [SEP] | [CLS] d e [SEP]; b and c masked (a whole word), then d
     batch = packed([[CLS, 21, 22, 23, SEP], [CLS, 24, 25, SEP]], masked=[2, 3, 6])
-    left, right = neighbours(batch.input_ids.numpy(), batch.cu_seqlens.numpy().astype(np.int64),
-                             batch.mlm_positions.numpy())
+    left, right, d, e = neighbours(batch.input_ids.numpy(), batch.cu_seqlens.numpy().astype(np.int64),
+                                   batch.mlm_positions.numpy())
     assert left.tolist() == [21, 21, CLS] and right.tolist() == [SEP, SEP, 25]
+    assert d.tolist() == [1, 2, 1] and e.tolist() == [2, 1, 1]
 
 
 def test_score_counts_each_table_right_on_the_masks():
-    tables = CountTables([np.array([CLS, 5, 10, 7, SEP, CLS, 5, 10, 7, SEP, CLS, 8, 9, 10, SEP])], vocab_size=20,
-                         special_ids=SPECIAL)
+    train = [np.array([CLS, 5, 10, 7, SEP, CLS, 5, 10, 7, SEP, CLS, 8, 9, 10, SEP])]
     # masked: 10 (the most frequent) between 5 and 7, which every table gets right; 8 after [CLS] and
     # before 9, which only the table of both neighbours knows ([CLS] is followed by 5 more often)
     batch = packed([[CLS, 5, 10, 7, SEP], [CLS, 8, 9, SEP]], masked=[2, 6])
-    assert score(tables, [batch]) == {"unigram": 0.5, "left": 0.5, "neighbours": 1.0, "masked": 2}
-    batch = packed([[CLS, 5, 7, 7, SEP]], masked=[2])
-    assert score(tables, [batch]) == {"unigram": 0.0, "left": 0.0, "neighbours": 0.0, "masked": 1}
+    q = queries([batch])
+    tables = CountTables(train, 20, SPECIAL, q["left"], q["right"], q["d"], q["e"])
+    assert score(tables, q) == {"unigram": 0.5, "left": 0.5, "neighbours": 1.0, "masked": 2}
+    q = queries([packed([[CLS, 5, 7, 7, SEP]], masked=[2])])
+    tables = CountTables(train, 20, SPECIAL, q["left"], q["right"], q["d"], q["e"])
+    assert score(tables, q) == {"unigram": 0.0, "left": 0.0, "neighbours": 0.0, "masked": 1}
 
 
 def brute_force(data: PretrainingData, batches) -> dict[str, float]:
-    """The same three tables with Counters over each instance, and the neighbours by walking."""
+    """The same tables with Counters over each instance, the neighbours found by walking."""
     specials = set(data.manifest["special_ids"]["all"])
     uni, left, both = Counter(), {}, {}
     for i in range(len(data)):
@@ -74,8 +95,14 @@ def brute_force(data: PretrainingData, batches) -> dict[str, float]:
             if c in specials:
                 continue
             uni[c] += 1
-            left.setdefault(t[j - 1], Counter())[c] += 1
-            both.setdefault((t[j - 1], t[j + 1]), Counter())[c] += 1
+            for d in range(1, MAX_GAP + 1):
+                if j - d < 0 or t[j - d + 1] in specials and d > 1:
+                    break
+                left.setdefault((t[j - d], d), Counter())[c] += 1
+                for e in range(1, MAX_GAP + 2 - d):
+                    if j + e >= len(t) or t[j + e - 1] in specials and e > 1:
+                        break
+                    both.setdefault((t[j - d], t[j + e], d, e), Counter())[c] += 1
 
     def best(counter):  # the most frequent, the smallest id among ties
         return min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
@@ -84,18 +111,19 @@ def brute_force(data: PretrainingData, batches) -> dict[str, float]:
     right_answers = Counter()
     n = 0
     for b in batches:
-        ids, cu = b.input_ids.tolist(), b.cu_seqlens.tolist()
+        ids = b.input_ids.tolist()
         masked = set(b.mlm_positions.tolist())
         for p, label in zip(b.mlm_positions.tolist(), b.mlm_labels.tolist()):
-            lo = p - 1
+            lo, hi = p - 1, p + 1
             while lo in masked:
                 lo -= 1
-            hi = p + 1
             while hi in masked:
                 hi += 1
-            assert cu[0] <= lo and hi < cu[-1]
-            guess_left = best(left[ids[lo]]) if ids[lo] in left else top
-            guess_both = best(both[(ids[lo], ids[hi])]) if (ids[lo], ids[hi]) in both else guess_left
+            d, e = p - lo, hi - p
+            short = d + e - 1 <= MAX_GAP
+            lk, bk = (ids[lo], d), (ids[lo], ids[hi], d, e)
+            guess_left = best(left[lk]) if short and lk in left else top
+            guess_both = best(both[bk]) if short and bk in both else guess_left
             right_answers["unigram"] += top == label
             right_answers["left"] += guess_left == label
             right_answers["neighbours"] += guess_both == label
@@ -107,6 +135,7 @@ def test_yardsticks_on_real_text_equal_a_brute_force_count(prepared):
     data = PretrainingData(prepared / "data")
     batches = list(PretrainingData(prepared / "eval", shuffle=False).batches(16))
     got = yardsticks(data, batches)
+    assert got.pop("counted") == sum(len(data.instance(i)["tokens"]) for i in range(len(data)))
     assert got == pytest.approx(brute_force(data, batches))
     # on People's Daily, each table knows more than the one before it
     assert got["masked"] > 300 and 0 < got["unigram"] < got["left"] < got["neighbours"] < 1

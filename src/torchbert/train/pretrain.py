@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,10 +148,12 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         data.check_vocab(s.eval_data)
         evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective())
         if masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
+            started = time.perf_counter()
             counts = yardsticks(data, heldout_batches(eval_data, cfg.batch_size, s.eval_batches))
-            log(f"count yardsticks on {counts['masked']:,} held-out masked tokens: most frequent token "
-                f"{counts['unigram']:.3f}, given the left neighbour {counts['left']:.3f}, given both neighbours "
-                f"{counts['neighbours']:.3f} (the model's held-out MLM accuracy should pass them)")
+            log(f"count yardsticks on {counts['masked']:,} held-out masked tokens (tables of {counts['counted']:,} "
+                f"training tokens, {time.perf_counter() - started:.0f}s): the most frequent token {counts['unigram']:.3f}, "
+                f"given the left neighbour {counts['left']:.3f}, given both neighbours {counts['neighbours']:.3f}; "
+                "the model's held-out MLM accuracy should pass them")
     if s.compile:  # in place, so parameter names (and checkpoints) stay those of the plain model
         model.compile(dynamic=True)
         # sizes read from the batch (tokens per sequence, masked tokens) end the traced graphs by
