@@ -52,6 +52,37 @@ def test_pretrain_end_to_end(prepared, tmp_path, capsys):
     assert code == 0, err
 
 
+def test_mlm_objective_trains_a_masked_lm_without_dropout_and_resumes_as_one(prepared, tmp_path, capsys):
+    """--objective mlm: BertForMaskedLM (no pooler, no NSP), a held-out MLM score alone; --dropout 0 reaches
+    the config; --resume takes the run's objective and refuses another."""
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "10", "--objective", "mlm", "--dropout", "0",
+                                                "--eval-data", prepared / "eval", "--save-every", "5"))
+    assert code == 0, err
+    assert "held-out: MLM loss" in out and "NSP" not in out
+    config = json.loads((run / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
+    assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == 0
+    assert set(json.loads((run / "metrics.json").read_text())["eval"]) == {"mlm_loss", "mlm_accuracy"}
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "nsp_loss" not in rows[0] and rows[-1]["mlm_loss"] < rows[0]["mlm_loss"]
+    assert not any(k.startswith(("cls.seq_relationship", "bert.pooler")) for k in load_file(run / "model.safetensors"))
+    hf = transformers.BertForMaskedLM.from_pretrained(run)  # transformers reads it as what it is
+    assert hf.config.hidden_dropout_prob == 0
+    code, _, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "15", "--resume", "--objective", "mlm+nsp"))
+    assert code == 2 and "pretrains mlm; leave --objective out" in err
+    code, _, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "15", "--resume", "--dropout", "0.1"))
+    assert code == 2 and "--dropout 0.1 differs from the dropout the run" in err
+    # the command that started the run, with --resume
+    code, _, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "15", "--objective", "mlm", "--dropout", "0",
+                                              "--resume"))
+    assert code == 0, err
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][-1] == 15
+    code, _, err = cli(capsys, *pretrain_args(prepared, tmp_path / "gpt", "--steps", "1", "--model", "gpt",
+                                              "--objective", "mlm"))
+    assert code == 2 and "--objective is BERT's" in err
+
+
 def test_existing_run_folder_is_refused(prepared, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli(capsys, *pretrain_args(prepared, run, "--steps", "5"))[0] == 0

@@ -118,6 +118,24 @@ def test_mask_replacement_split(static_dir, zh_tok):
     assert not np.isin(inputs[rand], tok.all_special_ids).any()
 
 
+@pytest.mark.parametrize("masking", ["static", "dynamic"])
+def test_mask_replace_sets_the_split(work, zh_corpus, zh_tok, masking):
+    """--mask-replace 1 0: every masked token is shown as [MASK]; 0.5 0.5: half random, none kept."""
+    tok, _ = _specials(zh_tok)
+    for shares, want in (((1.0, 0.0), (1.0, 0.0, 0.0)), ((0.5, 0.5), (0.5, 0.0, 0.5))):
+        data = PretrainingData(_prepare(work, f"replace-{masking}-{shares[0]}", zh_corpus, zh_tok, dupe_factor=1,
+                                        seed=1, masking=masking, mask_replace=shares))
+        b = _all(data)
+        inputs, labels = b.input_ids[b.mlm_positions].numpy(), b.mlm_labels.numpy()
+        is_mask = inputs == tok.mask_token_id
+        kept = ~is_mask & (inputs == labels)
+        got = (is_mask.mean(), kept.mean(), (~is_mask & ~kept).mean())
+        assert got == pytest.approx(want, abs=0.02), (shares, got)
+        assert data.manifest["settings"]["mask_replace"] == list(shares)
+    with pytest.raises(ValueError, match="mask_replace"):
+        PrepareSettings(mask_replace=(0.8, 0.3)).check()
+
+
 def test_is_next_share(static_dir):
     data = PretrainingData(static_dir)
     share = 1 - _all(data).nsp_labels.float().mean().item()

@@ -344,7 +344,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         max_seq_len=args.max_seq_len, masking=args.masking, whole_word=args.whole_word,
         dupe_factor=args.dupe_factor, masked_lm_prob=args.masked_lm_prob, max_predictions=args.max_predictions,
         short_seq_prob=args.short_seq_prob, seed=args.seed, format=args.format, shard_size=args.shard_size,
-        heldout_docs=args.heldout_docs)
+        heldout_docs=args.heldout_docs, mask_replace=tuple(args.mask_replace))
     start = time.perf_counter()
     try:
         m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite,
@@ -476,7 +476,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
-                                eval_batches=args.eval_batches, resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
+                                eval_batches=args.eval_batches, objective=args.objective, dropout=args.dropout,
+                                resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
     try:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
     finally:
@@ -494,8 +495,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
               f"{math.exp(min(ev['forward_loss'], 50)):.1f}), backward {ev['backward_loss']:.3f} (perplexity "
               f"{math.exp(min(ev['backward_loss'], 50)):.1f})")
     elif ev:
-        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}, "
-              f"NSP accuracy {ev['nsp_accuracy']:.3f}")
+        nsp = f", NSP accuracy {ev['nsp_accuracy']:.3f}" if "nsp_accuracy" in ev else ""
+        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}")
         if "yardsticks" in summary:
             y = summary["yardsticks"]
             print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
@@ -515,6 +516,13 @@ def add_pretrain_parser(sub) -> None:
                    help="bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token prediction; "
                         "elmo: forward and backward LSTM language models; a preset --config sizes GPT as BERT "
                         "and ELMo with as many non-embedding parameters (with --resume: the run's own)")
+    p.add_argument("--objective", choices=("mlm+nsp", "mlm"),
+                   help="BERT's: mlm+nsp, the paper's masked LM and next sentence prediction (default), or mlm "
+                        "alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa); with "
+                        "--resume: the run's own")
+    p.add_argument("--dropout", type=float,
+                   help="every dropout probability of a fresh model (default: the config's, 0.1 in the presets; "
+                        "Cramming pretrains with 0)")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
     p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
@@ -1123,6 +1131,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus (default: 5)")
     r.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default: 0.15)")
     r.add_argument("--max-predictions", type=int, default=20, help="masked tokens per instance at most (default: 20)")
+    r.add_argument("--mask-replace", type=float, nargs=2, default=[0.8, 0.1], metavar=("MASK", "RANDOM"),
+                   help="shares of the masked tokens shown as [MASK] and as a random token, the rest left "
+                        "unchanged (default: 0.8 0.1, the paper's; 1 0: [MASK] only)")
     r.add_argument("--short-seq-prob", type=float, default=0.1,
                    help="probability of a shorter random target length (default: 0.1)")
     r.add_argument("--seed", type=int, default=12345, help="random seed (default: 12345)")

@@ -82,13 +82,16 @@ def mask_instances(
     masked_lm_prob: float = 0.15,
     max_predictions: int = 20,
     whole_word: bool = False,
+    replace: tuple[float, float] = (0.8, 0.1),
 ) -> Masked:
     """Choose and replace the masked tokens of packed instances, all at once.
 
     Per instance: num = min(max_predictions, max(1, round(candidates * masked_lm_prob))) tokens, taken
     word by word in random order, skipping a word that would overflow num (Google's rule), so a
     word is masked whole or not at all.  Without whole_word every token is its own word.
-    `never_mask` ([CLS], [SEP], [PAD]) are never chosen; random replacements avoid all `special_ids`."""
+    `never_mask` ([CLS], [SEP], [PAD]) are never chosen; random replacements avoid all `special_ids`.
+    `replace`: the shares of chosen tokens that become [MASK] and a random token (the paper's 0.8 and
+    0.1); the rest stay unchanged."""
     n = len(offsets) - 1
     N = len(tokens)
     lengths = np.diff(offsets)
@@ -130,17 +133,18 @@ def mask_instances(
     masked[c_idx[picked_words[word_of]]] = True
     m_idx = np.flatnonzero(masked)                                   # [M], sorted by instance then position
 
-    # 80% [MASK], 10% a random non-special token, 10% unchanged; decided per token.
+    # 80% [MASK], 10% a random non-special token, 10% unchanged (the paper's `replace`); decided per token.
     u = uniforms(seed, epoch, gid[m_idx], pos[m_idx], stream=1)
     r = uniforms(seed, epoch, gid[m_idx], pos[m_idx], stream=2)
     normal = np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids))
-    replace = np.where(u < 0.8, mask_id,
-                       np.where(u < 0.9, normal[(r * len(normal)).astype(np.int64)], tokens[m_idx]))
+    to_mask, to_random = replace
+    replaced = np.where(u < to_mask, mask_id,
+                        np.where(u < to_mask + to_random, normal[(r * len(normal)).astype(np.int64)], tokens[m_idx]))
     m_count = np.bincount(inst[m_idx], minlength=n)
     return Masked(
         offsets=np.r_[0, np.cumsum(m_count)].astype(np.int64),
         positions=pos[m_idx].astype(np.int64),
-        input_ids=replace.astype(np.int32),
+        input_ids=replaced.astype(np.int32),
         labels=tokens[m_idx].astype(np.int32),
     )
 

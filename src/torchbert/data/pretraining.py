@@ -418,6 +418,7 @@ class PrepareSettings:
     dupe_factor: int = 5
     masked_lm_prob: float = 0.15
     max_predictions: int = 20
+    mask_replace: tuple[float, float] = (0.8, 0.1)  # shares of masked tokens shown as [MASK] and as a random token
     short_seq_prob: float = 0.1
     seed: int = 12345
     format: str = "auto"
@@ -435,6 +436,10 @@ class PrepareSettings:
             raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_predictions < 1:
             raise ValueError(f"max_predictions must be >= 1, got {self.max_predictions}")
+        to_mask, to_random = self.mask_replace
+        if not (0 <= to_mask and 0 <= to_random and to_mask + to_random <= 1):
+            raise ValueError(f"mask_replace ([MASK] share, random share) must be >= 0 and add up to at most 1, "
+                             f"got {to_mask}, {to_random}")
         if not 0 <= self.short_seq_prob <= 1:
             raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.format not in FORMATS:
@@ -560,7 +565,7 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
                 inst.tokens, inst.word_starts, inst.offsets, np.arange(n_done, n_done + n_inst),
                 special_ids=special_ids, never_mask=never_mask, mask_id=tokenizer.mask_token_id,
                 vocab_size=tokenizer.vocab_size, seed=s.seed, epoch=p, masked_lm_prob=s.masked_lm_prob,
-                max_predictions=s.max_predictions, whole_word=s.whole_word)
+                max_predictions=s.max_predictions, whole_word=s.whole_word, replace=s.mask_replace)
         timings["mask"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         shards.add(inst, masked)  # this pass's full shards go to disk now; only the rest is kept

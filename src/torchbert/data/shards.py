@@ -240,7 +240,7 @@ class PretrainingData:
                 special_ids=self._special_ids, never_mask=self._never_mask, mask_id=self._mask_id,
                 vocab_size=self.vocab_size, seed=self.seed, epoch=epoch,
                 masked_lm_prob=settings["masked_lm_prob"], max_predictions=settings["max_predictions"],
-                whole_word=settings["whole_word"],
+                whole_word=settings["whole_word"], replace=tuple(settings.get("mask_replace", (0.8, 0.1))),
             )
             m_positions = m.positions + np.repeat(cu[:-1], np.diff(m.offsets))
             m_inputs = m.input_ids.astype(np.int64)

@@ -101,6 +101,24 @@ class PretrainingTask:
         return {"mlm": (mlm_sum, mlm_correct), "nsp": (out.nsp_loss.float() * b, nsp_correct)}
 
 
+class MaskedLMTask:
+    """MLM alone on the same packed batches (BertForMaskedLM: no pooler, no NSP head); Cramming and
+    RoBERTa dropped NSP, which costs a pooler pass and teaches little."""
+
+    parts = ("mlm",)
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel())}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
+        m = batch.mlm_labels.numel()
+        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
+        return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum())}
+
+
 class CausalLMTask:
     """GPT's objective on packed batches of unmasked instances (shards.PretrainingData(masked=False)):
     every token predicts the next one of its sequence."""

@@ -31,17 +31,19 @@ from ..errors import UserError
 from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
 from ..gpt import OpenAIGPTLMHeadModel
-from ..heads import BertForPreTraining
+from ..heads import BertForMaskedLM, BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
-from .loop import BiLMTask, CausalLMTask, PretrainingTask, TrainConfig, train
+from .loop import BiLMTask, CausalLMTask, MaskedLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
 
 # --model: (the model, its objective, its config class, whether it reads the instances masked)
 MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
           "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False),
           "elmo": (ELMoBiLM, BiLMTask, ELMoConfig, False)}
+# BERT's --objective: (the model, its task). The paper's MLM + NSP, or MLM alone (Cramming, RoBERTa)
+OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForMaskedLM, MaskedLMTask)}
 
 
 @dataclass
@@ -56,6 +58,8 @@ class PretrainSettings:
     resume: bool = False
     overwrite: bool = False
     model: str | None = None  # "bert", "gpt" or "elmo" (MODELS); None: bert, or the resumed run's
+    objective: str | None = None  # BERT's: "mlm+nsp" or "mlm" (OBJECTIVES); None: mlm+nsp, or the resumed run's
+    dropout: float | None = None  # every dropout of a fresh model (None: the config's; Cramming: 0)
 
 
 def model_family(config) -> str:
@@ -121,11 +125,20 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--data": s.data, "--init": s.init, "--eval-data": s.eval_data,
                                                       "--config": config_path}, log=log)
+    if s.dropout is not None and not 0 <= s.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {s.dropout}")
+    if s.dropout is not None and s.init is not None:
+        raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
+                        "config.json)")
     if s.model is not None and s.model not in MODELS:
         raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
     family = s.model or (model_family(config) if config is not None else "bert")
     cls, objective, _, masked = MODELS[family]
+    if family == "bert":
+        cls, objective = OBJECTIVES[bert_objective(s, config)]
+    elif s.objective is not None:
+        raise UserError(f"--objective is BERT's; {family} has its own (leave --objective out)")
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
     if s.resume:
         check_resumed(s, config, data, family)
@@ -138,7 +151,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                              f"the data's max_seq_len {data.max_seq_len}")
     else:
         torch.manual_seed(cfg.seed)
-        model = cls(model_config(s.config or "small", data.vocab_size, data.max_seq_len, family))
+        config = model_config(s.config or "small", data.vocab_size, data.max_seq_len, family)
+        model = cls(config if s.dropout is None else with_dropout(config, s.dropout))
     config = model.config
     evaluate = counts = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
@@ -163,6 +177,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
 
     with folder.opened(dist):
         if dist.is_main and not s.resume:
+            if family == "bert":  # which head --resume builds (and transformers' AutoModel reads)
+                config.extra = {**config.extra, "architectures": [cls.__name__]}
             config.save(s.out / "config.json")  # what --resume builds the model from
         summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=folder.commit)
@@ -181,6 +197,29 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
         plot_pretraining(s.out, counts)
     return summary
+
+
+DROPOUTS = {BertConfig: ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+            GPTConfig: ("resid_pdrop", "embd_pdrop", "attn_pdrop"), ELMoConfig: ("dropout",)}
+
+
+def with_dropout(config, p: float):
+    """The config with every dropout probability set to p."""
+    return dataclasses.replace(config, **dict.fromkeys(DROPOUTS[type(config)], p))
+
+
+def bert_objective(s: PretrainSettings, resumed: BertConfig | None) -> str:
+    """--objective, checked against a resumed run's (its config.json names the head it trains)."""
+    if s.objective is not None and s.objective not in OBJECTIVES:
+        raise UserError(f"--objective {s.objective}: expected one of {', '.join(OBJECTIVES)}")
+    if resumed is None:
+        return s.objective or "mlm+nsp"
+    head = (resumed.extra.get("architectures") or ["BertForPreTraining"])[0]
+    run = next((name for name, (cls, _) in OBJECTIVES.items() if cls.__name__ == head), "mlm+nsp")
+    if s.objective is not None and s.objective != run:
+        raise UserError(f"--objective {s.objective}: the run in {s.out} pretrains {run}; leave --objective out "
+                        "to resume it")
+    return run
 
 
 def architecture(config: BertConfig) -> dict:
@@ -204,8 +243,13 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
     if not isinstance(config, MODELS[family][2]):
         run = model_family(config)
         raise UserError(f"--model {family}: the run in {s.out} pretrains {run}; leave --model out to resume it")
+    if s.dropout is not None and with_dropout(config, s.dropout) != config:
+        raise UserError(f"--dropout {s.dropout} differs from the dropout the run in {s.out} started with; "
+                        "leave --dropout out to resume it")
     if s.config is not None:
         given = model_config(s.config, data.vocab_size, data.max_seq_len, family)
+        if s.dropout is not None:
+            given = with_dropout(given, s.dropout)
         if architecture(given) != architecture(config):
             raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
                             "leave --config out to resume it")
