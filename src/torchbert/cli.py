@@ -477,6 +477,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
                                 eval_batches=args.eval_batches, objective=args.objective, dropout=args.dropout,
+                                generator_size=args.generator_size,
                                 resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
     try:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
@@ -496,7 +497,9 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
               f"{math.exp(min(ev['backward_loss'], 50)):.1f})")
     elif ev:
         nsp = f", NSP accuracy {ev['nsp_accuracy']:.3f}" if "nsp_accuracy" in ev else ""
-        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}")
+        rtd = (f", replaced-token detection accuracy {ev['rtd_accuracy']:.3f} (the generator's MLM above)"
+               if "rtd_accuracy" in ev else "")
+        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}{rtd}")
         if "yardsticks" in summary:
             y = summary["yardsticks"]
             print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
@@ -516,10 +519,13 @@ def add_pretrain_parser(sub) -> None:
                    help="bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token prediction; "
                         "elmo: forward and backward LSTM language models; a preset --config sizes GPT as BERT "
                         "and ELMo with as many non-embedding parameters (with --resume: the run's own)")
-    p.add_argument("--objective", choices=("mlm+nsp", "mlm"),
-                   help="BERT's: mlm+nsp, the paper's masked LM and next sentence prediction (default), or mlm "
-                        "alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa); with "
-                        "--resume: the run's own")
+    p.add_argument("--objective", choices=("mlm+nsp", "mlm", "electra"),
+                   help="BERT's: mlm+nsp, the paper's masked LM and next sentence prediction (default); mlm "
+                        "alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa); or electra, "
+                        "replaced-token detection (a narrow generator fills the masks, the BERT learns from every "
+                        "token which ones it replaced; the run folder is that BERT); with --resume: the run's own")
+    p.add_argument("--generator-size", type=float,
+                   help="ELECTRA's generator width as a share of the BERT's (default: 0.25; the paper: 1/4 to 1/2)")
     p.add_argument("--dropout", type=float,
                    help="every dropout probability of a fresh model (default: the config's, 0.1 in the presets; "
                         "Cramming pretrains with 0)")

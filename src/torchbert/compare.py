@@ -64,6 +64,9 @@ class Budget:
     batch_size: int
     seeds: int
     grids: dict[str, tuple[float, ...]]  # per system: the learning rates tried on dev
+    # documents kept out of pretraining for held-out MLM accuracy: 100 of the demo's corpus give about
+    # 9,000 masked tokens (a standard error near 0.003; 10 gave 550, too few to rank recipes: issue 36)
+    heldout_docs: int = 100
 
     def scaled(self, x: float) -> Budget:
         return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
@@ -79,7 +82,7 @@ FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000,
               batch_size=32, seeds=3, grids=GRIDS)
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
-               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()})
+               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()}, heldout_docs=10)
 
 
 class Stages:
@@ -238,7 +241,7 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
         r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
               out / "vocab", "--quiet")
         r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
-              out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", 10, "--seed", seed,
+              out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", b.heldout_docs, "--seed", seed,
               "--quiet")
     results = {}
     for system in systems:
@@ -253,6 +256,7 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
         m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
                            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
+                           "yardsticks": m.get("yardsticks"),
                            "parameters": parameters(run)}
     random_init(out / "bert", out / "random", seed)
     results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}

@@ -50,7 +50,7 @@ FULL = Budget(dev=500, train=4000, low=200, pd_paragraphs=None, vocab_size=8000,
               batch_size=16, seeds=3, grids={"bert": GRID, "random": GRID})
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=8, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=2,
-               batch_size=8, seeds=2, grids={"bert": GRID[:1], "random": GRID[:1]})
+               batch_size=8, seeds=2, grids={"bert": GRID[:1], "random": GRID[:1]}, heldout_docs=10)
 
 
 def checkpoint_model(run: Path, step: int, out: Path) -> None:
@@ -150,6 +150,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"{b['max_seq_len']} ({p['tokens']:,} tokens in {p['train_seconds']:.0f} s, "
         f"{p['tokens_per_second']:,.0f} tokens/s), MLM + NSP with whole-word masking.",
         "",
+        *yardstick_lines(p),
         f"Fine-tuning on {s['labelled_examples']:,} labelled examples per task, from random weights (0 steps) and "
         f"from pretraining checkpoints. Test scores ({b['dev']:,} examples), mean ± std over {b['seeds']} seeds; "
         "the learning rate is chosen on dev for each model; gain is over random weights, ✓ where it is more than "
@@ -188,6 +189,21 @@ def summary_markdown(s: dict[str, Any]) -> str:
               "Predictions of the sentiment model fine-tuned after all the pretraining (seed 0):", ""]
     lines += [f"- {e['label']} ({e['probability']:.3f}): {e['text']}" for e in s["examples"]]
     return "\n".join(lines) + "\n"
+
+
+def yardstick_lines(p: dict[str, Any]) -> list[str]:
+    """What tables of counts score on the held-out masks, beside the pretrained model (eval/yardsticks.py)."""
+    y, model = p.get("yardsticks"), p.get("heldout", {}).get("mlm_accuracy")
+    if not y or model is None:
+        return []
+    names = {"unigram": "the most frequent token", "left": "given the nearest unmasked token on the left",
+             "neighbours": "given both nearest unmasked neighbours"}
+    beaten = [n for n in names if model > y[n]]
+    verdict = ("above all three" if len(beaten) == 3 else
+               f"not above the table {names[next(n for n in names if n not in beaten)]}")
+    return [f"Held-out MLM accuracy after pretraining {model:.3f} on {y['masked']:,} masked tokens; tables of token "
+            "counts from the pretraining data score " + ", ".join(f"{y[n]:.3f} {t}" for n, t in names.items())
+            + f" on the same masks: the model is {verdict}.", ""]
 
 
 def plot_gain(out: Path, s: dict[str, Any]) -> None:

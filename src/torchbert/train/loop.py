@@ -25,7 +25,8 @@ seconds reported are training's alone: evaluation's are counted apart (eval_seco
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
-predictions). A task may also fix `per_step`, the targets of an average step per part: each step's
+predictions); the step's loss is the sum of the parts' means, each times the task's `weights`
+(ELECTRA's discriminator: 50; 1 where a task names none). A task may also fix `per_step`, the targets of an average step per part: each step's
 summed loss is then divided by that instead of by its own count, so that every target weighs the
 same even when steps hold very different counts (length-sorted batches of labelled tokens).
 
@@ -53,6 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import fast
+from ..electra import RTD_WEIGHT
 from ..elmo import ELMoModel, previous_tokens
 from ..errors import Interrupted, RunFailed, UserError
 from ..gpt import OpenAIGPTModel, next_tokens
@@ -117,6 +119,27 @@ class MaskedLMTask:
         m = batch.mlm_labels.numel()
         mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
         return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum())}
+
+
+class ElectraTask:
+    """ELECTRA's replaced-token detection on the masked batches (electra.ElectraForPreTraining): the
+    generator's MLM and the discriminator's verdict on every token, weighted 1 and 50 (the paper's
+    lambda) in the loss; the logged losses are each part's own mean."""
+
+    parts = ("mlm", "rtd")
+    per_step = None
+    weights = {"rtd": RTD_WEIGHT}
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel()), "rtd": batch.num_tokens}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
+        m, n = batch.mlm_labels.numel(), batch.num_tokens
+        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
+        rtd_correct = ((out.rtd_logits > 0).float() == out.rtd_labels).sum()
+        return {"mlm": (out.mlm_loss.float() * m, mlm_correct), "rtd": (out.rtd_loss.float() * n, rtd_correct)}
 
 
 class CausalLMTask:
@@ -331,7 +354,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
                     parts = task.forward(model, b)
-                    loss = sum(parts[p][0] / max(totals[p], 1) for p in task.parts)
+                    weights = getattr(task, "weights", {})
+                    loss = sum(weights.get(p, 1.0) * parts[p][0] / max(totals[p], 1) for p in task.parts)
                 # gradients are averaged over processes: scale so that they sum instead
                 (loss * dist.world_size).backward()
                 step_loss += loss.detach()

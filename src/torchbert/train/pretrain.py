@@ -26,6 +26,7 @@ import torch
 from ..config import PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
 from ..data.pretraining import TOKENIZER_FILES
 from ..data.shards import PretrainingData
+from ..electra import GENERATOR_SIZE, ElectraForPreTraining
 from ..elmo import ELMoBiLM
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
@@ -35,7 +36,7 @@ from ..heads import BertForMaskedLM, BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from .distributed import Dist, full_state_dict, wrap
-from .loop import BiLMTask, CausalLMTask, MaskedLMTask, PretrainingTask, TrainConfig, train
+from .loop import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
 
 # --model: (the model, its objective, its config class, whether it reads the instances masked)
@@ -43,7 +44,8 @@ MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
           "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False),
           "elmo": (ELMoBiLM, BiLMTask, ELMoConfig, False)}
 # BERT's --objective: (the model, its task). The paper's MLM + NSP, or MLM alone (Cramming, RoBERTa)
-OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForMaskedLM, MaskedLMTask)}
+OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForMaskedLM, MaskedLMTask),
+              "electra": (ElectraForPreTraining, ElectraTask)}
 
 
 @dataclass
@@ -60,6 +62,7 @@ class PretrainSettings:
     model: str | None = None  # "bert", "gpt" or "elmo" (MODELS); None: bert, or the resumed run's
     objective: str | None = None  # BERT's: "mlm+nsp" or "mlm" (OBJECTIVES); None: mlm+nsp, or the resumed run's
     dropout: float | None = None  # every dropout of a fresh model (None: the config's; Cramming: 0)
+    generator_size: float | None = None  # ELECTRA's generator width / the discriminator's (None: 1/4)
 
 
 def model_family(config) -> str:
@@ -127,6 +130,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                                                       "--config": config_path}, log=log)
     if s.dropout is not None and not 0 <= s.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {s.dropout}")
+    if s.generator_size is not None and not 0 < s.generator_size <= 1:
+        raise UserError(f"--generator-size must be in (0, 1], got {s.generator_size}")
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
                         "config.json)")
@@ -139,6 +144,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         cls, objective = OBJECTIVES[bert_objective(s, config)]
     elif s.objective is not None:
         raise UserError(f"--objective is BERT's; {family} has its own (leave --objective out)")
+    if s.generator_size is not None and cls is not ElectraForPreTraining:
+        raise UserError("--generator-size is ELECTRA's (--objective electra)")
+    if cls is ElectraForPreTraining and s.init is not None:
+        raise UserError("--init is not supported with --objective electra: its generator would start from nothing")
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
     if s.resume:
         check_resumed(s, config, data, family)
@@ -152,7 +161,12 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     else:
         torch.manual_seed(cfg.seed)
         config = model_config(s.config or "small", data.vocab_size, data.max_seq_len, family)
-        model = cls(config if s.dropout is None else with_dropout(config, s.dropout))
+        if s.dropout is not None:
+            config = with_dropout(config, s.dropout)
+        if cls is ElectraForPreTraining:
+            size = GENERATOR_SIZE if s.generator_size is None else s.generator_size
+            config.extra = {**config.extra, "torchbert_generator_size": size}
+        model = cls(config)
     config = model.config
     evaluate = counts = None
     if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
@@ -177,8 +191,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
 
     with folder.opened(dist):
         if dist.is_main and not s.resume:
-            if family == "bert":  # which head --resume builds (and transformers' AutoModel reads)
-                config.extra = {**config.extra, "architectures": [cls.__name__]}
+            if family == "bert":  # which objective --resume builds
+                config.extra = {**config.extra, "torchbert_objective": bert_objective(s, None)}
             config.save(s.out / "config.json")  # what --resume builds the model from
         summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=folder.commit)
@@ -214,8 +228,10 @@ def bert_objective(s: PretrainSettings, resumed: BertConfig | None) -> str:
         raise UserError(f"--objective {s.objective}: expected one of {', '.join(OBJECTIVES)}")
     if resumed is None:
         return s.objective or "mlm+nsp"
-    head = (resumed.extra.get("architectures") or ["BertForPreTraining"])[0]
-    run = next((name for name, (cls, _) in OBJECTIVES.items() if cls.__name__ == head), "mlm+nsp")
+    run = resumed.extra.get("torchbert_objective")
+    if run not in OBJECTIVES:  # a run of an older torchbert: its config names the head, or none (the paper's)
+        head = (resumed.extra.get("architectures") or ["BertForPreTraining"])[0]
+        run = next((name for name, (cls, _) in OBJECTIVES.items() if cls.__name__ == head), "mlm+nsp")
     if s.objective is not None and s.objective != run:
         raise UserError(f"--objective {s.objective}: the run in {s.out} pretrains {run}; leave --objective out "
                         "to resume it")
@@ -243,6 +259,9 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
     if not isinstance(config, MODELS[family][2]):
         run = model_family(config)
         raise UserError(f"--model {family}: the run in {s.out} pretrains {run}; leave --model out to resume it")
+    size = config.extra.get("torchbert_generator_size")
+    if s.generator_size is not None and size is not None and s.generator_size != size:
+        raise UserError(f"--generator-size {s.generator_size} differs from the run's {size}; leave it out to resume")
     if s.dropout is not None and with_dropout(config, s.dropout) != config:
         raise UserError(f"--dropout {s.dropout} differs from the dropout the run in {s.out} started with; "
                         "leave --dropout out to resume it")

@@ -1,0 +1,169 @@
+"""Which pretraining recipe learns fastest: probes of held-out MLM accuracy at equal seconds (issue 36).
+
+Each probe changes the demo's recipe in one way (or combines changes), pretrains for the same number
+of training seconds on the same corpus, and is scored on the same held-out masks (the whole-word
+15% masks of the demo's held-out documents), at several seeds:
+
+    python bench/bench_recipes.py                            # every probe, 180 s each, seeds 0 and 1
+    python bench/bench_recipes.py --probes paper "lr 2e-3" --seconds 60 --seeds 0
+
+The paper's recipe as the demo runs it: tiny (L2 H128), MLM + NSP, whole-word masks of 15% (80/10/10,
+static, 5 passes), batches of 32 x 128, AdamW lr 1e-3 with 10% linear warmup then linear decay, dropout
+0.1. A probe's steps come from its own speed: a 40-step calibration run measures its training tokens
+per second, and the steps are those that fill --seconds (warmup and decay follow the steps). Held-out
+accuracy is evaluated at 6 points and read at a third, two thirds and all of the budget (linear in
+training seconds between evaluations). The count yardsticks of the same masks are printed above the
+table. Results are kept in WORK/results.json: a probe already measured is not run again (--fresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_learning import demo_data  # noqa: E402
+from machine import cpu_name  # noqa: E402
+
+from torchbert.cli import main as cli  # noqa: E402
+from torchbert.data.shards import PretrainingData  # noqa: E402
+from torchbert.eval.yardsticks import yardsticks  # noqa: E402
+from torchbert.train.pretrain import heldout_batches  # noqa: E402
+
+# data variants: `torchbert prepare` flags beside the demo's (the same corpus, vocabulary and held-out documents)
+DATA = {"ww15": [],
+        "ww30": ["--masked-lm-prob", 0.3, "--max-predictions", 40],
+        "ww40": ["--masked-lm-prob", 0.4, "--max-predictions", 52],
+        "tok15": ["--no-whole-word"],
+        "ww15-maskonly": ["--mask-replace", 1, 0]}
+
+PAPER = {"data": "ww15", "config": "tiny", "batch": 32, "lr": 1e-3, "warmup": 0.1, "schedule": "linear", "args": []}
+# name: what changes from PAPER
+PROBES = {
+    "paper": {},
+    "lr 5e-4": {"lr": 5e-4},
+    "lr 2e-3": {"lr": 2e-3},
+    "lr 4e-3": {"lr": 4e-3},
+    "no warmup": {"warmup": 0.0},
+    "one-cycle (warmup 50%)": {"warmup": 0.5},
+    "dropout 0": {"args": ["--dropout", 0]},
+    "MLM only": {"args": ["--objective", "mlm"]},
+    "mask 30%": {"data": "ww30"},
+    "mask 40%": {"data": "ww40"},
+    "[MASK] only": {"data": "ww15-maskonly"},
+    "single-token masks": {"data": "tok15"},
+    "batch 8": {"batch": 8},
+    "batch 128 (accum 4)": {"batch": 128},
+    "mini (L4 H256)": {"config": "mini"},
+}
+
+
+def prepared(work: Path, base: Path, name: str) -> Path:
+    """The data variant `name`, prepared like the demo's base data but for its flags (cached)."""
+    if name == "ww15":
+        return base
+    out = work / f"data-{name}"
+    if (out / "manifest.json").is_file():
+        return out
+    flags = [str(x) for x in DATA[name]]
+    whole = [] if "--no-whole-word" in flags else ["--whole-word"]
+    flags = [f for f in flags if f != "--no-whole-word"]
+    settings = json.loads((base / "manifest.json").read_text())["settings"]
+    argv = ["prepare", "--corpus", *settings["corpus"], "--tokenizer", settings["tokenizer"], "--out", out, *whole,
+            "--max-seq-len", settings["max_seq_len"], "--heldout-docs", settings["heldout_docs"], "--seed",
+            settings["seed"], "--quiet", "--overwrite", *flags]
+    if cli([str(a) for a in argv]) != 0:
+        raise SystemExit(f"prepare {name} failed")
+    return out
+
+
+def pretrain(recipe: dict, data: Path, heldout: Path, out: Path, steps: int, seed: int, evals: int) -> list[dict]:
+    """One run; its held-out evaluations as [{seconds, tokens, accuracy}]."""
+    batch, accum = (recipe["batch"], 1) if recipe["batch"] <= 32 else (32, recipe["batch"] // 32)
+    every = max(1, steps // evals)
+    argv = ["pretrain", "--data", data, "--eval-data", heldout, "--out", out, "--config", recipe["config"], "--steps",
+            steps, "--batch-size", batch, "--grad-accum", accum, "--lr", recipe["lr"], "--warmup-steps",
+            round(recipe["warmup"] * steps), "--schedule", recipe["schedule"], "--seed", seed, "--log-every", every,
+            "--eval-every", every, "--eval-batches", 20 * 32 // batch, "--quiet", "--overwrite", *recipe["args"]]
+    if cli([str(a) for a in argv]) != 0:
+        raise SystemExit(f"pretrain failed: {argv}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{"step": r["step"], "seconds": r["seconds"], "tokens": r["tokens"], "accuracy": r["eval_mlm_accuracy"]}
+            for r in rows if "eval_mlm_accuracy" in r]
+
+
+def at_seconds(curve: list[dict], t: float) -> float:
+    """Held-out accuracy at t training seconds, linear between evaluations (0 before the first)."""
+    xs = [0.0] + [r["seconds"] for r in curve]
+    ys = [0.0] + [r["accuracy"] for r in curve]
+    return float(np.interp(t, xs, ys))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default=str(ROOT / "runs" / "bench_recipes"), help="data, runs and results.json")
+    ap.add_argument("--data", help="the base data (a prepare folder with heldout/; default: the demo's, made in --work)")
+    ap.add_argument("--probes", nargs="+", default=list(PROBES), help="probe names (default: all)")
+    ap.add_argument("--seconds", type=float, default=180, help="training seconds per run (default: 180)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--evals", type=int, default=6, help="held-out evaluations per run (default: 6)")
+    ap.add_argument("--fresh", action="store_true", help="measure again what results.json holds")
+    a = ap.parse_args()
+    unknown = [p for p in a.probes if p not in PROBES]
+    if unknown:
+        ap.error(f"unknown probe(s) {unknown}; choose from {list(PROBES)}")
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    base = Path(a.data) if a.data else demo_data(work, "full")
+    heldout = base / "heldout"
+    results_path = work / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() and not a.fresh else {}
+    key = f"{a.seconds:g}s"
+    for name in a.probes:
+        recipe = {**PAPER, **PROBES[name]}
+        data = prepared(work, base, recipe["data"])
+        for seed in a.seeds:
+            done = results.setdefault(key, {}).setdefault(name, {})
+            if str(seed) in done:
+                continue
+            calibration = pretrain(recipe, data, heldout, work / "calibrate", 40, seed, 1)
+            per_step = calibration[-1]["seconds"] / calibration[-1]["step"]
+            steps = max(10, round(a.seconds / per_step))
+            curve = pretrain(recipe, data, heldout, work / "run", steps, seed, a.evals)
+            tps = curve[-1]["tokens"] / curve[-1]["seconds"]
+            done[str(seed)] = {"steps": steps, "tokens_per_second": round(tps), "curve": curve}
+            results_path.write_text(json.dumps(results, indent=1))
+            print(f"{name} seed {seed}: {steps} steps, {tps:,.0f} tokens/s, held-out MLM accuracy "
+                  f"{at_seconds(curve, a.seconds):.3f} at {a.seconds:g} s", flush=True)
+
+    counts = yardsticks(PretrainingData(base), heldout_batches(PretrainingData(heldout, shuffle=False), 32, 20))
+    print(f"\n# {cpu_name()}; {a.seconds:g} training seconds per run; seeds {a.seeds}")
+    print(f"count yardsticks on the same {counts['masked']:,} held-out masks: unigram {counts['unigram']:.3f}, "
+          f"left {counts['left']:.3f}, both neighbours {counts['neighbours']:.3f}\n")
+    marks = [a.seconds / 3, 2 * a.seconds / 3, a.seconds]
+    print("| probe | steps | tokens/s | " + " | ".join(f"acc at {t:.0f} s" for t in marks) + " | vs paper |")
+    print("|---|---:|---:|" + "---:|" * (len(marks) + 1))
+    paper = results.get(key, {}).get("paper", {})
+    paper_end = statistics.mean(at_seconds(r["curve"], a.seconds) for r in paper.values()) if paper else None
+    for name in a.probes:
+        runs = [results[key][name][str(s)] for s in a.seeds if str(s) in results.get(key, {}).get(name, {})]
+        if not runs:
+            continue
+        cells = []
+        for t in marks:
+            accs = [at_seconds(r["curve"], t) for r in runs]
+            cells.append(f"{statistics.mean(accs):.3f}" + (f" ± {statistics.stdev(accs):.3f}" if len(accs) > 1 else ""))
+        end = statistics.mean(at_seconds(r["curve"], a.seconds) for r in runs)
+        delta = f"{end - paper_end:+.3f}" if paper_end is not None else "n/a"
+        print(f"| {name} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
+              f"{statistics.mean(r['tokens_per_second'] for r in runs):,.0f} | " + " | ".join(cells) + f" | {delta} |")
+
+
+if __name__ == "__main__":
+    main()
