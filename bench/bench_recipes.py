@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -61,7 +63,10 @@ PROBES = {
     "batch 8": {"batch": 8},
     "batch 128 (accum 4)": {"batch": 128},
     "mini (L4 H256)": {"config": "mini"},
+    "ELECTRA (generator 1/4)": {"args": ["--objective", "electra"]},
+    "ELECTRA (generator 1/2)": {"args": ["--objective", "electra", "--generator-size", 0.5]},
 }
+MLM_OF_GENERATOR = ("ELECTRA",)  # probes whose held-out MLM accuracy is the generator's, not the encoder's
 
 
 def prepared(work: Path, base: Path, name: str) -> Path:
@@ -98,6 +103,59 @@ def pretrain(recipe: dict, data: Path, heldout: Path, out: Path, steps: int, see
             for r in rows if "eval_mlm_accuracy" in r]
 
 
+def model_folder(work: Path, probe: str, seed: int) -> Path:
+    return work / "models" / f"{re.sub(r'[^A-Za-z0-9]+', '-', probe).strip('-')}-seed{seed}"
+
+
+def keep_model(run: Path, out: Path) -> None:
+    """The run's final model folder (weights, config, tokenizer), without its checkpoints."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in run.iterdir():
+        if f.is_file() and f.name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json",
+                                      "special_tokens_map.json", "tokenizer.json", "metrics.json"):
+            shutil.copyfile(f, out / f.name)
+
+
+def finetune_table(a, work: Path, base: Path, tasks: Path, results: dict) -> None:
+    """The demo's protocol on each probe's seed-0 model and on random weights: sentiment and People's Daily
+    NER with 200 labels, the learning rate chosen on dev, 3 seeds scored on test (compare.cell)."""
+    from torchbert import demo
+    from torchbert.compare import Stages, bert_folder, cell
+
+    b = demo.QUICK if a.budget == "quick" else demo.FULL
+    r = Stages(work / "finetune", cli, lambda _: None)
+    paper = model_folder(work, "paper", a.finetune_seed)
+    models = {"random weights": work / "models" / "random"}
+    bert_folder(paper, models["random weights"], seed=a.finetune_seed)
+    models.update({name: model_folder(work, name, a.finetune_seed) for name in a.probes})
+    scores = results.setdefault("finetune", {})
+    for name, folder in models.items():
+        if not (folder / "model.safetensors").is_file():
+            continue
+        for task in ("sentiment", "ner"):
+            if f"{name}/{task}" not in scores:
+                slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
+                scores[f"{name}/{task}"] = cell(r, b, tasks, task, "low", slug, folder, b.grids["bert"], 0)
+                (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nfine-tuned from each probe's seed-{a.finetune_seed} model: {b.low} labelled examples, the learning "
+          f"rate chosen on dev from {b.grids['bert']}, test mean ± std over {b.seeds} seeds")
+    print("| model | sentiment accuracy | gain | NER entity F1 | gain |\n|---|---:|---:|---:|---:|")
+    base_scores = {t: scores[f"random weights/{t}"] for t in ("sentiment", "ner")}
+    for name in models:
+        if f"{name}/ner" not in scores:
+            continue
+        cells = []
+        for t in ("sentiment", "ner"):
+            c = scores[f"{name}/{t}"]
+            se = (c["std"] ** 2 / len(c["test"]) + base_scores[t]["std"] ** 2 / len(base_scores[t]["test"])) ** 0.5
+            gain = c["mean"] - base_scores[t]["mean"]
+            mark = " ✓" if gain > 2 * se else " ✗" if gain < -2 * se else ""
+            cells += [f"{c['mean']:.3f} ± {c['std']:.3f}", "-" if name == "random weights" else f"{gain:+.3f}{mark}"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def at_seconds(curve: list[dict], t: float) -> float:
     """Held-out accuracy at t training seconds, linear between evaluations (0 before the first)."""
     xs = [0.0] + [r["seconds"] for r in curve]
@@ -109,18 +167,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench_recipes"), help="data, runs and results.json")
     ap.add_argument("--data", help="the base data (a prepare folder with heldout/; default: the demo's, made in --work)")
+    ap.add_argument("--budget", choices=("full", "quick"), default="full",
+                    help="the demo data's size when --data is not given (quick: a smoke test)")
     ap.add_argument("--probes", nargs="+", default=list(PROBES), help="probe names (default: all)")
     ap.add_argument("--seconds", type=float, default=180, help="training seconds per run (default: 180)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--evals", type=int, default=6, help="held-out evaluations per run (default: 6)")
     ap.add_argument("--fresh", action="store_true", help="measure again what results.json holds")
+    ap.add_argument("--finetune", action="store_true",
+                    help="also fine-tune each probe's model with the demo's protocol (sentiment and NER, 200 labels)")
+    ap.add_argument("--finetune-seed", type=int, default=0, help="whose pretraining run is fine-tuned (default: 0)")
+    ap.add_argument("--tasks", help="the demo's task files (default: made beside the demo's data in --work)")
     a = ap.parse_args()
     unknown = [p for p in a.probes if p not in PROBES]
     if unknown:
         ap.error(f"unknown probe(s) {unknown}; choose from {list(PROBES)}")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    base = Path(a.data) if a.data else demo_data(work, "full")
+    base = Path(a.data) if a.data else demo_data(work, a.budget)
     heldout = base / "heldout"
     results_path = work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() and not a.fresh else {}
@@ -136,6 +200,7 @@ def main() -> None:
             per_step = calibration[-1]["seconds"] / calibration[-1]["step"]
             steps = max(10, round(a.seconds / per_step))
             curve = pretrain(recipe, data, heldout, work / "run", steps, seed, a.evals)
+            keep_model(work / "run", model_folder(work, name, seed))
             tps = curve[-1]["tokens"] / curve[-1]["seconds"]
             done[str(seed)] = {"steps": steps, "tokens_per_second": round(tps), "curve": curve}
             results_path.write_text(json.dumps(results, indent=1))
@@ -161,8 +226,10 @@ def main() -> None:
             cells.append(f"{statistics.mean(accs):.3f}" + (f" ± {statistics.stdev(accs):.3f}" if len(accs) > 1 else ""))
         end = statistics.mean(at_seconds(r["curve"], a.seconds) for r in runs)
         delta = f"{end - paper_end:+.3f}" if paper_end is not None else "n/a"
-        print(f"| {name} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
+        print(f"| {name}{' (generator MLM)' if name.startswith(MLM_OF_GENERATOR) else ''} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
               f"{statistics.mean(r['tokens_per_second'] for r in runs):,.0f} | " + " | ".join(cells) + f" | {delta} |")
+    if a.finetune:
+        finetune_table(a, work, base, Path(a.tasks) if a.tasks else work / f"tasks-{a.budget}", results)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,30 @@ def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
     assert [(r[0], r[2]) for r in quality] == [("ner", "f1"), ("sentiment", "accuracy")], out
     assert 0 < int(quality[0][1]) <= 8 and quality[1][1] == "8"  # NER: test tweets with unseen tags go to train
     assert all(0 <= float(r[3]) <= 1 and 0 <= float(r[4]) <= 1 for r in quality)
+
+
+def test_bench_learning_scores_both_systems_on_the_same_heldout_masks(tmp_path):
+    out = run_bench("bench_learning.py", "--budget", "quick", "--work", str(tmp_path), "--steps", "4", "--batch-size",
+                    "4", "--warmup", "1", "--eval-every", "2", "--eval-batches", "2")
+    sticks = re.search(r"count yardsticks on (\d+) held-out masked tokens: unigram ([\d.]+), left ([\d.]+), "
+                       r"both neighbours ([\d.]+)", out)
+    assert sticks and int(sticks[1]) > 0
+    rows = table_rows(out)
+    steps = [r for r in rows if r[0][0].isdigit()]
+    assert [r[0] for r in steps] == ["2", "4"]
+    assert all(0 <= float(r[i]) <= 1 for r in steps for i in (2, 3))
+    final = re.search(r"final held-out MLM accuracy: torchbert ([\d.]+), transformers ([\d.]+)", out)
+    assert final and (final[1], final[2]) == (steps[-1][2], steps[-1][3])
+
+
+def test_bench_recipes_runs_each_probe_for_its_seconds_and_tables_it(tmp_path):
+    out = run_bench("bench_recipes.py", "--budget", "quick", "--work", str(tmp_path), "--probes", "paper",
+                    "MLM only", "--seconds", "2", "--seeds", "0", "--evals", "2")
+    rows = {r[0]: r for r in table_rows(out) if r[0] in ("paper", "MLM only")}
+    assert set(rows) == {"paper", "MLM only"}
+    assert rows["paper"][-1] == "+0.000"
+    for r in rows.values():
+        assert 0 <= float(r[-2]) <= 1 and int(r[1].replace(",", "")) >= 10
+    results = __import__("json").loads((tmp_path / "results.json").read_text())
+    assert set(results["2s"]) == {"paper", "MLM only"}
+    assert (tmp_path / "models" / "MLM-only-seed0" / "model.safetensors").is_file()
