@@ -477,7 +477,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                                 init=Path(args.init) if args.init else None,
                                 eval_data=Path(args.eval_data) if args.eval_data else None,
                                 eval_batches=args.eval_batches, objective=args.objective, dropout=args.dropout,
-                                generator_size=args.generator_size,
+                                generator_size=args.generator_size, positions=args.positions,
                                 resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
     try:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
@@ -529,6 +529,11 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--dropout", type=float,
                    help="every dropout probability of a fresh model (default: the config's, 0.1 in the presets; "
                         "Cramming pretrains with 0)")
+    p.add_argument("--positions", choices=("absolute", "rotary"),
+                   help="a fresh BERT's positions: absolute, a learned table added to the embeddings (the paper's; "
+                        "default), or rotary, each head's queries and keys turned by their position (RoFormer: "
+                        "attention to neighbours from the first step; written as a RoFormer checkpoint, which "
+                        "transformers loads); with --resume: the run's own")
     p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
     p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")

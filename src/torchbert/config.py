@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+POSITIONS = ("absolute", "rotary")  # BertConfig.position_embedding_type
+ROFORMER = "roformer"  # the model_type of a BERT with rotary positions
 
 
 class _JsonConfig:
@@ -76,9 +78,12 @@ class _JsonConfig:
 
 @dataclass
 class BertConfig(_JsonConfig):
+    """position_embedding_type "rotary" is BERT with RoFormer's positions (Su et al., 2021): no
+    position table, each head's queries and keys turned by angles of their position instead. Its
+    config.json is a RoFormer's (model_type "roformer"), which transformers loads as one."""
+
     MODEL_TYPE = "bert"
     REQUIRED = REQUIRED
-    WRITTEN = {"position_embedding_type": "absolute"}
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -93,10 +98,16 @@ class BertConfig(_JsonConfig):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    position_embedding_type: str = "absolute"  # or "rotary": see the class's docstring
     # Everything else found in a config.json (task labels, architectures, ...), kept verbatim.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.position_embedding_type not in POSITIONS:
+            raise ValueError(f"position_embedding_type {self.position_embedding_type!r} is not supported, "
+                             f"only {' or '.join(map(repr, POSITIONS))}")
+        if self.position_embedding_type == "rotary" and self.head_size % 2:
+            raise ValueError(f"rotary positions turn pairs of features: head size {self.head_size} is odd")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of "
@@ -112,6 +123,33 @@ class BertConfig(_JsonConfig):
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_embedding_type == "rotary"
+
+    # -- RoFormer's config.json: no position_embedding_type, model_type "roformer" ------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config"):
+        if d.get("model_type") != ROFORMER:
+            return super().from_dict(d, source)
+        d = dict(d)
+        if d.pop("rotary_value", False):
+            raise ValueError(f"{source}: rotary_value true (values turned too) is not supported")
+        if d.pop("embedding_size", None) not in (None, d.get("hidden_size")):
+            raise ValueError(f"{source}: embedding_size differs from hidden_size (a projection) is not supported")
+        if d.pop("position_embedding_type", "rotary") != "rotary":
+            raise ValueError(f"{source}: a RoFormer's positions are rotary")
+        return super().from_dict({**d, "position_embedding_type": "rotary"}, source)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.rotary:
+            del d["position_embedding_type"]
+            d.update(model_type=ROFORMER, rotary_value=False, embedding_size=self.hidden_size)
+        else:
+            d["model_type"] = self.MODEL_TYPE
+        return d
 
     # -- presets --------------------------------------------------------------------------------
     @classmethod

@@ -4,6 +4,11 @@
            -> N x [ self-attention -> add & LayerNorm -> feed-forward (GELU) -> add & LayerNorm ]
            -> last_hidden_state, and the pooler: tanh(dense(h_[CLS]))
 
+With rotary positions (config.position_embedding_type "rotary", RoFormer: Su et al., 2021) the
+embeddings have no position table; instead every layer turns each head's queries and keys, feature
+pair by pair, by angles proportional to the token's position, so that q.k depends on how far apart
+two tokens are (what a masked token most needs: its neighbours) from the first step.
+
 Notation used in the shape comments:
     B batch size        T tokens per (padded) sequence    N real tokens of a packed batch
     H hidden size       A attention heads                 D = H / A, head size
@@ -94,6 +99,26 @@ def sdpa_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[T
     return merge_heads(ctx, layout), None
 
 
+def rotary_tables(max_positions: int, head_size: int) -> tuple[Tensor, Tensor]:
+    """cos and sin [P, D/2] of RoFormer's angles: feature pair i of a head at position p is turned by
+    p / 10000^(2i/D) (computed in float64, as transformers does, then rounded to float32)."""
+    pos = torch.arange(max_positions, dtype=torch.float64)[:, None]
+    angles = pos / 10000 ** (torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)  # [P, D/2]
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., A, D]: each feature pair (x_2i, x_2i+1) of each head turned by its angle; cos, sin [..., D/2]."""
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # each [..., A, D/2]
+    c, s = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)  # [..., 1, D/2]
+    return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1).flatten(-2)  # [..., A, D]
+
+
+def rotate_heads(x: Tensor, rotary: tuple[Tensor, Tensor], heads: int) -> Tensor:
+    """Queries or keys [..., H] (their tokens' rotary tables [..., D/2]) turned, head by head: [..., H]."""
+    return rotate(x.unflatten(-1, (heads, -1)), *rotary).flatten(-2)
+
+
 # Attention functions by name: (qkv [B, T, 3H] or [N, 3H], layout, heads, dropout_p) -> (output in
 # the tokens' layout, probabilities or None). SelfAttention.impl picks one ("sdpa" by default,
 # "eager" whenever the probabilities are asked for); torchbert.fast registers its own.
@@ -104,14 +129,17 @@ class Embeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        # rotary positions live in the attention instead
+        self.position = None if config.rotary else nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
         # all inputs [B, T] or [N]; output [B, T, H] or [N, H]
-        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(position_ids)
+        x = self.word(input_ids) + self.token_type(token_type_ids)
+        if self.position is not None:
+            x = x + self.position(position_ids)
         return self.dropout(self.norm(x))
 
 
@@ -128,7 +156,11 @@ class SelfAttention(nn.Module):
                 rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         # x [B, T, H] or [N, H]; rows [K]: flat token positions whose output alone is wanted ([K, H])
         attend = ATTENTION["eager" if need_weights else self.impl]
-        ctx, probs = attend(self.qkv(x), layout, self.heads, self.dropout_p if self.training else 0.0)
+        qkv = self.qkv(x)  # [..., 3H]
+        if layout.rotary is not None:  # queries and keys turned by their positions' angles
+            q, k, v = qkv.chunk(3, dim=-1)
+            qkv = torch.cat([rotate_heads(q, layout.rotary, self.heads), rotate_heads(k, layout.rotary, self.heads), v], -1)
+        ctx, probs = attend(qkv, layout, self.heads, self.dropout_p if self.training else 0.0)
         if rows is not None:
             ctx = ctx.reshape(-1, ctx.shape[-1]).index_select(0, rows)  # [K, H]
         return self.out(ctx), probs  # [B, T, H], [N, H] or [K, H]
@@ -169,12 +201,16 @@ class Layer(nn.Module):
 
 
 class Pooler(nn.Module):
+    """tanh(dense(h_[CLS])), BERT's; with rotary positions the model's own activation in place of
+    tanh, as in RoFormer's classifier, whose first layer this is in its checkpoints (io/hf.py)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act) if config.rotary else torch.tanh
 
     def forward(self, cls: Tensor) -> Tensor:
-        return torch.tanh(self.dense(cls))  # [B, H]: the [CLS] state, for sentence-level tasks
+        return self.act(self.dense(cls))  # [B, H]: the [CLS] state, for sentence-level tasks
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -206,6 +242,10 @@ class BertModel(HFCheckpoint, nn.Module):
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.apply(partial(init_weights, std=config.initializer_range))
+        if config.rotary:  # cos, sin [P, D/2]: derived, never saved
+            cos, sin = rotary_tables(config.max_position_embeddings, config.head_size)
+            self.register_buffer("rotary_cos", cos, persistent=False)
+            self.register_buffer("rotary_sin", sin, persistent=False)
 
     def forward(
         self,
@@ -247,6 +287,8 @@ class BertModel(HFCheckpoint, nn.Module):
         if self.check_inputs:
             check_ids(self.config, input_ids, token_type_ids, position_ids)
 
+        if self.config.rotary:
+            layout.rotary = (self.rotary_cos[position_ids], self.rotary_sin[position_ids])  # [B, T, D/2] or [N, D/2]
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # [B, T, H] or [N, H]
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None

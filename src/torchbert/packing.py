@@ -58,6 +58,7 @@ class Layout:
     packed: bool = False  # the tokens come as [N, ...], not [B, T, ...]
     index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
     causal: bool = False
+    rotary: tuple[Tensor, Tensor] | None = None  # rotary positions: cos, sin of each token's angles, [B, T, D/2] or [N, D/2]
 
     def to_block(self, x: Tensor) -> Tensor:
         """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""

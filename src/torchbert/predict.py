@@ -79,7 +79,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:
         model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
-        if any(not k.startswith("bert.") for k in model.load_report["missing"]):
+        if any(not k.startswith(("bert.", "roformer.")) for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
     if int8:
         from .fast.int8 import int8 as to_int8

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import ATTENTION, SelfAttention, sdpa_attention
+from ..model import ATTENTION, SelfAttention, rotate_heads, sdpa_attention
 from ..packing import Layout
 from .dropout import scaled_mask
 
@@ -210,10 +210,16 @@ class RowsSelfAttention(SelfAttention):
             return super().forward(x, layout, need_weights, rows)
         H, A = x.shape[-1], self.heads
         w, b = self.qkv.weight, self.qkv.bias
-        blocks = heads_block(F.linear(x, w[H:], b[H:]), layout, A, 2)  # [2, B, A, T, D]: k, v
-        queries = query_layout(rows, layout)  # [B, Q]
+        kv = F.linear(x, w[H:], b[H:])  # [..., 2H]
         xq = x.reshape(-1, H).index_select(0, rows)  # [K, H]
-        q = heads_block(F.linear(xq, w[:H], b[:H]), queries, A, 1)[0]  # [B, A, Q, D]
+        q = F.linear(xq, w[:H], b[:H])  # [K, H]
+        if layout.rotary is not None:  # keys turned at every token, queries at the rows
+            k, v = kv.chunk(2, dim=-1)
+            kv = torch.cat([rotate_heads(k, layout.rotary, A), v], -1)
+            q = rotate_heads(q, tuple(t.reshape(-1, t.shape[-1]).index_select(0, rows) for t in layout.rotary), A)
+        blocks = heads_block(kv, layout, A, 2)  # [2, B, A, T, D]: k, v
+        queries = query_layout(rows, layout)  # [B, Q]
+        q = heads_block(q, queries, A, 1)[0]  # [B, A, Q, D]
         ctx = _Attention.apply(blocks, q, *layout.score_bias(blocks, A), p)  # [B, A, Q, D]
         out = _Tokens.apply(ctx, head_rows(queries, A), *head_sources(queries, A))  # [K, H]
         return self.out(out), None

@@ -32,7 +32,8 @@ from .files import atomic_write
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
-HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.")
+HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.", "sequence_summary.")
+BACKBONES = ("bert.", "roformer.")  # the encoder's prefix inside a task model: BERT's, or RoFormer's (rotary)
 # Buffers some versions of transformers saved; they hold no learned state.
 HF_IGNORED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -44,6 +45,8 @@ def bert_key_map(config: BertConfig, pooler: bool = True) -> dict[str, tuple[str
     m: dict[str, tuple[str, ...]] = {}
     for ours, theirs in (("word", "word_embeddings"), ("position", "position_embeddings"),
                          ("token_type", "token_type_embeddings")):
+        if ours == "position" and config.rotary:  # RoFormer: positions live in the attention
+            continue
         m[f"embeddings.{ours}.weight"] = (f"embeddings.{theirs}.weight",)
     for p in ("weight", "bias"):
         m[f"embeddings.norm.{p}"] = (f"embeddings.LayerNorm.{p}",)
@@ -90,17 +93,38 @@ HEAD_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+# With rotary positions the checkpoint is a RoFormer's: the encoder under `roformer.`, and two heads
+# in RoFormer's shape (the pooler's dense layer is the first layer of its classifier; multiple choice
+# calls it sequence_summary.summary). Its pooler's activation is the model's (model.Pooler), as in
+# RoFormerClassificationHead; its other heads are BERT's.
+ROFORMER_HEAD_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "BertForSequenceClassification": {
+        **{f"bert.pooler.dense.{p}": (f"classifier.dense.{p}",) for p in ("weight", "bias")},
+        **{f"classifier.{p}": (f"classifier.out_proj.{p}",) for p in ("weight", "bias")}},
+    "BertForMultipleChoice": {
+        **{f"bert.pooler.dense.{p}": (f"sequence_summary.summary.{p}",) for p in ("weight", "bias")},
+        **_linear("classifier")},
+}
+ROFORMER_TABLE = "encoder.embed_positions.weight"  # RoFormer's sinusoids: a frozen table it saves, derived
+
+
+def backbone_prefix(config: BertConfig) -> str:
+    return "roformer." if config.rotary else "bert."
+
+
 def key_map(model: nn.Module) -> dict[str, tuple[str, ...]]:
     """Our parameter names -> Hugging Face's, for BertModel or a task model (one found in HEAD_KEYS
     by its class or a base class's name)."""
     bert = getattr(model, "bert", None)
     if bert is None:  # a bare BertModel
         return bert_key_map(model.config, pooler=model.pooler is not None)
-    head = next((HEAD_KEYS[c.__name__] for c in type(model).__mro__ if c.__name__ in HEAD_KEYS), None)
-    if head is None:
+    name = next((c.__name__ for c in type(model).__mro__ if c.__name__ in HEAD_KEYS), None)
+    if name is None:
         raise TypeError(f"{type(model).__name__}: no Hugging Face key table (io/hf.py's HEAD_KEYS)")
+    prefix = backbone_prefix(model.config)
     backbone = bert_key_map(model.config, pooler=bert.pooler is not None)
-    return {**{f"bert.{k}": tuple(f"bert.{h}" for h in hs) for k, hs in backbone.items()}, **head}
+    head = ROFORMER_HEAD_KEYS.get(name, HEAD_KEYS[name]) if model.config.rotary else HEAD_KEYS[name]
+    return {**{f"bert.{k}": tuple(prefix + h for h in hs) for k, hs in backbone.items()}, **head}
 
 
 # -- reading weight files ------------------------------------------------------------------------
@@ -161,13 +185,14 @@ def _normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def _align_prefix(hf_state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
-    """Make the file's names use the `bert.` prefix exactly when the model's map does."""
-    want_prefix = any(k.startswith("bert.") for k in expected)
-    has_prefix = any(k.startswith("bert.") for k in hf_state)
-    if want_prefix and not has_prefix:  # a bare BertModel file into a task model
-        return {(k if k.startswith(HF_HEAD_PREFIXES[:3]) else "bert." + k): v for k, v in hf_state.items()}
-    if has_prefix and not want_prefix:  # a task model's file into a bare BertModel
-        return {k.removeprefix("bert."): v for k, v in hf_state.items()}
+    """Make the file's names use the encoder's prefix (`bert.`, or a RoFormer's `roformer.`) exactly
+    when the model's map does."""
+    prefix = next((p for p in BACKBONES if any(k.startswith(p) for k in expected)), None)
+    has = next((p for p in BACKBONES if any(k.startswith(p) for k in hf_state)), None)
+    if prefix and not has:  # a bare encoder's file into a task model
+        return {(k if k.startswith(HF_HEAD_PREFIXES[:3]) else prefix + k): v for k, v in hf_state.items()}
+    if has and not prefix:  # a task model's file into a bare encoder
+        return {k.removeprefix(has): v for k, v in hf_state.items()}
     return hf_state
 
 
@@ -175,21 +200,30 @@ def _drop_tied_decoder(hf_state: dict[str, torch.Tensor], source: str) -> None:
     """BERT's MLM decoder is the word embedding matrix (and cls.predictions.bias); files may carry copies."""
     decoder = hf_state.pop("cls.predictions.decoder.weight", None)
     hf_state.pop("cls.predictions.decoder.bias", None)
-    words = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
+    words = next((hf_state[p + "embeddings.word_embeddings.weight"] for p in (*BACKBONES, "")
+                  if p + "embeddings.word_embeddings.weight" in hf_state), None)
     if decoder is not None and words is not None and not torch.equal(decoder, words):
         warnings.warn(f"{source}: cls.predictions.decoder.weight differs from the word embeddings; "
                       "BERT ties them, so the word embeddings are used", stacklevel=4)
 
 
+def _unprefixed(name: str) -> str:
+    return next((name.removeprefix(p) for p in BACKBONES if name.startswith(p)), name)
+
+
 def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint"):
     """Hugging Face tensors -> our state dict for `model`. Returns (state, missing, unused)."""
+    rotary = any(k.startswith("roformer.") or k.endswith(ROFORMER_TABLE) for k in hf_state)
+    if rotary and not model.config.rotary:
+        raise ValueError(f"{source}: a RoFormer's weights (rotary positions) under a config.json of absolute positions")
+    hf_state = {k: v for k, v in hf_state.items() if not k.endswith(ROFORMER_TABLE)}  # derived (model.rotary_tables)
     kmap = key_map(model)
     expected = {h for hs in kmap.values() for h in hs}
     hf_state = _align_prefix(_normalize_hf_names(hf_state), expected)
     _drop_tied_decoder(hf_state, source)
 
     unused = sorted(set(hf_state) - expected)
-    unknown = [k for k in unused if not k.removeprefix("bert.").startswith(HF_HEAD_PREFIXES)]
+    unknown = [k for k in unused if not _unprefixed(k).startswith(HF_HEAD_PREFIXES)]
     if unknown:
         raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"
                          f"{' ...' if len(unknown) > 8 else ''} are not part of a BERT checkpoint")
@@ -208,7 +242,7 @@ def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source:
                 raise ValueError(f"{source}: {h} has shape {tuple(hf_state[h].shape)}, "
                                  f"expected {part} for this config")
         state[ours] = torch.cat([hf_state[h] for h in theirs]) if len(theirs) > 1 else hf_state[theirs[0]]
-    backbone = [k for k in missing if k.removeprefix("bert.").startswith(("embeddings.", "encoder."))]
+    backbone = [k for k in missing if _unprefixed(k).startswith(("embeddings.", "encoder."))]
     if backbone:
         raise ValueError(f"{source}: missing tensor(s) {', '.join(backbone[:8])}"
                          f"{' ...' if len(backbone) > 8 else ''}")
@@ -223,6 +257,12 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
         parts = params[ours].chunk(len(theirs)) if len(theirs) > 1 else (params[ours],)
         for h, t in zip(theirs, parts):
             out[h] = t.detach().contiguous().cpu()
+    if model.config.rotary:  # and RoFormer's sinusoid table, which it saves: sines then cosines [P, D]
+        prefix = "roformer." if any(k.startswith("roformer.") for k in out) else ""
+        from ..model import rotary_tables
+
+        cos, sin = rotary_tables(model.config.max_position_embeddings, model.config.head_size)
+        out[prefix + ROFORMER_TABLE] = torch.cat([sin, cos], dim=-1).contiguous()
     return out
 
 
@@ -382,6 +422,12 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     arch = type(model).__name__  # our class names are Hugging Face's
+    if getattr(config, "rotary", False):
+        arch = arch.replace("Bert", "RoFormer", 1)
+        if arch == "RoFormerForMultipleChoice":  # its sequence_summary as our pooler: dense, activation, dropout
+            config.extra = {**config.extra, "summary_type": "first", "summary_use_proj": True,
+                            "summary_proj_to_labels": False, "summary_activation": config.hidden_act,
+                            "summary_first_dropout": 0.0, "summary_last_dropout": config.hidden_dropout_prob}
     config.extra = {**config.extra, "architectures": [arch]}
     state = {GPTConfig: gpt_to_hf, ELMoConfig: elmo_to_state}.get(type(config), convert_to_hf)(model)
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))

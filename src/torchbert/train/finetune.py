@@ -118,7 +118,7 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
         model = cls.from_pretrained(model_dir, config=config)
-    fresh = [k for k in model.load_report["missing"] if not k.startswith(("bert.", "transformer.", "elmo."))]
+    fresh = [k for k in model.load_report["missing"] if not k.startswith(("bert.", "roformer.", "transformer.", "elmo."))]
     if fresh:
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
             f"of {model_dir}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
+from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
 from ..data.pretraining import TOKENIZER_FILES
 from ..data.shards import PretrainingData
 from ..electra import GENERATOR_SIZE, ElectraForPreTraining
@@ -63,6 +63,7 @@ class PretrainSettings:
     objective: str | None = None  # BERT's: "mlm+nsp" or "mlm" (OBJECTIVES); None: mlm+nsp, or the resumed run's
     dropout: float | None = None  # every dropout of a fresh model (None: the config's; Cramming: 0)
     generator_size: float | None = None  # ELECTRA's generator width / the discriminator's (None: 1/4)
+    positions: str | None = None  # a fresh BERT's: "absolute" or "rotary" (POSITIONS; None: the config's)
 
 
 def model_family(config) -> str:
@@ -135,6 +136,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
                         "config.json)")
+    if s.positions is not None and s.positions not in POSITIONS:
+        raise UserError(f"--positions {s.positions}: expected one of {', '.join(POSITIONS)}")
+    if s.positions is not None and s.init is not None:
+        raise UserError("--positions sets a fresh model's; an --init model keeps its config's")
     if s.model is not None and s.model not in MODELS:
         raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
@@ -146,6 +151,11 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         raise UserError(f"--objective is BERT's; {family} has its own (leave --objective out)")
     if s.generator_size is not None and cls is not ElectraForPreTraining:
         raise UserError("--generator-size is ELECTRA's (--objective electra)")
+    if s.positions is not None and family != "bert":
+        raise UserError(f"--positions is BERT's; {family} keeps its own")
+    if s.positions == "rotary" and cls is ElectraForPreTraining:
+        raise UserError("--positions rotary is not supported with --objective electra (transformers' ELECTRA has "
+                        "absolute positions only)")
     if cls is ElectraForPreTraining and s.init is not None:
         raise UserError("--init is not supported with --objective electra: its generator would start from nothing")
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
@@ -163,6 +173,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         config = model_config(s.config or "small", data.vocab_size, data.max_seq_len, family)
         if s.dropout is not None:
             config = with_dropout(config, s.dropout)
+        if s.positions is not None:
+            config = dataclasses.replace(config, position_embedding_type=s.positions)
         if cls is ElectraForPreTraining:
             size = GENERATOR_SIZE if s.generator_size is None else s.generator_size
             config.extra = {**config.extra, "torchbert_generator_size": size}
@@ -265,10 +277,15 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
     if s.dropout is not None and with_dropout(config, s.dropout) != config:
         raise UserError(f"--dropout {s.dropout} differs from the dropout the run in {s.out} started with; "
                         "leave --dropout out to resume it")
+    if s.positions is not None and s.positions != config.position_embedding_type:
+        raise UserError(f"--positions {s.positions} differs from the run's {config.position_embedding_type}; "
+                        "leave --positions out to resume it")
     if s.config is not None:
         given = model_config(s.config, data.vocab_size, data.max_seq_len, family)
         if s.dropout is not None:
             given = with_dropout(given, s.dropout)
+        if s.positions is not None:
+            given = dataclasses.replace(given, position_embedding_type=s.positions)
         if architecture(given) != architecture(config):
             raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
                             "leave --config out to resume it")

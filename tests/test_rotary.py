@@ -1,0 +1,177 @@
+"""BERT with rotary positions (config.position_embedding_type "rotary") against transformers' RoFormer.
+
+No RoFormer weights ship with a package here, so the weights are real ones: MiniLM's (its position table
+dropped), in a RoFormer that transformers builds and writes itself; the text is real. fp32, the one
+parity rule of tests/parity.py.
+"""
+
+import json
+
+import pytest
+import realdata
+import torch
+import transformers
+from parity import assert_parity
+
+from torchbert import BertConfig, BertModel, fast, model as model_module
+from torchbert.heads import (BertForMaskedLM, BertForMultipleChoice, BertForQuestionAnswering,
+                             BertForSequenceClassification, BertForTokenClassification)
+from torchbert.packing import unpad
+
+
+@pytest.fixture(scope="module")
+def roformer_dir(minilm_dir, tmp_path_factory):
+    """A RoFormerForMaskedLM of MiniLM's weights (all but its position table), written by transformers."""
+    bert = transformers.BertForMaskedLM.from_pretrained(minilm_dir)
+    cfg = transformers.RoFormerConfig(**{k: v for k, v in bert.config.to_dict().items()
+                                         if k not in ("model_type", "architectures", "position_embedding_type")})
+    rof = transformers.RoFormerForMaskedLM(cfg).eval()
+    state = {k.replace("bert.", "roformer.", 1): v for k, v in bert.state_dict().items()
+             if "position_embeddings" not in k}
+    missing, unexpected = rof.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"roformer.encoder.embed_positions.weight", "cls.predictions.decoder.weight",
+                                               "cls.predictions.decoder.bias"}
+    rof.tie_weights()
+    out = tmp_path_factory.mktemp("roformer")
+    rof.save_pretrained(out)
+    transformers.BertTokenizerFast.from_pretrained(minilm_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def batch(roformer_dir):
+    tok = transformers.BertTokenizerFast.from_pretrained(roformer_dir)
+    texts = list(realdata.english_texts()[:10]) + list(realdata.peoples_daily_lines()[3:9])
+    return tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@torch.no_grad()
+def test_rotary_encoder_matches_transformers_roformer_padded_and_packed(roformer_dir, batch, attention):
+    """Our attention by either function (transformers' RoFormer has its eager one only)."""
+    theirs = transformers.RoFormerModel.from_pretrained(roformer_dir).eval()
+    ours = BertModel.from_pretrained(roformer_dir, add_pooling_layer=False).eval()
+    for layer in ours.layers:
+        layer.attention.impl = attention
+    assert ours.config.rotary and ours.embeddings.position is None
+    m = batch["attention_mask"].bool()
+    ref = theirs(**batch).last_hidden_state
+    assert_parity(ours(**batch).last_hidden_state[m], ref[m])
+    ids, types, cu, max_len = unpad(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    packed = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=max_len).last_hidden_state
+    assert_parity(packed, ref[m])
+
+
+@torch.no_grad()
+def test_parity_fails_rotary_positions_turned_by_halves_or_not_at_all(roformer_dir, batch, monkeypatch):
+    """The rule catches the two likely slips: rotating the first half against the second (GPT-NeoX's
+    layout, not RoFormer's pairs) and no rotation at all."""
+    theirs = transformers.RoFormerModel.from_pretrained(roformer_dir).eval()
+    ours = BertModel.from_pretrained(roformer_dir, add_pooling_layer=False).eval()
+    m = batch["attention_mask"].bool()
+    ref = theirs(**batch).last_hidden_state[m]
+
+    def by_halves(x, cos, sin):
+        x0, x1 = x.chunk(2, dim=-1)
+        c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return torch.cat([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1)
+
+    for bug in (by_halves, lambda x, cos, sin: x):
+        monkeypatch.setattr(model_module, "rotate", bug)
+        with pytest.raises(AssertionError, match="not equal up to torch.float32 rounding"):
+            assert_parity(ours(**batch).last_hidden_state[m], ref)
+
+
+@torch.no_grad()
+def test_rotary_heads_write_roformer_checkpoints_transformers_reads_alike(roformer_dir, batch, tmp_path):
+    """Masked LM (from transformers' file), then each task head written by us: transformers' RoFormer
+    classes load each folder and give the same logits; their config.json is a RoFormer's. Sequence
+    classification and multiple choice take RoFormer's shape: the pooler (its activation the model's)
+    is the first layer of RoFormerClassificationHead, or the summary of RoFormerForMultipleChoice."""
+    m = batch["attention_mask"].bool()
+    mlm = BertForMaskedLM.from_pretrained(roformer_dir).eval()
+    theirs = transformers.RoFormerForMaskedLM.from_pretrained(roformer_dir).eval()
+    assert_parity(mlm(**batch).mlm_logits[m], theirs(**batch).logits[m])
+    torch.manual_seed(0)
+    B, T = batch["input_ids"].shape
+    choices = {k: v[:B // 3 * 3].reshape(B // 3, 3, T) for k, v in batch.items()}  # [B/3, 3, T]
+    for ours_cls, their_cls, field, inputs, rows in (
+            (BertForTokenClassification, transformers.RoFormerForTokenClassification, "logits", batch, m),
+            (BertForQuestionAnswering, transformers.RoFormerForQuestionAnswering, "start_logits", batch, m),
+            (BertForSequenceClassification, transformers.RoFormerForSequenceClassification, "logits", batch, ...),
+            (BertForMultipleChoice, transformers.RoFormerForMultipleChoice, "logits", choices, ...)):
+        kwargs = {"labels": ["O", "B-X", "I-X"]} if ours_cls in (BertForTokenClassification,
+                                                                 BertForSequenceClassification) else {}
+        ours = ours_cls.from_pretrained(roformer_dir, **kwargs).eval()
+        for p in ours.parameters():  # the new heads away from their zero biases
+            p.data += 0.01 * torch.randn_like(p)
+        folder = tmp_path / ours_cls.__name__
+        ours.save_pretrained(folder)
+        saved = json.loads((folder / "config.json").read_text())
+        assert saved["model_type"] == "roformer" and "position_embedding_type" not in saved
+        assert saved["architectures"] == [their_cls.__name__]
+        loaded, info = their_cls.from_pretrained(folder, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], info  # every tensor in its place
+        loaded.eval()
+        assert_parity(getattr(ours(**inputs), field)[rows], getattr(loaded(**inputs), field)[rows], ours_cls.__name__)
+        again = ours_cls.from_pretrained(folder).eval()  # and back into torchbert, exactly
+        assert torch.equal(getattr(again(**inputs), field), getattr(ours(**inputs), field))
+
+
+def test_rotary_rows_only_fast_path_matches_the_full_output(monkeypatch):
+    """Training on CPU (fast.training), the last layer attends from the masked rows only: with rotary
+    positions its queries are turned at those rows, its keys at every token. Rows and gradients equal
+    those of the full output (the dropout mask made all ones, so that both runs see the same), packed
+    and padded."""
+    torch.manual_seed(0)
+    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.1,
+                               position_embedding_type="rotary")
+    m = BertModel(cfg)
+    monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
+    queried = []
+    monkeypatch.setattr(fast.attention, "query_layout",
+                        lambda rows, layout, f=fast.attention.query_layout: queried.append(1) or f(rows, layout))
+    ids = torch.randint(5, 300, (4, 11))
+    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 2])[:, None]).long()
+    pick = torch.tensor([1, 5, 12, 23, 24, 33])  # flat positions of real tokens
+    w = torch.randn(len(pick), cfg.hidden_size)
+    with fast.training(m):
+        out = m(ids, attention_mask=mask)
+        full = out.last_hidden_state.reshape(-1, cfg.hidden_size)[pick]
+        ((full * w).sum() + out.pooler_output.sum()).backward()
+        g_full = {n: p.grad.clone() for n, p in m.named_parameters()}
+        packed_ids, cu, max_len = unpad(ids, mask)
+        packed_pick = mask.flatten().cumsum(0)[pick] - 1  # the same tokens, as positions into [N]
+        for inputs, positions in ((dict(input_ids=ids, attention_mask=mask), pick),
+                                  (dict(input_ids=packed_ids, cu_seqlens=cu, max_seqlen=max_len), packed_pick)):
+            m.zero_grad()
+            out = m(**inputs, output_positions=positions)
+            assert_parity(out.last_hidden_state, full)
+            ((out.last_hidden_state * w).sum() + out.pooler_output.sum()).backward()
+            for n, p in m.named_parameters():
+                assert_parity(p.grad, g_full[n], n)
+    assert len(queried) == 2
+
+
+def test_rotary_config_reads_and_writes_roformer_and_refuses_what_it_cannot_compute(tmp_path):
+    cfg = BertConfig.from_name("tiny", vocab_size=50, position_embedding_type="rotary")
+    d = cfg.to_dict()
+    assert d["model_type"] == "roformer" and d["rotary_value"] is False and d["embedding_size"] == 128
+    assert BertConfig.from_dict(d) == cfg
+    theirs = transformers.RoFormerConfig(**{k: v for k, v in d.items() if k != "model_type"})
+    assert (theirs.hidden_size, theirs.embedding_size, theirs.rotary_value) == (128, 128, False)
+    for bad, says in (({"rotary_value": True}, "rotary_value"), ({"embedding_size": 64}, "embedding_size")):
+        with pytest.raises(ValueError, match=says):
+            BertConfig.from_dict({**d, **bad}, source="x/config.json")
+    with pytest.raises(ValueError, match="relative_key"):
+        BertConfig.from_dict({**d, "model_type": "bert", "position_embedding_type": "relative_key"})
+    with pytest.raises(ValueError, match="odd"):
+        BertConfig(vocab_size=50, hidden_size=12, num_hidden_layers=1, num_attention_heads=4,
+                   position_embedding_type="rotary")
+    # a RoFormer's weights under an absolute config.json are refused, naming the file
+    m = BertModel(cfg)
+    m.save_pretrained(tmp_path)
+    absolute = {**json.loads((tmp_path / "config.json").read_text()), "model_type": "bert"}
+    (tmp_path / "config.json").write_text(json.dumps(absolute))
+    with pytest.raises(ValueError, match="RoFormer"):
+        BertModel.from_pretrained(tmp_path)
