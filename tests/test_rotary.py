@@ -175,3 +175,86 @@ def test_rotary_config_reads_and_writes_roformer_and_refuses_what_it_cannot_comp
     (tmp_path / "config.json").write_text(json.dumps(absolute))
     with pytest.raises(ValueError, match="RoFormer"):
         BertModel.from_pretrained(tmp_path)
+
+
+def test_rotary_pretrains_resumes_and_every_command_takes_it(prepared, tmp_path, capsys):
+    """pretrain --positions rotary (MLM alone) writes a RoFormer that transformers reads with the same
+    logits; a cut-back run resumes bit-identically and refuses other positions; finetune, evaluate,
+    predict, serve, embed and export read it and its fine-tuned classifier."""
+    import random
+    import shutil
+
+    import numpy as np
+    import onnxruntime
+    from clihelp import assert_served_like_predict, cli
+    from safetensors.torch import load_file
+
+    def pretrain(out, *extra):
+        return cli(capsys, "pretrain", "--data", prepared / "data", "--out", out, "--config", "tiny", "--batch-size",
+                   "16", "--lr", "1e-3", "--warmup-steps", "2", "--log-every", "5", "--quiet", "--objective", "mlm",
+                   *extra)
+
+    ref = tmp_path / "ref"
+    code, out, err = pretrain(ref, "--steps", "10", "--positions", "rotary", "--eval-data", prepared / "eval")
+    assert code == 0, err
+    config = json.loads((ref / "config.json").read_text())
+    assert config["model_type"] == "roformer" and config["architectures"] == ["RoFormerForMaskedLM"]
+    weights = load_file(ref / "model.safetensors")
+    assert "roformer.embeddings.word_embeddings.weight" in weights
+    assert not any("position_embeddings" in k for k in weights)
+    tok = transformers.BertTokenizerFast.from_pretrained(ref)
+    enc = tok(["人民日报社论", "新华社北京一月一日电"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = transformers.RoFormerForMaskedLM.from_pretrained(ref).eval()(**enc).logits
+        ours = BertForMaskedLM.from_pretrained(ref).eval()(**enc).mlm_logits
+    m = enc["attention_mask"].bool()
+    assert_parity(ours[m], theirs[m])
+
+    run = tmp_path / "run"
+    assert pretrain(run, "--steps", "10", "--positions", "rotary", "--save-every", "5")[0] == 0
+    shutil.rmtree(run / "checkpoints" / "step-00000010")
+    code, _, err = pretrain(run, "--steps", "10", "--resume", "--positions", "absolute")
+    assert code == 2 and "--positions absolute differs from the run's rotary" in err
+    code, _, err = pretrain(run, "--steps", "10", "--resume", "--positions", "rotary")  # the command that started it
+    assert code == 0, err
+    a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", tmp_path / "x", "--config", "tiny",
+                       "--objective", "electra", "--positions", "rotary", "--steps", "1", "--quiet")
+    assert code == 2 and "not supported with --objective electra" in err and not (tmp_path / "x").exists()
+
+    pos, neg = (sorted(set(p.read_text(encoding="utf-8").split("\n")) - {""}) for p in realdata.sentiment_paths())
+    rows = [(t[:60], "pos") for t in pos[:40]] + [(t[:60], "neg") for t in neg[:40]]
+    random.Random(0).shuffle(rows)
+    for name, part in (("train", rows[:60]), ("dev", rows[60:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"sentence": t, "label": y}, ensure_ascii=False)
+                                                        + "\n" for t, y in part), encoding="utf-8")
+    cls = tmp_path / "cls"
+    code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", ref, "--train",
+                       tmp_path / "train.jsonl", "--dev", tmp_path / "dev.jsonl", "--out", cls, "--epochs", "1",
+                       "--batch-size", "16", "--max-length", "64", "--quiet")
+    assert code == 0, err
+    assert "BertForSequenceClassification: a new head (classifier)" in err
+    accuracy = json.loads((cls / "metrics.json").read_text())["accuracy"]
+    loaded, info = transformers.RoFormerForSequenceClassification.from_pretrained(cls, output_loading_info=True)
+    assert not info["missing_keys"] and loaded.config.id2label == {0: "neg", 1: "pos"}
+    code, out, err = cli(capsys, "evaluate", "--model", cls, "--data", tmp_path / "dev.jsonl")
+    assert code == 0, err
+    assert json.loads(out)["accuracy"] == pytest.approx(accuracy)
+    code, _, err = cli(capsys, "predict", "--model", cls, "--input", tmp_path / "dev.jsonl", "--out", tmp_path / "p.jsonl")
+    assert code == 0, err
+    records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 20
+    assert_served_like_predict(cls, [{"sentence": t} for t, _ in rows[60:]], records)  # torchbert serve
+    (tmp_path / "texts.txt").write_text("\n".join(t for t, _ in rows[:8]) + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "embed", "--model", ref, "--input", tmp_path / "texts.txt", "--out", tmp_path / "e.npy")
+    assert code == 0, err
+    emb = np.load(tmp_path / "e.npy")
+    assert emb.shape == (8, 128) and np.isfinite(emb).all()
+    code, _, err = cli(capsys, "export", "--model", cls, "--out", tmp_path / "onnx")
+    assert code == 0, err
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    enc = tok([t for t, _ in rows[60:]], padding=True, truncation=True, max_length=64, return_tensors="pt")
+    feeds = {i.name: enc[i.name].numpy() for i in session.get_inputs()}
+    with torch.no_grad():  # ONNX Runtime computes transformers' RoFormer classifier
+        assert_parity(torch.from_numpy(session.run(None, feeds)[0]), loaded.eval()(**enc).logits)
