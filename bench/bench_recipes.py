@@ -63,6 +63,10 @@ PROBES = {
     "batch 8": {"batch": 8},
     "batch 128 (accum 4)": {"batch": 128},
     "mini (L4 H256)": {"config": "mini"},
+    "rotary positions": {"args": ["--positions", "rotary"]},
+    "rotary, lr 2e-3": {"lr": 2e-3, "args": ["--positions", "rotary"]},
+    "rotary, MLM only, dropout 0": {"args": ["--positions", "rotary", "--objective", "mlm", "--dropout", 0]},
+    "rotary, single-token masks": {"data": "tok15", "args": ["--positions", "rotary"]},
     "ELECTRA (generator 1/4)": {"args": ["--objective", "electra"]},
     "ELECTRA (generator 1/2)": {"args": ["--objective", "electra", "--generator-size", 0.5]},
 }

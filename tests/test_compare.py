@@ -37,6 +37,9 @@ def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
     md = (compared / "summary.md").read_text(encoding="utf-8")
     assert md.count("\n| ner (f1) |") == 2 and md.count("\n| sentiment (accuracy) |") == 2
     assert "The paper's order (BERT > GPT > ELMo > random) held in" in md
+    assert "BERT's recipe: rotary positions (RoFormer)" in md and s["settings"]["recipe"] == "rotary"
+    for model in ("bert", "random"):  # random weights: BERT's architecture, rotary too
+        assert json.loads((compared / "pretrain" / model / "config.json").read_text())["model_type"] == "roformer"
     assert (compared / "pretraining_loss.png").stat().st_size > 1000 and (compared / "scores.png").is_file()
     for key, order in s["order"].items():
         means = [s["cells"][f"{key}/{x}"]["mean"] for x in ("bert", "gpt", "elmo", "random")]

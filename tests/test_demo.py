@@ -43,6 +43,10 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
     assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
     md = (out / "summary.md").read_text()
     assert md.startswith("# torchbert demo") and "| pretraining steps |" in stdout
+    # the default recipe, stated: rotary positions, and random weights of the same architecture
+    assert s["settings"]["recipe"] == "rotary" and "rotary positions (RoFormer)" in md and "--recipe rotary" in md
+    for model in ("bert", "bert-step2", "random"):
+        assert json.loads((out / "pretrain" / model / "config.json").read_text())["model_type"] == "roformer", model
     assert md.count("\n| 0 (random weights) |") == 1 and "\n| 4 | " in md
     # a checkpoint exported as a model folder holds that step's weights: the last one is the final model
     checkpoint_model(out / "pretrain" / "bert", QUICK.pretrain_steps, tmp_path / "last")

@@ -78,6 +78,11 @@ def test_mlm_objective_trains_a_masked_lm_without_dropout_and_resumes_as_one(pre
                                               "--resume"))
     assert code == 0, err
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][-1] == 15
+    from torchbert.demo import checkpoint_model  # a masked LM's checkpoint as a model folder (demo, compare)
+    step = int(sorted((run / "checkpoints").glob("step-*"))[0].name.removeprefix("step-"))
+    checkpoint_model(run, step, tmp_path / "early")
+    assert json.loads((tmp_path / "early" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert transformers.BertForMaskedLM.from_pretrained(tmp_path / "early").config.hidden_dropout_prob == 0
     code, _, err = cli(capsys, *pretrain_args(prepared, tmp_path / "gpt", "--steps", "1", "--model", "gpt",
                                               "--objective", "mlm"))
     assert code == 2 and "--objective is BERT's" in err

@@ -851,7 +851,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     replace = check_demo_out(out, args.overwrite)
     folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print, kept_until="is complete")
     with folder.opened(Dist()):  # an earlier demo is put back if this one fails
-        run_demo(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print)
+        run_demo(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print, recipe=args.recipe)
 
 
 EPILOG_COMPARE = """\
@@ -897,7 +897,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
                        kept_until="has pretrained its models")
     with folder.opened(Dist()):
         run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print,
-                    on_pretrained=folder.commit)
+                    on_pretrained=folder.commit, recipe=args.recipe)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -1169,6 +1169,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect_data)
     add_pretrain_parser(sub)
     add_finetune_parsers(sub)
+    from .recipes import DEFAULT as DEFAULT_RECIPE
+    from .recipes import RECIPES
+
     d = sub.add_parser("demo", help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
                        description="Pretrain a small BERT on the People's Daily text and reviews, and measure what "
                                    "it buys: fine-tune its checkpoints and the same model from random weights on "
@@ -1179,6 +1182,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--budget", type=float, default=1.0,
                    help="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 "
                         "minutes on 2 CPU cores)")
+    d.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE,
+                   help="BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
+                        f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
+                        f"{DEFAULT_RECIPE})")
     d.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     d.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out (an earlier demo's folder is replaced without it)")
@@ -1194,6 +1201,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--budget", type=float, default=1.0,
                    help="multiply the pretraining steps and the full training sets (default: 1, about 2 hours "
                         "on 2 CPU cores; 4 or more on bigger machines)")
+    c.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE,
+                   help="BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
+                        f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
+                        f"{DEFAULT_RECIPE})")
     c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
     c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")

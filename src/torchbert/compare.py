@@ -36,6 +36,9 @@ from .data.pretraining import TOKENIZER_FILES
 from .errors import UserError
 from .eval.plots import errorbar_panels, line_plot, read_jsonl
 from .io.files import atomic_write_text
+from .recipes import DEFAULT as DEFAULT_RECIPE
+from .recipes import RECIPES
+from .recipes import TEXT as RECIPE_TEXT
 from .samples import corpus_text, documents, package_dir, sentiment_reviews, tsv_text
 
 MARKER = ".torchbert-compare"
@@ -67,6 +70,7 @@ class Budget:
     # documents kept out of pretraining for held-out MLM accuracy: 100 of the demo's corpus give about
     # 9,000 masked tokens (a standard error near 0.003; 10 gave 550, too few to rank recipes: issue 36)
     heldout_docs: int = 100
+    recipe: str = "paper"  # BERT's pretraining recipe, a name in recipes.RECIPES
 
     def scaled(self, x: float) -> Budget:
         return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
@@ -252,7 +256,8 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
                   "--config", b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr",
                   b.pretrain_lr, "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every",
                   max(1, b.pretrain_steps // 40), "--eval-every", max(1, b.pretrain_steps // 4), "--save-every",
-                  max(1, b.pretrain_steps // 4), "--keep", 4, "--seed", seed, "--quiet", *resume)
+                  max(1, b.pretrain_steps // 4), "--keep", 4, "--seed", seed, "--quiet", *resume,
+                  *(RECIPES[b.recipe] if system == "bert" else ()))
         m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
                            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
@@ -288,12 +293,14 @@ def bert_folder(run: Path, out: Path, weights: Path | None = None, seed: int = 0
     from safetensors.torch import load_file
 
     from .config import BertConfig
-    from .heads import BertForPreTraining
     from .io.files import atomic_folder
+    from .train.pretrain import OBJECTIVES
 
+    config = BertConfig.load(run)
+    cls = OBJECTIVES[config.extra.get("torchbert_objective", "mlm+nsp")][0]  # what the run's checkpoints hold
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = BertForPreTraining(BertConfig.load(run))
+        model = cls(config)
     if weights is not None:
         model.load_state_dict(load_file(weights))
     with atomic_folder(out) as tmp:
@@ -346,8 +353,9 @@ def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, mode
 
 
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
-                seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    b = (QUICK if quick else FULL).scaled(budget)
+                seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None,
+                recipe: str = DEFAULT_RECIPE) -> dict[str, Any]:
+    b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, **asdict(b)},
                           indent=2) + "\n"
     if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
@@ -400,7 +408,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
     b, p, cells = s["settings"], s["pretraining"], s["cells"]
     lines = [f"# torchbert compare{' (--quick)' if s['quick'] else ''}: BERT against GPT, ELMo and no pretraining",
              "", f"Pretraining: the same {p['bert']['tokens']:,} tokens each ({b['pretrain_steps']} steps of "
-             f"{b['pretrain_batch']} x {b['max_seq_len']}), {b['preset']} size, one vocabulary of {b['vocab_size']:,}.",
+             f"{b['pretrain_batch']} x {b['max_seq_len']}), {b['preset']} size, one vocabulary of {b['vocab_size']:,}; "
+             f"BERT's recipe: {RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')}).",
              "", "| system | non-embedding params | embedding params | pretraining s | held-out |",
              "|---|---:|---:|---:|---|"]
     for system in ("bert", "gpt", "elmo"):

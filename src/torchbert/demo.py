@@ -24,11 +24,13 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from .compare import Budget, Stages, bert_folder, cell, pretrain_all, write_tasks
+from .recipes import DEFAULT as DEFAULT_RECIPE
+from .recipes import TEXT as RECIPE_TEXT
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 TASKS = ("sentiment", "ner")
@@ -61,9 +63,9 @@ def checkpoint_model(run: Path, step: int, out: Path) -> None:
 
 
 def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0, seed: int = 0,
-             log=print) -> dict[str, Any]:
+             log=print, recipe: str = DEFAULT_RECIPE) -> dict[str, Any]:
     """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo)."""
-    b = (QUICK if quick else FULL).scaled(budget)
+    b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
     started = time.perf_counter()
@@ -148,7 +150,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         f"Pretraining: {b['preset']} preset, {b['pretrain_steps']:,} steps of {b['pretrain_batch']} x "
         f"{b['max_seq_len']} ({p['tokens']:,} tokens in {p['train_seconds']:.0f} s, "
-        f"{p['tokens_per_second']:,.0f} tokens/s), MLM + NSP with whole-word masking.",
+        f"{p['tokens_per_second']:,.0f} tokens/s), whole-word masking; "
+        f"{RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')}).",
         "",
         *yardstick_lines(p),
         f"Fine-tuning on {s['labelled_examples']:,} labelled examples per task, from random weights (0 steps) and "

@@ -259,9 +259,8 @@ def convert_to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
             out[h] = t.detach().contiguous().cpu()
     if model.config.rotary:  # and RoFormer's sinusoid table, which it saves: sines then cosines [P, D]
         prefix = "roformer." if any(k.startswith("roformer.") for k in out) else ""
-        from ..model import rotary_tables
-
-        cos, sin = rotary_tables(model.config.max_position_embeddings, model.config.head_size)
+        encoder = getattr(model, "bert", model)
+        cos, sin = encoder.rotary_cos.cpu(), encoder.rotary_sin.cpu()  # [P, D/2] each (model.rotary_tables)
         out[prefix + ROFORMER_TABLE] = torch.cat([sin, cos], dim=-1).contiguous()
     return out
 
