@@ -184,8 +184,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         else:
             verdict = "worse than random weights" if last["clear_loss"] else "no difference beyond the seeds' noise"
             lines.append(f"- {t}: no gain within {steps[-1]:,} steps; at the end {verdict} ({last['gain']:+.3f}, "
-                         f"standard error {last['standard_error']:.3f}). `torchbert demo --budget 8` pretrains "
-                         "16,000 steps, where the gain cleared its noise on both tasks when we measured it.")
+                         f"standard error {last['standard_error']:.3f}). With the paper's recipe, 16,000 steps (`torchbert "
+                         "demo --budget 8 --recipe paper`) cleared the noise on both tasks when we measured it.")
     lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
               f"Total: {s['seconds']:.0f} s (pretraining {s['stage_seconds'].get('pretrain bert', 0):.0f} s). "
               f"Plots: gain.png, {', '.join(p['plots'])}. Runs: runs/.", "",
