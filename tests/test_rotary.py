@@ -153,6 +153,38 @@ def test_rotary_rows_only_fast_path_matches_the_full_output(monkeypatch):
     assert len(queried) == 2
 
 
+def test_fast_training_turns_as_the_plain_model_does(monkeypatch):
+    """Under fast.training (fp32 CPU, attention dropout) rotary positions are one complex product
+    (fast.attention.RowsSelfAttention.turn): outputs and every gradient equal the plain model's, whose
+    pairwise turn runs in eval (the dropout mask made all ones, hidden dropout off)."""
+    torch.manual_seed(0)
+    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.1,
+                               position_embedding_type="rotary")
+    m = BertModel(cfg)
+    monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
+    turned = []
+    monkeypatch.setattr(torch, "view_as_complex", lambda x, f=torch.view_as_complex: turned.append(1) or f(x))
+    ids = torch.randint(5, 300, (4, 11))
+    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 2])[:, None]).long()
+    packed_ids, cu, max_len = unpad(ids, mask)
+    w = torch.randn(int(mask.sum()), cfg.hidden_size)
+    results = []
+    for fast_path in (True, False):
+        m.zero_grad()
+        m.train(fast_path)
+        with (fast.training(m) if fast_path else torch.enable_grad()):
+            out = m(packed_ids, cu_seqlens=cu, max_seqlen=max_len)
+            ((out.last_hidden_state * w).sum() + out.pooler_output.sum()).backward()
+        results.append((out.last_hidden_state.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+        if fast_path:
+            assert len(turned) == 2 * cfg.num_hidden_layers  # queries and keys of every layer, complex
+    (fast_out, fast_grads), (plain_out, plain_grads) = results
+    assert_parity(fast_out, plain_out)
+    for n, g in plain_grads.items():
+        assert_parity(fast_grads[n], g, n)
+    assert len(turned) == 2 * cfg.num_hidden_layers  # the plain path never took it
+
+
 def test_rotary_config_reads_and_writes_roformer_and_refuses_what_it_cannot_compute(tmp_path):
     cfg = BertConfig.from_name("tiny", vocab_size=50, position_embedding_type="rotary")
     d = cfg.to_dict()

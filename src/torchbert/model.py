@@ -159,11 +159,15 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x)  # [..., 3H]
         if layout.rotary is not None:  # queries and keys turned by their positions' angles
             q, k, v = qkv.chunk(3, dim=-1)
-            qkv = torch.cat([rotate_heads(q, layout.rotary, self.heads), rotate_heads(k, layout.rotary, self.heads), v], -1)
+            qkv = torch.cat([self.turn(q, layout.rotary), self.turn(k, layout.rotary), v], -1)
         ctx, probs = attend(qkv, layout, self.heads, self.dropout_p if self.training else 0.0)
         if rows is not None:
             ctx = ctx.reshape(-1, ctx.shape[-1]).index_select(0, rows)  # [K, H]
         return self.out(ctx), probs  # [B, T, H], [N, H] or [K, H]
+
+    def turn(self, x: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        """Queries or keys [..., H] turned by their tokens' rotary angles (cos, sin [..., D/2])."""
+        return rotate_heads(x, rotary, self.heads)
 
 
 class FeedForward(nn.Module):
