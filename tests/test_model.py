@@ -204,15 +204,17 @@ def test_output_positions_match_the_full_output(ours, batch):
         assert_parity(packed.pooler_output, full.pooler_output)
 
 
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("path", ["sdpa", "cpu training"])
-def test_output_positions_gradients_match_the_full_output(path, monkeypatch):
+def test_output_positions_gradients_match_the_full_output(path, positions, monkeypatch):
     """The last layer at a few positions (queries only there) gives the full output's rows and
     gradients, on both attention paths: SDPA, and the one training takes on CPU with attention
     dropout under fast.training, where the last layer attends from the picked rows only (here with
     the dropout mask made all ones, so that both runs see the same)."""
     torch.manual_seed(0)
     p = 0.1 if path == "cpu training" else 0.0
-    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p)
+    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p,
+                               position_embedding_type=positions)  # rotary: queries turned at the rows alone
     m = BertModel(cfg)
     if path == "cpu training":  # fast.training: the last layer attends from the picked rows only
         monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))

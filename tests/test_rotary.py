@@ -118,41 +118,6 @@ def test_rotary_heads_write_roformer_checkpoints_transformers_reads_alike(roform
         assert torch.equal(getattr(again(**inputs), field), getattr(ours(**inputs), field))
 
 
-def test_rotary_rows_only_fast_path_matches_the_full_output(monkeypatch):
-    """Training on CPU (fast.training), the last layer attends from the masked rows only: with rotary
-    positions its queries are turned at those rows, its keys at every token. Rows and gradients equal
-    those of the full output (the dropout mask made all ones, so that both runs see the same), packed
-    and padded."""
-    torch.manual_seed(0)
-    cfg = BertConfig.from_name("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.1,
-                               position_embedding_type="rotary")
-    m = BertModel(cfg)
-    monkeypatch.setattr(fast.attention, "scaled_mask", lambda shape, p, dtype: torch.ones(shape, dtype=dtype))
-    queried = []
-    monkeypatch.setattr(fast.attention, "query_layout",
-                        lambda rows, layout, f=fast.attention.query_layout: queried.append(1) or f(rows, layout))
-    ids = torch.randint(5, 300, (4, 11))
-    mask = (torch.arange(11) < torch.tensor([11, 3, 7, 2])[:, None]).long()
-    pick = torch.tensor([1, 5, 12, 23, 24, 33])  # flat positions of real tokens
-    w = torch.randn(len(pick), cfg.hidden_size)
-    with fast.training(m):
-        out = m(ids, attention_mask=mask)
-        full = out.last_hidden_state.reshape(-1, cfg.hidden_size)[pick]
-        ((full * w).sum() + out.pooler_output.sum()).backward()
-        g_full = {n: p.grad.clone() for n, p in m.named_parameters()}
-        packed_ids, cu, max_len = unpad(ids, mask)
-        packed_pick = mask.flatten().cumsum(0)[pick] - 1  # the same tokens, as positions into [N]
-        for inputs, positions in ((dict(input_ids=ids, attention_mask=mask), pick),
-                                  (dict(input_ids=packed_ids, cu_seqlens=cu, max_seqlen=max_len), packed_pick)):
-            m.zero_grad()
-            out = m(**inputs, output_positions=positions)
-            assert_parity(out.last_hidden_state, full)
-            ((out.last_hidden_state * w).sum() + out.pooler_output.sum()).backward()
-            for n, p in m.named_parameters():
-                assert_parity(p.grad, g_full[n], n)
-    assert len(queried) == 2
-
-
 def test_fast_training_turns_as_the_plain_model_does(monkeypatch):
     """Under fast.training (fp32 CPU, attention dropout) rotary positions are one complex product
     (fast.attention.RowsSelfAttention.turn): outputs and every gradient equal the plain model's, whose

@@ -1182,10 +1182,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--budget", type=float, default=1.0,
                    help="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 "
                         "minutes on 2 CPU cores)")
-    d.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE,
-                   help="BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
-                        f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
-                        f"{DEFAULT_RECIPE})")
+    recipe_help = ("BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
+                   f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
+                   f"{DEFAULT_RECIPE})")
+    d.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
     d.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     d.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out (an earlier demo's folder is replaced without it)")
@@ -1201,10 +1201,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--budget", type=float, default=1.0,
                    help="multiply the pretraining steps and the full training sets (default: 1, about 2 hours "
                         "on 2 CPU cores; 4 or more on bigger machines)")
-    c.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE,
-                   help="BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
-                        f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
-                        f"{DEFAULT_RECIPE})")
+    c.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
     c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
     c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
