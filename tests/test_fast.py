@@ -325,7 +325,7 @@ def test_training_swaps_the_pieces_in_and_puts_the_model_back(cls):
     with fast.training(model) as same:
         assert same is model
         assert all(type(m) is Dropout for m in model.modules() if isinstance(m, torch.nn.Dropout))
-        assert {layer.attention.impl for layer in model.bert.layers} == {"cpu"}
+        assert {layer.attention.impl for layer in model.bert.layers} == {"fast"}
         assert {type(layer.attention) for layer in model.bert.layers} == {fast.attention.RowsSelfAttention}
         assert type(model.mlm) is fast.decoder.FusedMaskedLMHead and len(model._forward_pre_hooks) == 1
         assert model.state_dict().keys() == before.keys()
@@ -344,6 +344,22 @@ def test_training_leaves_eager_attention_and_inference_alone():
     ids = torch.randint(5, 300, (3, 9))
     plain = model(ids).mlm_logits
     with fast.training(model):
-        assert model.bert.layers[0].attention.impl == "eager" and model.bert.layers[1].attention.impl == "cpu"
+        assert model.bert.layers[0].attention.impl == "eager" and model.bert.layers[1].attention.impl == "fast"
         assert torch.equal(model(ids).mlm_logits, plain)
     assert model.bert.layers[0].attention.impl == "eager"
+
+
+def test_inference_attention_is_the_plain_path_on_cpu_and_is_put_back():
+    """fast.inference (what serve runs its models under) switches every attention to "fast" while
+    its block runs, and back after; on CPU in eval that is SDPA, so the outputs are the same numbers."""
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.from_name("tiny", vocab_size=50)).eval()
+    ids = torch.randint(5, 50, (23,))
+    cu = torch.tensor([0, 9, 23], dtype=torch.int32)
+    with torch.no_grad():
+        plain = model(ids, cu_seqlens=cu, max_seqlen=14).last_hidden_state
+        with fast.inference(model):
+            assert {layer.attention.impl for layer in model.layers} == {"fast"}
+            inside = model(ids, cu_seqlens=cu, max_seqlen=14).last_hidden_state
+    assert {layer.attention.impl for layer in model.layers} == {"sdpa"}
+    assert torch.equal(plain, inside)

@@ -13,7 +13,7 @@ from torchbert.cli import main
 from torchbert.data.shards import Batch
 from torchbert.errors import OutOfSpace, UserError
 from torchbert.heads import BertForPreTraining
-from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints
+from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from torchbert.train.loop import PretrainingTask, TrainConfig, TrainingError, train
 
 V = 60
@@ -170,6 +170,52 @@ def test_nan_steps_are_skipped_and_counted(tmp_path):
     with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row"):
         train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3), tmp_path / "x",
               log=lambda s: None)
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """The loop's deferred reads (its GPU mode) on CPU: the verdicts stay tensors until the log cadence."""
+    import torchbert.train.loop as loop
+
+    monkeypatch.setattr(loop, "_deferred_reads", lambda device: True)
+
+
+def test_deferred_reads_train_exactly_as_the_step_by_step_reads(tmp_path, monkeypatch):
+    import torchbert.train.loop as loop
+
+    runs = {}
+    for mode in (False, True):
+        monkeypatch.setattr(loop, "_deferred_reads", lambda device, mode=mode: mode)
+        model = tiny_model()
+        summary = train(model, RepeatData(), PretrainingTask(), cfg(steps=6, log_every=4), tmp_path / str(mode),
+                        log=lambda s: None)
+        lines = [{k: v for k, v in json.loads(x).items() if k != "seconds"}
+                 for x in (tmp_path / str(mode) / "metrics.jsonl").read_text().splitlines()]
+        runs[mode] = (model, summary, lines)
+    for (name, p), q in zip(runs[False][0].named_parameters(), runs[True][0].parameters()):
+        assert torch.equal(p, q), name
+    assert runs[False][2] == runs[True][2] and len(runs[True][2]) == 2
+    assert runs[False][1]["tokens"] == runs[True][1]["tokens"]
+
+
+def test_deferred_reads_skip_nan_steps_on_the_device_and_count_them_at_the_log(tmp_path, deferred):
+    logs = []
+    model = tiny_model()
+    summary = train(model, RepeatData(), NaNTask({2, 3}), cfg(steps=5, log_every=5), tmp_path, log=logs.append)
+    # deferred, a skipped step still counts as a step (its batch is used, the schedule moves on)
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 5
+    assert [line for line in logs if "skipped" in line] == [
+        "steps 2, 3: the loss or its gradient norm was NaN or inf; skipped on the device (2 so far)"]
+    saved = load_checkpoint(latest_checkpoint(tmp_path))
+    assert {float(s["step"]) for s in saved.optimizer["state"].values()} == {3.0}  # AdamW took 3 of the 5
+    assert saved.state["skipped_steps"] == 2
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert np.isfinite(record["loss"]) and record["tokens"] > 0
+    with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row at step 3"):
+        train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3, log_every=2),
+              tmp_path / "x", log=lambda s: None)
 
 
 def test_only_the_cli_keeps_freed_memory(tmp_path, monkeypatch, prepared):

@@ -177,6 +177,37 @@ def test_clipped_step_equals_clip_grad_norm_then_step(name, grad_size):
                 assert_parity(opt_a.state[p][key], opt_b.state[q][key], f"{n} {key}")
 
 
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_a_deferred_step_skips_a_non_finite_gradient_on_the_device_and_equals_the_host_read_one(name):
+    """clipped_step(defer=True), for GPUs: no host read; the verdict comes back as a tensor, a finite
+    step equals the plain one, and a NaN gradient leaves the weights, the moments and the step count
+    as they were (the fused AdamW's found_inf; LAMB reads the verdict on the host instead)."""
+    torch.manual_seed(0)
+    a = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=100))
+    b = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=100))
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = make_optimizer(a, name), make_optimizer(b, name)
+    for step, bad in enumerate([False, True, False]):
+        for p, q in zip(a.parameters(), b.parameters()):
+            p.grad = torch.randn_like(p) * 10
+            q.grad = p.grad.clone()
+        if bad:
+            a.bert.embeddings.norm.weight.grad[0] = float("nan")
+        before = {n: p.detach().clone() for n, p in a.named_parameters()}
+        verdict = clipped_step(opt_a, a.parameters(), 1.0, defer=True)
+        assert isinstance(verdict, torch.Tensor) and bool(verdict) is not bad
+        assert getattr(opt_a, "found_inf", None) is None and getattr(opt_a, "grad_scale", None) is None
+        if bad:
+            for n, p in a.named_parameters():
+                assert torch.equal(p, before[n]), n
+            continue
+        clipped_step(opt_b, b.parameters(), 1.0)
+        for (n, p), q in zip(a.named_parameters(), b.parameters()):
+            assert_parity(p, q, n)
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                assert_parity(opt_a.state[p][key], opt_b.state[q][key], f"{n} {key}")
+
+
 @pytest.mark.parametrize("kind", ["token", "pretraining"])
 def test_sparse_rows_step_as_dense_gradients(kind):
     """With SparseRows the embeddings' gradients arrive as rows and are added into buffers that live

@@ -554,10 +554,14 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--eval-batches", type=int, default=20,
                    help="held-out batches (of --batch-size) per evaluation, the first of the held-out data "
                         "(default: 20); the count yardsticks are scored on the same masks")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: the matrix products in bfloat16 (torch.autocast; weights and optimizer stay "
+                        "fp32), for GPUs; with it, attention over the packed batch runs FlashAttention's "
+                        "varlen kernel (default: fp32)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model, for GPUs: on CPU the plain model measured faster (4-20%% "
-                        "per step; bench/README.md), and the first steps wait for the compiler")
+                   help="torch.compile the model, for GPUs: a BERT-base step on an H100 in bf16 measured "
+                        "1.25x (seq 128) to 1.38x (seq 512) faster, after about 40 s of compiling; on CPU "
+                        "the plain model measured faster (4-20%% per step; bench/README.md)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")

@@ -36,12 +36,13 @@ def unpad(input_ids: Tensor, attention_mask: Tensor, *others: Tensor):
 
 def pad(packed: Tensor, cu_seqlens: Tensor, max_seqlen: int, value: float = 0.0) -> Tensor:
     """Packed [N, ...] -> padded [B, T, ...] (the inverse of `unpad`)."""
-    B = cu_seqlens.numel() - 1
+    B, N, T = cu_seqlens.numel() - 1, packed.shape[0], max_seqlen
     seqlens = cu_seqlens.diff()
-    mask = torch.arange(max_seqlen, device=packed.device) < seqlens[:, None]  # [B, T]
-    out = packed.new_full((B, max_seqlen, *packed.shape[1:]), value)
-    out[mask] = packed
-    return out
+    # each token's slot in the [B*T] block, with no host read (a boolean mask would count its Trues)
+    seq = torch.arange(B, device=packed.device).repeat_interleave(seqlens, output_size=N)  # [N]
+    pos = torch.arange(N, device=packed.device) - cu_seqlens[:-1].repeat_interleave(seqlens, output_size=N)
+    out = packed.new_full((B * T, *packed.shape[1:]), value)
+    return out.index_copy_(0, seq * T + pos, packed).view(B, T, *packed.shape[1:])
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Layout:
     index: Tensor | None = None  # [N] row of each packed token in the [B*T] block
     causal: bool = False
     rotary: tuple[Tensor, Tensor] | None = None  # rotary positions: cos, sin of each token's angles, [B, T, D/2] or [N, D/2]
+    cu_seqlens: Tensor | None = None  # packed: [B + 1] int32, the sequences' cumulative lengths (for varlen kernels)
 
     def to_block(self, x: Tensor) -> Tensor:
         """Token features [B, T, F] or packed [N, F] -> [B, T, F], zeros at padding."""
@@ -98,8 +100,10 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int, causal: bo
     T = int(max_seqlen) if max_seqlen is not None else int(seqlens.max())
     starts = cu_seqlens[:-1].repeat_interleave(seqlens, output_size=n)  # [N]
     pos = torch.arange(n, device=device) - starts  # [N]
+    cu = cu_seqlens.int()
     if n == B * T:  # every sequence is T long: the packed tokens already are the [B, T] block
-        return Layout(B, T, None, packed=True, causal=causal), pos
+        return Layout(B, T, None, packed=True, causal=causal, cu_seqlens=cu), pos
     seq = torch.arange(B, device=device).repeat_interleave(seqlens, output_size=n)  # [N]
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
-    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos, causal=causal), pos
+    return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos, causal=causal,
+                  cu_seqlens=cu), pos

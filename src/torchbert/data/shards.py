@@ -59,10 +59,11 @@ class Batch:
         return int(self.input_ids.shape[0])
 
     def to(self, device) -> "Batch":
-        return Batch(
-            self.input_ids.to(device), self.token_type_ids.to(device), self.cu_seqlens.to(device),
-            self.max_seqlen, self.mlm_positions.to(device), self.mlm_labels.to(device), self.nsp_labels.to(device),
-        )
+        """On `device`; to a GPU without waiting for it (a host-to-device copy from pageable memory
+        is staged at once, so the batch may be dropped right after)."""
+        t = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+        return Batch(t(self.input_ids), t(self.token_type_ids), t(self.cu_seqlens), self.max_seqlen,
+                     t(self.mlm_positions), t(self.mlm_labels), t(self.nsp_labels))
 
     def padded(self, pad_id: int = 0, pad_to: int | None = None) -> dict[str, torch.Tensor]:
         """The padded [B, T] form that transformers.BertForPreTraining takes (labels -100 where unmasked)."""

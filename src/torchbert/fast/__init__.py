@@ -1,17 +1,19 @@
-"""Speed for training on CPU, applied from outside the model, as torchtitan applies parallelism.
+"""Speed for training (on CPU, and on a CUDA GPU), applied from outside the model, as torchtitan
+applies parallelism.
 
 model.py and heads.py are plain PyTorch. `training(model)` swaps the fast pieces in for as long as
 its block runs, and puts the model back as it was afterwards (the state dict never changes):
   * every nn.Dropout -> fast.dropout.Dropout: the mask from numpy's SFC64 on two threads;
-  * every SelfAttention -> fast.attention.RowsSelfAttention with attention "cpu": dropout and
-    backwards of its own, and a last layer that attends from the rows a head reads only;
+  * every SelfAttention -> fast.attention.RowsSelfAttention with attention "fast": on CPU, dropout
+    and backwards of its own, and a last layer that attends from the rows a head reads only; on a
+    CUDA GPU in bf16/fp16, FlashAttention's varlen kernel over the packed batch (fast/flash.py);
   * every MaskedLMHead -> fast.decoder.FusedMaskedLMHead: the loss's gradient made in the forward,
     its [M, V] buffer kept from step to step, and the word embeddings tied so that their two
     gradients meet in place.
 Each piece falls back to the plain path where it does not pay: off CPU, under autocast or the
 compiler, in eval. The training loop applies it when TrainConfig.fast is on (the default; the
 CLI's --no-fast turns it off). Two more pieces work around the model, not in it:
-  * fast.rows.SparseRows: the embeddings' gradients as rows, in the loop of one plain process;
+  * fast.rows.SparseRows: the embeddings' gradients as rows, in the loop of one plain CPU process;
   * fast.memory.keep_freed_memory: glibc's allocator set to keep freed memory. It changes the whole
     process, so no library call makes it: the CLI's training commands do (not with --no-fast).
 Each piece earned its place by a measured gain (bench/README.md), and a test holds it to the plain
@@ -27,13 +29,29 @@ from torch import nn
 
 from ..heads import MaskedLMHead
 from ..model import SelfAttention
-from .attention import RowsSelfAttention  # and model.ATTENTION["cpu"]
+from .attention import RowsSelfAttention  # and model.ATTENTION["fast"]
 from .decoder import FusedMaskedLMHead, tie_first
 from .dropout import Dropout
 from .memory import keep_freed_memory
 from .rows import SparseRows
 
-__all__ = ["SparseRows", "keep_freed_memory", "training"]
+__all__ = ["SparseRows", "inference", "keep_freed_memory", "training"]
+
+
+@contextlib.contextmanager
+def inference(model: nn.Module) -> Iterator[nn.Module]:
+    """The model's attention through model.ATTENTION["fast"] while the block runs, and nothing
+    else swapped: for inference (embed, serve), where on a CUDA GPU in bf16 it runs FlashAttention's
+    varlen kernel over the packed batch (fast/flash.py) instead of a padded block; elsewhere the
+    same as the plain path (CPU inference: SDPA)."""
+    changed = [m for m in model.modules() if type(m) is SelfAttention and m.impl == "sdpa"]
+    for m in changed:
+        m.impl = "fast"
+    try:
+        yield model
+    finally:
+        for m in changed:
+            m.impl = "sdpa"
 
 
 @contextlib.contextmanager
@@ -50,7 +68,7 @@ def training(model: nn.Module) -> Iterator[nn.Module]:
             swap(m, Dropout)
         elif type(m) is SelfAttention and m.impl == "sdpa":
             swap(m, RowsSelfAttention)
-            m.impl = "cpu"
+            m.impl = "fast"
             undo.append(lambda m=m: setattr(m, "impl", "sdpa"))
         elif type(m) is MaskedLMHead:
             swap(m, FusedMaskedLMHead)

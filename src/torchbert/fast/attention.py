@@ -1,5 +1,6 @@
 """Self-attention for training on CPU with dropout, in three functions with backwards of their own
-(registered in model.ATTENTION as "cpu").
+(registered in model.ATTENTION as "fast", which on a CUDA GPU runs FlashAttention's varlen kernel
+instead: fast/flash.py).
 
 The plain path (model.sdpa_attention) scatters the packed q/k/v projections into a padded block,
 splits the heads with a permute, and runs scaled_dot_product_attention, which on CPU with dropout
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from ..model import ATTENTION, SelfAttention, sdpa_attention
 from ..packing import Layout
+from . import flash
 from .dropout import scaled_mask
 
 
@@ -164,9 +166,12 @@ def _fast_here(t: Tensor, p: float) -> bool:
         and not torch.compiler.is_compiling()
 
 
-def cpu_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
+def fast_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
     """model.ATTENTION's signature: the three functions above when training on CPU in fp32 with
-    0 < p < 1, not causal; model.sdpa_attention otherwise."""
+    0 < p < 1, not causal; FlashAttention's varlen kernel on a packed half-precision batch on a CUDA
+    GPU (fast/flash.py); model.sdpa_attention otherwise."""
+    if flash.usable(qkv, layout, heads):
+        return flash.flash_attention(qkv, layout, heads, p)
     if not _fast_here(qkv, p) or layout.causal:
         return sdpa_attention(qkv, layout, heads, p)
     A = heads
@@ -177,7 +182,7 @@ def cpu_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Te
     return ctx.transpose(1, 2).reshape(*qkv.shape[:-1], -1), None  # [B, T, H], or [N, H] when all are full
 
 
-ATTENTION["cpu"] = cpu_attention
+ATTENTION["fast"] = fast_attention
 
 
 def query_layout(rows: Tensor, layout: Layout) -> Layout:

@@ -116,7 +116,7 @@ class FusedMaskedLMHead(MaskedLMHead):
     def forward(self, h: Tensor, word_embeddings: Tensor,
                 targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         fused = targets is not None and torch.is_grad_enabled() and not torch.is_autocast_enabled(h.device.type) \
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling() and h.device.type == "cpu"  # on a GPU it would read counts on the host
         tied, self.tied = self.tied, None
         if not fused:
             return super().forward(h, word_embeddings, targets)

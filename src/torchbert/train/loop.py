@@ -17,11 +17,18 @@ Per optimizer step:
 With TrainConfig.fast (the default) the model trains with torchbert.fast's pieces swapped in
 (fast.training), and is put back as it was when train() returns.
 
-Host syncs: one per optimizer step, reading whether the step's loss and gradient norm are finite
-(under torchrun a second, whether a process was signalled). The loss parts, correct predictions and
-token counts add up on the device and are read at the log cadence; the ids of each micro-batch are
-range-checked on the host before they move (the model's own check is off while it trains). The
-seconds reported are training's alone: evaluation's are counted apart (eval_seconds).
+Host syncs. On CPU: one per optimizer step, reading whether the step's loss and gradient norm are
+finite (under torchrun a second, whether a process was signalled). On a GPU, where each such read
+stalls the device, none in the step (deferred reads): a non-finite step is skipped on the device
+by the fused AdamW (clipped_step(defer=True)), its figures left out of the window on the device,
+and the verdicts of the steps since the last read are read together at the log cadence, where
+skipped steps are counted, logged and held to max_bad_steps; a skipped step still counts as a step
+(its batches are used and the schedule moves on). Under torchrun the signal flag that rides on the
+step's all-reduce is read one step late, when the device has long passed it. The loss parts,
+correct predictions and token counts add up on the device and are read at the log cadence; the
+ids of each micro-batch are range-checked on the host before they move (the model's own check is
+off while it trains). The seconds reported are training's alone: evaluation's are counted apart
+(eval_seconds).
 
 A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
 forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
@@ -318,12 +325,38 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     bad_in_a_row = 0
     last_eval = None
     started = time.perf_counter() - state["seconds"] - state["eval_seconds"]
-    # embeddings' gradients come as rows (fast.SparseRows) in one plain process: DDP and FSDP
-    # reduce dense gradients, and the compiler traces dense ones
-    plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None
+    # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
+    # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
+    plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
     rows = fast.SparseRows(model) if plain and cfg.fast else None
+    deferred = _deferred_reads(device)
+    signalled = None  # deferred under torchrun: the previous step's all-reduced signal flag, read a step late
+    unsettled = step  # deferred: the steps after this one await their verdicts (Window.settle)
+
+    def settle() -> None:
+        """Deferred reads: the verdicts of the steps since the last settle, read in one go."""
+        nonlocal bad_in_a_row, unsettled
+        if not deferred:
+            return
+        skipped = []
+        for k, ok in enumerate(window.settle(), start=unsettled + 1):
+            bad_in_a_row = 0 if ok else bad_in_a_row + 1
+            if not ok:
+                skipped.append(k)
+                state["skipped_steps"] += 1
+            if bad_in_a_row >= cfg.max_bad_steps:
+                last = latest_checkpoint(run_dir) if dist.is_main else None
+                raise TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
+                                    f"at step {k}; stopping"
+                                    + (f" (the last good checkpoint, {last}, is kept)" if last else "")
+                                    + ". Lower --lr, use fp32, or check the data")
+        unsettled = step
+        if skipped:
+            log(f"step{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}: the loss or its gradient "
+                f"norm was NaN or inf; skipped on the device ({state['skipped_steps']} so far)")
 
     def checkpoint() -> Path | None:
+        settle()
         folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.saved()},
                              cfg.keep, dist)
         if folder is not None and on_checkpoint is not None:
@@ -343,7 +376,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             for b in micro:
                 for encoder in encoders:
                     _check_batch(encoder, b)
-            micro = [b.to(device) for b in micro]
+            micro = [b.to(device) for b in micro]  # without a host sync (non_blocking)
             totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
             if totals is None:
                 local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
@@ -365,11 +398,20 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             step_loss, stopping = dist.all_reduce_tensor(shared).unbind()
             lr = optimizer.param_groups[0]["lr"]
             bad = None
-            if not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss):
+            if deferred:  # no host read: the verdict stays on the device until the log cadence
+                window.commit(clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss,
+                                           defer=True))
+                if dist.enabled:
+                    stop = signalled is not None and bool(signalled)
+                    signalled = stopping
+                else:
+                    stop = signals.caught is not None
+            elif not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss):
                 loss_value = float(step_loss)
                 bad = (f"loss is {loss_value}" if not math.isfinite(loss_value)
                        else f"the gradient norm is not finite (loss {loss_value:.4g})")
-            stop = bool(stopping) if dist.enabled else signals.caught is not None
+            if not deferred:
+                stop = bool(stopping) if dist.enabled else signals.caught is not None
             if bad is not None:
                 optimizer.zero_grad(set_to_none=True)
                 state["skipped_steps"] += 1
@@ -386,11 +428,13 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 if stop:
                     raise interrupted()
                 continue
-            bad_in_a_row = 0
+            if not deferred:
+                bad_in_a_row = 0
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            window.commit()
+            if not deferred:
+                window.commit()
             state["seconds"] = time.perf_counter() - started - state["eval_seconds"]
             state.update(stream.position())
             if bar is not None:
@@ -398,6 +442,8 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
 
             do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
+                settle()  # deferred: the device has caught up here, so the seconds are its too
+                state["seconds"] = time.perf_counter() - started - state["eval_seconds"]
                 values = window.flush(state)  # the window's figures reach the host here
                 if bar is not None:
                     bar.set_postfix(_postfix(values, state, lr), refresh=False)
@@ -416,6 +462,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
             if stop and step != cfg.steps:
                 if bar is not None:
                     bar.close()
+                settle()
                 raise interrupted()
     if bar is not None:
         bar.close()
@@ -427,6 +474,11 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     if last_eval is not None:
         summary["eval"] = last_eval
     return summary
+
+
+def _deferred_reads(device: torch.device) -> bool:
+    """Whether the step leaves its verdicts on the device (see the module's docstring): on a GPU."""
+    return device.type == "cuda"
 
 
 def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: Dist) -> Path | None:
@@ -469,6 +521,7 @@ class _Window:
         self.parts, self.dist, self.device = parts, dist, device
         self.figures, self.counts = self._zero()
         self.pending = self._zero()
+        self.unread: list[tuple[Tensor, list[int]]] = []  # deferred: (verdict on the device, host counts) per step
 
     def _zero(self) -> tuple[Tensor, list[int]]:
         return torch.zeros(len(self.parts), 2, dtype=torch.float64, device=self.device), [0] * (1 + len(self.parts))
@@ -483,12 +536,32 @@ class _Window:
     def discard(self) -> None:
         self.pending = self._zero()
 
-    def commit(self) -> None:
-        """Add the step's figures (the device's summed over processes now, the host's at flush)."""
+    def commit(self, verdict: Tensor | None = None) -> None:
+        """Add the step's figures (the device's summed over processes now, the host's at flush).
+        With a `verdict` (deferred reads: the step's bool on the device), the device's figures are
+        added times the verdict, and the host's wait for `settle` to read it."""
         figures, known = self.pending
-        self.figures += self.dist.all_reduce_tensor(figures)
-        self.counts = [a + b for a, b in zip(self.counts, known)]
+        figures = self.dist.all_reduce_tensor(figures)
+        if verdict is None:
+            self.figures += figures
+            self.counts = [a + b for a, b in zip(self.counts, known)]
+        else:
+            verdict = verdict.to(self.device)
+            self.figures += torch.where(verdict, figures, 0.0)  # not figures * verdict: NaN * 0 is NaN
+            self.unread.append((verdict, known))
         self.pending = self._zero()
+
+    def settle(self) -> list[bool]:
+        """Deferred reads: the verdicts of the steps committed since the last settle, read in one
+        host sync, in order; the host's counts of the steps taken are added."""
+        if not self.unread:
+            return []
+        verdicts = torch.stack([v for v, _ in self.unread]).tolist()
+        for ok, (_, known) in zip(verdicts, self.unread):
+            if ok:
+                self.counts = [a + b for a, b in zip(self.counts, known)]
+        self.unread = []
+        return [bool(ok) for ok in verdicts]
 
     def saved(self) -> list[float]:
         """The window over all processes, for a checkpoint: [tokens, (loss, correct, targets) per part]."""

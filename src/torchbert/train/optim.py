@@ -55,7 +55,8 @@ def make_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weig
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                 rows: SparseRows | None = None, loss: torch.Tensor | None = None) -> bool:
+                 rows: SparseRows | None = None, loss: torch.Tensor | None = None,
+                 defer: bool = False) -> bool | torch.Tensor:
     """optimizer.step() after clipping the gradients of `params` to a total norm of max_norm (none
     when max_norm <= 0), as torch.nn.utils.clip_grad_norm_ then step(). Returns False, and takes no
     step, when the gradients' norm is NaN or inf: a finite loss can still have an exploded gradient,
@@ -67,41 +68,59 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
     its own over the gradients (the word embeddings' alone are half of a small BERT's).
 
     `rows`: the embeddings' gradients came as rows (SparseRows): they are made dense before the
-    step, their norms read from their rows only, and the rows cleared after it."""
+    step, their norms read from their rows only, and the rows cleared after it.
+
+    `defer` (for GPUs, where a host read stalls the device): no host read at all; returns the
+    verdict as a bool tensor on the device, and a non-finite step is skipped on the device, by the
+    fused AdamW's found_inf (as under AMP's GradScaler: no update of the weights or the moments, the
+    step count put back). Other optimizers, and FSDP's sharded gradients, read the verdict on the
+    host as without `defer`, and return it as a tensor."""
     if rows is not None:
         rows.densify()
     try:
-        return _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {}, loss)
+        return _clipped_step(optimizer, params, max_norm, rows.norms() if rows is not None else {}, loss, defer)
     finally:
         if rows is not None:
             rows.reset()
 
 
 def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float,
-                  norms: dict[torch.Tensor, torch.Tensor], loss: torch.Tensor | None) -> bool:
+                  norms: dict[torch.Tensor, torch.Tensor], loss: torch.Tensor | None, defer: bool) -> bool | torch.Tensor:
     params = [p for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in params if p not in norms])
     if norms:
         total = torch.linalg.vector_norm(torch.stack([total, *norms.values()]))
     full = total.full_tensor() if hasattr(total, "full_tensor") else total  # FSDP: a DTensor
     finite = torch.isfinite(full) if loss is None else torch.isfinite(full) & torch.isfinite(loss)
-    if not bool(finite):
-        return False
-    if max_norm <= 0:
-        optimizer.step()
-        return True
     fused = isinstance(optimizer, torch.optim.AdamW) and all(g.get("fused") for g in optimizer.param_groups)
-    if not fused or any(type(p.grad) is not torch.Tensor for p in params):  # e.g. FSDP's DTensors
+    fused = fused and all(type(p.grad) is torch.Tensor for p in params)  # not FSDP's DTensors
+    if defer and fused:
+        optimizer.found_inf = (~finite).float()  # the fused kernel skips the whole update where it is 1
+        return _fused_step(optimizer, total, max_norm, finite)
+    if not bool(finite):
+        return torch.tensor(False) if defer else False
+    if max_norm > 0 and not fused:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    if max_norm > 0 and fused:
+        _fused_step(optimizer, total, max_norm, finite)
+    else:
         optimizer.step()
-        return True
-    # clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when that is below 1; dividing by 1 changes nothing
-    optimizer.grad_scale = ((total + 1e-6) / max_norm).clamp(min=1).float()
+    return torch.tensor(True) if defer else True
+
+
+def _fused_step(optimizer: torch.optim.Optimizer, total: torch.Tensor, max_norm: float,
+                finite: torch.Tensor) -> torch.Tensor:
+    """A fused AdamW step with the clipping riding in it: the step divides each gradient by the
+    optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of its own over the
+    gradients. clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when that is below 1;
+    dividing by 1 changes nothing."""
+    if max_norm > 0:
+        optimizer.grad_scale = ((total + 1e-6) / max_norm).clamp(min=1).float()
     try:
         optimizer.step()
     finally:
-        optimizer.grad_scale = None
-    return True
+        optimizer.grad_scale = optimizer.found_inf = None
+    return finite
 
 
 class Lamb(torch.optim.Optimizer):
