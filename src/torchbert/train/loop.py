@@ -377,10 +377,15 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 for encoder in encoders:
                     _check_batch(encoder, b)
             micro = [b.to(device) for b in micro]  # without a host sync (non_blocking)
-            totals = task.per_step  # targets of a step: the task's fixed average, or this global batch's own
+            # targets of a step (at least 1): the task's fixed average, or this global batch's own
+            totals = None if task.per_step is None else {p: max(n, 1) for p, n in task.per_step.items()}
             if totals is None:
                 local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
-                totals = dict(zip(task.parts, dist.all_reduce(local, device)))
+                if deferred and dist.enabled:  # summed on the devices, never read on the host
+                    summed = dist.all_reduce_tensor(torch.tensor(local, dtype=torch.float32).to(device, non_blocking=True))
+                    totals = dict(zip(task.parts, summed.clamp(min=1).unbind()))
+                else:
+                    totals = {p: max(n, 1) for p, n in zip(task.parts, dist.all_reduce(local, device))}
             step_loss = torch.zeros((), dtype=torch.float64, device=device)
             for i, b in enumerate(micro):
                 # DDP: synchronize gradients on the last micro-batch only
@@ -388,7 +393,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
                     parts = task.forward(model, b)
                     weights = getattr(task, "weights", {})
-                    loss = sum(weights.get(p, 1.0) * parts[p][0] / max(totals[p], 1) for p in task.parts)
+                    loss = sum(weights.get(p, 1.0) * parts[p][0] / totals[p] for p in task.parts)
                 # gradients are averaged over processes: scale so that they sum instead
                 (loss * dist.world_size).backward()
                 step_loss += loss.detach()
