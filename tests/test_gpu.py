@@ -152,3 +152,54 @@ def test_nan_steps_are_skipped_on_the_gpu_without_a_sync(tmp_path):
     assert summary["skipped_steps"] == 2 and summary["steps"] == 5
     assert any("steps 2, 3" in line for line in logs)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("head", ["sequence", "token", "qa", "choice"])
+def test_a_cuda_fine_tuning_step_reads_nothing_on_the_host(head):
+    """Each task head's training step (packed, bf16 autocast, the fast pieces, the deferred clipped
+    step) with what the batch knows on the host given to it (label_positions, max_choices, max_seqlen):
+    no host sync, under torch's sync debug mode."""
+    from torchbert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+                                 BertForTokenClassification)
+
+    torch.manual_seed(0)
+    config = BertConfig.from_name("tiny", vocab_size=V)
+    config.extra["num_labels"] = 3
+    lengths = [9, 14, 6, 11]
+    ids, cu, longest = packed_batch(lengths)
+    N, B = int(sum(lengths)), len(lengths)
+    inputs = {"input_ids": ids, "cu_seqlens": cu, "max_seqlen": longest}
+    if head == "sequence":
+        model, extra = BertForSequenceClassification(config), {"labels": torch.tensor([0, 2, 1, 1])}
+    elif head == "token":
+        labels = torch.randint(0, 3, (N,))
+        labels[::3] = -100
+        extra = {"labels": labels, "labelled_only": True, "label_positions": (labels != -100).nonzero().squeeze(1)}
+        model = BertForTokenClassification(config)
+    elif head == "qa":
+        model = BertForQuestionAnswering(config)
+        extra = {"start_positions": torch.tensor([1, 3, 2, 5]), "end_positions": torch.tensor([2, 7, 4, 9])}
+    else:  # two examples of 2 and 2 choices: the 4 sequences
+        model = BertForMultipleChoice(config)
+        extra = {"num_choices": torch.tensor([2, 2]), "max_choices": 2, "labels": torch.tensor([1, 0])}
+    model = model.to(CUDA).train()
+    inputs.update({k: v.to(CUDA) if isinstance(v, torch.Tensor) else v for k, v in extra.items()})
+    optimizer = make_optimizer(model)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        verdict = clipped_step(optimizer, model.parameters(), 1.0, loss=loss.detach(), defer=True)
+        optimizer.zero_grad(set_to_none=True)
+        return verdict
+
+    with fast.training(model), _checked_on_host([model.bert]):
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            verdict = step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert bool(verdict) and B == 4

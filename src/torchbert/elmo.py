@@ -244,15 +244,16 @@ class ELMoForTokenClassification(_ELMoTask):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                labels: Tensor | None = None, labelled_only: bool = False) -> TaskOutput:
+                labels: Tensor | None = None, labelled_only: bool = False,
+                label_positions: Tensor | None = None) -> TaskOutput:
         """Logits [N, C] for every packed token ([B * T, C] for full rows), or [M, C] for the labelled
-        ones only (labelled_only, with labels)."""
+        ones only (labelled_only, with labels; at label_positions [M] when given)."""
         if attention_mask is not None:
             raise ValueError("ELMo task models take packed input (cu_seqlens), not padding")
         h, mask = self.features(input_ids, cu_seqlens, max_seqlen)
         states = h[mask]  # [N, 2D]
         if labelled_only and labels is not None:
-            keep = labels.reshape(-1) != IGNORE
+            keep = label_positions if label_positions is not None else (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
             states, labels = states[keep], labels.reshape(-1)[keep]
         logits = self.classifier(states)
         loss = None

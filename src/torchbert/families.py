@@ -284,10 +284,11 @@ class TokenTask(TaskFamily):
                                  label_all_subtokens=ts.label_all_subtokens)
 
     def batch_targets(self, encoded, rows, units):
-        return {"labels": torch.tensor([t for r in rows for t in encoded.labels[r]], dtype=torch.long)}
+        labels = torch.tensor([t for r in rows for t in encoded.labels[r]], dtype=torch.long)
+        return {"labels": labels, "label_positions": (labels != IGNORE).nonzero().squeeze(1)}  # on the host
 
-    def targets(self, batch):
-        return {"labels": batch.labels, "labelled_only": True}  # logits [M, C] of the labelled tokens
+    def targets(self, batch):  # logits [M, C] of the labelled tokens
+        return {"labels": batch.labels, "labelled_only": True, "label_positions": batch.label_positions}
 
     def count(self, batch):
         return int((batch.labels != IGNORE).sum())
@@ -296,7 +297,10 @@ class TokenTask(TaskFamily):
         return sum(sum(t != IGNORE for t in labels) for labels in data.encoded.labels)
 
     def correct(self, out, batch):
-        return (out.logits.argmax(-1) == batch.labels[batch.labels != IGNORE]).sum()
+        positions = batch.label_positions
+        if positions is None:  # a batch made elsewhere
+            positions = (batch.labels != IGNORE).nonzero().squeeze(1)
+        return (out.logits.argmax(-1) == batch.labels.index_select(0, positions)).sum()
 
     def predict_inputs(self, batch, encoded):
         # only the token that owns a word is read: the last layer runs for those alone
@@ -425,7 +429,7 @@ class ChoiceTask(TaskFamily):
         return {"labels": torch.tensor([encoded.labels[u] for u in units], dtype=torch.long)}
 
     def targets(self, batch):
-        return {"labels": batch.labels, "num_choices": batch.num_choices}
+        return {"labels": batch.labels, "num_choices": batch.num_choices, "max_choices": batch.max_choices}
 
     def count(self, batch):
         return int(batch.num_choices.numel())
@@ -434,7 +438,7 @@ class ChoiceTask(TaskFamily):
         return len(data)
 
     def predict_inputs(self, batch, encoded):
-        return {"num_choices": batch.num_choices}
+        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
 
     def outputs(self, out, batch, inputs):
         probs = out.logits.float().softmax(-1).cpu()

@@ -102,10 +102,12 @@ class FeatureTagger(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
-                labels: Tensor | None = None, labelled_only: bool = False) -> TaskOutput:
+                labels: Tensor | None = None, labelled_only: bool = False,
+                label_positions: Tensor | None = None) -> TaskOutput:
         """Packed input_ids [N] with cu_seqlens, or padded [B, T] with a right-padded attention_mask.
         labels: [N] or [B, T], -100 where a token has none. logits: [N, L] or [B, T, L]; with
-        labelled_only (and labels), [M, L] for the labelled tokens only, as BertForTokenClassification."""
+        labelled_only (and labels), [M, L] for the labelled tokens only (at label_positions [M] when
+        given), as BertForTokenClassification."""
         strategy = self.settings.strategy
         with torch.no_grad():  # the encoder is fixed: nothing to backpropagate into
             out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
@@ -114,7 +116,7 @@ class FeatureTagger(nn.Module):
         if self.lstm is not None:
             h = self.run_lstm(self.dropout(h), attention_mask, cu_seqlens, max_seqlen)
         if labelled_only and labels is not None:
-            keep = labels.reshape(-1) != IGNORE
+            keep = label_positions if label_positions is not None else (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
             h, labels = h.reshape(-1, h.shape[-1])[keep], labels.reshape(-1)[keep]  # [M, F], [M]
         logits = self.classifier(self.dropout(h))
         loss = None

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .heads import IGNORE, TaskOutput, num_labels, sequence_loss, span_loss
+from .heads import IGNORE, TaskOutput, choice_block, num_labels, sequence_loss, span_loss
 from .io.hf import HFCheckpoint
 from .model import BertOutput, Layer, check_ids, init_weights
 from .packing import Layout, packed_layout
@@ -240,14 +240,18 @@ class OpenAIGPTForTokenClassification(_GPTTask):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, labelled_only: bool = False) -> TaskOutput:
-        """As BertForTokenClassification's; labelled_only: logits [M, C] for the labelled tokens only."""
+                output_attentions: bool = False, labelled_only: bool = False,
+                label_positions: Tensor | None = None) -> TaskOutput:
+        """As BertForTokenClassification's; labelled_only: logits [M, C] for the labelled tokens only
+        (at label_positions [M] when given)."""
         out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
                           output_attentions)
         h = out.last_hidden_state  # [B, T, H] or [N, H]
         read, targets = h, labels
         if labelled_only and labels is not None:
-            positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
+            positions = label_positions
+            if positions is None:
+                positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
             read, targets = h.reshape(-1, h.shape[-1])[positions], labels.reshape(-1)[positions]
         logits = self.classifier(self.dropout(read))  # [B, T, C], [N, C] or [M, C]
         loss = None
@@ -307,8 +311,10 @@ class OpenAIGPTForMultipleChoice(_GPTTask):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 num_choices: Tensor | None = None, choice_mask: Tensor | None = None, labels: Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
-        """As BertForMultipleChoice's: [B, C, T] full rows, or packed choices [N] with num_choices [B]."""
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                max_choices: int | None = None) -> TaskOutput:
+        """As BertForMultipleChoice's: [B, C, T] full rows, or packed choices [N] with num_choices [B]
+        (and max_choices, their most, when the caller knows it: no host read)."""
         if cu_seqlens is None:
             if input_ids.dim() != 3:
                 raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
@@ -325,8 +331,7 @@ class OpenAIGPTForMultipleChoice(_GPTTask):
         if cu_seqlens is None:
             logits = scores.view(B, C)
         else:
-            mask = torch.arange(int(num_choices.max()), device=scores.device) < num_choices[:, None]  # [B, C]
-            logits = scores.new_zeros(mask.shape).masked_scatter(mask, scores)
+            logits, mask = choice_block(scores, num_choices, max_choices)
         if mask is not None:
             logits = logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
         loss = None

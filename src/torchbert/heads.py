@@ -247,14 +247,19 @@ class BertForTokenClassification(_TaskModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, labelled_only: bool = False) -> TaskOutput:
+                output_attentions: bool = False, labelled_only: bool = False,
+                label_positions: Tensor | None = None) -> TaskOutput:
         """labelled_only (with labels): logits [M, num_labels] for the M labelled tokens only (labels
         != -100, in flat order), and the last layer runs for those tokens alone, as the MLM head's
         does for the masked ones; the loss is the same. Training takes this path: a word's later
-        sub-tokens, [CLS] and [SEP] carry no label, about a third of the tokens of English tweets."""
+        sub-tokens, [CLS] and [SEP] carry no label, about a third of the tokens of English tweets.
+        label_positions [M]: those tokens' flat positions, when the caller knows them (found from
+        the labels otherwise, a host sync on a GPU)."""
         positions = None
         if labelled_only and labels is not None:
-            positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
+            positions = label_positions
+            if positions is None:
+                positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
             labels = labels.reshape(-1)[positions]
         out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
                           output_hidden_states, output_attentions, positions=positions)
@@ -319,10 +324,12 @@ class BertForMultipleChoice(_TaskModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 num_choices: Tensor | None = None, choice_mask: Tensor | None = None, labels: Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                max_choices: int | None = None) -> TaskOutput:
         """Padded: input_ids [B, C, T] (C choices each), with choice_mask [B, C] (False where an example
         has fewer choices and the row is filler). Packed: input_ids [N] holding every real choice of
-        every example in order, cu_seqlens over those sequences, and num_choices [B]."""
+        every example in order, cu_seqlens over those sequences, and num_choices [B] (max_choices,
+        their most, when the caller knows it: read from num_choices otherwise, a host sync on a GPU)."""
         if cu_seqlens is None:
             if input_ids.dim() != 3:
                 raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
@@ -338,9 +345,7 @@ class BertForMultipleChoice(_TaskModel):
             out = self.encode(input_ids, None, token_type_ids, position_ids, cu_seqlens, max_seqlen,
                               output_hidden_states, output_attentions, cls_only=True)
             scores = self.classifier(self.dropout(out.pooler_output)).squeeze(-1)  # [sum C_i]
-            C = int(num_choices.max())
-            mask = torch.arange(C, device=scores.device) < num_choices[:, None]  # [B, C]
-            logits = scores.new_zeros(mask.shape).masked_scatter(mask, scores)
+            logits, mask = choice_block(scores, num_choices, max_choices)
         if mask is not None:
             logits = logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
         loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
@@ -348,6 +353,20 @@ class BertForMultipleChoice(_TaskModel):
 
 
 # -- shared pieces ---------------------------------------------------------------------------------
+
+def choice_block(scores: Tensor, num_choices: Tensor, max_choices: int | None = None) -> tuple[Tensor, Tensor]:
+    """The packed choices' scores [S] -> [B, C] (0 at filler slots) and the mask of real ones [B, C],
+    example b's choices in row b. C is max_choices, or read from num_choices (a host sync on a GPU);
+    the scores are placed by index, whose backward (unlike a boolean mask's) reads nothing on the host."""
+    B, S = num_choices.numel(), scores.numel()
+    C = int(num_choices.max()) if max_choices is None else max_choices
+    example = torch.arange(B, device=scores.device).repeat_interleave(num_choices, output_size=S)  # [S]
+    first = num_choices.cumsum(0) - num_choices  # [B] where each example's choices start
+    slot = example * C + torch.arange(S, device=scores.device) - first[example]  # [S] in the [B*C] block
+    logits = scores.new_zeros(B * C).index_copy(0, slot, scores).view(B, C)
+    mask = torch.arange(C, device=scores.device) < num_choices[:, None]  # [B, C]
+    return logits, mask
+
 
 def total(*losses: Tensor | None) -> Tensor | None:
     present = [x for x in losses if x is not None]

@@ -47,6 +47,8 @@ class TaskBatch:
     start_positions: Tensor | None = None  # QA: [S]
     end_positions: Tensor | None = None
     num_choices: Tensor | None = None  # multiple choice: [E], the rows of each example
+    max_choices: int = 0  # multiple choice: the most rows of one example (on the host)
+    label_positions: Tensor | None = None  # token labels: [M] the labelled tokens' positions (found on the host)
     num_targets: int = 0  # the loss targets (the family's count), counted on the host as the batch is made
 
     @property
@@ -134,6 +136,7 @@ class TaskData:
                 setattr(batch, name, value)
         if e.num_choices is not None:
             batch.num_choices = torch.tensor([self.unit_start[u + 1] - self.unit_start[u] for u in units])
+            batch.max_choices = int(batch.num_choices.max()) if len(units) else 0
         if e.labels is not None:
             batch.num_targets = self.family.count(batch)
         return batch
