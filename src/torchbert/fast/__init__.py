@@ -23,8 +23,10 @@ path (tests/test_fast.py).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 
+import torch
 from torch import nn
 
 from ..heads import MaskedLMHead
@@ -38,13 +40,22 @@ from .rows import SparseRows
 __all__ = ["SparseRows", "inference", "keep_freed_memory", "training"]
 
 
+def _flash_fits(model: nn.Module) -> bool:
+    """False on a CUDA GPU older than Ampere: FlashAttention's kernels need compute capability 8.0,
+    so there attention stays SDPA, which picks what the card has. Asked here, outside the forward,
+    so that nothing the compiler traces queries the device."""
+    p = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return p is None or p.device.type != "cuda" or torch.cuda.get_device_capability(p.device) >= (8, 0)
+
+
 @contextlib.contextmanager
 def inference(model: nn.Module) -> Iterator[nn.Module]:
     """The model's attention through model.ATTENTION["fast"] while the block runs, and nothing
     else swapped: for inference (embed, serve), where on a CUDA GPU in bf16 it runs FlashAttention's
     varlen kernel over the packed batch (fast/flash.py) instead of a padded block; elsewhere the
     same as the plain path (CPU inference: SDPA)."""
-    changed = [m for m in model.modules() if type(m) is SelfAttention and m.impl == "sdpa"]
+    changed = [m for m in model.modules() if type(m) is SelfAttention and m.impl == "sdpa"] \
+        if _flash_fits(model) else []
     for m in changed:
         m.impl = "fast"
     try:
@@ -63,13 +74,15 @@ def training(model: nn.Module) -> Iterator[nn.Module]:
         old, m.__class__ = m.__class__, cls
         undo.append(lambda: setattr(m, "__class__", old))
 
+    fits = _flash_fits(model)
     for m in model.modules():
         if type(m) is nn.Dropout and not m.inplace:
             swap(m, Dropout)
         elif type(m) is SelfAttention and m.impl == "sdpa":
             swap(m, RowsSelfAttention)
-            m.impl = "fast"
-            undo.append(lambda m=m: setattr(m, "impl", "sdpa"))
+            if fits:
+                m.impl = "fast"
+                undo.append(lambda m=m: setattr(m, "impl", "sdpa"))
         elif type(m) is MaskedLMHead:
             swap(m, FusedMaskedLMHead)
     for m in model.modules():
