@@ -362,3 +362,49 @@ def test_the_loop_checks_ids_on_the_host_and_gives_the_model_its_check_back(tmp_
 
     with pytest.raises(ValueError, match=rf"input_ids out of range: values in \[\d+, {V + 7}\] but vocab_size is {V}"):
         train(tiny_model(), OutOfVocab(), PretrainingTask(), cfg(steps=2), tmp_path / "b", log=lambda s: None)
+
+
+def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one_is_named(tmp_path):
+    """A kill in the middle of an append leaves any prefix of metrics.jsonl's last line: each one is
+    dropped with a note (or kept whole when only its newline is missing); a bad line before the last
+    stops the resume with its file and line."""
+    from torchbert.train.loop import _truncate_metrics
+
+    records = [{"step": s, "loss": 1.0 / s, "note": "损失"} for s in (1, 2, 3, 4)]
+    lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records]
+    head, last = b"".join(lines[:3]), lines[3]
+    path = tmp_path / "metrics.jsonl"
+    for cut in range(len(last)):  # the last line's first `cut` bytes (0: nothing of it yet)
+        path.write_bytes(head + last[:cut])
+        notes = []
+        _truncate_metrics(path, 3, notes.append)
+        assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records[:3], cut
+        torn = 0 < cut < len(last) - 1
+        assert len(notes) == torn and (not torn or "metrics.jsonl:4: dropped a torn last line" in notes[0]), cut
+    path.write_bytes(head + last[:-1])  # whole but for its newline: kept when the checkpoint is past it
+    _truncate_metrics(path, 4, lambda s: None)
+    assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records
+    path.write_bytes(lines[0] + b'{"step": 2, "lo\n' + lines[2])
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON record"):
+        _truncate_metrics(path, 3, lambda s: None)
+
+
+def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
+    reference = tiny_model()
+    train(reference, RepeatData(), PretrainingTask(), cfg(steps=6, save_every=3), tmp_path / "ref", log=lambda s: None)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 5, after the checkpoint of step 3
+        train(tiny_model(), RepeatData(fail_after=4), PretrainingTask(), cfg(steps=6, save_every=3), run,
+              log=lambda s: None)
+    log_file = run / "metrics.jsonl"
+    data = log_file.read_bytes()
+    log_file.write_bytes(data[: len(data) - 40])  # the last line (step 4) cut in the middle
+    notes = []
+    resumed = tiny_model(seed=5)
+    train(resumed, RepeatData(), PretrainingTask(), cfg(steps=6, save_every=3), run, resume=True, log=notes.append)
+    assert any("metrics.jsonl:4: dropped a torn last line" in n for n in notes), notes
+    for (name, p), q in zip(reference.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    assert strip(log_file) == strip(tmp_path / "ref" / "metrics.jsonl")

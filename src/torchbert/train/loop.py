@@ -72,6 +72,7 @@ from ..io.checkpoint import (
     remove_leftovers,
     save_checkpoint,
 )
+from ..io.files import atomic_write_text
 from ..model import BertModel, check_ids
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
 from .optim import clipped_step, make_optimizer, make_scheduler
@@ -311,7 +312,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         window_sums = state.pop("window", None)
         dist.barrier()  # every process has read the checkpoint before process 0 writes anything
         if dist.is_main:
-            _truncate_metrics(metrics_path, step)
+            _truncate_metrics(metrics_path, step, log)
         log(f"resumed from {ckpt} at step {step} (epoch {state['epoch']}, batch {state['start']})")
     elif metrics_path.exists() and dist.is_main:
         metrics_path.unlink()
@@ -644,10 +645,29 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+def _truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) -> None:
+    """On resume, drop log lines written after the checkpoint (they will be written again), and a
+    torn last line (a kill or a power cut in the middle of an append leaves any prefix of it: each
+    line is one JSON object, so no proper prefix of one parses). A bad line before the last is not
+    a torn write: it stops the resume with its file and line. Rewritten atomically."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    lines = path.read_bytes().split(b"\n")
+    keep = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if any(rest.strip() for rest in lines[i + 1:]):
+                raise UserError(f"{path}:{i + 1}: not a JSON record ({e}); the run's log is damaged before "
+                                "its last line: move it aside to resume without it") from None
+            log(f"note: {path}:{i + 1}: dropped a torn last line ({len(raw)} bytes) that an interrupted write "
+                "left; the steps after the checkpoint are logged again")
+            break
+        if record.get("step", 0) <= step:
+            keep.append(raw.decode("utf-8"))
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
