@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -184,3 +185,40 @@ def test_heldout_documents_are_prepared_apart_and_evaluated(prepared, tmp_path, 
     code, _, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
                        "--out", tmp_path / "x", "--heldout-docs", "99", "--quiet")
     assert code == 2 and "cannot spare 99 for evaluation" in err
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_always_resumes_to_the_uninterrupted_run(prepared, tmp_path):
+    """24 runs with short log and save intervals, each killed (SIGKILL) twice at random moments of
+    the whole command (start-up, a step, a checkpoint being written, an append to metrics.jsonl),
+    then resumed (started afresh when no checkpoint was written yet) until it finishes: every one
+    ends with the uninterrupted run's log and weights."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    args = ["--steps", "16", "--save-every", "2", "--log-every", "1", "--keep", "2"]
+    began = time.time()
+    ref = run_cli(pretrain_args(prepared, tmp_path / "ref", *args), env)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    whole = time.time() - began
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    want_log, want = strip(tmp_path / "ref" / "metrics.jsonl"), load_file(tmp_path / "ref" / "model.safetensors")
+    rng, torn = random.Random(0), 0
+    for trial in range(24):
+        run, extra = tmp_path / f"run{trial}", []
+        for attempt in range(6):
+            proc = run_cli(pretrain_args(prepared, run, *args, *extra), env)
+            if attempt < 2:
+                time.sleep(rng.uniform(0, whole))
+                proc.send_signal(signal.SIGKILL)
+            code, err = proc.wait(timeout=600), proc.stderr.read()
+            if code == 0:
+                break
+            torn += "dropped a torn last line" in err
+            # killed, or a resume with nothing whole to continue from (killed before its first checkpoint)
+            assert code == -signal.SIGKILL or (code == 2 and "resume" in err), err
+            extra = ["--resume"] if code == -signal.SIGKILL else ["--overwrite"]
+        assert code == 0, (trial, err)
+        assert strip(run / "metrics.jsonl") == want_log, trial
+        got = load_file(run / "model.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), trial
+    print(f"24 runs, 48 kills; {torn} resumes dropped a torn log line")
