@@ -95,32 +95,43 @@ def test_packed_bf16_encoder_matches_padded_and_fp32():
     assert rel(packed, padded) < 2e-2
 
 
-def test_a_cuda_training_step_reads_nothing_on_the_host():
-    """Forward, backward and the deferred clipped step of BertForPreTraining under bf16 autocast
-    with the fast pieces: torch's sync debug mode raises at any host sync."""
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=V)).to(CUDA).train()
+def second_step_under_sync_debug(model, loss_fn) -> torch.Tensor:
+    """Two training steps as the loop takes them on a GPU (bf16 autocast, the fast pieces, ids checked
+    on the host, the deferred clipped step); the second under torch's sync debug mode "error", which
+    raises at any host sync (the first makes the optimizer's state). -> the second step's verdict."""
     optimizer = make_optimizer(model)
-    batch = next(RepeatData().batches(8)).to(CUDA)
-    task = PretrainingTask()
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            parts = task.forward(model, batch)
-            loss = parts["mlm"][0] / 16 + parts["nsp"][0] / 8
+            loss = loss_fn()
         loss.backward()
         verdict = clipped_step(optimizer, model.parameters(), 1.0, loss=loss.detach(), defer=True)
         optimizer.zero_grad(set_to_none=True)
         return verdict
 
-    with fast.training(model), _checked_on_host([model.bert]):  # as the loop: ids checked before they move
-        step()  # the first step makes the optimizer's state
+    with fast.training(model), _checked_on_host([model.bert]):
+        step()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            verdict = step()
+            return step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_cuda_training_step_reads_nothing_on_the_host():
+    """Forward, backward and the deferred clipped step of BertForPreTraining under bf16 autocast
+    with the fast pieces: torch's sync debug mode raises at any host sync."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=V)).to(CUDA).train()
+    batch = next(RepeatData().batches(8)).to(CUDA)
+    task = PretrainingTask()
+
+    def loss():
+        parts = task.forward(model, batch)
+        return parts["mlm"][0] / 16 + parts["nsp"][0] / 8
+
+    verdict = second_step_under_sync_debug(model, loss)
     assert verdict.is_cuda and bool(verdict)
 
 
@@ -184,22 +195,4 @@ def test_a_cuda_fine_tuning_step_reads_nothing_on_the_host(head):
         extra = {"num_choices": torch.tensor([2, 2]), "max_choices": 2, "labels": torch.tensor([1, 0])}
     model = model.to(CUDA).train()
     inputs.update({k: v.to(CUDA) if isinstance(v, torch.Tensor) else v for k, v in extra.items()})
-    optimizer = make_optimizer(model)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**inputs).loss
-        loss.backward()
-        verdict = clipped_step(optimizer, model.parameters(), 1.0, loss=loss.detach(), defer=True)
-        optimizer.zero_grad(set_to_none=True)
-        return verdict
-
-    with fast.training(model), _checked_on_host([model.bert]):
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            verdict = step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    assert bool(verdict) and B == 4
+    assert bool(second_step_under_sync_debug(model, lambda: model(**inputs).loss)) and B == 4

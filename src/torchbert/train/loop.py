@@ -334,6 +334,12 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
     signalled = None  # deferred under torchrun: the previous step's all-reduced signal flag, read a step late
     unsettled = step  # deferred: the steps after this one await their verdicts (Window.settle)
 
+    def too_many_bad(at: int) -> TrainingError:
+        last = latest_checkpoint(run_dir) if dist.is_main else None
+        return TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
+                             f"at step {at}; stopping" + (f" (the last good checkpoint, {last}, is kept)" if last else "")
+                             + ". Lower --lr, use fp32, or check the data")
+
     def settle() -> None:
         """Deferred reads: the verdicts of the steps since the last settle, read in one go."""
         nonlocal bad_in_a_row, unsettled
@@ -346,11 +352,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 skipped.append(k)
                 state["skipped_steps"] += 1
             if bad_in_a_row >= cfg.max_bad_steps:
-                last = latest_checkpoint(run_dir) if dist.is_main else None
-                raise TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
-                                    f"at step {k}; stopping"
-                                    + (f" (the last good checkpoint, {last}, is kept)" if last else "")
-                                    + ". Lower --lr, use fp32, or check the data")
+                raise too_many_bad(k)
         unsettled = step
         if skipped:
             log(f"step{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}: the loss or its gradient "
@@ -426,11 +428,7 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 state.update(stream.position())  # the skipped batches stay used, as in a run that goes on
                 log(f"step {step + 1}: {bad}; step skipped ({state['skipped_steps']} so far)")
                 if bad_in_a_row >= cfg.max_bad_steps:
-                    last = latest_checkpoint(run_dir) if dist.is_main else None
-                    raise TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
-                                        f"at step {step + 1}; stopping"
-                                        + (f" (the last good checkpoint, {last}, is kept)" if last else "")
-                                        + ". Lower --lr, use fp32, or check the data")
+                    raise too_many_bad(step + 1)
                 if stop:
                     raise interrupted()
                 continue

@@ -96,31 +96,30 @@ def _clipped_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tenso
     fused = fused and all(type(p.grad) is torch.Tensor for p in params)  # not FSDP's DTensors
     if defer and fused:
         optimizer.found_inf = (~finite).float()  # the fused kernel skips the whole update where it is 1
-        return _fused_step(optimizer, total, max_norm, finite)
+        _fused_step(optimizer, total, max_norm)
+        return finite
     if not bool(finite):
         return torch.tensor(False) if defer else False
-    if max_norm > 0 and not fused:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    if max_norm > 0 and fused:
-        _fused_step(optimizer, total, max_norm, finite)
+    if fused:
+        _fused_step(optimizer, total, max_norm)
     else:
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         optimizer.step()
     return torch.tensor(True) if defer else True
 
 
-def _fused_step(optimizer: torch.optim.Optimizer, total: torch.Tensor, max_norm: float,
-                finite: torch.Tensor) -> torch.Tensor:
-    """A fused AdamW step with the clipping riding in it: the step divides each gradient by the
-    optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of its own over the
-    gradients. clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when that is below 1;
-    dividing by 1 changes nothing."""
+def _fused_step(optimizer: torch.optim.Optimizer, total: torch.Tensor, max_norm: float) -> None:
+    """A fused AdamW step with the clipping riding in it (none when max_norm <= 0): the step divides
+    each gradient by the optimizer's grad_scale, as when AMP unscales, so clipping costs no pass of
+    its own over the gradients. clip_grad_norm_ multiplies by max_norm / (total + 1e-6) when that is
+    below 1; dividing by 1 changes nothing."""
     if max_norm > 0:
         optimizer.grad_scale = ((total + 1e-6) / max_norm).clamp(min=1).float()
     try:
         optimizer.step()
     finally:
         optimizer.grad_scale = optimizer.found_inf = None
-    return finite
 
 
 class Lamb(torch.optim.Optimizer):
