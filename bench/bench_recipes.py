@@ -6,6 +6,10 @@ of training seconds on the same corpus, and is scored on the same held-out masks
 
     python bench/bench_recipes.py                            # every probe, 180 s each, seeds 0 and 1
     python bench/bench_recipes.py --probes paper "lr 2e-3" --seconds 60 --seeds 0
+    python bench/bench_recipes.py --probes GPT "GPT, lr 2e-3" "GPT, rotary positions"   # GPT's own probes
+
+GPT's probes (issue 36, item 5: the baseline gets the same care) pretrain GPT of the same shape on the same
+instances, scored as held-out next-token accuracy, against "GPT" (the paper's GPT, as compare runs it).
 
 The paper's recipe as the demo runs it: tiny (L2 H128), MLM + NSP, whole-word masks of 15% (80/10/10,
 static, 5 passes), batches of 32 x 128, AdamW lr 1e-3 with 10% linear warmup then linear decay, dropout
@@ -19,6 +23,7 @@ table. Results are kept in WORK/results.json: a probe already measured is not ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -27,6 +32,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -45,7 +51,9 @@ DATA = {"ww15": [],
         "tok15": ["--no-whole-word"],
         "ww15-maskonly": ["--mask-replace", 1, 0]}
 
-PAPER = {"data": "ww15", "config": "tiny", "batch": 32, "lr": 1e-3, "warmup": 0.1, "schedule": "linear", "args": []}
+PAPER = {"data": "ww15", "config": "tiny", "batch": 32, "lr": 1e-3, "warmup": 0.1, "schedule": "linear", "args": [],
+         "model": "bert", "variant": None}
+GPT = {"model": "gpt"}  # GPT of the same shape on the same instances (issue 36, item 5): held-out next-token accuracy
 # name: what changes from PAPER
 PROBES = {
     "paper": {},
@@ -69,8 +77,62 @@ PROBES = {
     "rotary, single-token masks": {"data": "tok15", "args": ["--positions", "rotary"]},
     "ELECTRA (generator 1/4)": {"args": ["--objective", "electra"]},
     "ELECTRA (generator 1/2)": {"args": ["--objective", "electra", "--generator-size", 0.5]},
+    # GPT's own probes, against "GPT" (the paper's GPT: learned positions, post-LN, as compare pretrains it)
+    "GPT": GPT,
+    "GPT, lr 5e-4": {**GPT, "lr": 5e-4},
+    "GPT, lr 2e-3": {**GPT, "lr": 2e-3},
+    "GPT, lr 4e-3": {**GPT, "lr": 4e-3},
+    "GPT, dropout 0": {**GPT, "args": ["--dropout", 0]},
+    "GPT, rotary positions": {**GPT, "variant": "rotary"},
+    "GPT, pre-LN": {**GPT, "variant": "pre-ln"},
 }
 MLM_OF_GENERATOR = ("ELECTRA",)  # probes whose held-out MLM accuracy is the generator's, not the encoder's
+
+
+@contextlib.contextmanager
+def gpt_variant(name: str | None):
+    """A GPT architecture that torchbert does not ship, for a probe only (patched in while the block runs):
+    "rotary": no position table in the sum, queries and keys turned by RoFormer's angles instead (the
+    BERT probes' winner); "pre-ln": GPT-2's block order, x + attention(LN(x)) and x + FFN(LN(x)), with a
+    final LayerNorm (without gain and bias: the probe adds no parameters) before the tied output layer."""
+    if name is None:
+        yield
+        return
+    from torchbert import gpt
+    from torchbert import model as m
+    from torchbert.packing import packed_layout
+
+    saved = gpt.OpenAIGPTModel.forward, m.Layer.forward
+
+    def forward(self, input_ids, position_ids=None, *, cu_seqlens=None, max_seqlen=None,
+                output_hidden_states=False, output_attentions=False):
+        layout, offsets = packed_layout(cu_seqlens, max_seqlen, input_ids.numel(), causal=True)  # pretraining: packed
+        if name == "rotary":
+            if not hasattr(self, "probe_rotary"):
+                self.probe_rotary = [t.to(input_ids.device) for t in m.rotary_tables(
+                    self.config.n_positions, self.config.n_embd // self.config.n_head)]
+            x = self.embeddings.dropout(self.embeddings.tokens(input_ids))
+            layout.rotary = tuple(t[offsets] for t in self.probe_rotary)
+        else:
+            x = self.embeddings(input_ids, offsets)
+        for layer in self.layers:
+            x, _ = layer(x, layout)
+        if name == "pre-ln":
+            x = torch.nn.functional.layer_norm(x, x.shape[-1:])
+        return m.BertOutput(last_hidden_state=x)
+
+    def pre_ln(self, x, layout, need_weights=False, rows=None):
+        a, probs = self.attention(self.attention_norm(x), layout, need_weights, rows)
+        x = x + self.dropout(a)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), probs
+
+    gpt.OpenAIGPTModel.forward = forward
+    if name == "pre-ln":
+        m.Layer.forward = pre_ln
+    try:
+        yield
+    finally:
+        gpt.OpenAIGPTModel.forward, m.Layer.forward = saved
 
 
 def prepared(work: Path, base: Path, name: str) -> Path:
@@ -99,12 +161,15 @@ def pretrain(recipe: dict, data: Path, heldout: Path, out: Path, steps: int, see
     argv = ["pretrain", "--data", data, "--eval-data", heldout, "--out", out, "--config", recipe["config"], "--steps",
             steps, "--batch-size", batch, "--grad-accum", accum, "--lr", recipe["lr"], "--warmup-steps",
             round(recipe["warmup"] * steps), "--schedule", recipe["schedule"], "--seed", seed, "--log-every", every,
-            "--eval-every", every, "--eval-batches", 20 * 32 // batch, "--quiet", "--overwrite", *recipe["args"]]
-    if cli([str(a) for a in argv]) != 0:
-        raise SystemExit(f"pretrain failed: {argv}")
+            "--eval-every", every, "--eval-batches", 20 * 32 // batch, "--quiet", "--overwrite", "--model",
+            recipe["model"], *recipe["args"]]
+    with gpt_variant(recipe["variant"]):
+        if cli([str(a) for a in argv]) != 0:
+            raise SystemExit(f"pretrain failed: {argv}")
+    key = "eval_lm_accuracy" if recipe["model"] == "gpt" else "eval_mlm_accuracy"
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{"step": r["step"], "seconds": r["seconds"], "tokens": r["tokens"], "accuracy": r["eval_mlm_accuracy"]}
-            for r in rows if "eval_mlm_accuracy" in r]
+    return [{"step": r["step"], "seconds": r["seconds"], "tokens": r["tokens"], "accuracy": r[key]}
+            for r in rows if key in r]
 
 
 def model_folder(work: Path, probe: str, seed: int) -> Path:
@@ -133,7 +198,8 @@ def finetune_table(a, work: Path, base: Path, tasks: Path, results: dict) -> Non
     paper = model_folder(work, "paper", a.finetune_seed)
     models = {"random weights": work / "models" / "random"}
     bert_folder(paper, models["random weights"], seed=a.finetune_seed)
-    models.update({name: model_folder(work, name, a.finetune_seed) for name in a.probes})
+    models.update({name: model_folder(work, name, a.finetune_seed) for name in a.probes
+                   if PROBES[name].get("model", "bert") == "bert"})  # GPT's probes are read by their LM only
     scores = results.setdefault("finetune", {})
     for name, folder in models.items():
         if not (folder / "model.safetensors").is_file():
@@ -208,7 +274,7 @@ def main() -> None:
             tps = curve[-1]["tokens"] / curve[-1]["seconds"]
             done[str(seed)] = {"steps": steps, "tokens_per_second": round(tps), "curve": curve}
             results_path.write_text(json.dumps(results, indent=1))
-            print(f"{name} seed {seed}: {steps} steps, {tps:,.0f} tokens/s, held-out MLM accuracy "
+            print(f"{name} seed {seed}: {steps} steps, {tps:,.0f} tokens/s, held-out accuracy "
                   f"{at_seconds(curve, a.seconds):.3f} at {a.seconds:g} s", flush=True)
 
     counts = yardsticks(PretrainingData(base), heldout_batches(PretrainingData(heldout, shuffle=False), 32, 20))
@@ -216,10 +282,13 @@ def main() -> None:
     print(f"count yardsticks on the same {counts['masked']:,} held-out masks: unigram {counts['unigram']:.3f}, "
           f"left {counts['left']:.3f}, both neighbours {counts['neighbours']:.3f}\n")
     marks = [a.seconds / 3, 2 * a.seconds / 3, a.seconds]
-    print("| probe | steps | tokens/s | " + " | ".join(f"acc at {t:.0f} s" for t in marks) + " | vs paper |")
+    print("| probe | steps | tokens/s | " + " | ".join(f"acc at {t:.0f} s" for t in marks) + " | vs paper (GPT's: vs GPT) |")
     print("|---|---:|---:|" + "---:|" * (len(marks) + 1))
-    paper = results.get(key, {}).get("paper", {})
-    paper_end = statistics.mean(at_seconds(r["curve"], a.seconds) for r in paper.values()) if paper else None
+
+    def mean_end(probe):  # a probe's mean held-out accuracy at the full budget, or None
+        runs = results.get(key, {}).get(probe, {})
+        return statistics.mean(at_seconds(r["curve"], a.seconds) for r in runs.values()) if runs else None
+
     for name in a.probes:
         runs = [results[key][name][str(s)] for s in a.seeds if str(s) in results.get(key, {}).get(name, {})]
         if not runs:
@@ -229,8 +298,11 @@ def main() -> None:
             accs = [at_seconds(r["curve"], t) for r in runs]
             cells.append(f"{statistics.mean(accs):.3f}" + (f" ± {statistics.stdev(accs):.3f}" if len(accs) > 1 else ""))
         end = statistics.mean(at_seconds(r["curve"], a.seconds) for r in runs)
-        delta = f"{end - paper_end:+.3f}" if paper_end is not None else "n/a"
-        print(f"| {name}{' (generator MLM)' if name.startswith(MLM_OF_GENERATOR) else ''} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
+        reference = mean_end("GPT" if PROBES[name].get("model") == "gpt" else "paper")  # GPT's probes: vs GPT
+        delta = f"{end - reference:+.3f}" if reference is not None else "n/a"
+        what = " (generator MLM)" if name.startswith(MLM_OF_GENERATOR) else \
+            " (next token)" if PROBES[name].get("model") == "gpt" else ""
+        print(f"| {name}{what} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
               f"{statistics.mean(r['tokens_per_second'] for r in runs):,.0f} | " + " | ".join(cells) + f" | {delta} |")
     if a.finetune:
         finetune_table(a, work, base, Path(a.tasks) if a.tasks else work / f"tasks-{a.budget}", results)

@@ -16,17 +16,18 @@ def compared(tmp_path_factory):
 
 
 def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
-    from torchbert.compare import QUICK, SYSTEMS, TASKS
+    from torchbert.compare import QUICK, SECONDS, SYSTEMS, TASKS
 
     s = json.loads((compared / "summary.json").read_text(encoding="utf-8"))
-    assert len(s["cells"]) == len(TASKS) * 2 * len(SYSTEMS)
+    assert len(s["cells"]) == len(TASKS) * 2 * (len(SYSTEMS) + 2)  # GPT and ELMo again at matched seconds
     for key, cell in s["cells"].items():
         assert len(cell["test"]) == QUICK.seeds and all(0 <= x <= 1 for x in cell["test"])
         assert cell["lr"] in QUICK.grids[cell["system"]] and set(cell["grid_dev"]) == {
             f"{x:g}" for x in QUICK.grids[cell["system"]]}
         assert cell["mean"] == pytest.approx(sum(cell["test"]) / len(cell["test"]))
         for seed in range(QUICK.seeds):
-            run = compared / "runs" / f"{cell['task']}-{cell['size']}-{cell['system']}-lr{cell['lr']:g}-seed{seed}"
+            name = cell["name"].replace("@", "-")
+            run = compared / "runs" / f"{cell['task']}-{cell['size']}-{name}-lr{cell['lr']:g}-seed{seed}"
             assert (run / "model.safetensors").is_file() and (run / "test_metrics.json").is_file()
     # matched: the same tokens, and non-embedding parameters within 1% of BERT's
     p = s["pretraining"]
@@ -35,8 +36,19 @@ def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
         assert abs(p[system]["parameters"]["body"] / p["bert"]["parameters"]["body"] - 1) < 0.01
     assert set(p["elmo"]["heldout"]) == {"forward_loss", "forward_accuracy", "backward_loss", "backward_accuracy"}
     md = (compared / "summary.md").read_text(encoding="utf-8")
-    assert md.count("\n| ner (f1) |") == 2 and md.count("\n| sentiment (accuracy) |") == 2
-    assert "The paper's order (BERT > GPT > ELMo > random) held in" in md
+    assert md.count("\n| sentiment (accuracy) |") == 4
+    assert "At matched tokens: the paper's order (BERT > GPT > ELMo > random) held in" in md
+    assert "At matched seconds: the paper's order" in md and md.count("\n| ner (f1) |") == 4
+    # matched seconds: GPT and ELMo each ran its own steps for about BERT's seconds, from its own
+    # seconds per step in the matched-token run
+    for system in ("gpt", "elmo"):
+        again, first = p[f"{system}@seconds"], p[system]
+        per_step = first["train_seconds"] / first["steps"]
+        assert again["steps"] == max(1, round(p["bert"]["train_seconds"] / per_step))
+        assert again["tokens"] > 0 and (compared / "pretrain" / f"{system}-seconds" / "model.safetensors").is_file()
+    for key, order in s["order_seconds"].items():
+        means = [s["cells"][f"{key}/{x}"]["mean"] for x in SECONDS]
+        assert order["paper_order_held"] == all(a > b for a, b in zip(means, means[1:]))
     assert "BERT's recipe: rotary positions (RoFormer)" in md and s["settings"]["recipe"] == "rotary"
     for model in ("bert", "random"):  # random weights: BERT's architecture, rotary too
         assert json.loads((compared / "pretrain" / model / "config.json").read_text())["model_type"] == "roformer"

