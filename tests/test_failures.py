@@ -179,15 +179,116 @@ def test_a_run_killed_mid_overwrite_leaves_the_earlier_run_aside_and_says_so(pre
     before = snapshot(run)
     proc = start(pretrain_args(prepared / "data", run, "--steps", "400", "--overwrite"))
     deadline = time.time() + 300
-    while not (hidden_leftovers(run) and (run / "metrics.jsonl").is_file()):  # the new run is training
+    moved = lambda: any(".replaced-" in x for x in hidden_leftovers(run))  # noqa: E731
+    while not (moved() and (run / "metrics.jsonl").is_file()):  # the new run is training
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
     proc.kill()
     proc.wait(timeout=60)
-    aside = tmp_path / hidden_leftovers(run)[0] / "run"
+    assert ".run.lock" in hidden_leftovers(run)  # the killed run's lock file: it must not block (below)
+    aside = tmp_path / next(x for x in hidden_leftovers(run) if ".replaced-" in x) / "run"
     assert snapshot(aside) == before
     code, _, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2", "--overwrite"))
     assert code == 0 and f"{aside.parent} holds an earlier run" in err
+    assert ".run.lock" not in hidden_leftovers(run)
+
+
+# -- one writer per folder ---------------------------------------------------------------------------
+
+def hold_in_another_process(folder: Path, what: str = "torchbert finetune --out X") -> subprocess.Popen:
+    """A process that holds `folder` (io/files.hold) until it is killed; returned once it holds it."""
+    code = ("import sys, time\nfrom torchbert.io.files import hold\n"
+            f"with hold({str(folder)!r}, {what!r}):\n    print('held', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_every_command_that_writes_a_folder_is_refused_while_another_process_holds_it(tmp_path, capsys):
+    """Issue 37: two commands on one --out must not both run. The lock is taken before anything is
+    read, so even a command whose inputs do not exist is refused for the lock, and nothing is written."""
+    from torchbert.cli import FOLDER_WRITERS
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("the holder's")
+    x = tmp_path / "missing"
+    argvs = {"vocab": ["--corpus", x, "--vocab-size", "40"], "prepare": ["--corpus", x, "--tokenizer", x], "pretrain": ["--data", x],
+             "finetune": ["--task", "classification", "--model", x, "--train", x], "export": ["--model", x],
+             "samples": ["wnut16"], "demo": [], "compare": []}
+    assert set(argvs) == set(FOLDER_WRITERS)  # a new command that writes a folder is tested here too
+    holder = hold_in_another_process(out)
+    try:
+        before = snapshot(out)
+        for command, argv in argvs.items():
+            line = fails(capsys, command, *argv, "--out", out, "--overwrite", code=2, message=f"--out {out}: in use by "
+                         f"process {holder.pid} on ")
+            assert "(torchbert finetune --out X, since " in line and "one writer at a time" in line, line
+        assert snapshot(out) == before and hidden_leftovers(out) == [".out.lock"]
+        # --resume too: two `pretrain --resume` on one run would log every step twice
+        fails(capsys, "pretrain", "--data", x, "--out", out, "--resume", code=2, message="in use by process")
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+
+
+def test_a_lock_left_by_a_killed_process_never_blocks_and_a_finished_command_leaves_none(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("中文的句子\n第二个句子\n\nanother document here\n", encoding="utf-8")
+    out = tmp_path / "deeper" / "vocab"
+    holder = hold_in_another_process(out)
+    holder.kill()  # SIGKILL: no cleanup ran, the lock file stays behind
+    holder.wait(timeout=60)
+    assert (tmp_path / "deeper" / ".vocab.lock").read_text().startswith(f"process {holder.pid} on ")
+    code, _, err = cli(capsys, "vocab", "--corpus", corpus, "--vocab-size", "40", "--out", out)
+    assert code == 0, err
+    assert (out / "vocab.txt").is_file() and hidden_leftovers(out) == []
+    # a command refused for its own mistakes leaves no lock file and no folders made for it
+    fails(capsys, "vocab", "--corpus", tmp_path / "none.txt", "--vocab-size", "40", "--out", tmp_path / "a" / "b",
+          code=2, message="none.txt")
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_lock_is_one_per_folder_even_within_a_process_and_is_released_after(tmp_path):
+    from torchbert.errors import UserError
+    from torchbert.io.files import hold, lock_path
+
+    folder = tmp_path / "run"
+    with hold(folder, "first"):
+        assert lock_path(folder).read_text().startswith(f"process {os.getpid()} on ")
+        with pytest.raises(UserError, match=f"in use by process {os.getpid()} .*first"):
+            with hold(folder, "second"):
+                pass
+        with hold(tmp_path / "other", "another folder"):  # other folders are not held
+            pass
+    assert not lock_path(folder).exists()
+    with hold(folder, "again"):
+        pass
+
+
+def test_two_finetune_runs_started_together_on_one_out_one_runs_and_the_other_is_refused(minilm_dir, tmp_path):
+    """The issue's case: two runs with different labels on one --out both exited 0 and left a folder
+    that mixed them. Now one of them holds the folder, and the other exits 2 naming it."""
+    runs = []
+    for labels in (("pos", "neg"), ("yes", "no")):
+        train = tmp_path / f"{labels[0]}.tsv"
+        rows = [(f"text number {i} is {'good' if i % 2 else 'bad'}", labels[i % 2]) for i in range(16)]
+        train.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+        runs.append(["finetune", "--task", "classification", "--model", minilm_dir, "--train", train, "--dev", train,
+                     "--out", tmp_path / "run", "--epochs", "4", "--batch-size", "8", "--max-length", "16",
+                     "--quiet"])
+    procs = [start(argv) for argv in runs]
+    done = [(p.pid, *p.communicate(timeout=600), p.returncode) for p in procs]
+    codes = sorted(code for *_, code in done)
+    assert codes == [0, 2], done
+    winner = next(i for i, d in enumerate(done) if d[3] == 0)
+    loser = done[1 - winner]
+    assert f"--out {tmp_path / 'run'}: in use by process {done[winner][0]} on " in loser[2], loser
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert set(config["label2id"]) == ({"pos", "neg"} if winner == 0 else {"yes", "no"})
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # one run's log: no step twice
+    assert hidden_leftovers(tmp_path / "run") == []
 
 
 # -- interrupts ---------------------------------------------------------------------------------------

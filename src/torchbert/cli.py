@@ -10,6 +10,7 @@ checked before any work, and standard output holds only the result. `torchbert -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import math
@@ -1276,6 +1277,20 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"torchbert: warning: {message}", file=sys.stderr)
 
 
+# commands that write a folder (--out): each holds it for as long as it runs (io/files.hold), so that
+# two of them started on one folder cannot mix their runs; under torchrun, process 0 holds it
+FOLDER_WRITERS = ("vocab", "prepare", "pretrain", "finetune", "export", "samples", "demo", "compare")
+
+
+def _holding(args: argparse.Namespace, argv: list[str]):
+    from .io.files import hold
+
+    if args.command not in FOLDER_WRITERS or os.environ.get("RANK", "0") != "0":
+        return contextlib.nullcontext()
+    command = " ".join(["torchbert", *argv])
+    return hold(Path(args.out), command if len(command) <= 300 else command[:297] + "...")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -1284,7 +1299,8 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             warnings.showwarning = _one_line_warning
         try:
-            args.func(args)
+            with _holding(args, argv):
+                args.func(args)
         except Interrupted as e:
             print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)
             return 130

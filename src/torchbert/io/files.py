@@ -10,6 +10,10 @@
 - `writing(folder)`: a full disk, in whatever form the writer reports it, becomes OutOfSpace
   naming the folder.
 - `check_apart` / `check_output_file`: an output may not be, hold, or sit inside an input.
+- `hold(folder, what)`: one writer per output folder. An OS advisory lock (flock) on `.NAME.lock`
+  beside the folder, held while the block runs; a second process is refused with the holder's pid
+  and command. The kernel drops the lock when its process dies, however it dies, so a lock file
+  left by a killed process never blocks: the next run takes it over.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import ctypes
 import errno
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -99,6 +105,68 @@ def _parents(folder: Path) -> Iterator[None]:
                 if p == top:
                     break
         raise
+
+
+def lock_path(folder: str | os.PathLike) -> Path:
+    """Where `hold` locks a folder: a hidden sibling, so that moving the folder aside (--overwrite)
+    or replacing it whole keeps the lock where the next writer looks."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextlib.contextmanager
+def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[None]:
+    """The folder's lock while the block runs (see the module's docstring); `what` (the command)
+    is written into the lock file for whoever is refused. Released (and its file removed) at the
+    end of the block; folders made for the lock file are removed again if they stayed empty."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks to take
+        yield
+        return
+    folder = Path(folder)
+    path = lock_path(folder)
+    made = [p for p in path.parents if not p.exists()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{name} {folder}: cannot make {path.parent} ({e.strerror})") from None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise UserError(f"{name} {folder}: cannot make its lock file {path} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise UserError(f"{name} {folder}: in use by {holder or 'another process'}; a folder takes one "
+                            f"writer at a time: wait for that one to end, or choose another {name}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # the file locked must still be the one at the path: a holder that was ending removed it
+        # between our open and our lock, and a third process may have made a new one since
+        with contextlib.suppress(FileNotFoundError):
+            st, now = os.fstat(fd), os.stat(path)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} ({what}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still held: a process that opened it meanwhile sees it gone and retries
+        os.close(fd)
+        for p in made:  # innermost first
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
