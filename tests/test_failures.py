@@ -738,8 +738,47 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("predict: --out is a folder", ["predict", "--model", ner, "--input", ft / "dev.conll", "--out", folder], 2,
          "is a folder"),
         ("samples: --out is a file", ["samples", "wnut16", "--out", text], 2, "not a folder"),
+        # issue 37: checked up front, and what an input is when it is not a file
+        ("predict: --batch-size 0", ["predict", "--model", ner, "--input", ft / "dev.conll", "--out",
+                                     out / "p.jsonl", "--batch-size", "0"], 2, "--batch-size must be >= 1"),
+        ("evaluate: --batch-size 0", ["evaluate", "--model", ner, "--data", ft / "dev.conll", "--batch-size", "0"], 2,
+         "--batch-size must be >= 1"),
+        ("predict: --device cpu:99x", ["predict", "--model", ner, "--input", ft / "dev.conll", "--out",
+                                       out / "p.jsonl", "--device", "cpu:99x"], 2, "--device cpu:99x: not a device"),
+        ("embed: --device mps", [*e, "--device", "mps"], 2, "--device mps: torchbert runs on cpu or cuda"),
+        ("embed: input is a named pipe", [*e[:4], p / "pipe", *e[5:]], 2, "is a named pipe (FIFO), not a regular"),
+        ("embed: input is /dev/zero", [*e[:4], "/dev/zero", *e[5:]], 2, "/dev/zero: is a character device"),
+        ("embed: weights are a named pipe", [e[0], "--model", p / "pipe-model", *e[3:]], 2,
+         "model.safetensors: is a named pipe"),
+        ("vocab: corpus is a named pipe", [v[0], "--corpus", p / "pipe", *v[3:]], 2, "is a named pipe"),
+        ("finetune: train is /dev/zero", [*f[:6], "/dev/zero", *f[7:]], 2, "/dev/zero: is a character device"),
         ("demo: --out holds other files", ["demo", "--out", p, "--quick"], 2, "holds no earlier demo"),
     ]
+
+
+def test_lines_end_at_a_lone_carriage_return_as_universal_newlines_split_them(minilm_dir, tmp_path, capsys):
+    """Issue 37: a file with old Mac line endings (CR only) was read as one text."""
+    from torchbert.io.texts import lines, read_texts
+
+    f = tmp_path / "mac.txt"
+    f.write_bytes(b"first\rsecond\r\nthird\nfourth\rfifth")
+    assert read_texts(f) == ["first", "second", "third", "fourth", "fifth"]
+    assert [x for _, x in lines(f, keepends=True)] == ["first\r", "second\r\n", "third\n", "fourth\r", "fifth"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\rstill ok\rnot \xff ok\r")
+    with pytest.raises(ValueError, match=r"bad.txt:3: not valid UTF-8 \(byte b'\\xff' at column 5\)"):
+        read_texts(bad)
+    code, out, err = cli(capsys, "embed", "--model", minilm_dir, "--input", f, "--out", tmp_path / "e.npy")
+    assert code == 0 and "wrote" in out and "5 x 384" in out, err
+
+
+def test_neighbours_of_a_single_text_are_not_the_text_itself(minilm_dir, tmp_path, capsys):
+    f = tmp_path / "one.txt"
+    f.write_text("only one text\n")
+    code, out, err = cli(capsys, "embed", "--model", minilm_dir, "--input", f, "--out", tmp_path / "e.npy",
+                         "--show-neighbours", "3")
+    assert code == 0 and "-inf" not in out and "->" not in out, out
+    assert "--show-neighbours needs two texts or more" in err
 
 
 def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_path, capsys):
@@ -760,6 +799,11 @@ def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_pa
     (p / "bad-data").mkdir()
     (p / "bad-data" / "manifest.json").write_text("{oops")
     (p / "bad.conll").write_text("word-without-a-tag\n\n")
+    os.mkfifo(p / "pipe")  # read, it would block for ever
+    (p / "pipe-model").mkdir()
+    for name in ("config.json", "vocab.txt"):
+        shutil.copyfile(ft / "tiny" / name, p / "pipe-model" / name)
+    os.mkfifo(p / "pipe-model" / "model.safetensors")
     write_conll(p / "odd.conll", [(("Mars", "rover"), ("B-planet", "O"))])
     inputs = snapshot(p) | snapshot(ft / "ner")
 

@@ -5,6 +5,7 @@ mixed load stays up, answers each request right and holds its memory."""
 import asyncio
 import base64
 import collections
+import contextlib
 import json
 import threading
 
@@ -65,10 +66,10 @@ def wait_until(condition, what: str, timeout: float = 300.0) -> None:
 
 def test_embeddings_follow_openai_and_equal_offline_embed(client, minilm_dir):
     texts = list(realdata.english_texts()[:3]) + list(realdata.peoples_daily_sentences()[:2])
-    r = client.post("/v1/embeddings", json={"input": texts, "model": "m"})
+    r = client.post("/v1/embeddings", json={"input": texts, "model": "minilm"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["object"] == "list" and body["model"] == "m" and "truncated" not in body
+    assert body["object"] == "list" and body["model"] == "minilm" and "truncated" not in body
     assert [d["index"] for d in body["data"]] == list(range(5)) and {d["object"] for d in body["data"]} == {"embedding"}
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     assert_parity(got, offline(minilm_dir, texts))
@@ -104,12 +105,69 @@ def test_a_long_text_is_cut_and_the_response_says_so(client, minilm_dir):
     (json.dumps({"input": ["a"] * 9}).encode(), 413, "at most 8 per request"),
     (json.dumps({"input": ["a", "b" * 2001]}).encode(), 413, "'input[1]' is 2001 characters"),
     (b"x" * 100000, 413, "bytes"),
+    # issue 37: client mistakes that were 500s, and what OpenAI's API refuses
+    (b'{"input": ["ok", "\\ud800"]}', 400, "'input[1]' holds a lone surrogate (\\ud800 at character 0)"),
+    (b"[" * 5000 + b"]" * 5000, 400, "nests arrays or objects too deeply"),
+    (b'{"input": "x", "dimensions": 5}', 400, "'dimensions' is 5: this model's embeddings have 384 dimensions"),
+    (b'{"input": "x", "dimensions": "5"}', 400, "'dimensions' must be a positive integer"),
+    (b'{"input": "x", "model": "text-embedding-3-small"}', 404, "is not served here; this server serves \"minilm\""),
 ])
 def test_bad_requests_get_their_status_and_a_one_line_message(client, payload, status, words):
     r = client.post("/v1/embeddings", content=payload, headers={"Content-Type": "application/json"})
     assert r.status_code == status
     message = r.json()["error"]["message"]
     assert words in message and "\n" not in message
+
+
+def test_only_json_bodies_are_read_and_dimensions_may_only_be_the_models_own(client):
+    """A web page can send text/plain or a form to a local server without a preflight: refused (415)."""
+    for headers, content in (({"Content-Type": "text/plain"}, b'{"input": "x"}'),
+                             ({"Content-Type": "application/x-www-form-urlencoded"}, b"input=x"),
+                             ({}, b'{"input": "x"}')):
+        r = client.post("/v1/embeddings", content=content, headers=headers)
+        assert r.status_code == 415 and "must be application/json" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/embeddings", content=b'{"input": "x"}', headers={"Content-Type": "application/json; "
+                                                                                         "charset=utf-8"})
+    assert r.status_code == 200
+    r = client.post("/v1/embeddings", json={"input": "x", "dimensions": 384})
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+
+
+def test_a_failure_of_the_server_tells_the_client_that_and_nothing_more(embedder, caplog):
+    """The detail of a 500 (an exception's text, paths) goes to the server's log, never to the client."""
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Embedder, Limits, create_app
+
+    class Failing(Embedder):
+        def __call__(self, ids):
+            raise RuntimeError("secret detail of /srv/internal/weights")
+
+    failing = Failing(None, name="minilm", model=embedder.model, tokenizer=embedder.tokenizer)
+    with TestClient(create_app(failing, Limits())) as c, caplog.at_level("ERROR", logger="torchbert.serve"):
+        r = c.post("/v1/embeddings", json={"input": "x"})
+        text = c.get("/metrics").text
+    assert r.status_code == 500 and r.json()["error"] == {
+        "message": "the server failed on this request (the detail is in the server's log)", "type": "server_error"}
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    assert "secret detail of /srv/internal/weights" in caplog.text  # the operator sees it
+    assert 'torchbert_requests_total{endpoint="embeddings",status="500"} 1.0' in text
+
+
+def test_an_api_key_guards_the_model_endpoints_and_leaves_health_open(embedder, finetuned):
+    from starlette.testclient import TestClient
+
+    from torchbert.serve import Limits, Predictor, create_app
+
+    app = create_app(embedder, Limits(), Predictor(finetuned["classification"][0], name="minilm"), api_key="s3cret")
+    with TestClient(app) as c:
+        for path, body in (("/v1/embeddings", {"input": "x"}), ("/predict", {"inputs": [{"sentence": "x"}]})):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+                r = c.post(path, json=body, headers=headers)
+                assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+                assert r.json()["error"]["type"] == "authentication_error"
+            assert c.post(path, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
 
 
 def test_health_and_prometheus_metrics(client):
@@ -135,7 +193,7 @@ def test_concurrent_requests_share_batches_and_get_their_own_rows():
     async def main():
         b = Batcher(run, Limits(max_batch_tokens=1000, max_wait_ms=50))
         await b.start()
-        results = await asyncio.gather(*(b.submit([i, i + 100], 2) for i in range(8)))
+        results = await asyncio.gather(*(b.submit([i, i + 100], [1, 1]) for i in range(8)))
         await b.stop()
         return results
 
@@ -158,9 +216,9 @@ def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more(
     async def main():
         b = Batcher(run, Limits(max_wait_ms=0))
         await b.start()
-        first = asyncio.create_task(b.submit([0], 1))
+        first = asyncio.create_task(b.submit([0], [1]))
         await until(running.is_set, "the first batch to run, alone")
-        rest = [asyncio.create_task(b.submit([i], 1)) for i in range(1, 6)]
+        rest = [asyncio.create_task(b.submit([i], [1])) for i in range(1, 6)]
         await until(lambda: b.waiting == 6, "five more requests to queue behind it")
         release.set()
         out = await asyncio.gather(first, *rest)
@@ -187,10 +245,10 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
     async def main():
         b = Batcher(run, Limits(max_batch_tokens=4, max_wait_ms=20, max_queue=6))
         await b.start()
-        first = [asyncio.create_task(b.submit([i, i], 2)) for i in range(3)]  # 6 texts: the queue is full
+        first = [asyncio.create_task(b.submit([i, i], [1, 1])) for i in range(3)]  # 6 texts: the queue is full
         await until(lambda: b.waiting == 6, "three requests to queue")
         with pytest.raises(Rejected) as e:
-            await b.submit([9], 1)
+            await b.submit([9], [1])
         release.set()
         done = await asyncio.gather(*first)
         await b.stop()
@@ -198,7 +256,45 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
 
     rejected, done = asyncio.run(main())
     assert rejected.status == 503 and rejected.headers["Retry-After"] == "1"
-    assert done == [[0, 0], [1, 1], [2, 2]] and max(sizes) <= 4  # 4 tokens: two requests per batch at most
+    assert done == [[0, 0], [1, 1], [2, 2]] and max(sizes) <= 4  # 4 tokens: 4 texts per batch at most
+
+
+def test_requests_share_batches_in_turns_so_a_small_one_waits_one_batch_behind_a_huge_one():
+    """Issue 37: a request of many long texts held the model for a minute while a one-text request
+    waited. Now texts are taken from every waiting request in turn: the small request's text rides
+    the very next batch, and the huge one is answered over many batches."""
+    from torchbert.serve import Batcher, Limits
+
+    running, release, batches = threading.Event(), threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        if len(batches) == 1:  # hold the first batch until the small request has queued
+            running.set()
+            assert release.wait(300), "never released"
+        return [x * 2 for x in items]
+
+    async def main():
+        b = Batcher(run, Limits(max_batch_tokens=400, max_wait_ms=0))
+        await b.start()
+        huge = asyncio.create_task(b.submit(list(range(40)), [100] * 40))  # 4,000 tokens: 10 batches
+        await until(running.is_set, "the huge request's first batch")
+        small = asyncio.create_task(b.submit([1000], [5]))
+        other = asyncio.create_task(b.submit([2000, 2001], [150, 150]))
+        await until(lambda: b.waiting == 43, "two more requests to queue")
+        release.set()
+        got = await asyncio.gather(huge, small, other)
+        await b.stop()
+        return got
+
+    huge, small, other = asyncio.run(main())
+    assert huge == [2 * i for i in range(40)] and small == [2000] and other == [4000, 4002]  # each its own, in order
+    assert batches[0] == [0, 1, 2, 3]
+    # a text of each request in turn until the budget is full (grouped by request in the batch): the
+    # small one is answered with the first batch after it came
+    assert batches[1] == [4, 5, 1000, 2000] and batches[2] == [6, 7, 2001]
+    assert all(sum(100 if x < 40 else 5 if x == 1000 else 150 for x in b) <= 400 for b in batches)
+    assert [x for b in batches for x in b if x < 40] == list(range(40))
 
 
 def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on():
@@ -213,8 +309,8 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on():
         b = Batcher(run, Limits(max_wait_ms=0))
         await b.start()
         with pytest.raises(RuntimeError):
-            await b.submit(["bad"], 1)
-        ok = await b.submit(["good"], 1)
+            await b.submit(["bad"], [1])
+        ok = await b.submit(["good"], [1])
         await b.stop()
         return ok
 
@@ -234,24 +330,123 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-@pytest.fixture(scope="module")
-def live(embedder):
-    """A real uvicorn server in a thread: its base URL."""
+@contextlib.contextmanager
+def serving(embedder, limits):
+    """A real uvicorn server in a thread, with the settings `torchbert serve` gives it: its base URL."""
     import uvicorn
 
-    from torchbert.serve import Limits, create_app
+    from torchbert.serve import create_app, server_settings
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(embedder, Limits(max_texts=8, max_chars=2000, max_wait_ms=2)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(embedder, limits),
+                                           **server_settings(limits, "127.0.0.1", port, "warning")))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started or not thread.is_alive(), "the server to start")
     assert server.started, "the server thread ended before it started serving"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def live(embedder):
+    from torchbert.serve import Limits
+
+    with serving(embedder, Limits(max_texts=8, max_chars=2000, max_wait_ms=2)) as url:
+        yield url
+
+
+def _count(text: str, key: str) -> float:
+    """A sample's value in Prometheus text (0 when absent)."""
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(key)), 0.0)
+
+
+def _partial_upload(url: str, sent: bytes = b'{"input": "a st', length: int = 1000):
+    """A raw connection that sends headers and part of a body, then stalls: the open socket."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {length}\r\n\r\n".encode() + sent)
+    return sock
+
+
+def test_a_client_gone_mid_body_is_not_a_server_error_and_a_stalled_body_times_out(embedder):
+    """Issue 37: a disconnect mid-body counted as a 500 (anyone could raise the error rate), and a
+    stalled upload stayed open for ever. Now: 499 in /metrics, apart from 500; 408 after
+    body_timeout_s; and connections past max_connections get 503 from uvicorn."""
+    import httpx
+
+    from torchbert.serve import Limits
+
+    with serving(embedder, Limits(body_timeout_s=1.0, max_connections=6)) as url:
+        for _ in range(3):
+            _partial_upload(url).close()  # gone mid-body
+        key = 'torchbert_requests_total{endpoint="embeddings",status="499"}'
+        wait_until(lambda: _count(httpx.get(url + "/metrics").text, key) == 3, "three disconnects counted")
+
+        def answers(socks):  # each one's answer, read until the server closes it
+            out = []
+            for sock in socks:
+                sock.settimeout(60)
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+                sock.close()
+                out.append(answer.split(b"\r\n")[0].decode())
+            return out, answer
+
+        # three stalled uploads: each is answered 408 once its body is late, and closed
+        got, last = answers([_partial_upload(url) for _ in range(3)])
+        assert got == ["HTTP/1.1 408 Request Timeout"] * 3 and b"did not arrive within 1 s" in last, last
+        # twelve at once, past the bound of 6 open connections: the server keeps at most 6 of them
+        # (answered 408 later) and refuses the rest at once (503)
+        got, _ = answers([_partial_upload(url) for _ in range(12)])
+        assert set(got) <= {"HTTP/1.1 408 Request Timeout", "HTTP/1.1 503 Service Unavailable"}, got
+        assert got.count("HTTP/1.1 503 Service Unavailable") >= 6, got
+        timed_out = got.count("HTTP/1.1 408 Request Timeout")
+        assert httpx.post(url + "/v1/embeddings", json={"input": "after"}, timeout=60).status_code == 200
+        text = httpx.get(url + "/metrics").text
+    assert _count(text, 'torchbert_requests_total{endpoint="embeddings",status="408"}') == 3 + timed_out
+    assert _count(text, 'torchbert_requests_total{endpoint="embeddings",status="500"}') == 0
+
+
+def test_a_small_request_is_answered_while_a_huge_one_is_still_being_computed(minilm_dir):
+    """The fairness case under load, over HTTP: one client sends a request of 64 texts of 500 tokens
+    (16 batches of 2,048 tokens); one-text requests sent after it started are all answered before it."""
+    import httpx
+
+    from torchbert.serve import Embedder, Limits
+
+    embedder = Embedder(minilm_dir, name="minilm")  # the model's own 512 tokens
+    long = " ".join(realdata.english_texts()[:200])[:6000]
+    batches = 'torchbert_batch_texts_count{endpoint="embeddings"}'
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+            order = []
+
+            async def post(name, texts):
+                r = await c.post("/v1/embeddings", json={"input": texts})
+                assert r.status_code == 200, r.text
+                order.append(name)
+                return r.json()
+
+            huge = asyncio.create_task(post("huge", [f"{k} {long}" for k in range(64)]))
+            await until(lambda: _count(httpx.get(url + "/metrics").text, batches) >= 1, "the huge request's first batch")
+            for k in range(3):  # one after another, each sent once the one before is answered
+                await post(f"small {k}", ["a short one"])
+            return order, await huge
+
+    with serving(embedder, Limits()) as url:
+        order, body = asyncio.run(main(url))
+    assert order == ["small 0", "small 1", "small 2", "huge"], order
+    assert body["truncated"]["indexes"] == list(range(64)) and len(body["data"]) == 64
 
 
 def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_holds_its_memory(live, minilm_dir):
@@ -268,8 +463,9 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
         if kind in (0, 1, 2):
             idx = rng.choice(len(pool), size=1 + k % 7, replace=False).tolist()
             return {"json": {"input": [pool[i] for i in idx]}}, 200, idx
-        if kind == 3:
-            return {"content": b'{"input": [1]}' if k % 2 else b"{oops"}, 400, None
+        if kind == 3:  # malformed: a number for a text, broken JSON, a lone surrogate
+            bad = (b'{"input": [1]}', b"{oops", b'{"input": ["ok", "\\udfff"]}')[k % 3]
+            return {"content": bad, "headers": {"Content-Type": "application/json"}}, 400, None
         return {"json": {"input": ["x"] * 9} if k % 2 else {"input": ["y" * 2001]}}, 413, None
 
     async def round_(n: int):
@@ -313,15 +509,12 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
     assert len(kept()) <= kept_before, kept()[:3]  # no request's future or job outlives it
     assert rss[-1] - rss[1] < 250, rss
 
-    def count(text, key):
-        return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(key)), 0.0)
-
     ok = 'torchbert_requests_total{endpoint="embeddings",status="200"}'
-    assert count(metrics, ok) - count(before, ok) == 480
+    assert _count(metrics, ok) - _count(before, ok) == 480
     for status in (400, 413):
         key = f'torchbert_requests_total{{endpoint="embeddings",status="{status}"}}'
-        assert count(metrics, key) - count(before, key) == 160
-    batches = count(metrics, "torchbert_batch_texts_count") - count(before, "torchbert_batch_texts_count")
+        assert _count(metrics, key) - _count(before, key) == 160
+    batches = _count(metrics, "torchbert_batch_texts_count") - _count(before, "torchbert_batch_texts_count")
     assert batches < 480  # concurrent requests shared forward passes
 
 
@@ -582,6 +775,8 @@ def predictor_type(out):
     ("classification", {"inputs": [{"txt": "a"}]}, "inputs[0]: no sentence column"),
     ("multiple-choice", {"inputs": [{"context": "c", "choices": ["one"]}]}, "inputs[0]: 1 choices"),
     ("classification", {"examples": []}, "field 'inputs' must be a non-empty list"),
+    ("classification", {"inputs": [{"sentence": "ok"}, {"sentence": "a\ud800"}]},
+     "field 'inputs[1]' holds a lone surrogate (\\ud800 at character 1)"),
 ])
 def test_predict_names_the_field_of_a_bad_example(finetuned, task, inputs, words):
     from starlette.testclient import TestClient
@@ -589,7 +784,8 @@ def test_predict_names_the_field_of_a_bad_example(finetuned, task, inputs, words
     from torchbert.serve import Limits, Predictor, create_app
 
     with TestClient(create_app(None, Limits(), Predictor(finetuned[task][0], name="m"))) as c:
-        r = c.post("/predict", json=inputs)
+        # json.dumps escapes a lone surrogate as \\ud800, as a client's JSON would
+        r = c.post("/predict", content=json.dumps(inputs).encode(), headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 

@@ -160,9 +160,19 @@ def pick_device(name: str):
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA device is available")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device name (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        raise UserError(f"--device {name}: torchbert runs on cpu or cuda")
+    return device
 
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
@@ -266,6 +276,9 @@ def show_neighbours(texts: list[str], emb, k: int) -> None:
     """For the first k texts, the most similar other text by cosine similarity."""
     import numpy as np
 
+    if len(texts) < 2:
+        print("note: --show-neighbours needs two texts or more: one text has no neighbour", file=sys.stderr)
+        return
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     for i in range(min(k, len(texts))):
         sims = unit @ unit[i]
@@ -727,6 +740,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .io.files import atomic_write_text, check_output_file, model_inputs
     from .predict import run_evaluate
 
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.out:
         check_output_file(Path(args.out), inputs=[("--data", args.data), *model_inputs(args.model)])
     scores, _ = run_evaluate(resolve_model(args.model), Path(args.data), args.task, cpu_for_int8(args),
@@ -742,6 +757,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
     from .io.files import atomic_write_text, check_output_file, model_inputs
     from .predict import run_predict
 
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     check_output_file(Path(args.out), inputs=[("--input", args.input), *model_inputs(args.model)])
     records = run_predict(resolve_model(args.model), Path(args.input), cpu_for_int8(args), args.batch_size,
                           progress=not args.quiet, int8=args.int8)
@@ -908,15 +925,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Limits, Spec, build, create_app, worker_pool
+    from .serve import Limits, Spec, build, create_app, server_settings, worker_pool
 
-    limits = Limits(args.max_batch_tokens, args.max_wait_ms, args.max_queue, args.max_texts, args.max_chars)
+    limits = Limits(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+                    max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
+                    max_connections=args.max_connections)
     try:
         limits.check()
     except ValueError as e:
         raise UserError(str(e)) from None
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UserError("--api-key is empty (or $TORCHBERT_API_KEY is set but empty): give a key, or leave it out")
     try:
         import uvicorn
     except ImportError:
@@ -950,8 +971,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     print(f"serving {model_dir} as {name!r}{task} on http://{args.host}:{args.port} ({', '.join(routes)}, "
           "GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering what is in flight", file=sys.stderr)
     try:  # the app shuts the worker down when it stops; if it never started, this does
-        uvicorn.run(create_app(embedder, limits, predictor, workers), host=args.host, port=args.port,
-                    log_level=args.log_level, access_log=args.log_level == "debug")
+        uvicorn.run(create_app(embedder, limits, predictor, workers, api_key=args.api_key),
+                    **server_settings(limits, args.host, args.port, args.log_level))
     except BaseException:
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
@@ -1072,7 +1093,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    sv.add_argument("--name", default=None, help="the model name responses give (default: the folder's name)")
+    sv.add_argument("--name", "--served-model-name", dest="name", default=None,
+                    help="the model name this server serves: responses give it, and a request that names another "
+                         "model gets 404 (default: the folder's name)")
+    sv.add_argument("--api-key", default=os.environ.get("TORCHBERT_API_KEY"),
+                    help="the model endpoints then want 'Authorization: Bearer KEY' (else 401); /health and "
+                         "/metrics stay open (default: $TORCHBERT_API_KEY, else none: anyone who can reach the "
+                         "port may use the model)")
     sv.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
                     help="how tokens become one vector (default: mean, as sentence-transformers' MiniLM)")
     sv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
@@ -1090,6 +1117,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="texts waiting or running before new requests get 503 + Retry-After (default: 1024)")
     sv.add_argument("--max-texts", type=int, default=256, help="texts per request, else 413 (default: 256)")
     sv.add_argument("--max-chars", type=int, default=20000, help="characters per text, else 413 (default: 20000)")
+    sv.add_argument("--body-timeout", type=float, default=30.0,
+                    help="seconds a client has to send a request's whole body, else 408 (default: 30)")
+    sv.add_argument("--max-connections", type=int, default=256,
+                    help="connections open at once; past it, 503 (uvicorn's limit_concurrency; default: 256)")
     sv.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                     help="uvicorn's log level; debug also logs each request (default: info)")

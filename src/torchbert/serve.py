@@ -7,12 +7,22 @@
     GET  /metrics         Prometheus text: requests by endpoint and status, latency, batch sizes, queue depth
 
 Dynamic batching: a request's texts are checked and tokenized as it arrives, then queued. One
-batcher task takes, as soon as the model is free, every request that waited meanwhile (and what
-arrives within `max_wait_ms`, 0 by default), up to `max_batch_tokens` tokens, and hands the lot to
-the model, which runs it as packed, length-sorted forward passes; each request gets its own rows
-back, in its order. The event loop never runs the model, so requests keep arriving (and joining the
-next batch) while one batch computes. The queue is bounded in texts: past it a request gets 503 and
-Retry-After.
+batcher task takes, as soon as the model is free, texts from every request that waited meanwhile (and
+from what arrives within `max_wait_ms`, 0 by default), up to `max_batch_tokens` tokens, and hands
+them to the model, which runs them as packed, length-sorted forward passes; each request gets its own
+rows back, in its order. The requests share each batch in turns, a text from each in arrival order,
+round after round, until the budget is full: a request of 256 long texts is answered over many
+batches, and a one-text request that arrives meanwhile rides the next one, so it waits about one
+batch, whatever else is queued. The event loop never runs the model, so requests keep arriving (and
+joining the next batch) while one batch computes. The queue is bounded in texts: past it a request
+gets 503 and Retry-After.
+
+Clients are answered honestly: a malformed request gets a 4xx naming the field (a body nested past
+what JSON decoding takes, a text that is not valid Unicode, a body that is not application/json, a
+`dimensions` the model cannot give, a model name this server does not serve); a failure of the
+server's own is a 500 that says only that, and the detail goes to the server's log. A body must
+arrive within `body_timeout_s` (else 408); a client that goes away mid-body is counted under status
+499 (nginx's "client closed request"), apart from the server's errors.
 
 Where the model runs: `torchbert serve` loads a PyTorch model in a worker process of its own
 (`worker_pool`). On a thread beside the event loop, each of its hundreds of small steps per batch
@@ -28,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, ThreadPoolExecutor
@@ -49,13 +61,17 @@ class Limits:
     max_queue: int = 1024  # texts waiting or running; past it, 503
     max_texts: int = 256  # per request; past it, 413
     max_chars: int = 20000  # per text; past it, 413
+    body_timeout_s: float = 30.0  # to receive a request's whole body; past it, 408
+    max_connections: int = 256  # open at once (uvicorn's limit_concurrency); past it, 503
 
     def check(self) -> None:
-        for name in ("max_batch_tokens", "max_queue", "max_texts", "max_chars"):
+        for name in ("max_batch_tokens", "max_queue", "max_texts", "max_chars", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
             raise ValueError(f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"--body-timeout must be > 0 seconds, got {self.body_timeout_s}")
 
 
 class Rejected(Exception):
@@ -71,13 +87,19 @@ class Rejected(Exception):
 @dataclass
 class _Job:
     items: list  # one per text, what `run` takes
-    tokens: int
+    sizes: list[int]  # each item's tokens
     future: asyncio.Future = field(repr=False)
+    done: int = 0  # items handed to the model so far (they go in order)
+    results: list = field(default_factory=list, repr=False)
+
+    @property
+    def left(self) -> int:
+        return len(self.items) - self.done
 
 
 class Batcher:
     """Coalesces the jobs of concurrent requests into batches for `run` (items -> one result per item,
-    in order), which runs on a single inference thread."""
+    in order), which runs on a single inference thread. Jobs share each batch in turns (`_take`)."""
 
     def __init__(self, run: Callable[[list], Sequence], limits: Limits, metrics: Metrics | None = None,
                  pool: Executor | None = None, name: str | None = None):
@@ -103,7 +125,8 @@ class Batcher:
         if self.own_pool:
             self.pool.shutdown(wait=True)
 
-    async def submit(self, items: list, tokens: int) -> list:
+    async def submit(self, items: list, sizes: Sequence[int]) -> list:
+        """The results of `items` (sizes: each one's tokens), once the model has run them all."""
         if self.broken:
             raise Rejected(503, "the inference process has stopped (killed, or out of memory?); restart the server")
         if self.task is None or self.task.done():
@@ -114,7 +137,7 @@ class Batcher:
         self.waiting += len(items)
         self._gauge()
         future = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Job(items, tokens, future))
+        self.queue.put_nowait(_Job(items, list(sizes), future))
         try:
             return await future
         finally:
@@ -125,61 +148,90 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.queue.labels(self.name).set(self.waiting)
 
+    def _take(self, active: list[_Job]) -> list[tuple[_Job, int, int]]:
+        """The next batch: a text from each job in turn (arrival order), round after round, until the
+        next text would pass max_batch_tokens (a text over it alone goes alone). [(job, start, stop)]:
+        each job's texts in the batch, consecutive and in its order."""
+        budget, used = self.limits.max_batch_tokens, 0
+        taken = {id(j): 0 for j in active}
+        full = False
+        while not full:
+            progressed = False
+            for j in active:
+                k = j.done + taken[id(j)]
+                if k >= len(j.items):
+                    continue
+                if used and used + j.sizes[k] > budget:
+                    full = True
+                    break
+                taken[id(j)] += 1
+                used += j.sizes[k]
+                progressed = True
+            full = full or not progressed or used >= budget
+        return [(j, j.done, j.done + taken[id(j)]) for j in active if taken[id(j)]]
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            job = await self.queue.get()
-            if job is None:
-                return
-            jobs, tokens, last = [job], job.tokens, False
-            deadline = loop.time() + self.limits.max_wait_ms / 1000
-            while tokens < self.limits.max_batch_tokens:
-                if not self.queue.empty():  # what arrived while the last batch ran joins without waiting
-                    job = self.queue.get_nowait()
-                else:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    try:  # a cancelled get leaves its item in the queue
-                        job = await asyncio.wait_for(self.queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                if job is None:
-                    last = True
-                    break
-                jobs.append(job)
-                tokens += job.tokens
-            await self._batch([j for j in jobs if not j.future.done()])  # done: a client that went away
-            del jobs, job  # hold nothing while waiting for the next request
-            if last:
-                return
+        active: list[_Job] = []  # jobs with texts not yet run, in arrival order
+        stopping = False
 
-    async def _batch(self, jobs: list[_Job]) -> None:
-        items = [x for j in jobs for x in j.items]
-        if not items:
-            return
+        def arrived(job: _Job | None) -> None:
+            nonlocal stopping
+            if job is None:
+                stopping = True
+            else:
+                active.append(job)
+
+        while True:
+            if not active:
+                if stopping:
+                    return
+                arrived(await self.queue.get())
+                continue
+            while not self.queue.empty():  # what arrived while the last batch ran joins without waiting
+                arrived(self.queue.get_nowait())
+            deadline = loop.time() + self.limits.max_wait_ms / 1000
+            while not stopping and sum(s for j in active for s in j.sizes[j.done:]) < self.limits.max_batch_tokens:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:  # a cancelled get leaves its item in the queue
+                    arrived(await asyncio.wait_for(self.queue.get(), remaining))
+                except TimeoutError:
+                    break
+            active[:] = [j for j in active if not j.future.done()]  # done: a client that went away
+            if active:
+                await self._batch(self._take(active))
+                active[:] = [j for j in active if j.left and not j.future.done()]
+
+    async def _batch(self, parts: list[tuple[_Job, int, int]]) -> None:
+        items = [x for j, a, b in parts for x in j.items[a:b]]
+        for j, _, b in parts:
+            j.done = b
         if self.metrics is not None:
             self.metrics.batch_texts.labels(self.name).observe(len(items))
-            self.metrics.batch_tokens.labels(self.name).observe(sum(j.tokens for j in jobs))
+            self.metrics.batch_tokens.labels(self.name).observe(sum(s for j, a, b in parts for s in j.sizes[a:b]))
         try:
             results = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, items)
         except BrokenExecutor:
             self.broken = True
             e = Rejected(503, "the inference process has stopped (killed, or out of memory?); restart the server")
-            for j in jobs:
+            for j, _, _ in parts:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
         except Exception as e:  # every request of the batch fails with it; the server stays up
-            for j in jobs:
+            for j, _, _ in parts:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
         start = 0
-        for j in jobs:
+        for j, a, b in parts:
             if not j.future.done():
-                j.future.set_result(list(results[start:start + len(j.items)]))
-            start += len(j.items)
+                j.results.extend(results[start:start + b - a])
+                if not j.left:
+                    j.future.set_result(j.results)
+            start += b - a
 
 
 def budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
@@ -329,9 +381,9 @@ class Predictor:
         self.device = torch.device(device)
         self.serial = itertools.count()  # examples of different requests share a batch: their ids must not clash
 
-    def examples(self, body: Any, limits: Limits) -> tuple[list, list[str], int]:
+    def examples(self, body: Any, limits: Limits) -> tuple[list, list[str], list[int]]:
         """The request's examples (with ids unique to this server), the ids to answer with, and an
-        estimate of their tokens; or Rejected naming the field that is wrong."""
+        estimate of each one's tokens; or Rejected naming the field that is wrong."""
         from dataclasses import replace
 
         if not isinstance(body, dict):
@@ -342,11 +394,13 @@ class Predictor:
                                 f"of a {self.ts.type} task's JSON Lines file)")
         if len(records) > limits.max_texts:
             raise Rejected(413, f"field 'inputs' holds {len(records)} examples; at most {limits.max_texts} per request")
-        examples, ids, tokens = [], [], 0
+        examples, ids, sizes = [], [], []
         for i, record in enumerate(records):
             where = f"inputs[{i}]"
             if not isinstance(record, dict):
                 raise Rejected(400, f"field '{where}' is {type(record).__name__}; expected a JSON object")
+            for text in _strings(record):
+                _check_unicode(text, where)
             chars = sum(len(x) for x in _strings(record))
             if chars > limits.max_chars:
                 raise Rejected(413, f"field '{where}' holds {chars} characters; at most {limits.max_chars}")
@@ -356,8 +410,8 @@ class Predictor:
                 raise Rejected(400, str(e)) from None
             ids.append(example.id)
             examples.append(replace(example, id=f"#{next(self.serial)}"))
-            tokens += min(chars, self.ts.max_length)  # about: a token per character at most, as Chinese
-        return examples, ids, tokens
+            sizes.append(max(1, min(chars, self.ts.max_length)))  # about: a token per character at most, as Chinese
+        return examples, ids, sizes
 
     def __call__(self, examples: list) -> list[dict]:
         from .data.taskdata import TaskData
@@ -367,6 +421,16 @@ class Predictor:
         with _autocast(self.precision, self.model), _fast(self.model):
             return predict(self.model, TaskData(encoded, self.family), examples, self.ts, self.id2label, 64,
                            self.device)
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Rejected unless `text` is valid Unicode: JSON's \\u escapes can spell a lone surrogate (half of a
+    UTF-16 pair), which no encoder takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Rejected(400, f"field '{where}' holds a lone surrogate (\\u{ord(text[e.start]):04x} at character "
+                            f"{e.start}): not valid Unicode text") from None
 
 
 def _strings(value: Any):
@@ -495,23 +559,61 @@ def _texts(body: Any, limits: Limits) -> list[str]:
     for i, t in enumerate(texts):
         if len(t) > limits.max_chars:
             raise Rejected(413, f"field 'input[{i}]' is {len(t)} characters; at most {limits.max_chars}")
+        _check_unicode(t, f"input[{i}]")
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise Rejected(400, f"field 'encoding_format' is {json.dumps(fmt)[:40]}; expected \"float\" or \"base64\"")
-    if "model" in body and not isinstance(body["model"], str):
-        raise Rejected(400, "field 'model' must be a string")
     return texts
 
 
+def _check_dimensions(body: dict, size: int) -> None:
+    """OpenAI's `dimensions` shortens the vectors of models trained for it (Matryoshka); a BERT's are
+    not, so only its own size is accepted."""
+    if "dimensions" not in body:
+        return
+    d = body["dimensions"]
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise Rejected(400, f"field 'dimensions' must be a positive integer, got {json.dumps(d)[:40]}")
+    if d != size:
+        raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions and it was "
+                            "not trained to shorten them (leave 'dimensions' out)")
+
+
+def _check_model(body: Any, served: str) -> None:
+    """The request's `model`, if it names one, must be the one served here (else 404, as OpenAI's API)."""
+    if not isinstance(body, dict) or "model" not in body:
+        return
+    if not isinstance(body["model"], str):
+        raise Rejected(400, "field 'model' must be a string")
+    if body["model"] != served:
+        raise Rejected(404, f"field 'model': {json.dumps(body['model'])[:80]} is not served here; this server "
+                            f"serves {json.dumps(served)}")
+
+
+class _Disconnected(Exception):
+    """The client went away before its body arrived: counted under 499, apart from the server's errors."""
+
+
+log = logging.getLogger("torchbert.serve")
+
+
+def server_settings(limits: Limits, host: str, port: int, log_level: str = "info") -> dict[str, Any]:
+    """uvicorn's settings for a server of these limits (uvicorn.run(app, **them), uvicorn.Config(app, **them)):
+    open connections bounded by limits.max_connections (503 past it)."""
+    return {"host": host, "port": port, "log_level": log_level, "access_log": log_level == "debug",
+            "limit_concurrency": limits.max_connections}
+
+
 def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor | None = None,
-               workers: Executor | None = None):
+               workers: Executor | None = None, api_key: str | None = None):
     """The ASGI application: Starlette routes and a Batcher per model function. The models run on one
     inference thread, or in `workers` (from `worker_pool`; the embedder and predictor given are then
-    their request side only), which the app shuts down when it stops."""
+    their request side only), which the app shuts down when it stops. With `api_key`, the model
+    endpoints want `Authorization: Bearer KEY` (else 401); /health and /metrics stay open."""
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -541,26 +643,53 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
         return JSONResponse(content, status_code=status, headers=headers)
 
     def failed(endpoint: str, start: float, e: Exception):
+        if isinstance(e, _Disconnected):  # nobody reads this answer; the count is what matters
+            return answer(endpoint, start, 499, {"error": {"message": "the client closed the request",
+                                                           "type": "client_closed"}})
         if isinstance(e, Rejected):
-            kind = "invalid_request_error" if e.status < 500 else "unavailable"
+            kind = ("invalid_request_error" if e.status < 500 else "unavailable") if e.status != 401 else \
+                "authentication_error"
             return answer(endpoint, start, e.status, {"error": {"message": e.message, "type": kind}}, e.headers)
-        # the model failed on this request's batch; the server stays up
-        return answer(endpoint, start, 500, {"error": {"message": f"inference failed: {type(e).__name__}: {e}",
-                                                       "type": "server_error"}})
+        # the server failed on this request (its batch, most likely); it stays up. The client learns
+        # that, and no more: the detail is for the operator
+        log.error("%s: a request failed", endpoint, exc_info=e)
+        return answer(endpoint, start, 500, {"error": {"message": "the server failed on this request (the detail "
+                                                                  "is in the server's log)", "type": "server_error"}})
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+            raise Rejected(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                           {"WWW-Authenticate": "Bearer"})
 
     async def read_json(request: Request) -> Any:
+        check_key(request)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":  # a web page can send text/plain or a form without asking first
+            raise Rejected(415, f"the body must be application/json (Content-Type: {kind or 'none given'})")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > body_limit:
             raise Rejected(413, f"the body is {int(length):,} bytes; at most {body_limit:,}")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > body_limit:
-                raise Rejected(413, f"the body is over {body_limit:,} bytes")
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > body_limit:
+                        raise Rejected(413, f"the body is over {body_limit:,} bytes")
+        except TimeoutError:
+            raise Rejected(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+        except ClientDisconnect:
+            raise _Disconnected() from None
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise Rejected(400, f"the body is not valid JSON ({getattr(e, 'msg', e)})") from None
+        except RecursionError:
+            raise Rejected(400, "the body nests arrays or objects too deeply to read") from None
 
     async def embeddings(request: Request):
         start = time.perf_counter()
@@ -569,8 +698,10 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
                 raise Rejected(404, f"{name} is not a BERT encoder: it serves POST /predict only")
             body = await read_json(request)
             texts = _texts(body, limits)
+            _check_model(body, name)
+            _check_dimensions(body, embedder.config.hidden_size)
             ids, cut = embedder.tokenize(texts)
-            vectors = await batchers["embeddings"].submit(ids, sum(len(x) for x in ids))
+            vectors = await batchers["embeddings"].submit(ids, [len(x) for x in ids])
         except Exception as e:
             return failed("embeddings", start, e)
         tokens = sum(len(x) for x in ids)
@@ -580,7 +711,7 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
             data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vectors]
         else:
             data = [v.tolist() for v in vectors]
-        content = {"object": "list", "model": body.get("model") or embedder.name,
+        content = {"object": "list", "model": name,
                    "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         if cut:  # OpenAI's API has no such field; ours says what was done
@@ -593,8 +724,10 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
         try:
             if predictor is None:
                 raise Rejected(404, f"{name} is not fine-tuned for a task: it serves POST /v1/embeddings only")
-            examples, ids, tokens = predictor.examples(await read_json(request), limits)
-            records = await batchers["predict"].submit(examples, tokens)
+            body = await read_json(request)
+            _check_model(body, name)
+            examples, ids, sizes = predictor.examples(body, limits)
+            records = await batchers["predict"].submit(examples, sizes)
         except Exception as e:
             return failed("predict", start, e)
         metrics.texts.labels("predict").inc(len(examples))

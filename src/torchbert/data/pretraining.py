@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import read_utf8
+from ..io.texts import not_a_file, read_utf8
 from .masking import Masked, mask_instances
 
 FORMATS = ("auto", "bert", "text", "jsonl")
@@ -69,7 +69,7 @@ def split_sentences(text: str) -> list[str]:
 def read_lines(path: Path) -> list[str]:
     """The file's lines, decoded; a bad byte is an error naming the file and the line."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: corpus file not found")
+        raise not_a_file(path, "corpus file")
     return read_utf8(path).splitlines()
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.texts import lines, read_utf8
+from ..io.texts import lines, not_a_file, read_utf8
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
 Warn = Callable[[str], object]
@@ -115,7 +115,7 @@ def resolve_task(name: str) -> tuple[str, TaskPreset | None]:
 def _existing(path: PathLike) -> Path:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise not_a_file(path, "file")
     return path
 
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write
+from .texts import not_a_file
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
@@ -133,6 +134,8 @@ def find_weights(path: Path) -> Path:
     for name in WEIGHT_FILES:
         if (path / name).is_file():
             return path / name
+        if os.path.lexists(path / name):  # there, but a pipe, a device, a folder or a broken link
+            raise not_a_file(path / name, "weights file")
     raise FileNotFoundError(f"{path}: no weights found (expected one of {', '.join(WEIGHT_FILES)})")
 
 
@@ -148,7 +151,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
             state.update(read_weights(file.parent / shard))
         return state
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no such weights file")
+        raise not_a_file(file, "weights file")
     if file.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file

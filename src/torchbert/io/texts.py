@@ -10,11 +10,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def not_a_file(path: Path, what: str) -> Exception:
+    """The error for an input that is not a regular file, saying what it is instead (a named pipe or a
+    device would be read for ever, or block)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return FileNotFoundError(f"{path}: no such {what}")
+    except OSError as e:
+        return FileNotFoundError(f"{path}: cannot read this {what} ({e.strerror})")
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((k for test, k in kinds if test(mode)), "not a regular file")
+    return ValueError(f"{path}: is {kind}, not a regular file; give the {what} as a file")
+
+
+def _physical_lines(f) -> Iterator[bytes]:
+    """The lines of a binary file as universal newlines split them: at \\n, \\r\\n or a lone \\r (old Mac
+    files), each with its ending."""
+    for raw in f:
+        if b"\r" not in raw[:-2]:  # the common case: no carriage return before the ending
+            yield raw
+            continue
+        end = 2 if raw.endswith(b"\r\n") else 1 if raw.endswith((b"\n", b"\r")) else 0
+        body, ending = raw[:len(raw) - end], raw[len(raw) - end:]
+        parts = body.split(b"\r")
+        for k, part in enumerate(parts):
+            yield part + (b"\r" if k < len(parts) - 1 else ending)
+
+
 def lines(path: Path, keepends: bool = False, expected: str = "a UTF-8 text file") -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line of a file, streamed; a leading byte-order mark is dropped, and a
-    bad byte is an error naming the file, the line and the column."""
+    """(line number, text) of each line of a file, streamed; lines end at \\n, \\r\\n or \\r (as Python's
+    universal newlines); a leading byte-order mark is dropped, and a bad byte is an error naming the
+    file, the line and the column."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
+        for n, raw in enumerate(_physical_lines(f), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -42,7 +74,7 @@ def _not_utf8(path: Path, line: int, byte: bytes, column: int, expected: str) ->
 def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such input file")
+        raise not_a_file(path, "input file")
     jsonl = path.suffix.lower() == ".jsonl"
     texts = []
     for n, line in lines(path):
