@@ -12,6 +12,15 @@ is reported by its median round. Every fp32 answer must agree with offline embed
 
     python bench/bench_serve.py                          # 1, 8 and 32 clients, 400 requests, 3 rounds
     python bench/bench_serve.py --clients 32 --requests 800 --systems torchbert int8 naive
+
+Fairness (`--fairness`): one client sends a huge request (--huge-texts texts cut at the model's 512
+tokens) while --small-clients others send one short text each, one request after another, until the
+huge one is answered; the small requests' latencies are reported (p50, p99, max) beside the huge
+one's time. `--before DIR` also serves from another checkout's src/ (say, a `git worktree` of an
+older commit), side by side in the same rounds:
+
+    git worktree add /tmp/before 8ae9286
+    python bench/bench_serve.py --fairness --before /tmp/before
 """
 
 from __future__ import annotations
@@ -76,11 +85,14 @@ def free_port() -> int:
 
 
 def start(name: str, threads: int, int8: bool, folder: Path,
-          extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+          extra: tuple[str, ...] = (), src: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A server subprocess (torchbert's from `src` when given, another checkout's) and its URL, once healthy."""
     import httpx
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     model = str(realdata.minilm_dir())
     if name == "torchbert":
         cmd = [sys.executable, "-m", "torchbert", "serve", "--model", model, "--port", str(port), "--log-level",
@@ -125,6 +137,65 @@ async def load(url: str, texts: list[str], clients: int) -> tuple[float, np.ndar
         return time.perf_counter() - start, latencies, vectors
 
 
+async def fairness(url: str, huge: list[str], small: list[str], clients: int) -> tuple[float, np.ndarray]:
+    """One huge request, and `clients` clients sending a small one at a time until it is answered:
+    (the huge request's seconds, the small requests' latencies)."""
+    import httpx
+
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients + 1)) as c:
+        await c.post("/v1/embeddings", json={"input": small[:4]})  # warm up
+        start = time.perf_counter()
+        big = asyncio.create_task(c.post("/v1/embeddings", json={"input": huge}))
+
+        async def client(k):
+            i = k
+            while not big.done():
+                t = time.perf_counter()
+                r = await c.post("/v1/embeddings", json={"input": [small[i % len(small)]]})
+                r.raise_for_status()
+                latencies.append(time.perf_counter() - t)
+                i += clients
+
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        (await big).raise_for_status()
+        return time.perf_counter() - start, np.asarray(latencies)
+
+
+def fairness_main(args) -> None:
+    import tempfile
+
+    huge_source = " ".join(load_texts(400, "sentences"))
+    huge = [f"{k} {huge_source[k * 7:k * 7 + args.huge_chars]}" for k in range(args.huge_texts)]
+    small = load_texts(200, "sentences")
+    print(f"# {args.threads} threads per server; {cpu_name()}; {time.strftime('%Y-%m-%d')}")
+    print(f"# one request of {len(huge)} texts of {args.huge_chars} characters (cut at 512 tokens) while "
+          f"{args.small_clients} clients send one short text at a time; {args.repeats} round(s), servers in turns\n")
+    systems = {"torchbert serve": None, **({f"torchbert serve from {args.before}": Path(args.before) / "src"}
+                                          if args.before else {})}
+    results: dict[str, list] = {}
+    servers = {}
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            for name, src in systems.items():
+                servers[name] = start("torchbert", args.threads, False, Path(folder), src=src)
+            for _ in range(args.repeats):
+                for name, (_, url) in servers.items():
+                    time.sleep(0.5)
+                    results.setdefault(name, []).append(asyncio.run(fairness(url, huge, small, args.small_clients)))
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(60)
+    print("| server | huge request s | small requests | small p50 ms | small p99 ms | small max ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, rounds in results.items():
+        seconds = np.median([x for x, _ in rounds])
+        lat = np.concatenate([x for _, x in rounds]) * 1000
+        p50, p99 = np.percentile(lat, [50, 99])
+        print(f"| {name} | {seconds:.1f} | {len(lat)} | {p50:.0f} | {p99:.0f} | {lat.max():.0f} |")
+
+
 def main() -> None:
     import tempfile
 
@@ -140,7 +211,15 @@ def main() -> None:
     p.add_argument("--systems", nargs="+", choices=tuple(LABELS), default=["torchbert", "naive"],
                    help="int8: torchbert serve --int8")
     p.add_argument("--serve-args", default="", help="more options for torchbert serve, e.g. '--max-wait-ms 2'")
+    p.add_argument("--fairness", action="store_true", help="the fairness case instead (see above)")
+    p.add_argument("--huge-texts", type=int, default=256, help="--fairness: texts of the huge request (default 256)")
+    p.add_argument("--huge-chars", type=int, default=3000, help="--fairness: characters per huge text (default 3000)")
+    p.add_argument("--small-clients", type=int, default=4, help="--fairness: clients of small requests (default 4)")
+    p.add_argument("--before", help="--fairness: also serve from this checkout (its src/), side by side")
     args = p.parse_args()
+    if args.fairness:
+        fairness_main(args)
+        return
 
     texts = load_texts(args.requests, "sentences")
     print(f"# {args.threads} threads per server; torch {torch.__version__}, transformers {transformers.__version__}; "
