@@ -85,13 +85,57 @@ def test_bench_learning_scores_both_systems_on_the_same_heldout_masks(tmp_path):
 
 
 def test_bench_recipes_runs_each_probe_for_its_seconds_and_tables_it(tmp_path):
-    out = run_bench("bench_recipes.py", "--budget", "quick", "--work", str(tmp_path), "--probes", "paper",
-                    "MLM only", "--seconds", "2", "--seeds", "0", "--evals", "2")
-    rows = {r[0]: r for r in table_rows(out) if r[0] in ("paper", "MLM only")}
-    assert set(rows) == {"paper", "MLM only"}
-    assert rows["paper"][-1] == "+0.000"
-    for r in rows.values():
-        assert 0 <= float(r[-2]) <= 1 and int(r[1].replace(",", "")) >= 10
+    probes = ("paper", "MLM only", "GPT", "GPT, rotary positions", "GPT, pre-LN")
+    out = run_bench("bench_recipes.py", "--budget", "quick", "--work", str(tmp_path), "--probes", *probes,
+                    "--seconds", "2", "--seeds", "0", "--evals", "2")
+    rows = {r[0].removesuffix(" (next token)"): r for r in table_rows(out)}
+    assert set(rows) >= set(probes)
+    assert rows["paper"][-1] == "+0.000" and rows["GPT"][-1] == "+0.000"  # GPT's probes: against GPT
+    for name in probes:
+        assert 0 <= float(rows[name][-2]) <= 1 and int(rows[name][1].replace(",", "")) >= 10
     results = __import__("json").loads((tmp_path / "results.json").read_text())
-    assert set(results["2s"]) == {"paper", "MLM only"}
+    assert set(results["2s"]) == set(probes)
     assert (tmp_path / "models" / "MLM-only-seed0" / "model.safetensors").is_file()
+
+
+def test_bench_recipes_gpt_variants_are_what_they_say_and_leave_gpt_as_it_was():
+    """The probe-only GPT architectures: rotary positions read no position table; pre-LN normalizes
+    before each block; both are patched in for the block only."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_recipes import gpt_variant
+
+    from torchbert import model as m
+    from torchbert.config import GPTConfig
+    from torchbert.gpt import OpenAIGPTModel
+
+    torch.manual_seed(0)
+    gpt = OpenAIGPTModel(GPTConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()
+    ids, cu = torch.randint(0, 50, (12,)), torch.tensor([0, 5, 12])
+    plain = gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state
+    with gpt_variant("rotary"):
+        rotary = gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state
+        table = gpt.embeddings.positions.weight.detach().clone()
+        with torch.no_grad():
+            gpt.embeddings.positions.weight.mul_(5)  # the table is not read
+        assert torch.equal(gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state, rotary)
+        # a causal model: the first sequence's states do not depend on its later tokens
+        later = ids.clone()
+        later[3:5] = (later[3:5] + 1) % 50
+        assert torch.allclose(gpt(later, cu_seqlens=cu, max_seqlen=7).last_hidden_state[:3], rotary[:3])
+    with torch.no_grad():
+        gpt.embeddings.positions.weight.copy_(table)
+    with gpt_variant("pre-ln"):
+        pre = gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state
+        x = gpt.embeddings(ids[:5], torch.arange(5))
+        for layer in gpt.layers:  # x + attn(LN(x)), then x + FFN(LN(x)), written out for the first sequence
+            from torchbert.packing import Layout
+
+            a, _ = layer.attention(layer.attention_norm(x[None]), Layout(1, 5, None, causal=True))
+            x = x + a[0]
+            x = x + layer.ffn(layer.ffn_norm(x))
+        assert torch.allclose(pre[:5], torch.nn.functional.layer_norm(x, (32,)), atol=1e-5)
+    assert not torch.allclose(pre, plain) and not torch.allclose(rotary, plain)
+    assert torch.equal(gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state, plain)  # as it was
+    assert m.Layer.forward.__name__ == "forward"
