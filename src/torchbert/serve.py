@@ -152,23 +152,21 @@ class Batcher:
         """The next batch: a text from each job in turn (arrival order), round after round, until the
         next text would pass max_batch_tokens (a text over it alone goes alone). [(job, start, stop)]:
         each job's texts in the batch, consecutive and in its order."""
-        budget, used = self.limits.max_batch_tokens, 0
-        taken = {id(j): 0 for j in active}
-        full = False
-        while not full:
-            progressed = False
-            for j in active:
-                k = j.done + taken[id(j)]
-                if k >= len(j.items):
+        taken, used = [0] * len(active), 0
+        more = True
+        while more:
+            more = False
+            for i, j in enumerate(active):
+                k = j.done + taken[i]
+                if k == len(j.items):
                     continue
-                if used and used + j.sizes[k] > budget:
-                    full = True
+                if used and used + j.sizes[k] > self.limits.max_batch_tokens:
+                    more = False
                     break
-                taken[id(j)] += 1
+                taken[i] += 1
                 used += j.sizes[k]
-                progressed = True
-            full = full or not progressed or used >= budget
-        return [(j, j.done, j.done + taken[id(j)]) for j in active if taken[id(j)]]
+                more = True
+        return [(j, j.done, j.done + n) for j, n in zip(active, taken) if n]
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
