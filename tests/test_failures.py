@@ -215,6 +215,7 @@ def test_every_command_that_writes_a_folder_is_refused_while_another_process_hol
     x = tmp_path / "missing"
     argvs = {"vocab": ["--corpus", x, "--vocab-size", "40"], "prepare": ["--corpus", x, "--tokenizer", x], "pretrain": ["--data", x],
              "finetune": ["--task", "classification", "--model", x, "--train", x], "export": ["--model", x],
+             "convert": ["--tf-checkpoint", x],
              "samples": ["wnut16"], "demo": [], "compare": []}
     assert set(argvs) == set(FOLDER_WRITERS)  # a new command that writes a folder is tested here too
     holder = hold_in_another_process(out)

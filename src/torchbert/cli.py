@@ -876,6 +876,19 @@ def cmd_demo(args: argparse.Namespace) -> None:
         run_demo(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print, recipe=args.recipe)
 
 
+EPILOG_CONVERT = """\
+examples:
+  torchbert convert --tf-checkpoint chinese_L-12_H-768_A-12/bert_model.ckpt --out bert-base-chinese
+  torchbert convert --tf-checkpoint uncased_L-4_H-256_A-4 --out bert-mini      # a folder with one checkpoint
+  torchbert embed --model bert-base-chinese --input texts.txt --out vectors.npy
+
+The output is BertForPreTraining in Hugging Face's layout (the encoder, the pooler and the MLM and NSP
+heads); Adam's slots (adam_m, adam_v) and global_step are left out. A missing shard, a checksum that
+does not match, a variable BERT does not have, or a shape that disagrees with bert_config.json stops
+the conversion with one line naming the variable and the file, and nothing is written.
+"""
+
+
 EPILOG_COMPARE = """\
 examples:
   torchbert compare --out runs/compare                # about 3 hours on 2 CPU cores
@@ -977,6 +990,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
         raise
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from .io.files import atomic_folder, check_apart
+    from .io.tf import convert_bert
+
+    out = Path(args.out)
+    check_out_folder(out, args.overwrite, [("--tf-checkpoint", args.tf_checkpoint), ("--config", args.config),
+                                           ("--vocab", args.vocab)])
+    check_apart(out, [("--tf-checkpoint", Path(args.tf_checkpoint).parent)])  # the shards sit beside the index
+    start = time.perf_counter()
+    model, tokenizer = convert_bert(args.tf_checkpoint, args.config, args.vocab, args.lowercase,
+                                    log=lambda m: print(m, file=sys.stderr))
+    with atomic_folder(out) as tmp:  # the whole folder or none
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    print(f"wrote {out}: BertForPreTraining, {model.config.num_hidden_layers} layers of {model.config.hidden_size}, "
+          f"a vocab of {tokenizer.vocab_size:,} ({'lowercased' if tokenizer.lowercase else 'cased'}) in "
+          f"{time.perf_counter() - start:.1f}s")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -1130,6 +1162,28 @@ def build_parser() -> argparse.ArgumentParser:
                          "CPU with AVX512 or AMX; refused elsewhere)")
     sv.add_argument("--int8", action="store_true", help=INT8_HELP)
     sv.set_defaults(func=cmd_serve)
+
+    cv = sub.add_parser("convert", help="read a Google BERT TensorFlow checkpoint (no TensorFlow needed) into a "
+                                        "Hugging Face folder",
+                        description="Convert one of Google's original BERT checkpoints (bert_model.ckpt.index and "
+                                    ".data-* shards, bert_config.json, vocab.txt: BERT-Base Chinese, multilingual, "
+                                    "the small BERTs, whole-word masking, and the Chinese BERTs released the same "
+                                    "way) into a Hugging Face folder (config.json, model.safetensors, the tokenizer) "
+                                    "that every torchbert command and transformers read. TensorFlow is not needed: "
+                                    "the checkpoint's files are read directly and every checksum is verified.",
+                        epilog=EPILOG_CONVERT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cv.add_argument("--tf-checkpoint", required=True, metavar="PATH",
+                    help="the checkpoint: its prefix (DIR/bert_model.ckpt), its .index file, or a folder holding "
+                         "one checkpoint")
+    cv.add_argument("--out", required=True, help="output folder")
+    cv.add_argument("--config", help="bert_config.json (default: the one beside the checkpoint)")
+    cv.add_argument("--vocab", help="vocab.txt (default: the one beside the checkpoint)")
+    cv.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
+                    help="whether the tokenizer lowercases (do_lower_case): Google's uncased and Chinese models do, "
+                         "cased ones do not (default: guessed from the vocabulary, which names no capital letters "
+                         "in an uncased model)")
+    cv.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    cv.set_defaults(func=cmd_convert)
 
     x = sub.add_parser("export", help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against "
                                       "PyTorch",
@@ -1310,7 +1364,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 # commands that write a folder (--out): each holds it for as long as it runs (io/files.hold), so that
 # two of them started on one folder cannot mix their runs; under torchrun, process 0 holds it
-FOLDER_WRITERS = ("vocab", "prepare", "pretrain", "finetune", "export", "samples", "demo", "compare")
+FOLDER_WRITERS = ("vocab", "prepare", "pretrain", "finetune", "convert", "export", "samples", "demo",
+                  "compare")
 
 
 def _holding(args: argparse.Namespace, argv: list[str]):
