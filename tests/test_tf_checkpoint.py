@@ -137,3 +137,31 @@ def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_the_file_and_nothing
     fails(folder, f"{folder / 'vocab.txt'}: 61 tokens, but {folder / 'bert_config.json'} says vocab_size 60")
 
     fails(tmp_path / "nowhere", f"{tmp_path / 'nowhere' / 'bert_model.ckpt'}: no checkpoint here")
+
+
+def test_an_electra_checkpoint_gives_its_discriminators_encoder_as_transformers_read_it(tmp_path, capsys):
+    """Google released ELECTRA without a config: the sizes come from the tensors, the heads are 64 wide;
+    the generator and both heads are left out."""
+    from transformers import BertModel as HFBertModel
+
+    from torchbert.model import BertModel
+
+    out = tmp_path / "electra"
+    code, stdout, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra", "--out", out)
+    assert code == 0, err
+    assert "an ELECTRA without a config: 2 layers of 16, 1 heads of 64" in err and "BertModel" in stdout
+    assert "tensors of the ELECTRA discriminator's encoder, the rest the generator, the heads" in err
+    ref = EXPECTED["outputs"]
+    ids, mask, types = (torch.tensor(ref[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    want = torch.tensor(ref["electra_last_hidden_state"])
+    real = mask.bool()
+    with torch.no_grad():
+        ours = BertModel.from_pretrained(out).eval()(ids, attention_mask=mask, token_type_ids=types)
+        theirs = HFBertModel.from_pretrained(out, add_pooling_layer=False).eval()(
+            input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert torch.allclose(ours.last_hidden_state[real], want[real], atol=1e-5)
+    assert torch.allclose(theirs.last_hidden_state[real], want[real], atol=1e-5)
+    assert json.loads((out / "config.json").read_text())["torchbert_objective"] == "electra"
+    code, _, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra_small", "--out", tmp_path / "s",
+                       "--vocab", FIXTURE / "vocab.txt")
+    assert code == 2 and "projects its 16-wide embeddings to its hidden size 32" in err and not (tmp_path / "s").exists()

@@ -883,7 +883,9 @@ examples:
   torchbert embed --model bert-base-chinese --input texts.txt --out vectors.npy
 
 The output is BertForPreTraining in Hugging Face's layout (the encoder, the pooler and the MLM and NSP
-heads); Adam's slots (adam_m, adam_v) and global_step are left out. A missing shard, a checksum that
+heads); Adam's slots (adam_m, adam_v) and global_step are left out. An ELECTRA checkpoint (electra/...)
+gives its discriminator's encoder (a BertModel; the generator and heads are left out), its sizes read
+from the tensors when there is no bert_config.json; ELECTRA-Small's embedding projection is refused. A missing shard, a checksum that
 does not match, a variable BERT does not have, or a shape that disagrees with bert_config.json stops
 the conversion with one line naming the variable and the file, and nothing is written.
 """
@@ -1006,7 +1008,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
     with atomic_folder(out) as tmp:  # the whole folder or none
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    print(f"wrote {out}: BertForPreTraining, {model.config.num_hidden_layers} layers of {model.config.hidden_size}, "
+    print(f"wrote {out}: {type(model).__name__}, {model.config.num_hidden_layers} layers of {model.config.hidden_size}, "
           f"a vocab of {tokenizer.vocab_size:,} ({'lowercased' if tokenizer.lowercase else 'cased'}) in "
           f"{time.perf_counter() - start:.1f}s")
 
@@ -1163,8 +1165,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--int8", action="store_true", help=INT8_HELP)
     sv.set_defaults(func=cmd_serve)
 
-    cv = sub.add_parser("convert", help="read a Google BERT TensorFlow checkpoint (no TensorFlow needed) into a "
-                                        "Hugging Face folder",
+    cv = sub.add_parser("convert", help="read a Google BERT (or ELECTRA) TensorFlow checkpoint (no TensorFlow "
+                                        "needed) into a Hugging Face folder",
                         description="Convert one of Google's original BERT checkpoints (bert_model.ckpt.index and "
                                     ".data-* shards, bert_config.json, vocab.txt: BERT-Base Chinese, multilingual, "
                                     "the small BERTs, whole-word masking, and the Chinese BERTs released the same "

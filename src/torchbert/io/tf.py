@@ -15,7 +15,9 @@ offset, size and the masked CRC-32C of the tensor's bytes. Every checksum is ver
 
 Google's variable names map onto transformers' BertForPreTraining names (TF's dense kernels are
 [in, out], transposed here); Adam's slots (`adam_m`, `adam_v`) and the step counters are skipped,
-and any other name is an error.
+and any other name is an error. An ELECTRA checkpoint (`electra/...`) gives its discriminator's
+encoder, which is BERT's (the generator and both heads are left out); Google released ELECTRA
+without a config, so its sizes are read from the tensors' shapes.
 """
 
 from __future__ import annotations
@@ -257,21 +259,67 @@ def hf_name(name: str) -> tuple[str, bool] | None:
     raise KeyError(name)
 
 
-def read_bert(checkpoint: TFCheckpoint) -> dict[str, "np.ndarray"]:
-    """transformers-named tensors of a Google BERT checkpoint (kernels transposed to [out, in])."""
+# ELECTRA (Clark et al., 2020): the discriminator is BERT's encoder under `electra/`; the generator and
+# both prediction heads are left out (what fine-tuning reads is the encoder)
+ELECTRA_LEFT_OUT = re.compile(r"^(generator|generator_predictions|discriminator_predictions)/|^temperature$")
+
+
+def is_electra(checkpoint: TFCheckpoint) -> bool:
+    return any(n.startswith("electra/") for n in checkpoint.entries)
+
+
+def electra_name(name: str) -> tuple[str, bool] | None:
+    """(transformers' BertModel name, transposed) of an ELECTRA variable, None for one left out; KeyError."""
+    if SKIPPED.search(name) or ELECTRA_LEFT_OUT.search(name):
+        return None
+    if name.startswith("electra/embeddings_project/"):
+        raise KeyError(name)  # a projection BERT does not have (said in read_encoder)
+    target = hf_name("bert/" + name.removeprefix("electra/")) if name.startswith("electra/") else None
+    if target is None or not target[0].startswith("bert.") or target[0].startswith("bert.pooler."):
+        raise KeyError(name)
+    return target[0].removeprefix("bert."), target[1]
+
+
+def read_encoder(checkpoint: TFCheckpoint) -> dict[str, "np.ndarray"]:
+    """transformers-named tensors of a Google BERT checkpoint (BertForPreTraining names) or of an ELECTRA
+    one (its discriminator's encoder, BertModel names); kernels transposed to [out, in]."""
+    electra = is_electra(checkpoint)
+    if electra and "electra/embeddings_project/kernel" in checkpoint.entries:
+        e, h = checkpoint.shape("electra/embeddings_project/kernel")
+        raise CheckpointError(f"{checkpoint.index}: this ELECTRA projects its {e}-wide embeddings to its hidden size "
+                              f"{h} (electra/embeddings_project, as ELECTRA-Small does); torchbert's BERT has no such "
+                              "projection, so it cannot hold this model")
     state = {}
     for name in checkpoint.names():
         try:
-            target = hf_name(name)
+            target = electra_name(name) if electra else hf_name(name)
         except KeyError:
-            raise CheckpointError(f"{checkpoint.index}: variable {name} is not part of a Google BERT checkpoint "
-                                  "(BERT's embeddings, encoder layers, pooler and cls heads; Adam's slots are skipped)"
-                                  ) from None
+            kind = ("an ELECTRA discriminator's encoder (electra/...; the generator and heads are left out)" if electra
+                    else "a Google BERT checkpoint (BERT's embeddings, encoder layers, pooler and cls heads)")
+            raise CheckpointError(f"{checkpoint.index}: variable {name} is not part of {kind}; Adam's slots are "
+                                  "skipped") from None
         if target is None:
             continue
         value = checkpoint.tensor(name)
         state[target[0]] = value.T if target[1] else value
     return state
+
+
+def electra_config(checkpoint: TFCheckpoint) -> dict:
+    """A BERT config for an ELECTRA checkpoint, which Google released without one: sizes from the tensors'
+    shapes, and ELECTRA's 64-wide attention heads (small 4, base 12, large 16)."""
+    def shape(name):
+        if name not in checkpoint.entries:
+            raise CheckpointError(f"{checkpoint.index}: no variable {name}; give the model's sizes with --config")
+        return checkpoint.shape(name)
+
+    vocab, hidden = shape("electra/embeddings/word_embeddings")
+    layers = {int(m[1]) for n in checkpoint.entries if (m := re.match(r"electra/encoder/layer_(\d+)/", n))}
+    return {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": len(layers),
+            "num_attention_heads": max(1, hidden // 64),
+            "intermediate_size": shape("electra/encoder/layer_0/intermediate/dense/kernel")[1],
+            "max_position_embeddings": shape("electra/embeddings/position_embeddings")[0],
+            "type_vocab_size": shape("electra/embeddings/token_type_embeddings")[0], "hidden_act": "gelu"}
 
 
 def guess_lowercase(vocab: dict[str, int]) -> bool:
@@ -295,41 +343,55 @@ def bert_config_dict(path: Path) -> dict:
 
 def convert_bert(checkpoint: str | Path, config: str | Path | None = None, vocab: str | Path | None = None,
                  lowercase: bool | None = None, log=print):
-    """A Google BERT TensorFlow checkpoint -> (BertForPreTraining with its weights, BertTokenizer), all in
-    memory: nothing is written here. config and vocab default to bert_config.json and vocab.txt beside
-    the checkpoint; lowercase (do_lower_case) is guessed from the vocabulary when not given."""
+    """A Google BERT or ELECTRA TensorFlow checkpoint -> (the model with its weights, BertTokenizer), all in
+    memory: nothing is written here. A BERT becomes BertForPreTraining (encoder, pooler, MLM and NSP
+    heads); an ELECTRA its discriminator's encoder, a BertModel without pooler. config and vocab default
+    to bert_config.json (an ELECTRA's: read from its tensors' shapes when there is none) and vocab.txt
+    beside the checkpoint; lowercase (do_lower_case) is guessed from the vocabulary when not given."""
     import torch
 
     from ..config import BertConfig
     from ..heads import BertForPreTraining
+    from ..model import BertModel
     from ..tokenizer import BertTokenizer, read_vocab
     from .hf import convert_from_hf
 
     ckpt = TFCheckpoint(checkpoint)
+    electra = is_electra(ckpt)
     folder = ckpt.prefix.parent
     config_path = Path(config) if config is not None else folder / "bert_config.json"
     vocab_path = Path(vocab) if vocab is not None else folder / "vocab.txt"
-    for what, path in (("--config", config_path), ("--vocab", vocab_path)):
-        if not path.is_file():
-            raise CheckpointError(f"{path}: no such file ({what}; Google's releases put it beside the checkpoint)")
-    cfg = BertConfig.from_dict(bert_config_dict(config_path), source=str(config_path))
+    if not vocab_path.is_file():
+        raise CheckpointError(f"{vocab_path}: no such file (--vocab; Google's releases put it beside the checkpoint)")
+    if config_path.is_file():
+        cfg = BertConfig.from_dict(bert_config_dict(config_path), source=str(config_path))
+    elif electra and config is None:
+        cfg = BertConfig.from_dict(electra_config(ckpt), source=f"{ckpt.index} (sizes read from its tensors)")
+        config_path = ckpt.index
+        log(f"{ckpt.prefix}: an ELECTRA without a config: {cfg.num_hidden_layers} layers of {cfg.hidden_size}, "
+            f"{cfg.num_attention_heads} heads of 64 (ELECTRA's; --config to say otherwise)")
+    else:
+        raise CheckpointError(f"{config_path}: no such file (--config; Google's releases put it beside the checkpoint)")
     words = read_vocab(vocab_path)
     if len(words) != cfg.vocab_size:
         raise CheckpointError(f"{vocab_path}: {len(words)} tokens, but {config_path} says vocab_size {cfg.vocab_size}")
     guessed = lowercase is None
     lowercase = guess_lowercase(words) if guessed else lowercase
     tokenizer = BertTokenizer(words, lowercase=lowercase, model_max_length=cfg.max_position_embeddings)
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in read_bert(ckpt).items()}
-    model = BertForPreTraining(cfg)
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in read_encoder(ckpt).items()}
+    if electra:
+        cfg.extra = {**cfg.extra, "torchbert_objective": "electra"}  # as `pretrain --objective electra` writes it
+    model = BertModel(cfg, add_pooling_layer=False) if electra else BertForPreTraining(cfg)
     try:
         ours, missing, _ = convert_from_hf(model, state, source=str(ckpt.index))
-    except ValueError as e:  # a shape that disagrees with the config names the tensor; say it in Google's terms
+    except ValueError as e:  # a shape that disagrees with the config names the tensor
         raise CheckpointError(f"{e} (from {config_path})") from None
     model.load_state_dict(ours, strict=False)
     if missing:  # the encoder is all there (convert_from_hf checked); a release without its pretraining heads
         log(f"note: {ckpt.prefix} has no {', '.join(missing[:4])}: those heads keep a fresh initialization")
-    log(f"read {len(ckpt.entries)} variables of {ckpt.prefix} ({len(state)} BERT tensors, the rest optimizer "
-        f"slots and counters); {'lowercased (guessed from the vocabulary)' if guessed and lowercase else ''}"
-        f"{'cased (guessed from the vocabulary)' if guessed and not lowercase else ''}"
-        f"{'' if guessed else ('lowercased' if lowercase else 'cased') + ' (as given)'}")
+    casing = (f"{'lowercased' if lowercase else 'cased'} (guessed from the vocabulary)" if guessed
+              else f"{'lowercased' if lowercase else 'cased'} (as given)")
+    what = "the ELECTRA discriminator's encoder" if electra else "BERT"
+    log(f"read {len(ckpt.entries)} variables of {ckpt.prefix}: {len(state)} tensors of {what}, the rest "
+        f"{'the generator, the heads, ' if electra else ''}optimizer slots and counters; {casing}")
     return model.eval(), tokenizer
