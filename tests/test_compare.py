@@ -163,6 +163,30 @@ def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tm
     assert not list(tmp_path.glob(".run*"))
 
 
+def test_a_fresh_compare_interrupted_while_pretraining_keeps_its_runs_for_resume(tmp_path, capsys, monkeypatch):
+    """Hours of pretraining are not thrown away by a Ctrl-C or a SIGTERM: a fresh compare has no earlier
+    folder to put back, so it keeps what finished and says how to continue."""
+    import torchbert.compare
+    from torchbert.cli import main
+    from torchbert.compare import MARKER
+
+    out = tmp_path / "run"
+
+    def interrupted_while_pretraining(out, main, on_pretrained, **kw):
+        (out / MARKER).write_text("")
+        (out / "settings.json").write_text("{}")
+        (out / "pretrain" / "bert").mkdir(parents=True)
+        (out / "pretrain" / "bert" / "metrics.json").write_text("{}")  # a finished run
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torchbert.compare, "run_compare", interrupted_while_pretraining)
+    assert main(["compare", "--quick", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted; {out} keeps the runs that finished; continue with: torchbert compare --quick --out {out} " \
+           "--resume" in err, err
+    assert (out / "pretrain" / "bert" / "metrics.json").is_file() and (out / MARKER).is_file()
+
+
 def test_random_init_is_seeded_whole_and_leaves_the_global_rng_alone(tmp_path, minilm_dir):
     import torch
     from safetensors.torch import load_file

@@ -935,6 +935,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs={}, log=print,
                        kept_until="has pretrained its models")
     with folder.opened(Dist()):
+        if not holds:  # nothing earlier to put back: a fresh compare keeps what it did, for --resume
+            folder.commit()
         run_compare(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print,
                     on_pretrained=folder.commit, recipe=args.recipe, match=args.match)
 
@@ -1350,6 +1352,8 @@ def _interrupted(e: Interrupted | None, args: argparse.Namespace, argv: list[str
     if e is not None and e.checkpoint is not None:
         return (f"{e.signal_name}: stopped at step {e.step} and saved {e.checkpoint}; continue with: "
                 f"{resume_command(argv)}")
+    if args.command == "compare" and (Path(args.out) / "settings.json").is_file():
+        return f"interrupted; {args.out} keeps the runs that finished; continue with: {resume_command(argv)}"
     if args.command not in ("pretrain", "finetune"):
         return "interrupted; no output was written"
     out = Path(args.out)
