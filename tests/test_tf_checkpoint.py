@@ -15,7 +15,7 @@ import pytest
 import torch
 from clihelp import cli
 
-from torchbert.io.tf import TFCheckpoint, guess_lowercase, hf_name
+from torchbert.io.tf import TFCheckpoint, guess_lowercase
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "google_bert"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -114,8 +114,13 @@ def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_the_file_and_nothing
     _flip(folder / shard, word.offset + 7)
     fails(folder, f"{folder / shard}: bert/embeddings/word_embeddings: checksum mismatch (the data file is damaged)")
 
+    slot = ckpt.entries["bert/pooler/dense/kernel/adam_m"]  # left out of the model, but verified too
+    folder = _copy(tmp_path / "c2")
+    _flip(folder / shard, slot.offset + 2)
+    fails(folder, f"{folder / shard}: bert/pooler/dense/kernel/adam_m: checksum mismatch (the data file is damaged)")
+
     folder = _copy(tmp_path / "d")
-    last = max((e for e in ckpt.entries.values() if hf_name(e.name)), key=lambda e: e.offset)  # Adam's are not read
+    last = max(ckpt.entries.values(), key=lambda e: e.offset)
     (folder / shard).write_bytes((folder / shard).read_bytes()[:last.offset + last.size - 3])
     fails(folder, f"{last.name}: the shard ends before the tensor does (truncated?)")
 

@@ -184,13 +184,11 @@ class TFCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.entries[name].shape
 
-    def tensor(self, name: str) -> np.ndarray:
-        """The tensor's values, its checksum verified."""
+    def raw(self, name: str) -> bytes:
+        """The tensor's bytes, their checksum verified."""
         e = self.entries[name]
         file = self.shard_file(e.shard)
         where = f"{file}: {name}"
-        if e.dtype not in DTYPES and e.dtype != BFLOAT16:
-            raise CheckpointError(f"{where}: TensorFlow dtype {e.dtype} is not read here")
         with open(file, "rb") as f:
             f.seek(e.offset)
             raw = f.read(e.size)
@@ -198,6 +196,15 @@ class TFCheckpoint:
             raise CheckpointError(f"{where}: the shard ends before the tensor does (truncated?)")
         if e.crc is not None and _masked_crc(raw) != e.crc:
             raise CheckpointError(f"{where}: checksum mismatch (the data file is damaged)")
+        return raw
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor's values, its checksum verified."""
+        e = self.entries[name]
+        where = f"{self.shard_file(e.shard)}: {name}"
+        if e.dtype not in DTYPES and e.dtype != BFLOAT16:
+            raise CheckpointError(f"{where}: TensorFlow dtype {e.dtype} is not read here")
+        raw = self.raw(name)
         if e.dtype == BFLOAT16:
             values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         else:
@@ -298,7 +305,8 @@ def read_encoder(checkpoint: TFCheckpoint) -> dict[str, "np.ndarray"]:
                     else "a Google BERT checkpoint (BERT's embeddings, encoder layers, pooler and cls heads)")
             raise CheckpointError(f"{checkpoint.index}: variable {name} is not part of {kind}; Adam's slots are "
                                   "skipped") from None
-        if target is None:
+        if target is None:  # left out, but its checksum is verified all the same: a damaged file is said
+            checkpoint.raw(name)
             continue
         value = checkpoint.tensor(name)
         state[target[0]] = value.T if target[1] else value
