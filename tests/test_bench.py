@@ -95,7 +95,7 @@ def test_bench_recipes_runs_each_probe_for_its_seconds_and_tables_it(tmp_path):
         assert 0 <= float(rows[name][-2]) <= 1 and int(rows[name][1].replace(",", "")) >= 10
     results = __import__("json").loads((tmp_path / "results.json").read_text())
     assert set(results["2s"]) == set(probes)
-    assert (tmp_path / "models" / "MLM-only-seed0" / "model.safetensors").is_file()
+    assert (tmp_path / "models" / "GPT-pre-LN-seed0" / "model.safetensors").is_file()
 
 
 def test_bench_recipes_gpt_variants_are_what_they_say_and_leave_gpt_as_it_was():
