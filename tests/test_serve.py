@@ -297,6 +297,34 @@ def test_requests_share_batches_in_turns_so_a_small_one_waits_one_batch_behind_a
     assert [x for b in batches for x in b if x < 40] == list(range(40))
 
 
+def test_a_request_left_out_of_a_full_batch_goes_first_in_the_next():
+    """Three requests of long texts, two texts to a batch: they take turns, none waits for the others."""
+    from torchbert.serve import Batcher, Limits
+
+    running, release, batches = threading.Event(), threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        if len(batches) == 1:
+            running.set()
+            assert release.wait(300), "never released"
+        return items
+
+    async def main():
+        b = Batcher(run, Limits(max_batch_tokens=2048, max_wait_ms=0))
+        await b.start()
+        first = asyncio.create_task(b.submit([0], [1]))
+        await until(running.is_set, "a first batch to hold the model")
+        jobs = [asyncio.create_task(b.submit([f"{name}{k}" for k in range(4)], [1000] * 4)) for name in "abc"]
+        await until(lambda: b.waiting == 13, "three requests to queue")
+        release.set()
+        await asyncio.gather(first, *jobs)
+        await b.stop()
+
+    asyncio.run(main())
+    assert batches[1:4] == [["a0", "b0"], ["c0", "a1"], ["b1", "c1"]]  # in turns: c is not starved by a and b
+
+
 def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on():
     from torchbert.serve import Batcher, Limits
 

@@ -149,7 +149,7 @@ class Batcher:
             self.metrics.queue.labels(self.name).set(self.waiting)
 
     def _take(self, active: list[_Job]) -> list[tuple[_Job, int, int]]:
-        """The next batch: a text from each job in turn (arrival order), round after round, until the
+        """The next batch: a text from each job in turn (in the order of `active`), round after round, until the
         next text would pass max_batch_tokens (a text over it alone goes alone). [(job, start, stop)]:
         each job's texts in the batch, consecutive and in its order."""
         taken, used = [0] * len(active), 0
@@ -199,7 +199,12 @@ class Batcher:
                     break
             active[:] = [j for j in active if not j.future.done()]  # done: a client that went away
             if active:
-                await self._batch(self._take(active))
+                parts = self._take(active)
+                await self._batch(parts)
+                # those served go to the back, in their order: a request the budget left out this time
+                # is first in the next batch, so no request waits behind two others for ever
+                served = {id(j) for j, _, _ in parts}
+                active[:] = [j for j in active if id(j) not in served] + [j for j, _, _ in parts]
                 active[:] = [j for j in active if j.left and not j.future.done()]
 
     async def _batch(self, parts: list[tuple[_Job, int, int]]) -> None:
