@@ -491,7 +491,7 @@ def test_cli_errors(work, zh_tok, capsys):
     assert "empty" in capsys.readouterr().err
     assert main(["prepare", "--corpus", str(work / "missing.txt"), "--tokenizer", str(zh_tok),
                  "--out", str(work / "v")]) == 2
-    assert "corpus file not found" in capsys.readouterr().err
+    assert "missing.txt: no such corpus file" in capsys.readouterr().err
     assert main(["inspect-data", str(work)]) == 2
     assert "manifest.json" in capsys.readouterr().err
 

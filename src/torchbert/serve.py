@@ -206,6 +206,7 @@ class Batcher:
                 served = {id(j) for j, _, _ in parts}
                 active[:] = [j for j in active if id(j) not in served] + [j for j, _, _ in parts]
                 active[:] = [j for j in active if j.left and not j.future.done()]
+                del parts, served  # hold no finished request while waiting for the next one
 
     async def _batch(self, parts: list[tuple[_Job, int, int]]) -> None:
         items = [x for j, a, b in parts for x in j.items[a:b]]
