@@ -267,6 +267,31 @@ def test_the_lock_is_one_per_folder_even_within_a_process_and_is_released_after(
         pass
 
 
+def test_a_refusal_in_the_moment_before_the_holder_wrote_its_line_still_names_the_holder(tmp_path):
+    """CI caught a second run refused as 'another process': it read the lock file between the
+    holder's flock and its line. The refused side waits a moment for the line."""
+    import fcntl
+    import threading
+
+    from torchbert.errors import UserError
+    from torchbert.io.files import hold, lock_path
+
+    folder = tmp_path / "run"
+    path = lock_path(folder)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # locked, nothing written yet
+    later = threading.Timer(0.3, os.pwrite, (fd, b"process 4242 on host (torchbert finetune, since now)\n", 0))
+    later.start()
+    try:
+        with pytest.raises(UserError, match=r"in use by process 4242 on host \(torchbert finetune"):
+            with hold(folder, "second"):
+                pass
+    finally:
+        later.join()
+        os.close(fd)
+    assert not folder.exists()
+
+
 def test_two_finetune_runs_started_together_on_one_out_one_runs_and_the_other_is_refused(minilm_dir, tmp_path):
     """The issue's case: two runs with different labels on one --out both exited 0 and left a folder
     that mixed them. Now one of them holds the folder, and the other exits 2 naming it."""

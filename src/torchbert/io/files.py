@@ -114,6 +114,20 @@ def lock_path(folder: str | os.PathLike) -> Path:
     return folder.parent / f".{folder.name}.lock"
 
 
+def _holder(fd: int, wait: float = 2.0) -> str:
+    """The line a lock's holder wrote into its file; a holder that has only just taken the lock
+    writes it a moment later, so an unfinished line is read again for up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if text.endswith("\n") or time.monotonic() > deadline:
+            return text.strip()
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[None]:
     """The folder's lock while the block runs (see the module's docstring); `what` (the command)
@@ -139,9 +153,7 @@ def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = ""
-            with contextlib.suppress(OSError):
-                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            holder = _holder(fd)
             os.close(fd)
             raise UserError(f"{name} {folder}: in use by {holder or 'another process'}; a folder takes one "
                             f"writer at a time: wait for that one to end, or choose another {name}") from None
@@ -156,9 +168,10 @@ def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[
                 break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} ({what}, since "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+        line = (f"process {os.getpid()} on {socket.gethostname()} ({what}, since "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n").encode()
+        os.pwrite(fd, line, 0)
+        os.ftruncate(fd, len(line))
         yield
     finally:
         with contextlib.suppress(OSError):
