@@ -1,6 +1,6 @@
 """Batching and quality: `torchbert finetune` with length-sorted windows against plain shuffled batches.
 
-`torchbert finetune` sorts the rows of each window of `taskdata.SORT_WINDOW` batches by length before it
+`torchbert finetune` sorts the rows of each window of `batches.SORT_WINDOW` batches by length before it
 cuts them into batches (less padding inside attention). A window of 1 is a plain shuffled loop: random
 batches (each sorted within itself, which packed batches do not notice). This runs the same command with
 each window over several seeds, on the data and settings of bench_finetune.py, and compares dev quality:
@@ -28,9 +28,9 @@ import torch
 from bench_finetune import (TASKS, load_average, log, metric_of, paired_bootstrap, run_torchbert, sentiment_data,
                             wnut_data, write_files)
 
-from torchbert.data import taskdata, tasks
-from torchbert.families import family
 from torchbert.fast import keep_freed_memory
+from torchbert.tasks import batches, formats
+from torchbert.tasks.families import family
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size}, "
           f"lr {args.lr:g}, seeds {args.seeds}, windows {args.windows}; load average before: {load_average()}")
-    default_window = taskdata.SORT_WINDOW
+    default_window = batches.SORT_WINDOW
     for task in args.task:
         task_type, default_epochs, metric = TASKS[task]
         epochs = args.epochs or default_epochs
@@ -65,16 +65,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
-            label_map = tasks.LabelMap.from_examples(family(task_type).read(train_path))
+            label_map = formats.LabelMap.from_examples(family(task_type).read(train_path))
             for seed in args.seeds:
                 for window in args.windows if seed % 2 == 0 else reversed(args.windows):  # alternate the order
                     log(f"[{task}] window {window}, seed {seed}: {len(train)} train / {len(dev)} dev, {epochs} epochs")
                     args.seed = seed
-                    taskdata.SORT_WINDOW = window
+                    batches.SORT_WINDOW = window
                     try:
                         run = run_torchbert(task, train_path, dev_path, dev, label_map, args, epochs, work)
                     finally:
-                        taskdata.SORT_WINDOW = default_window
+                        batches.SORT_WINDOW = default_window
                     runs[window].append((seed, run))
                     log(f"[{task}] window {window}, seed {seed}: dev {metric} {run.best[metric]:.4f} "
                         f"(epoch {run.best_epoch}), train {run.train_s:.1f}s")

@@ -85,8 +85,8 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    import transformers
     import sentence_transformers
+    import transformers
     from sentence_transformers import SentenceTransformer
 
     model_dir = realdata.minilm_dir()

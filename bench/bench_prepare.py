@@ -36,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's thread pool
 
+    import realdata
     import torch
 
-    import realdata
     from torchbert.data import PrepareSettings, PretrainingData, prepare
     from torchbert.tokenizer import BertTokenizer
 

@@ -68,10 +68,10 @@ import realdata  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
 from torchbert import BertConfig  # noqa: E402
+from torchbert import fast  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.data.shards import Batch, PretrainingData  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
-from torchbert import fast  # noqa: E402
 from torchbert.train.loop import _checked_on_host  # noqa: E402
 from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
 

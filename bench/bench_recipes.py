@@ -98,7 +98,7 @@ def gpt_variant(name: str | None):
     if name is None:
         yield
         return
-    from torchbert import gpt
+    from torchbert.baselines import gpt
     from torchbert import model as m
     from torchbert.packing import packed_layout
 
@@ -190,8 +190,8 @@ def keep_model(run: Path, out: Path) -> None:
 def finetune_table(a, work: Path, base: Path, tasks: Path, results: dict) -> None:
     """The demo's protocol on each probe's seed-0 model and on random weights: sentiment and People's Daily
     NER with 200 labels, the learning rate chosen on dev, 3 seeds scored on test (compare.cell)."""
-    from torchbert import demo
-    from torchbert.compare import Stages, bert_folder, cell
+    from torchbert.apps import demo
+    from torchbert.apps.compare import Stages, bert_folder, cell
 
     b = demo.QUICK if a.budget == "quick" else demo.FULL
     r = Stages(work / "finetune", cli, lambda _: None)

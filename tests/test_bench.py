@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # whole commands end to end: `bash scripts/test.sh --fast` leaves them out
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +34,9 @@ def test_bench_pretrain_runs_both_systems_on_equal_losses():
     assert diff and float(diff.group(1)) < 1e-4, out
     rows = table_rows(out)
     assert [r[0].split(",")[0] for r in rows] == ["torchbert", "transformers sdpa"], out
-    assert rows[0][4] == "1.00x" and float(rows[1][4].rstrip("x")) > 0
+    assert rows[0][4] == "1.00x"
+    ours, theirs = (float(r[3].replace(",", "")) for r in rows)  # real tokens/s
+    assert float(rows[1][4].rstrip("x")) == pytest.approx(ours / theirs, abs=0.006)  # the speed-up is their ratio
     assert re.search(r"fp32 matmul peak .*: [\d.]+ GFLOP/s", out)
 
 
@@ -107,8 +113,8 @@ def test_bench_recipes_gpt_variants_are_what_they_say_and_leave_gpt_as_it_was():
     from bench_recipes import gpt_variant
 
     from torchbert import model as m
+    from torchbert.baselines.gpt import OpenAIGPTModel
     from torchbert.config import GPTConfig
-    from torchbert.gpt import OpenAIGPTModel
 
     torch.manual_seed(0)
     gpt = OpenAIGPTModel(GPTConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()

@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-
 import realdata
 from parity import assert_parity
+from safetensors.numpy import load_file
+
 from torchbert import BertModel
 from torchbert.cli import build_parser, main
 from torchbert.features import embed

@@ -122,6 +122,7 @@ def pretrain_args(root, out, *extra):
             "--warmup-steps", "2", "--log-every", "2", "--quiet", "--objective", "electra", *extra]
 
 
+@pytest.mark.e2e
 def test_pretrain_electra_end_to_end_and_resume_is_bit_identical(prepared, tmp_path, capsys):
     ref = tmp_path / "ref"
     code, out, err = cli(capsys, *pretrain_args(prepared, ref, "--steps", "12", "--eval-data", prepared / "eval",

@@ -150,6 +150,7 @@ def test_overwrite_with_a_bad_config_or_bad_weights_keeps_the_previous_run(prepa
     assert snapshot(ft / "ner") == before and not hidden_leftovers(ft / "ner")
 
 
+@pytest.mark.e2e
 def test_a_failed_overwrite_puts_the_previous_run_back(prepared, tmp_path, capsys):
     """The run is replaced only once the new one has a checkpoint: a new run that dies before its
     first leaves the old one as it was (here the loss diverges at once)."""
@@ -173,6 +174,7 @@ def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint(prepared, 
     assert json.loads((run / "metrics.json").read_text())["steps"] == 3
 
 
+@pytest.mark.e2e
 def test_a_run_killed_mid_overwrite_leaves_the_earlier_run_aside_and_says_so(prepared, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))[0] == 0
@@ -292,6 +294,7 @@ def test_a_refusal_in_the_moment_before_the_holder_wrote_its_line_still_names_th
     assert not folder.exists()
 
 
+@pytest.mark.e2e
 def test_two_finetune_runs_started_together_on_one_out_one_runs_and_the_other_is_refused(minilm_dir, tmp_path):
     """The issue's case: two runs with different labels on one --out both exited 0 and left a folder
     that mixed them. Now one of them holds the folder, and the other exits 2 naming it."""
@@ -328,6 +331,7 @@ def resume_from_message(err: str) -> list[str]:
     return argv[1:]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_saves_a_checkpoint_and_the_printed_resume_is_bit_identical(prepared, tmp_path, sig):
     args = ["--steps", "40", "--save-every", "100"]  # signalled by step 6: 34 steps to spare, on any host
@@ -356,6 +360,7 @@ def test_a_signal_saves_a_checkpoint_and_the_printed_resume_is_bit_identical(pre
     assert losses(run) == losses(tmp_path / "ref")
 
 
+@pytest.mark.e2e
 def test_sigterm_in_finetuning_resumes_bit_identically(ft, tmp_path):
     args = ["--epochs", "2", "--log-every", "2"]
     ref = start(finetune_args(ft, tmp_path / "ref", *args))
@@ -439,6 +444,7 @@ def test_resume_without_a_whole_checkpoint_is_one_line(prepared, tmp_path, capsy
     assert snapshot(run) == before
 
 
+@pytest.mark.e2e
 def test_resumed_finetuning_with_other_labels_is_one_line(ft, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli(capsys, *finetune_args(ft, run, "--epochs", "1", "--save-every", "2"))[0] == 0
@@ -466,7 +472,7 @@ def test_leftover_checkpoint_temporaries_are_cleaned(prepared, tmp_path, capsys)
 def test_nonfinite_gradient_with_a_finite_loss_is_skipped(monkeypatch, tmp_path):
     """The clip's scale test is False for NaN: without the check the exploded weights would be stepped
     into and saved. With and without clipping, the step is skipped and counted, the weights stay."""
-    from test_loop import RepeatData, cfg, tiny_model
+    from tinyloop import RepeatData, cfg, tiny_model
 
     from torchbert.train.loop import PretrainingTask, TrainingError, train
 
@@ -523,6 +529,7 @@ def _tmpfs_available() -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not _tmpfs_available(), reason="needs user namespaces to mount a small tmpfs")
 def test_a_really_full_disk(prepared, tmp_path):
     """On a 400 kB tmpfs: pretrain fails with one line naming the folder, and vocab leaves nothing."""
@@ -618,7 +625,7 @@ def test_a_folder_saved_again_is_replaced_whole_or_kept(tmp_path, monkeypatch):
 
 
 def test_best_epoch_folder_is_replaced_whole(ft, tmp_path, monkeypatch):
-    from torchbert.predict import load_finetuned
+    from torchbert.tasks.predict import load_finetuned
     from torchbert.train.distributed import Dist
     from torchbert.train.finetune import _Best
 

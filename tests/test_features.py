@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+import realdata
 import torch
 import transformers
-
-import realdata
 from parity import assert_parity
+
 from torchbert import BertModel
 from torchbert.features import combine_layers, embed, pool, token_features, word_features
 from torchbert.tokenizer import BertTokenizer
@@ -114,6 +114,8 @@ def test_sentence_transformers_parity(minilm_dir, ours, tok):
 
 
 def test_embed_truncates_to_the_model_limit(ours, tok):
-    long = "word " * 2000
+    long = "word " * 2000  # "word" is one token: 2,000 tokens, the model reads 512 ([CLS], 510 words, [SEP])
     got = embed(ours, tok, [long, "short"], max_length=None)
     assert got.shape == (2, 384) and np.isfinite(got).all()
+    assert_parity(got[0], embed(ours, tok, ["word " * 510], max_length=None)[0])  # the text cut at the limit
+    assert not np.allclose(got[0], embed(ours, tok, ["word " * 509], max_length=None)[0])  # and not shorter

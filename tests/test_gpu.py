@@ -7,7 +7,7 @@ mantissa, so one rounding is up to 2^-8 = 0.4% of a value, and a layer's output 
 
 import pytest
 import torch
-from test_loop import NaNTask, RepeatData, V, cfg
+from tinyloop import NaNTask, RepeatData, V, cfg
 
 from torchbert import BertConfig, BertModel, fast
 from torchbert.fast.flash import flash_attention, usable

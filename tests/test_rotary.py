@@ -13,7 +13,8 @@ import torch
 import transformers
 from parity import assert_parity
 
-from torchbert import BertConfig, BertModel, fast, model as model_module
+from torchbert import BertConfig, BertModel, fast
+from torchbert import model as model_module
 from torchbert.heads import (BertForMaskedLM, BertForMultipleChoice, BertForQuestionAnswering,
                              BertForSequenceClassification, BertForTokenClassification)
 from torchbert.packing import unpad
@@ -174,6 +175,7 @@ def test_rotary_config_reads_and_writes_roformer_and_refuses_what_it_cannot_comp
         BertModel.from_pretrained(tmp_path)
 
 
+@pytest.mark.e2e
 def test_rotary_pretrains_resumes_and_every_command_takes_it(prepared, tmp_path, capsys):
     """pretrain --positions rotary (MLM alone) writes a RoFormer that transformers reads with the same
     logits; a cut-back run resumes bit-identically and refuses other positions; finetune, evaluate,

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles, and the paper's files free of speed machinery (STYLE.md)."""
+"""The package's shape: layers that import only downwards, no import cycles, every module named in the
+README's layout, and the paper's files free of speed machinery (STYLE.md)."""
 
 import ast
 from pathlib import Path
@@ -72,3 +73,62 @@ def test_the_papers_files_hold_no_speed_machinery(name):
     text = (SRC / "torchbert" / name).read_text(encoding="utf-8")
     for marker in ("autograd.Function", "device.type", "is_compiling", "is_autocast", "numpy", "setattr("):
         assert marker not in text, f"{name} uses {marker}"
+
+
+# Bottom to top. A module may import its own layer and those below it, never one above: the paper's
+# files never reach for data or training, the training loop never for an application.
+LAYERS = [
+    ("foundations", ["errors", "io", "config", "settings", "packing", "tokenizer", "losses"]),
+    ("models", ["model", "heads", "electra", "baselines", "features", "fast"]),
+    ("data", ["data", "tasks", "eval"]),
+    ("training", ["train"]),
+    ("applications", ["apps"]),
+    ("entry points", ["cli", "__main__"]),
+]
+
+
+def layer(module: str) -> int:
+    """The layer of `torchbert.a.b...`: its first part's (the package itself is the top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS)
+    for i, (_, names) in enumerate(LAYERS):
+        if parts[1] in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add {parts[1]!r} to LAYERS")
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    mods = modules()
+    wrong = []
+    for name, file in sorted(mods.items()):
+        for dep in sorted(imports(name, file, set(mods)) - {"torchbert"}):
+            if layer(dep) > layer(name):
+                wrong.append(f"{name} ({LAYERS[layer(name)][0]}) imports {dep} ({LAYERS[layer(dep)][0]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_sees_a_wrong_import():
+    assert layer("torchbert.model") < layer("torchbert.tasks.families") < layer("torchbert.apps.serve")
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer("torchbert.nowhere")
+
+
+def test_the_readme_layout_names_every_module():
+    """A newcomer finds any file from the README's layout in one guess: each module has its line, under
+    its package's line."""
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("**Layout.**", 1)[1].split("```", 2)[1]
+    named, package = set(), ""
+    for line in block.splitlines():
+        if line.startswith("  ") and line[2] != " ":  # a top-level module or package
+            word = line.split()[0]
+            package = word if word.endswith("/") else ""
+            named.add(word.rstrip("/"))
+        elif line.startswith("    ") and line[4] != " " and package:  # a module of that package
+            named.add(package + line.split()[0])
+    files = {str(f.relative_to(SRC / "torchbert")) for f in (SRC / "torchbert").rglob("*.py")
+             if f.name not in ("__init__.py", "__main__.py")}
+    assert "apps/serve.py" in named and "model.py" in named  # the parse sees the layout
+    assert not files - named, f"README's layout does not name {sorted(files - named)}"
+    assert not {n for n in named if n.endswith(".py")} - files, "README's layout names files that do not exist"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import realdata
 import torch
 import transformers
 from transformers import AutoTokenizer, BertTokenizerFast
 
-import realdata
 from torchbert.tokenizer import BatchEncoding, BertTokenizer, VocabError
 
 transformers.utils.logging.set_verbosity_error()  # "sequence longer than 512" warnings are expected

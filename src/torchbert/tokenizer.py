@@ -42,6 +42,7 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 REQUIRED_SPECIAL_TOKENS = (PAD, UNK, CLS, SEP)  # [MASK] is only needed for pretraining
 MAX_INPUT_CHARS_PER_WORD = 100
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")  # save_pretrained's
 DEFAULT_MODEL_MAX_LENGTH = 512
 # transformers writes int(1e30) as "no limit known"; anything above this is treated as that.
 _ABSURD_MODEL_MAX_LENGTH = 1_000_000

@@ -1,4 +1,5 @@
-"""Pretraining data: corpus -> instances (pretraining.py) -> memory-mapped shards and batches (shards.py)."""
+"""Pretraining data: corpus -> sentence pairs -> masked instances (pretraining.py, masking.py) ->
+memory-mapped shards and batches (shards.py). Fine-tuning data lives in `torchbert.tasks`."""
 
 from .pretraining import PrepareSettings, prepare
 from .shards import Batch, PretrainingData

@@ -407,9 +407,6 @@ def assemble(corpus: Corpus, pairs: Pairs, cls_id: int, sep_id: int) -> Instance
 # ----------------------------------------------------------------------------------------------
 # 4. masking
 
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
-
-
 @dataclass
 class PrepareSettings:
     max_seq_len: int = 128
@@ -528,6 +525,7 @@ def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, 
 
     from tqdm.auto import tqdm
 
+    from ..tokenizer import TOKENIZER_FILES
     from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256, write_shard
 
     names = ", ".join(str(p) for p in corpus_paths)

@@ -17,7 +17,7 @@ CLI's --no-fast turns it off). Two more pieces work around the model, not in it:
   * fast.memory.keep_freed_memory: glibc's allocator set to keep freed memory. It changes the whole
     process, so no library call makes it: the CLI's training commands do (not with --no-fast).
 Each piece earned its place by a measured gain (bench/README.md), and a test holds it to the plain
-path (tests/test_fast.py).
+path (tests/fast/test_fast.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..heads import IGNORE, MaskedLMHead
+from ..heads import MaskedLMHead
+from ..losses import IGNORE
 
 
 class _DecoderCrossEntropy(torch.autograd.Function):

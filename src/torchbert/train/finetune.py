@@ -1,7 +1,7 @@
 """`torchbert finetune`: a pretrained BERT + a task file -> a fine-tuned model.
 
 The flow (BERT paper, section 4): the task's family (families.py) reads and validates the task
-files (data/tasks.py) and tokenizes them into model inputs (data/encode.py: windows for long token
+files (tasks/formats.py) and tokenizes them into model inputs (tasks/encode.py: windows for long token
 sequences and QA contexts); a head goes on the encoder (heads.py), and it trains with the same loop
 as pretraining (train/loop.py: AdamW without decay on biases and LayerNorm, warmup + schedule,
 gradient accumulation, checkpoints, resume, DDP). After each epoch the dev set is predicted
@@ -18,6 +18,7 @@ config.json under torchbert_task.tagger.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -30,15 +31,16 @@ import torch
 from torch import nn
 
 from ..config import BertConfig, ELMoConfig, GPTConfig, load_config
-from ..data import tasks
-from ..data.taskdata import TaskBatch, TaskData
 from ..errors import UserError
 from ..eval.plots import plot_finetuning
-from ..families import TaskFamily, TaskSettings, TokenTask, family
-from ..feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
-from ..predict import id2label, predict
+from ..settings import Checked, setting
+from ..tasks import formats
+from ..tasks.batches import TaskBatch, TaskData
+from ..tasks.families import TaskFamily, TaskSettings, TokenTask, family
+from ..tasks.feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
+from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
@@ -46,20 +48,26 @@ from .rundir import RunFolder
 
 
 @dataclass
-class FinetuneSettings:
-    task: str  # a task type (data/examples.py TASK_TYPES) or a preset name (data/tasks.py PRESETS)
-    model: Path
-    train: Path
-    out: Path
-    dev: Path | None = None
-    epochs: float = 3.0
-    warmup_ratio: float = 0.1
-    eval_batch_size: int = 64
-    resume: bool = False
-    overwrite: bool = False
+class FinetuneSettings(Checked):
+    """What `finetune` trains, declared once: its flags are made from these fields (and TrainConfig's,
+    and TaskSettings' for `encoding`)."""
+
+    task: str = setting(help="task type or preset (see below): a task type (tasks/examples.py TASK_TYPES) or a "
+                             "preset name (tasks/formats.py PRESETS)")
+    model: Path = setting(help="pretrained checkpoint folder, `minilm`, or a hub id")
+    train: Path = setting(help="training file")
+    out: Path = setting(help="run folder")
+    dev: Path | None = setting(None, "dev file, scored after each epoch (without it the last weights are kept)")
+    epochs: float = setting(3.0, "passes over the training data", above=0)
+    warmup_ratio: float = setting(0.1, "share of the steps in warmup", low=0, below=1)
+    eval_batch_size: int = setting(64, "dev sequences per batch", low=1)
+    lm_coef: float | None = setting(None, "GPT models: the weight of the next-token loss on the task's text, "
+                                          "L3 = L2 + LAMBDA * L1 (default: 0.5, as the GPT paper; 0 trains the task "
+                                          "loss alone)", low=0, metavar="LAMBDA")
+    resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
+    overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
-    lm_coef: float | None = None  # GPT: the next-token loss's weight in L3 = L2 + lm_coef * L1 (None: 0.5)
 
 
 # -- the training task for train/loop.py -------------------------------------------------------------
@@ -130,7 +138,7 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
 def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, log=print,
                    dist: Dist | None = None) -> dict[str, Any]:
     dist = dist or Dist()
-    task_type, preset = tasks.resolve_task(s.task)
+    task_type, preset = formats.resolve_task(s.task)
     fam = family(task_type)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                       layout=preset.layout if preset else "auto", **s.encoding)
@@ -181,10 +189,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     if per_epoch < 1:
         raise ValueError(f"--train {s.train}: {len(train_data)} examples are fewer than one global batch of "
                          f"{cfg.batch_size * dist.world_size}")
-    cfg.steps = max(1, round(s.epochs * per_epoch))
-    cfg.warmup_steps = round(s.warmup_ratio * cfg.steps)
-    cfg.eval_every = per_epoch
-    cfg.log_every = min(cfg.log_every, per_epoch)
+    steps = max(1, round(s.epochs * per_epoch))  # fine-tuning counts epochs; the loop, steps
+    cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=round(s.warmup_ratio * steps), eval_every=per_epoch,
+                              log_every=min(cfg.log_every, per_epoch))
 
     torch.manual_seed(cfg.seed)
     if s.frozen is not None:

@@ -61,21 +61,17 @@ import torch
 from torch import Tensor, nn
 
 from .. import fast
+from ..baselines.elmo import ELMoModel
+from ..baselines.gpt import OpenAIGPTModel
 from ..electra import RTD_WEIGHT
-from ..elmo import ELMoModel, previous_tokens
 from ..errors import Interrupted, RunFailed, UserError
-from ..gpt import OpenAIGPTModel, next_tokens
-from ..io.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    no_checkpoint,
-    remove_leftovers,
-    save_checkpoint,
-)
+from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
 from ..io.files import atomic_write_text
+from ..losses import next_tokens, previous_tokens
 from ..model import BertModel, check_ids
+from ..settings import Checked, setting
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
-from .optim import clipped_step, make_optimizer, make_scheduler
+from .optim import OPTIMIZERS, SCHEDULES, clipped_step, make_optimizer, make_scheduler
 
 
 class TrainingError(RunFailed):
@@ -190,26 +186,39 @@ class BiLMTask:
         return parts
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclass
-class TrainConfig:
-    steps: int
-    batch_size: int = 32  # sequences per micro-batch on each process
-    grad_accum: int = 1
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    schedule: str = "linear"
-    weight_decay: float = 0.01
-    optimizer: str = "adamw"
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    save_every: int = 0  # 0: only at the end
-    keep: int = 2
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    precision: str = "fp32"
-    max_bad_steps: int = 20  # consecutive steps with a non-finite loss before the run stops
-    progress: bool = True
-    fast: bool = True  # torchbert.fast's pieces in the model while it trains, and embedding gradients as rows
+class TrainConfig(Checked):
+    """How the loop trains: every field is a flag of `pretrain` (and, but for those fine-tuning derives
+    from its epochs, of `finetune`), declared here once with its default, help and bounds."""
+
+    steps: int = setting(1000, "optimizer steps", low=1)
+    batch_size: int = setting(32, "sequences per micro-batch on each process (under torchrun the global batch "
+                                  "is batch-size x processes x grad-accum)", low=1)
+    grad_accum: int = setting(1, "micro-batches per optimizer step", low=1)
+    lr: float = setting(1e-4, "peak learning rate (default: 1e-4, as BERT)", above=0)
+    warmup_steps: int = setting(100, "linear warmup steps", low=0)
+    schedule: str = setting("linear", "the learning rate after warmup: constant, constant_with_warmup, linear, cosine, "
+                                      "cosine_with_restarts or polynomial", choices=SCHEDULES, metavar="NAME")
+    weight_decay: float = setting(0.01, "AdamW/LAMB decay, not on biases and LayerNorm", low=0)
+    optimizer: str = setting("adamw", "adamw, or lamb for large batches", choices=OPTIMIZERS)
+    max_grad_norm: float = setting(1.0, "gradient clipping; 0 turns it off", low=0)
+    seed: int = setting(0, "the seed of the weights, the data order and dropout")
+    save_every: int = setting(0, "checkpoint every N steps (default: only at the end)", low=0)
+    keep: int = setting(2, "checkpoints to keep", low=1)
+    log_every: int = setting(10, "a metrics.jsonl line every N steps", low=1)
+    eval_every: int = setting(0, "held-out evaluation every N steps (default: only at the end)", low=0)
+    precision: str = setting("fp32", "bf16: the matrix products in bfloat16 (torch.autocast; weights and optimizer "
+                                     "stay fp32), for GPUs; with it, attention over the packed batch runs "
+                                     "FlashAttention's varlen kernel", choices=PRECISIONS)
+    max_bad_steps: int = setting(20, "consecutive steps with a non-finite loss before the run stops", low=1,
+                                 cli=False)
+    progress: bool = setting(True, "a progress bar (the command line's --quiet turns it off)", cli=False)
+    fast: bool = setting(True, "train the plain model: without torchbert.fast's CPU pieces (dropout masks, "
+                               "attention, the fused MLM loss, embedding gradients as rows, the allocator kept "
+                               "warm); slower, for comparing against the plain path", flag="--no-fast")
 
 
 def seed_everything(seed: int) -> None:

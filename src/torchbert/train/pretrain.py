@@ -23,18 +23,19 @@ from pathlib import Path
 
 import torch
 
+from ..baselines.elmo import ELMoBiLM
+from ..baselines.gpt import OpenAIGPTLMHeadModel
 from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
-from ..data.pretraining import TOKENIZER_FILES
 from ..data.shards import PretrainingData
 from ..electra import GENERATOR_SIZE, ElectraForPreTraining
-from ..elmo import ELMoBiLM
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
-from ..gpt import OpenAIGPTLMHeadModel
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
+from ..settings import Checked, setting
+from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask, TrainConfig, train
 from .rundir import RunFolder
@@ -49,21 +50,43 @@ OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForM
 
 
 @dataclass
-class PretrainSettings:
-    data: Path
-    out: Path
-    config: str | None = None  # a preset name or a config.json path (None: small, or the resumed run's)
-    init: Path | None = None  # start from this checkpoint (two-phase training)
-    eval_data: Path | None = None
-    eval_batches: int = 20
-    compile: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    model: str | None = None  # "bert", "gpt" or "elmo" (MODELS); None: bert, or the resumed run's
-    objective: str | None = None  # BERT's: "mlm+nsp" or "mlm" (OBJECTIVES); None: mlm+nsp, or the resumed run's
-    dropout: float | None = None  # every dropout of a fresh model (None: the config's; Cramming: 0)
-    generator_size: float | None = None  # ELECTRA's generator width / the discriminator's (None: 1/4)
-    positions: str | None = None  # a fresh BERT's: "absolute" or "rotary" (POSITIONS; None: the config's)
+class PretrainSettings(Checked):
+    """What `pretrain` trains, declared once: its flags are made from these fields (and TrainConfig's)."""
+
+    data: Path = setting(help="folder written by torchbert prepare")
+    out: Path = setting(help="run folder (a Hugging Face checkpoint at the end)")
+    config: str | None = setting(None, "preset name or config.json (default: small, L4 H512 A8; with --resume: "
+                                       "the run's own)")
+    model: str | None = setting(None, "bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token "
+                                      "prediction; elmo: forward and backward LSTM language models; a preset --config "
+                                      "sizes GPT as BERT and ELMo with as many non-embedding parameters (with "
+                                      "--resume: the run's own)", choices=MODELS)
+    objective: str | None = setting(None, "BERT's: mlm+nsp, the paper's masked LM and next sentence prediction "
+                                          "(default); mlm alone (BertForMaskedLM: no pooler and no NSP head, as "
+                                          "Cramming and RoBERTa); or electra, replaced-token detection (a narrow "
+                                          "generator fills the masks, the BERT learns from every token which ones it "
+                                          "replaced; the run folder is that BERT); with --resume: the run's own",
+                                    choices=OBJECTIVES)
+    generator_size: float | None = setting(None, "ELECTRA's generator width as a share of the BERT's (default: "
+                                                 "0.25; the paper: 1/4 to 1/2)", above=0, high=1)
+    dropout: float | None = setting(None, "every dropout probability of a fresh model (default: the config's, 0.1 "
+                                          "in the presets; Cramming pretrains with 0)", low=0, below=1)
+    positions: str | None = setting(None, "a fresh BERT's positions: absolute, a learned table added to the "
+                                          "embeddings (the paper's; default), or rotary, each head's queries and keys "
+                                          "turned by their position (RoFormer: attention to neighbours from the "
+                                          "first step; written as a RoFormer checkpoint, which transformers loads); "
+                                          "with --resume: the run's own", choices=POSITIONS)
+    init: Path | None = setting(None, "start from this checkpoint folder (e.g. phase 2 at length 512)")
+    eval_data: Path | None = setting(None, "held-out data folder (default: DATA/heldout when prepare made one)")
+    eval_batches: int = setting(20, "held-out batches (of --batch-size) per evaluation, the first of the held-out "
+                                    "data (default: 20); the count yardsticks are scored on the same masks", low=1)
+    compile: bool = setting(False, "torch.compile the model, for GPUs: a BERT-base step on an H100 in bf16 "
+                                   "measured 1.25x (seq 128) to 1.38x (seq 512) faster, after about 40 s of "
+                                   "compiling; on CPU the plain model measured faster (4-20% per step; "
+                                   "bench/README.md)")
+    fsdp: bool = setting(False, "shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
+    resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
+    overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
 
 
 def model_family(config) -> str:
@@ -129,10 +152,6 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--data": s.data, "--init": s.init, "--eval-data": s.eval_data,
                                                       "--config": config_path}, log=log)
-    if s.dropout is not None and not 0 <= s.dropout < 1:
-        raise UserError(f"--dropout must be in [0, 1), got {s.dropout}")
-    if s.generator_size is not None and not 0 < s.generator_size <= 1:
-        raise UserError(f"--generator-size must be in (0, 1], got {s.generator_size}")
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
                         "config.json)")

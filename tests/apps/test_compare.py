@@ -1,0 +1,212 @@
+"""`torchbert compare --quick`: every system pretrained and fine-tuned on every task and size, the
+protocol's outputs (not who wins: a few steps decide nothing), and data kept apart."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    from torchbert.cli import main
+
+    out = tmp_path_factory.mktemp("compare") / "run"
+    assert main(["compare", "--quick", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.e2e
+def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
+    from torchbert.apps.compare import QUICK, SECONDS, SYSTEMS, TASKS
+
+    s = json.loads((compared / "summary.json").read_text(encoding="utf-8"))
+    assert len(s["cells"]) == len(TASKS) * 2 * (len(SYSTEMS) + 2)  # GPT and ELMo again at matched seconds
+    for key, cell in s["cells"].items():
+        assert len(cell["test"]) == QUICK.seeds and all(0 <= x <= 1 for x in cell["test"])
+        assert cell["lr"] in QUICK.grids[cell["system"]] and set(cell["grid_dev"]) == {
+            f"{x:g}" for x in QUICK.grids[cell["system"]]}
+        assert cell["mean"] == pytest.approx(sum(cell["test"]) / len(cell["test"]))
+        for seed in range(QUICK.seeds):
+            name = cell["name"].replace("@", "-")
+            run = compared / "runs" / f"{cell['task']}-{cell['size']}-{name}-lr{cell['lr']:g}-seed{seed}"
+            assert (run / "model.safetensors").is_file() and (run / "test_metrics.json").is_file()
+    # matched: the same tokens, and non-embedding parameters within 1% of BERT's
+    p = s["pretraining"]
+    assert p["bert"]["tokens"] == p["gpt"]["tokens"] == p["elmo"]["tokens"] > 0
+    for system in ("gpt", "elmo"):
+        assert abs(p[system]["parameters"]["body"] / p["bert"]["parameters"]["body"] - 1) < 0.01
+    assert set(p["elmo"]["heldout"]) == {"forward_loss", "forward_accuracy", "backward_loss", "backward_accuracy"}
+    md = (compared / "summary.md").read_text(encoding="utf-8")
+    assert md.count("\n| sentiment (accuracy) |") == 4
+    assert "At matched tokens: the paper's order (BERT > GPT > ELMo > random) held in" in md
+    assert "At matched seconds: the paper's order" in md and md.count("\n| ner (f1) |") == 4
+    # matched seconds: GPT and ELMo each ran its own steps for about BERT's seconds, from its own
+    # seconds per step in the matched-token run
+    for system in ("gpt", "elmo"):
+        again, first = p[f"{system}@seconds"], p[system]
+        per_step = first["train_seconds"] / first["steps"]
+        assert again["steps"] == max(1, round(p["bert"]["train_seconds"] / per_step))
+        assert again["tokens"] > 0 and (compared / "pretrain" / f"{system}-seconds" / "model.safetensors").is_file()
+    for key, order in s["order_seconds"].items():
+        means = [s["cells"][f"{key}/{x}"]["mean"] for x in SECONDS]
+        assert order["paper_order_held"] == all(a > b for a, b in zip(means, means[1:]))
+    assert "BERT's recipe: rotary positions (RoFormer)" in md and s["settings"]["recipe"] == "rotary"
+    for model in ("bert", "random"):  # random weights: BERT's architecture, rotary too
+        assert json.loads((compared / "pretrain" / model / "config.json").read_text())["model_type"] == "roformer"
+    assert (compared / "pretraining_loss.png").stat().st_size > 1000 and (compared / "scores.png").is_file()
+    for key, order in s["order"].items():
+        means = [s["cells"][f"{key}/{x}"]["mean"] for x in ("bert", "gpt", "elmo", "random")]
+        assert order["paper_order_held"] == all(a > b for a, b in zip(means, means[1:]))
+
+
+@pytest.mark.e2e
+def test_dev_and_test_text_stay_out_of_the_corpus_and_the_training_files(compared):
+    data = compared / "data"
+    corpus = (data / "corpus.txt").read_text(encoding="utf-8")
+    for split in ("dev", "test"):
+        reviews = (data / f"sentiment.{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        assert reviews and not any(r.split("\t")[0] in corpus for r in reviews)
+        sentences = (data / f"ner.{split}.conll").read_text(encoding="utf-8").strip().split("\n\n")
+        texts = ["".join(line.split("\t")[0] for line in s.splitlines()) for s in sentences]
+        assert texts and not any(t in corpus for t in texts if len(t) >= 8)
+        train = (data / "ner.train.conll").read_text(encoding="utf-8")
+        assert not any(s in train for s in sentences if len(s) > 40)
+    tags = {line.split("\t")[1] for line in (data / "ner.train.conll").read_text(encoding="utf-8").splitlines() if line}
+    assert {"O", "B-PER", "B-LOC"} <= tags
+
+
+@pytest.mark.e2e
+def test_the_pair_task_asks_which_sentence_follows_on_held_out_paragraphs(compared):
+    from torchbert.apps.samples import peoples_daily_paragraphs
+
+    data = compared / "data"
+    corpus = (data / "corpus.txt").read_text(encoding="utf-8")
+    rows = {split: [json.loads(x) for x in (data / f"pair.{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+            for split in ("train", "train_low", "dev", "test")}
+    assert all(r in rows["train"] for r in rows["train_low"])
+    for split in ("train", "train_low", "dev", "test"):  # balanced
+        assert len(rows[split]) >= 8 and [r["label"] for r in rows[split]].count("next") * 2 == len(rows[split])
+    for split in ("dev", "test"):
+        for r in rows[split]:  # held out: neither sentence is in the corpus
+            assert r["sentence1"] not in corpus and r["sentence2"] not in corpus
+        # each first sentence comes once with its next sentence and once with another paragraph's
+        by_first: dict[str, list[str]] = {}
+        for r in rows[split]:
+            by_first.setdefault(r["sentence1"], []).append(r["label"])
+        assert all(sorted(v) == ["next", "other"] for v in by_first.values())
+    text = "\n".join(peoples_daily_paragraphs())
+    for r in rows["train"]:  # `next`: the second follows the first in a paragraph; `other`: it does not
+        assert (r["sentence1"] + r["sentence2"] in text) == (r["label"] == "next")
+
+
+def test_next_sentence_pairs_pair_only_adjacent_sentences_and_other_paragraphs():
+    from torchbert.apps.compare import next_sentence_pairs
+
+    paragraphs = [["a1", "a2", "a3"], ["b1"], ["c1", "c2"]]
+    rows = next_sentence_pairs(paragraphs, 100, seed=0)
+    assert sorted((r["sentence1"], r["sentence2"]) for r in rows if r["label"] == "next") == [
+        ("a1", "a2"), ("a2", "a3"), ("c1", "c2")]
+    other = [(r["sentence1"], r["sentence2"]) for r in rows if r["label"] == "other"]
+    assert sorted(a for a, _ in other) == ["a1", "a2", "c1"]
+    assert all(a[0] != b[0] for a, b in other)  # never the sentence's own paragraph
+    assert rows == next_sentence_pairs(paragraphs, 100, seed=0) and len(rows) == 6
+    assert len(next_sentence_pairs(paragraphs, 5, seed=0)) == 4  # whole couples only
+    gap = next_sentence_pairs([["a1", None, "a2", "a3"], ["b1"]], 100, seed=0)
+    assert sorted((r["sentence1"], r["sentence2"]) for r in gap if r["label"] == "next") == [("a2", "a3")]
+
+
+@pytest.mark.e2e
+def test_resume_reruns_nothing_and_a_foreign_folder_is_refused(compared, tmp_path, capsys):
+    from clihelp import cli
+
+    before = {p: p.stat().st_mtime_ns for p in (compared / "runs").glob("*/model.safetensors")}
+    code, out, err = cli(capsys, "compare", "--quick", "--out", compared, "--resume")
+    assert code == 0, err
+    assert "== sentiment-full-bert" not in out and "== pretrain" not in out
+    assert {p: p.stat().st_mtime_ns for p in (compared / "runs").glob("*/model.safetensors")} == before
+    code, _, err = cli(capsys, "compare", "--quick", "--out", compared)
+    assert code == 2 and "pass --resume" in err
+    code, _, err = cli(capsys, "compare", "--quick", "--out", compared, "--resume", "--seed", "1")
+    assert code == 2 and "ran with other settings" in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep", encoding="utf-8")
+    code, _, err = cli(capsys, "compare", "--quick", "--out", tmp_path / "mine", "--resume")
+    assert code == 2 and "holds no earlier compare" in err and (tmp_path / "mine" / "notes.txt").is_file()
+    code, _, err = cli(capsys, "compare", "--quick", "--out", tmp_path / "x", "--budget", "0")
+    assert code == 2 and "--budget must be > 0" in err
+
+
+@pytest.mark.e2e
+def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tmp_path, capsys, monkeypatch):
+    import torchbert.apps.compare
+    from torchbert.apps.compare import MARKER
+    from torchbert.cli import main
+
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / MARKER).write_text("")
+    (earlier / "summary.md").write_text("old")
+
+    def fails_while_pretraining(out, main, on_pretrained, **kw):
+        (out / "pretrain").mkdir()
+        raise ValueError("the disk broke")
+
+    monkeypatch.setattr(torchbert.apps.compare, "run_compare", fails_while_pretraining)
+    assert main(["compare", "--quick", "--out", str(earlier), "--overwrite"]) == 2
+    assert "the disk broke" in capsys.readouterr().err
+    assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.md"])
+    assert not list(tmp_path.glob(".run*"))
+
+    def fails_after_pretraining(out, main, on_pretrained, **kw):
+        (out / "pretrain").mkdir()
+        on_pretrained()
+        raise ValueError("the disk broke later")
+
+    monkeypatch.setattr(torchbert.apps.compare, "run_compare", fails_after_pretraining)
+    assert main(["compare", "--quick", "--out", str(earlier), "--overwrite"]) == 2
+    assert [p.name for p in earlier.iterdir()] == ["pretrain"]  # the new one stays, for --resume
+    assert not list(tmp_path.glob(".run*"))
+
+
+@pytest.mark.e2e
+def test_a_fresh_compare_interrupted_while_pretraining_keeps_its_runs_for_resume(tmp_path, capsys, monkeypatch):
+    """Hours of pretraining are not thrown away by a Ctrl-C or a SIGTERM: a fresh compare has no earlier
+    folder to put back, so it keeps what finished and says how to continue."""
+    import torchbert.apps.compare
+    from torchbert.apps.compare import MARKER
+    from torchbert.cli import main
+
+    out = tmp_path / "run"
+
+    def interrupted_while_pretraining(out, main, on_pretrained, **kw):
+        (out / MARKER).write_text("")
+        (out / "settings.json").write_text("{}")
+        (out / "pretrain" / "bert").mkdir(parents=True)
+        (out / "pretrain" / "bert" / "metrics.json").write_text("{}")  # a finished run
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torchbert.apps.compare, "run_compare", interrupted_while_pretraining)
+    assert main(["compare", "--quick", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted; {out} keeps the runs that finished; continue with: torchbert compare --quick --out {out} " \
+           "--resume" in err, err
+    assert (out / "pretrain" / "bert" / "metrics.json").is_file() and (out / MARKER).is_file()
+
+
+def test_random_init_is_seeded_whole_and_leaves_the_global_rng_alone(tmp_path, minilm_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    from torchbert.apps.compare import random_init
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    random_init(minilm_dir, tmp_path / "a", seed=0)
+    assert torch.equal(torch.get_rng_state(), before)
+    random_init(minilm_dir, tmp_path / "b", seed=0)
+    random_init(minilm_dir, tmp_path / "c", seed=1)
+    a, b, c = (load_file(tmp_path / x / "model.safetensors") for x in "abc")
+    assert all(a[k].equal(b[k]) for k in a) and not all(a[k].equal(c[k]) for k in a)
+    assert not a["bert.encoder.layer.0.attention.self.query.weight"].equal(
+        load_file(minilm_dir / "model.safetensors")["encoder.layer.0.attention.self.query.weight"])
+    assert (tmp_path / "a" / "vocab.txt").is_file() and not list(tmp_path.glob(".*tmp"))

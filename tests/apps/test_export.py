@@ -1,0 +1,182 @@
+"""`torchbert export`: ONNX graphs of real weights and of each task head, equal to PyTorch in
+onnxruntime on other shapes than the traced ones; INT8 close to fp32; bad arguments refused."""
+
+import json
+
+import numpy as np
+import pytest
+import realdata
+from parity import assert_parity
+
+pytestmark = pytest.mark.e2e  # whole commands end to end: `bash scripts/test.sh --fast` leaves them out
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+
+@pytest.fixture(scope="module")
+def minilm_onnx(minilm_dir, tmp_path_factory):
+    from torchbert.cli import main
+
+    out = tmp_path_factory.mktemp("onnx") / "minilm"
+    assert main(["export", "--model", str(minilm_dir), "--out", str(out), "--int8"]) == 0
+    return out
+
+
+def test_the_encoder_graph_equals_pytorch_and_transformers_on_new_shapes(minilm_onnx, minilm_dir):
+    import torch
+    import transformers
+
+    from torchbert.tokenizer import BertTokenizer
+
+    report = json.loads((minilm_onnx / "export.json").read_text())
+    assert report["kind"] == "encoder" and max(report["max_abs_diff_fp32"].values()) < 1e-4
+    for f in ("model.onnx", "model.int8.onnx", "config.json", "vocab.txt"):
+        assert (minilm_onnx / f).is_file(), f
+    tok = BertTokenizer.from_pretrained(minilm_onnx)  # the folder carries its tokenizer
+    texts = list(realdata.english_texts()[10:13]) + list(realdata.peoples_daily_sentences()[10:13])
+    enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="np")
+    feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    hidden, pooled = ort.InferenceSession(str(minilm_onnx / "model.onnx")).run(None, feed)
+    with torch.no_grad():
+        theirs = transformers.BertModel.from_pretrained(minilm_dir).eval()(**{k: torch.from_numpy(v)
+                                                                             for k, v in feed.items()})
+    mask = feed["attention_mask"].astype(bool)
+    assert_parity(hidden[mask], theirs.last_hidden_state.numpy()[mask])
+    assert_parity(pooled, theirs.pooler_output.numpy())
+    q_hidden, _ = ort.InferenceSession(str(minilm_onnx / "model.int8.onnx")).run(None, feed)
+    mean = [(h[m].mean(0), r[m].mean(0)) for h, r, m in zip(q_hidden, hidden, mask)]  # sentence embeddings
+    cos = [float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in mean]
+    assert min(cos) > 0.975 and report["int8"]["last_hidden_state"]["cosine"] > 0.9, cos
+
+
+def test_int8_keeps_the_feed_forward_down_projections_in_fp32(minilm_onnx):
+    import onnx
+
+    graph = onnx.load(str(minilm_onnx / "model.int8.onnx")).graph
+    shapes = {w.name: tuple(w.dims) for w in graph.initializer}
+    fp32 = sorted(shapes[x] for n in graph.node if n.op_type == "MatMul" for x in n.input if x in shapes)
+    quantized = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    assert fp32 == [(1536, 384)] * 6  # MiniLM: 6 layers, intermediate 1536, hidden 384
+    assert len(quantized) == 6 * 3 + 1  # q/k/v (one product), attention output, up projection; the pooler
+
+
+@pytest.mark.parametrize("task", ["classification", "token", "qa", "multiple-choice"])
+def test_each_task_head_exports_and_matches(task, minilm_dir, tmp_path):
+    """A tiny BERT under each head, fine-tuned for a few steps, exported and checked."""
+    from clihelp import squad_file, tiny_bert, write_conll
+
+    from torchbert.cli import main
+
+    base = tiny_bert(tmp_path / "base", minilm_dir)
+    en = list(realdata.english_texts()[:8])
+    if task == "token":
+        path = tmp_path / "t.conll"
+        write_conll(path, [(list(w), t) for w, t in realdata.wnut_sentences()[:8]])
+    elif task == "qa":
+        path = tmp_path / "t.json"
+        squad_file(path, [(c, "what?", c.split()[1]) for c in en if len(c.split()) > 2], v2=False)
+    elif task == "multiple-choice":
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps({"context": a, "choices": [b, "no"], "label": i % 2}) + "\n"
+                                for i, (a, b) in enumerate(zip(en, en[1:]))), encoding="utf-8")
+    else:
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps({"text": t, "label": str(i % 2)}) + "\n" for i, t in enumerate(en)),
+                        encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["finetune", "--task", task, "--model", str(base), "--train", str(path), "--dev", str(path),
+                 "--out", str(run), "--epochs", "1", "--batch-size", "4", "--max-length", "32", "--quiet"]) == 0
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "onnx")]) == 0
+    report = json.loads((tmp_path / "onnx" / "export.json").read_text())
+    assert report["kind"] == task and max(report["max_abs_diff_fp32"].values()) < 1e-4
+    want = ["start_logits", "end_logits"] if task == "qa" else ["logits"]
+    assert report["outputs"] == want
+    assert [o.name for o in ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx")).get_outputs()] == want
+
+
+def test_export_refuses_bad_arguments_and_keeps_the_folder(minilm_onnx, minilm_dir, capsys):
+    from clihelp import cli
+
+    before = sorted(p.name for p in minilm_onnx.iterdir())
+    code, _, err = cli(capsys, "export", "--model", minilm_dir, "--out", minilm_onnx)
+    assert code == 2 and "pass --overwrite" in err
+    code, _, err = cli(capsys, "export", "--model", minilm_dir, "--out", minilm_onnx, "--overwrite", "--opset", "9")
+    assert code == 2 and "--opset must be in [13, 23]" in err
+    code, _, err = cli(capsys, "export", "--model", minilm_dir, "--out", minilm_dir, "--overwrite")
+    assert code == 2 and "--out" in err
+    assert sorted(p.name for p in minilm_onnx.iterdir()) == before
+
+
+def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_positions(minilm_dir):
+    """fast.int8.OnnxEncoder with fp32 weights equals BertModel; with INT8 it stays close."""
+    import copy
+
+    import torch
+
+    from torchbert.fast.int8 import int8
+    from torchbert.model import BertModel
+    from torchbert.packing import pack
+    from torchbert.tokenizer import BertTokenizer
+
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    texts = list(realdata.english_texts()[20:23]) + list(realdata.peoples_daily_sentences()[20:23])
+    ids = tok.encode_ids(texts, max_length=64, truncation=True)
+    flat, cu, longest = pack(ids)
+    enc = tok(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    positions = torch.tensor([0, 3, 7, int(cu[-1]) - 1])
+    with torch.no_grad():
+        want_packed = model(flat, cu_seqlens=cu, max_seqlen=longest)
+        want_padded = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        want_rows = model(flat, cu_seqlens=cu, max_seqlen=longest, output_positions=positions)
+        onnx = int8(copy.deepcopy(model), quantize=False)
+        packed = onnx(flat, cu_seqlens=cu, max_seqlen=longest)
+        padded = onnx(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        rows = onnx(flat, cu_seqlens=cu, max_seqlen=longest, output_positions=positions)
+    mask = enc["attention_mask"].bool()
+    assert_parity(packed.last_hidden_state, want_packed.last_hidden_state)
+    assert_parity(padded.last_hidden_state[mask], want_padded.last_hidden_state[mask])
+    assert_parity(rows.last_hidden_state, want_rows.last_hidden_state)
+    assert_parity(packed.pooler_output, want_packed.pooler_output)
+    with pytest.raises(ValueError, match="last layer only"):
+        onnx(flat, cu_seqlens=cu, max_seqlen=longest, output_hidden_states=True)
+
+    from torchbert.features import embed_ids
+
+    quantized = int8(copy.deepcopy(model))
+    a = embed_ids(quantized, ids, normalize=True)
+    b = embed_ids(model, ids, normalize=True)
+    assert (a * b).sum(1).min() > 0.97  # cosine of the sentence embeddings
+
+
+def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys):
+    from clihelp import cli, tiny_bert
+
+    (tmp_path / "in.txt").write_text("\n".join(realdata.peoples_daily_sentences()[:6]) + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                       tmp_path / "q.npy", "--int8", "--normalize", "--quiet")
+    assert code == 0, err
+    code, _, _ = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                     tmp_path / "f.npy", "--normalize", "--quiet")
+    q, f = np.load(tmp_path / "q.npy"), np.load(tmp_path / "f.npy")
+    assert q.shape == f.shape and (q * f).sum(1).min() > 0.97
+    code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
+                       tmp_path / "x.npy", "--int8", "--layers", "sum_all")
+    assert code == 2 and "--int8 gives the last layer only" in err
+
+    base = tiny_bert(tmp_path / "base", minilm_dir)
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": str(i % 2)}) + "\n"
+                            for i, t in enumerate(realdata.english_texts()[:8])), encoding="utf-8")
+    assert cli(capsys, "finetune", "--task", "classification", "--model", base, "--train", data, "--dev", data,
+               "--out", tmp_path / "run", "--epochs", "1", "--quiet")[0] == 0
+    for extra in ((), ("--int8",)):
+        code, _, err = cli(capsys, "predict", "--model", tmp_path / "run", "--input", data, "--out",
+                           tmp_path / f"p{len(extra)}.jsonl", "--quiet", *extra)
+        assert code == 0, err
+    fp32, q8 = ([json.loads(x) for x in (tmp_path / f"p{k}.jsonl").read_text().splitlines()] for k in (0, 1))
+    assert len(q8) == len(fp32) == 8
+    assert max(abs(a["probability"] - b["probability"]) for a, b in zip(q8, fp32)) < 0.05
+    code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "run", "--data", data, "--int8", "--quiet")
+    assert code == 0 and "accuracy" in json.loads(out), err

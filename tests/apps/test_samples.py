@@ -1,0 +1,53 @@
+"""`torchbert samples`: the real data that packages ship, written as task files in a fixed split."""
+
+import collections
+
+import pytest
+import realdata
+from clihelp import cli
+
+from torchbert.apps.samples import SENTIMENT_DEV
+from torchbert.tasks.families import read_examples
+
+
+def test_wnut16_split_covers_every_tweet_once(tmp_path, capsys):
+    code, out, err = cli(capsys, "samples", "wnut16", "--out", tmp_path / "w")
+    assert code == 0, err
+    splits = {s: read_examples(tmp_path / "w" / f"{s}.conll", "token") for s in ("train", "dev", "test")}
+    assert {s: len(x) for s, x in splits.items()} == {"train": 1594, "dev": 400, "test": 400}
+    assert "train.conll" in out
+    written = collections.Counter((tuple(e.words), tuple(e.tags)) for x in splits.values() for e in x)
+    assert written == collections.Counter(realdata.wnut_sentences())  # the file's tweets, each once
+    first = (tmp_path / "w" / "dev.conll").read_bytes()
+    code, _, _ = cli(capsys, "samples", "wnut16", "--out", tmp_path / "w", "--overwrite")
+    assert code == 0 and (tmp_path / "w" / "dev.conll").read_bytes() == first  # the same split every time
+
+
+def test_sentiment_split_has_no_text_twice(tmp_path, capsys):
+    assert cli(capsys, "samples", "sentiment-zh", "--out", tmp_path)[0] == 0
+    train = read_examples(tmp_path / "train.tsv", "classification")
+    dev = read_examples(tmp_path / "dev.tsv", "classification")
+    assert len(dev) == SENTIMENT_DEV and len(train) > 10_000
+    texts = [e.text_a for e in train + dev]
+    assert len(set(texts)) == len(texts)
+    assert {e.label for e in train + dev} == {"pos", "neg"}
+    pos = {" ".join(x.split()) for x in realdata.sentiment_paths()[0].read_text(encoding="utf-8").splitlines()}
+    assert all((e.label == "pos") == (e.text_a in pos) for e in dev)
+
+
+def test_peoples_daily_corpus(tmp_path, capsys):
+    assert cli(capsys, "samples", "peoples-daily", "--out", tmp_path)[0] == 0
+    docs = (tmp_path / "corpus.txt").read_text(encoding="utf-8").split("\n\n")
+    paragraphs = [p for d in docs for p in d.strip().split("\n")]
+    assert paragraphs == list(realdata.peoples_daily_lines())
+    assert max(len(d.strip().split("\n")) for d in docs) == 5
+
+
+def test_bad_arguments(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    code, _, err = cli(capsys, "samples", "wnut16", "--out", tmp_path)
+    assert code == 2 and "--overwrite" in err and (tmp_path / "keep.txt").read_text() == "mine"
+    with pytest.raises(SystemExit) as e:
+        cli(capsys, "samples", "imdb", "--out", tmp_path / "x")
+    assert e.value.code == 2
+    assert "invalid choice: 'imdb'" in capsys.readouterr().err

@@ -1,0 +1,172 @@
+"""Google's TensorFlow checkpoints read without TensorFlow (io/tf.py, `torchbert convert`).
+
+The fixture (tests/fixtures/google_bert) is a tiny BERT that TensorFlow wrote in Google's layout, with
+Adam's slots and global_step, made once by tests/fixtures/make_google_bert.py; its expected.json holds
+what TensorFlow's own reader read (shape, dtype, sum and first value of every variable) and the
+outputs of transformers' BertForPreTraining after transformers' own converter (load_tf_weights_in_bert,
+transformers 4.x with TensorFlow) on fixed inputs. Nothing here needs TensorFlow."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from clihelp import cli
+
+from torchbert.io.tf import TFCheckpoint, guess_lowercase
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "google_bert"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
+
+
+def test_our_reader_gives_every_tensor_tensorflow_read():
+    ckpt = TFCheckpoint(FIXTURE / "bert_model.ckpt")
+    want = EXPECTED["variables"]
+    assert ckpt.names() == sorted(want) and len(want) == 3 * 46 + 1  # 46 BERT tensors, 2 slots each, the step
+    for name, e in want.items():
+        t = ckpt.tensor(name)
+        assert [list(t.shape), str(t.dtype)] == [e["shape"], e["dtype"]], name
+        assert float(t.sum(dtype=np.float64)) == e["sum"] and float(t.reshape(-1)[0]) == e["first"], name
+    assert int(ckpt.tensor("global_step")) == 1000
+
+
+@pytest.mark.parametrize("given", ["bert_model.ckpt", "bert_model.ckpt.index", "."])
+def test_convert_gives_the_outputs_of_transformers_own_converter(given, tmp_path, capsys):
+    """The converted folder, read by transformers (5.x, no TensorFlow) and by torchbert, gives what
+    transformers 4.x gave after converting the same checkpoint with TensorFlow."""
+    from transformers import BertForPreTraining as HFBertForPreTraining
+    from transformers import BertTokenizer as HFBertTokenizer
+
+    from torchbert.heads import BertForPreTraining
+    from torchbert.tokenizer import BertTokenizer
+
+    out = tmp_path / "converted"
+    code, stdout, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / given, "--out", out)
+    assert code == 0, err
+    assert "lowercased (guessed from the vocabulary)" in err and f"wrote {out}" in stdout
+    ref = EXPECTED["outputs"]
+    ids, mask, types = (torch.tensor(ref[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    theirs = HFBertForPreTraining.from_pretrained(out).eval()
+    ours = BertForPreTraining.from_pretrained(out).eval()
+    with torch.no_grad():
+        t = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True)
+        o = ours(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True)
+    real = mask.bool()
+    for got in (t.hidden_states[-1], o.hidden_states[-1]):
+        assert torch.allclose(got[real], torch.tensor(ref["last_hidden_state"])[real], atol=1e-5)
+    for got in (t.prediction_logits, o.mlm_logits):
+        assert torch.allclose(got[real], torch.tensor(ref["prediction_logits"])[real], atol=1e-5)
+    for got in (t.seq_relationship_logits, o.nsp_logits):
+        assert torch.allclose(got, torch.tensor(ref["seq_relationship_logits"]), atol=1e-5)
+    text = "The BERT model reads 中国人民日报 text."
+    assert BertTokenizer.from_pretrained(out).tokenize(text) == HFBertTokenizer.from_pretrained(out).tokenize(text)
+    assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is True
+
+
+def test_the_casing_is_guessed_from_the_vocabulary_and_can_be_given(minilm_dir, tmp_path, capsys):
+    from torchbert.tokenizer import read_vocab
+
+    assert guess_lowercase(read_vocab(minilm_dir / "vocab.txt"))  # bert-base-uncased's vocabulary
+    cased = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(
+        f"{w}{k}" for k in range(30) for w in ("The", "Paris", "A", "the", "paris"))])}
+    assert not guess_lowercase(cased)
+    code, _, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE, "--out", tmp_path / "c", "--no-lowercase")
+    assert code == 0 and "cased (as given)" in err
+    assert json.loads((tmp_path / "c" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+
+
+def _copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE, folder, ignore=shutil.ignore_patterns("unknown", "expected.json"))
+    return folder
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_the_file_and_nothing_is_written(tmp_path, capsys):
+    def fails(folder, message, *extra):
+        out = tmp_path / "out"
+        code, stdout, err = cli(capsys, "convert", "--tf-checkpoint", folder / "bert_model.ckpt", "--out", out,
+                                *extra)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines[-1].startswith("torchbert: error: ") and message in lines[-1], err
+        assert "Traceback" not in err and not out.exists() and not stdout
+
+    ckpt = TFCheckpoint(FIXTURE / "bert_model.ckpt")
+    index, shard = "bert_model.ckpt.index", "bert_model.ckpt.data-00000-of-00001"
+
+    folder = _copy(tmp_path / "a")
+    _flip(folder / index, 20)  # a byte of the first data block
+    fails(folder, f"{folder / index}: the block at byte 0: checksum mismatch (the index file is damaged)")
+
+    folder = _copy(tmp_path / "b")
+    (folder / index).write_bytes((folder / index).read_bytes()[:-10])
+    fails(folder, f"{folder / index}: not a TensorFlow checkpoint index (no table footer; truncated?)")
+
+    word = ckpt.entries["bert/embeddings/word_embeddings"]
+    folder = _copy(tmp_path / "c")
+    _flip(folder / shard, word.offset + 7)
+    fails(folder, f"{folder / shard}: bert/embeddings/word_embeddings: checksum mismatch (the data file is damaged)")
+
+    slot = ckpt.entries["bert/pooler/dense/kernel/adam_m"]  # left out of the model, but verified too
+    folder = _copy(tmp_path / "c2")
+    _flip(folder / shard, slot.offset + 2)
+    fails(folder, f"{folder / shard}: bert/pooler/dense/kernel/adam_m: checksum mismatch (the data file is damaged)")
+
+    folder = _copy(tmp_path / "d")
+    last = max(ckpt.entries.values(), key=lambda e: e.offset)
+    (folder / shard).write_bytes((folder / shard).read_bytes()[:last.offset + last.size - 3])
+    fails(folder, f"{last.name}: the shard ends before the tensor does (truncated?)")
+
+    folder = _copy(tmp_path / "e")
+    (folder / shard).unlink()
+    fails(folder, f"{folder / shard}: missing, a data shard of {folder / 'bert_model.ckpt'}")
+
+    fails(FIXTURE / "unknown", f"{FIXTURE / 'unknown' / index}: variable bert/encoder/layer_0/attention/self/rotary"
+          "/kernel is not part of a Google BERT checkpoint", "--config", FIXTURE / "bert_config.json", "--vocab",
+          FIXTURE / "vocab.txt")
+
+    folder = _copy(tmp_path / "f")
+    config = json.loads((folder / "bert_config.json").read_text())
+    (folder / "bert_config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
+    fails(folder, "bert.encoder.layer.0.intermediate.dense.weight has shape (32, 16), expected (64, 16)")
+
+    folder = _copy(tmp_path / "g")
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"w{i}\n" for i in range(56)))
+    fails(folder, f"{folder / 'vocab.txt'}: 61 tokens, but {folder / 'bert_config.json'} says vocab_size 60")
+
+    fails(tmp_path / "nowhere", f"{tmp_path / 'nowhere' / 'bert_model.ckpt'}: no checkpoint here")
+
+
+def test_an_electra_checkpoint_gives_its_discriminators_encoder_as_transformers_read_it(tmp_path, capsys):
+    """Google released ELECTRA without a config: the sizes come from the tensors, the heads are 64 wide;
+    the generator and both heads are left out."""
+    from transformers import BertModel as HFBertModel
+
+    from torchbert.model import BertModel
+
+    out = tmp_path / "electra"
+    code, stdout, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra", "--out", out)
+    assert code == 0, err
+    assert "an ELECTRA without a config: 2 layers of 16, 1 heads of 64" in err and "BertModel" in stdout
+    assert "tensors of the ELECTRA discriminator's encoder, the rest the generator, the heads" in err
+    ref = EXPECTED["outputs"]
+    ids, mask, types = (torch.tensor(ref[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    want = torch.tensor(ref["electra_last_hidden_state"])
+    real = mask.bool()
+    with torch.no_grad():
+        ours = BertModel.from_pretrained(out).eval()(ids, attention_mask=mask, token_type_ids=types)
+        theirs = HFBertModel.from_pretrained(out, add_pooling_layer=False).eval()(
+            input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert torch.allclose(ours.last_hidden_state[real], want[real], atol=1e-5)
+    assert torch.allclose(theirs.last_hidden_state[real], want[real], atol=1e-5)
+    assert json.loads((out / "config.json").read_text())["torchbert_objective"] == "electra"
+    code, _, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra_small", "--out", tmp_path / "s",
+                       "--vocab", FIXTURE / "vocab.txt")
+    assert code == 2 and "projects its 16-wide embeddings to its hidden size 32" in err and not (tmp_path / "s").exists()

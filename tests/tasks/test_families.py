@@ -1,0 +1,120 @@
+"""Task families (families.py): every task type has one, and each family's parts fit together.
+
+The end-to-end behaviour of each family (read -> encode -> train -> predict -> score) is held by the
+fine-tuning CLI tests (train/test_finetune.py) and the step parity with transformers (train/test_training_parity.py);
+here: the table itself, what each family scores, and how its batches carry targets."""
+
+import numpy as np
+import pytest
+import torch
+
+from torchbert.heads import BertForSequenceClassification
+from torchbert.tasks import formats, hub
+from torchbert.tasks.batches import TaskData
+from torchbert.tasks.encode import IGNORE, Encoded
+from torchbert.tasks.examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
+from torchbert.tasks.families import FAMILIES, TaskSettings, family
+
+
+def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_read():
+    assert tuple(FAMILIES) == TASK_TYPES
+    for t in TASK_TYPES:
+        fam = family(t)
+        assert fam.type == t and fam.metrics
+        assert fam.file_format in hub.FORMATS, t
+        assert set(fam.layouts) <= set(formats.LAYOUTS) and "auto" in fam.layouts, t
+    assert family("regression").model_class is BertForSequenceClassification
+    assert [t for t in TASK_TYPES if family(t).label_set] == ["classification", "pair", "token"]
+    with pytest.raises(ValueError, match="unknown task type 'ner'"):
+        family("ner")
+
+
+def example_records():
+    """Per task type: (examples, records as predict writes them, label map)."""
+    classes = formats.LabelMap(["neg", "pos"])
+    text = [TextExample("0", "good", None, "pos"), TextExample("1", "bad", None, "neg")]
+    qa = [QAExample("q1", "where?", "in Paris", [Answer("Paris", 3)]), QAExample("q2", "who?", "in Paris", [],
+                                                                               is_impossible=True)]
+    return {
+        "classification": (text, [{"id": "0", "label": "pos"}, {"id": "1", "label": "pos"}], classes),
+        "pair": ([TextExample("0", "a", "b", "pos"), TextExample("1", "a", "c", "neg")],
+                 [{"id": "0", "label": "pos"}, {"id": "1", "label": "neg"}], classes),
+        "regression": ([TextExample(str(i), "a", "b", y) for i, y in enumerate((1.0, 3.0, 2.0))],
+                       [{"score": 1.5}, {"score": 2.5}, {"score": 2.0}], None),
+        "token": ([TokenExample("0", ["EU", "rejects", "it"], ["B-ORG", "O", "O"])],
+                  [{"id": "0", "tags": ["B-ORG", "O", "B-ORG"]}], formats.LabelMap(["B-ORG", "O"])),
+        "qa": (qa[:1], [{"id": "q1", "answer": "Paris"}], None),
+        "qa-v2": (qa, [{"id": "q1", "answer": "Paris", "span": "Paris", "null_score": 0.0, "span_score": 2.0},
+                       {"id": "q2", "answer": "", "span": "in", "null_score": 1.0, "span_score": 0.5}], None),
+        "multiple-choice": ([ChoiceExample("0", "She", "opens", ["a door.", "a cat."], 0),
+                             ChoiceExample("1", "He", "eats", ["soup.", "rocks."], 0)],
+                            [{"choice": 0}, {"choice": 1}], None),
+    }
+
+
+def test_each_family_scores_what_it_reports():
+    """Every name in a family's metrics is a key its score() returns, with the value expected."""
+    expected = {"classification": ("accuracy", 0.5), "pair": ("accuracy", 1.0), "regression": ("pearson", 1.0),
+                "token": ("f1", 2 / 3), "qa": ("f1", 1.0), "qa-v2": ("f1", 1.0), "multiple-choice": ("accuracy", 0.5)}
+    for t, (examples, records, label_map) in example_records().items():
+        scores = family(t).score(records, examples, label_map)
+        assert set(family(t).metrics) <= set(scores), t
+        name, value = expected[t]
+        assert family(t).best_metric(label_map, None) == name == family(t).metrics[0]
+        assert scores[name] == pytest.approx(value), t
+
+
+def test_token_tasks_choose_their_scoring_by_the_tags():
+    entities, pos = formats.LabelMap(["B-PER", "I-PER", "O"]), formats.LabelMap(["n", "v", "nr"])
+    fam = family("token")
+    assert (fam.scoring(entities), fam.scoring(pos)) == ("entities", "tags")
+    assert fam.best_metric(entities, formats.PRESETS["conll2003"]) == "f1"
+    assert fam.best_metric(pos, None) == "accuracy"  # per word: no preset can ask for span F1 of POS tags
+    ex = [TokenExample("0", ["他", "来", "北京"], ["nr", "v", "ns"])]
+    assert fam.score([{"tags": ["nr", "n", "ns"]}], ex, formats.LabelMap(["n", "nr", "ns", "v"]))["accuracy"] == \
+        pytest.approx(2 / 3)
+    assert family("pair").scoring(None) is None and family("pair").best_metric(None, formats.PRESETS["mrpc"]) == "f1"
+
+
+def test_batches_carry_each_familys_targets():
+    """Rows become the head's targets: class ids per sequence, floats for regression, a label per token,
+    start/end per window, and for multiple choice a label and a choice count per example."""
+    rows = [[101, 7, 102], [101, 8, 9, 102], [101, 5, 102]]
+    types = [[0] * len(r) for r in rows]
+
+    def batch(task_type, labels, **extra):
+        data = TaskData(Encoded(rows, types, [0, 1, 2], labels=labels, **extra), family(task_type))
+        (b,) = data.all_batches(8)
+        return b, data
+
+    b, _ = batch("classification", [1, 0, 1])
+    assert b.labels.dtype == torch.long and b.labels.tolist() == [[1, 0, 1][r] for r in b.rows]
+    assert b.rows.tolist() == [1, 0, 2] == b.units.tolist()  # longest first
+    assert family("classification").count(b) == 3 == b.num_targets
+    b, _ = batch("regression", [0.5, 1.5, 2.5])
+    assert b.labels.dtype == torch.float32 and b.labels.tolist() == [[0.5, 1.5, 2.5][r] for r in b.rows]
+    token_labels = [[IGNORE, 1, IGNORE], [IGNORE, 0, IGNORE, IGNORE], [IGNORE, 2, IGNORE]]
+    b, data = batch("token", token_labels)
+    assert b.labels.tolist() == [t for r in b.rows for t in token_labels[r]]
+    assert family("token").count(b) == 3 == family("token").total(data) == b.num_targets
+    assert family("token").targets(b)["labelled_only"] is True
+    b, _ = batch("qa", [(1, 1), (0, 0), (1, 2)])
+    assert b.start_positions.tolist() == [[1, 0, 1][r] for r in b.rows] and b.labels is None and b.num_targets == 3
+    assert b.end_positions.tolist() == [[1, 0, 2][r] for r in b.rows]
+    b, data = batch("multiple-choice", [1], num_choices=[3])
+    assert len(data) == 1 and b.units.tolist() == [0] and b.rows.tolist() == [0, 1, 2]
+    assert b.labels.tolist() == [1] and b.num_choices.tolist() == [3]
+    assert family("multiple-choice").count(b) == 1 == family("multiple-choice").total(data) == b.num_targets
+
+
+def test_task_settings_come_back_from_config(tmp_path):
+    from torchbert.config import BertConfig
+
+    config = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16)
+    with pytest.raises(ValueError, match="not a model fine-tuned by torchbert"):
+        TaskSettings.from_config(config, "m")
+    config.extra["torchbert_task"] = {"type": "qa-v2", "max_length": 64, "unknown_later_field": 1}
+    ts = TaskSettings.from_config(config, "m")
+    assert (ts.type, ts.max_length, ts.doc_stride) == ("qa-v2", 64, 128)
+    assert np.isclose(ts.null_threshold, 0.0)

@@ -1,0 +1,126 @@
+"""Settings declared once (settings.py): a field's default, help and bounds make the command line's flag,
+and the Python API refuses what the command line refuses."""
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pytest
+
+from torchbert.apps.serve import Limits
+from torchbert.cli import FINETUNE_DEFAULTS, FINETUNE_DERIVED, build_parser, main
+from torchbert.settings import Checked, SettingError, add_flags, from_args, setting
+from torchbert.tasks.families import TaskSettings
+from torchbert.train.finetune import FinetuneSettings
+from torchbert.train.loop import TrainConfig
+from torchbert.train.pretrain import PretrainSettings
+
+CLI = Path(__file__).resolve().parents[1] / "src" / "torchbert" / "cli.py"
+
+
+@dataclass
+class Example(Checked):
+    name: str = setting(help="a required one")
+    count: int = setting(3, "how many", low=1)
+    share: float = setting(0.5, "a share", low=0, below=1)
+    rate: float | None = setting(None, "unset is fine", above=0, high=2)
+    kind: str = setting("a", "one of two", choices=("a", "b"))
+    on: bool = setting(True, "turn it off", flag="--no-on")
+    seconds: float = setting(1.0, "a flag of another name", above=0, flag="--timeout")
+
+
+@pytest.mark.parametrize("given,message", [
+    (dict(count=0), "count must be >= 1, got 0"),
+    (dict(share=1.0), "share must be in [0, 1), got 1"),
+    (dict(share=-0.1), "share must be in [0, 1), got -0.1"),
+    (dict(rate=0.0), "rate must be in (0, 2], got 0"),
+    (dict(rate=float("nan")), "rate must be a finite number, got nan"),
+    (dict(kind="c"), "kind must be one of a, b, got 'c'"),
+    (dict(count=True), "count must be a finite number, got True"),
+])
+def test_a_value_out_of_its_bounds_is_refused_by_the_dataclass_itself(given, message):
+    with pytest.raises(SettingError, match=re.escape(message)):
+        Example(name="x", **given)
+    Example(name="x", rate=None)  # unset passes every bound
+    Example(name="x", share=0.0, rate=2.0)  # the closed ends are inside
+
+
+def test_the_flags_are_the_fields_with_their_defaults_help_and_names():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_flags(p, Example)
+    args = p.parse_args(["--name", "n"])
+    assert vars(args) == {"name": "n", "count": 3, "share": 0.5, "rate": None, "kind": "a", "on": True, "seconds": 1.0}
+    args = p.parse_args(["--name", "n", "--count", "7", "--no-on", "--timeout", "2.5", "--kind", "b"])
+    assert from_args(Example, args) == Example(name="n", count=7, on=False, seconds=2.5, kind="b")
+    text = p.format_help()
+    assert "how many (default: 3)" in text and "unset is fine" in text and "(default: None)" not in text
+    with pytest.raises(SystemExit):
+        p.parse_args([])  # --name is required: it has no default
+    err = pytest.raises(SettingError, from_args, Example, p.parse_args(["--name", "n", "--timeout", "0"])).value
+    assert err.as_flag() == "--timeout must be > 0, got 0"  # named as the user typed it
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, PretrainSettings, FinetuneSettings, TaskSettings, Limits])
+def test_the_python_api_refuses_what_the_command_line_refuses(cls):
+    bounded = [f for f in fields(cls) if f.metadata and (f.metadata["low"] is not None or f.metadata["above"] is not None)]
+    assert bounded, cls
+    required = {f.name: "x" for f in fields(cls) if f.metadata and f.default is f.default_factory}  # MISSING both
+    for f in bounded:
+        bad = (f.metadata["low"] if f.metadata["low"] is not None else f.metadata["above"]) - 1
+        with pytest.raises(SettingError, match=f"^{f.name} must be"):
+            cls(**{**required, f.name: bad})
+
+
+def parse(*argv):
+    return build_parser().parse_args([str(a) for a in argv])
+
+
+def test_the_command_lines_defaults_are_the_dataclasses_defaults():
+    """The drift this replaced: pretrain's --warmup-steps said 100 while TrainConfig said 0."""
+    from torchbert.cli import settings_from
+
+    args = parse("pretrain", "--data", "d", "--out", "o")
+    assert settings_from(TrainConfig, args) == TrainConfig()
+    assert settings_from(PretrainSettings, args) == PretrainSettings(data=Path("d"), out=Path("o"))
+    args = parse("finetune", "--task", "ner", "--model", "m", "--train", "t", "--out", "o")
+    ours = settings_from(TrainConfig, args, lr=5e-5)
+    assert ours == TrainConfig(**{**FINETUNE_DEFAULTS, "lr": 5e-5})  # fine-tuning's own seed, and nothing else
+    assert all(not hasattr(args, name) for name in FINETUNE_DERIVED)  # derived from --epochs, not flags
+    assert settings_from(TaskSettings, args, type="token", doc_stride=42) == TaskSettings(type="token", doc_stride=42)
+    args = parse("serve", "--model", "m")
+    assert settings_from(Limits, args) == Limits()
+
+
+def test_cli_py_copies_no_field_list():
+    """cli.py makes these settings through settings_from alone: it never calls their constructors with a
+    copy of their fields (`TrainConfig(steps=args.steps, ...)`, as it did)."""
+    import ast
+
+    classes = {"TrainConfig", "PretrainSettings", "FinetuneSettings", "TaskSettings", "Limits"}
+    calls = [node.lineno for node in ast.walk(ast.parse(CLI.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in classes]
+    assert calls == [], f"cli.py builds a settings class by hand at lines {calls}"
+    assert "settings_from(TrainConfig, args" in CLI.read_text(encoding="utf-8")  # the walk reads the real file
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["pretrain", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["pretrain", "--dropout", "1"], "--dropout must be in [0, 1), got 1"),
+    (["pretrain", "--generator-size", "0"], "--generator-size must be in (0, 1], got 0"),
+    (["pretrain", "--lr", "0"], "--lr must be > 0, got 0"),
+    (["finetune", "--epochs", "0"], "--epochs must be > 0, got 0"),
+    (["finetune", "--warmup-ratio", "1"], "--warmup-ratio must be in [0, 1), got 1"),
+    (["finetune", "--max-length", "0"], "--max-length must be >= 1, got 0"),
+    (["serve", "--body-timeout", "0"], "--body-timeout must be > 0, got 0"),
+])
+def test_the_command_line_names_the_flag_out_of_bounds(argv, message, tmp_path, capsys):
+    required = {"pretrain": ["--data", tmp_path / "d", "--out", tmp_path / "o"],
+                "finetune": ["--task", "classification", "--model", tmp_path / "m", "--train", tmp_path / "t",
+                             "--out", tmp_path / "o"],
+                "serve": ["--model", tmp_path / "m"]}[argv[0]]
+    assert main([*argv, *map(str, required)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,344 @@
+"""The training loop: learning, exact gradient accumulation, exact resume, bad steps, checkpoints."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from parity import assert_parity
+from tinyloop import NaNTask, RepeatData, V, cfg, tiny_model
+
+from torchbert import fast
+from torchbert.cli import main
+from torchbert.errors import OutOfSpace, UserError
+from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from torchbert.train.loop import PretrainingTask, TrainingError, train
+
+
+def test_loss_falls_and_metrics_are_logged(tmp_path):
+    model = tiny_model()
+    summary = train(model, RepeatData(n=1024), PretrainingTask(),
+                    cfg(steps=120, log_every=20, lr=1e-3, warmup_steps=5, schedule="constant_with_warmup"),
+                    tmp_path, log=lambda s: None)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [20, 40, 60, 80, 100, 120]
+    for key in ("step", "tokens", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "seconds"):
+        assert key in lines[0], key
+    assert lines[-1]["loss"] < 0.6 * lines[0]["loss"]
+    assert lines[-1]["mlm_accuracy"] > lines[0]["mlm_accuracy"]
+    assert lines[-1]["tokens"] > lines[0]["tokens"] > 0
+    assert summary["steps"] == 120 and summary["tokens"] == lines[-1]["tokens"] and summary["tokens_per_second"] > 0
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    a, b = tiny_model(dropout=0.0), tiny_model(dropout=0.0)
+    train(a, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=8, grad_accum=1), tmp_path / "a", log=lambda s: None)
+    train(b, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=4, grad_accum=2), tmp_path / "b", log=lambda s: None)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert_parity(q, p, name)
+    # and it is not trivially so: one micro-batch of 4 per step gives other weights
+    c = tiny_model(dropout=0.0)
+    train(c, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=4), tmp_path / "c", log=lambda s: None)
+    assert any(not torch.allclose(p, q, atol=1e-4) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def test_interrupted_run_resumes_bit_identically(tmp_path):
+    reference = tiny_model()
+    train(reference, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), tmp_path / "ref", log=lambda s: None)
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8, after the checkpoint of step 6
+        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(steps=10, save_every=3), run,
+              log=lambda s: None)
+    assert [p.name for p in list_checkpoints(run)] == ["step-00000003", "step-00000006"]
+    resumed = tiny_model(seed=123)  # a different init: everything must come from the checkpoint
+    train(resumed, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), run, resume=True, log=lambda s: None)
+    for (name, p), q in zip(reference.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    ref_log = (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()
+    run_log = (run / "metrics.jsonl").read_text().splitlines()
+    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in lines]  # noqa: E731
+    assert strip(ref_log) == strip(run_log)
+
+
+def test_damaged_checkpoint_falls_back_with_a_warning(tmp_path):
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=6, save_every=2), tmp_path, log=lambda s: None)
+    newest = list_checkpoints(tmp_path)[-1]
+    data = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.warns(UserWarning, match="damaged checkpoint.*model.safetensors does not match its hash"):
+        found = latest_checkpoint(tmp_path)
+    assert found.name == "step-00000004"
+    (found / "manifest.json").unlink()
+    with pytest.warns(UserWarning, match="no readable manifest"):
+        assert latest_checkpoint(tmp_path).name == "step-00000002"
+
+
+def test_failed_checkpoint_write_keeps_the_previous(tmp_path, monkeypatch):
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=2), tmp_path, log=lambda s: None)
+    import torchbert.io.checkpoint as ck
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "save_file", disk_full)
+    with pytest.raises(OutOfSpace, match="no space left on .*checkpoints"):
+        train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, save_every=2), tmp_path, resume=True,
+              log=lambda s: None)
+    names = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    assert names == ["step-00000002"]  # no partial folder left, the old one intact
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert latest_checkpoint(tmp_path).name == "step-00000002"
+
+
+def test_nan_steps_are_skipped_and_counted(tmp_path):
+    logs = []
+    summary = train(tiny_model(), RepeatData(), NaNTask({2, 3}), cfg(steps=4), tmp_path, log=logs.append)
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 4
+    assert sum("step skipped" in line for line in logs) == 2
+    for p in tiny_model().parameters():
+        assert torch.isfinite(p).all()
+    with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row"):
+        train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3), tmp_path / "x",
+              log=lambda s: None)
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """The loop's deferred reads (its GPU mode) on CPU: the verdicts stay tensors until the log cadence."""
+    import torchbert.train.loop as loop
+
+    monkeypatch.setattr(loop, "_deferred_reads", lambda device: True)
+
+
+def test_deferred_reads_train_exactly_as_the_step_by_step_reads(tmp_path, monkeypatch):
+    import torchbert.train.loop as loop
+
+    runs = {}
+    for mode in (False, True):
+        monkeypatch.setattr(loop, "_deferred_reads", lambda device, mode=mode: mode)
+        model = tiny_model()
+        summary = train(model, RepeatData(), PretrainingTask(), cfg(steps=6, log_every=4), tmp_path / str(mode),
+                        log=lambda s: None)
+        lines = [{k: v for k, v in json.loads(x).items() if k != "seconds"}
+                 for x in (tmp_path / str(mode) / "metrics.jsonl").read_text().splitlines()]
+        runs[mode] = (model, summary, lines)
+    for (name, p), q in zip(runs[False][0].named_parameters(), runs[True][0].parameters()):
+        assert torch.equal(p, q), name
+    assert runs[False][2] == runs[True][2] and len(runs[True][2]) == 2
+    assert runs[False][1]["tokens"] == runs[True][1]["tokens"]
+
+
+def test_deferred_reads_skip_nan_steps_on_the_device_and_count_them_at_the_log(tmp_path, deferred):
+    logs = []
+    model = tiny_model()
+    summary = train(model, RepeatData(), NaNTask({2, 3}), cfg(steps=5, log_every=5), tmp_path, log=logs.append)
+    # deferred, a skipped step still counts as a step (its batch is used, the schedule moves on)
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 5
+    assert [line for line in logs if "skipped" in line] == [
+        "steps 2, 3: the loss or its gradient norm was NaN or inf; skipped on the device (2 so far)"]
+    saved = load_checkpoint(latest_checkpoint(tmp_path))
+    assert {float(s["step"]) for s in saved.optimizer["state"].values()} == {3.0}  # AdamW took 3 of the 5
+    assert saved.state["skipped_steps"] == 2
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert np.isfinite(record["loss"]) and record["tokens"] > 0
+    with pytest.raises(TrainingError, match="NaN or inf for 3 steps in a row at step 3"):
+        train(tiny_model(), RepeatData(), NaNTask(set(range(100))), cfg(steps=4, max_bad_steps=3, log_every=2),
+              tmp_path / "x", log=lambda s: None)
+
+
+def test_only_the_cli_keeps_freed_memory(tmp_path, monkeypatch, prepared):
+    """The allocator setting changes the whole process: train(), a library call, never makes it; the
+    CLI's training commands do, unless --no-fast."""
+    calls = []
+    monkeypatch.setattr(fast, "keep_freed_memory", lambda: calls.append(True))
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=1), tmp_path / "lib", log=lambda s: None)
+    assert calls == []
+    common = ["pretrain", "--data", str(prepared / "data"), "--config", "tiny", "--steps", "1", "--batch-size", "4", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "plain"), "--no-fast"]) == 0
+    assert calls == []
+    assert main([*common, "--out", str(tmp_path / "fast")]) == 0
+    assert calls == [True]
+
+
+def test_a_task_per_step_count_divides_each_step_instead_of_its_own_count(tmp_path):
+    """task.per_step (fine-tuning: the average over the data) replaces each step's own target count."""
+    class Fixed(PretrainingTask):
+        per_step = {"mlm": 5.0, "nsp": 3.0}  # a batch of 8 holds 16 masked tokens and 8 NSP labels
+
+    grads = {}
+    for name, task in (("fixed", Fixed()), ("own", PretrainingTask())):
+        model = tiny_model(dropout=0.0)
+        model.nsp.weight.register_hook(lambda g, name=name: grads.setdefault(name, g.clone()))
+        train(model, RepeatData(), task, cfg(steps=1), tmp_path / name, log=lambda s: None)
+    ref = tiny_model(dropout=0.0)
+    parts = PretrainingTask().forward(ref, next(RepeatData().batches(8)))
+    (parts["mlm"][0] / 5.0 + parts["nsp"][0] / 3.0).backward()
+    assert_parity(grads["fixed"], ref.nsp.weight.grad)
+    assert_parity(grads["own"], ref.nsp.weight.grad * 3.0 / 8.0)
+
+
+def test_finetuning_divides_by_the_average_step_count():
+    """Token tasks: the labelled tokens of an average step, so a token of a short sentence in a
+    length-sorted batch weighs what one of a long sentence does."""
+    from types import SimpleNamespace
+
+    from torchbert.losses import IGNORE
+    from torchbert.tasks.families import family
+    from torchbert.train.finetune import targets_per_step
+
+    labels = [[IGNORE, 1, 2, IGNORE], [IGNORE, 0, IGNORE], [IGNORE, 1, 1, 1, 2, IGNORE]]  # 2 + 1 + 4 labelled
+
+    class Data:
+        encoded = SimpleNamespace(labels=labels, input_ids=labels)
+
+        def __init__(self, task_type):
+            self.family = family(task_type)
+
+        def __len__(self):
+            return 3
+
+    assert targets_per_step(Data("token"), 2) == pytest.approx(7 * 2 / 3)
+    assert targets_per_step(Data("token"), 32) == 7  # a step larger than the data: all of it
+    assert targets_per_step(Data("classification"), 2) == 2
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(UserError, match="holds no whole checkpoint"):
+        train(tiny_model(), RepeatData(), PretrainingTask(), cfg(), tmp_path, resume=True, log=lambda s: None)
+
+
+def _compiled_matches_eager(backend: str) -> None:
+    eager, compiled = tiny_model(dropout=0.0), tiny_model(dropout=0.0)
+    compiled.compile(dynamic=True, backend=backend)
+    task = PretrainingTask()
+    for batch in list(RepeatData(n=32).batches(8))[:2]:
+        a, c = task.forward(eager, batch), task.forward(compiled, batch)
+        for part in task.parts:
+            assert_parity(c[part][0], a[part][0], part)
+        sum(v[0] for v in a.values()).backward()
+        sum(v[0] for v in c.values()).backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        assert_parity(q.grad, p.grad, name)
+    assert list(dict(compiled.named_parameters())) == list(dict(eager.named_parameters()))
+
+
+@pytest.mark.e2e
+def test_compiled_model_traces():
+    """`pretrain --compile`: the compiler traces the model (its autograd functions included) over
+    two batches of other lengths, with the plain model's losses and gradients. The aot_eager backend
+    runs the traced graphs without generating code, so this is quick."""
+    _compiled_matches_eager("aot_eager")
+
+
+@pytest.mark.slow
+def test_compiled_model_matches_eager():
+    """torch.compile's default backend (generated C++ kernels): the plain model's numbers (~1.5 min)."""
+    _compiled_matches_eager("inductor")
+
+
+def test_a_checkpoint_inside_a_log_window_resumes_to_the_same_log_lines(tmp_path):
+    settings = dict(steps=10, save_every=3, log_every=4)
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(**settings), tmp_path / "ref", log=lambda s: None)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 8: the checkpoint of step 6 holds half a window
+        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(**settings), run, log=lambda s: None)
+    summary = train(tiny_model(seed=5), RepeatData(), PretrainingTask(), cfg(**settings), run, resume=True,
+                    log=lambda s: None)
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    ref = strip(tmp_path / "ref" / "metrics.jsonl")
+    assert [r["step"] for r in ref] == [4, 8, 10]
+    assert strip(run / "metrics.jsonl") == ref
+    assert summary["tokens"] == ref[-1]["tokens"] > 0
+
+
+def test_evaluation_time_is_counted_apart_from_training(tmp_path):
+    import time
+
+    def evaluate(model):
+        time.sleep(0.4)
+        return {"x": 1.0}
+
+    start = time.perf_counter()
+    summary = train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, eval_every=2), tmp_path,
+                    evaluate=evaluate, log=lambda s: None)
+    wall = time.perf_counter() - start
+    assert summary["eval_seconds"] >= 0.8  # after steps 2 and 4
+    assert summary["train_seconds"] + summary["eval_seconds"] <= wall
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["seconds"] <= summary["train_seconds"] + 1e-3
+
+
+def test_the_loop_checks_ids_on_the_host_and_gives_the_model_its_check_back(tmp_path, monkeypatch):
+    import torchbert.model as model_module
+
+    in_forward = []
+    plain = model_module.check_ids
+    monkeypatch.setattr(model_module, "check_ids", lambda *a: in_forward.append(1) or plain(*a))
+    model = tiny_model()
+    train(model, RepeatData(), PretrainingTask(), cfg(steps=2), tmp_path / "a", log=lambda s: None)
+    assert in_forward == []  # the host checked each batch instead
+    assert model.bert.check_inputs is True and "check_inputs" not in model.bert.__dict__
+    model.eval()
+    model(torch.tensor([[2, 5, 6]]))
+    assert in_forward == [1]
+
+    class OutOfVocab(RepeatData):
+        def batch(self, indices, epoch):
+            b = super().batch(indices, epoch)
+            b.input_ids[3] = V + 7
+            return b
+
+    with pytest.raises(ValueError, match=rf"input_ids out of range: values in \[\d+, {V + 7}\] but vocab_size is {V}"):
+        train(tiny_model(), OutOfVocab(), PretrainingTask(), cfg(steps=2), tmp_path / "b", log=lambda s: None)
+
+
+def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one_is_named(tmp_path):
+    """A kill in the middle of an append leaves any prefix of metrics.jsonl's last line: each one is
+    dropped with a note (or kept whole when only its newline is missing); a bad line before the last
+    stops the resume with its file and line."""
+    from torchbert.train.loop import _truncate_metrics
+
+    records = [{"step": s, "loss": 1.0 / s, "note": "损失"} for s in (1, 2, 3, 4)]
+    lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records]
+    head, last = b"".join(lines[:3]), lines[3]
+    path = tmp_path / "metrics.jsonl"
+    for cut in range(len(last)):  # the last line's first `cut` bytes (0: nothing of it yet)
+        path.write_bytes(head + last[:cut])
+        notes = []
+        _truncate_metrics(path, 3, notes.append)
+        assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records[:3], cut
+        torn = 0 < cut < len(last) - 1
+        assert len(notes) == torn and (not torn or "metrics.jsonl:4: dropped a torn last line" in notes[0]), cut
+    path.write_bytes(head + last[:-1])  # whole but for its newline: kept when the checkpoint is past it
+    _truncate_metrics(path, 4, lambda s: None)
+    assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records
+    path.write_bytes(lines[0] + b'{"step": 2, "lo\n' + lines[2])
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON record"):
+        _truncate_metrics(path, 3, lambda s: None)
+
+
+def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
+    reference = tiny_model()
+    train(reference, RepeatData(), PretrainingTask(), cfg(steps=6, save_every=3), tmp_path / "ref", log=lambda s: None)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # killed during step 5, after the checkpoint of step 3
+        train(tiny_model(), RepeatData(fail_after=4), PretrainingTask(), cfg(steps=6, save_every=3), run,
+              log=lambda s: None)
+    log_file = run / "metrics.jsonl"
+    data = log_file.read_bytes()
+    log_file.write_bytes(data[: len(data) - 40])  # the last line (step 4) cut in the middle
+    notes = []
+    resumed = tiny_model(seed=5)
+    train(resumed, RepeatData(), PretrainingTask(), cfg(steps=6, save_every=3), run, resume=True, log=notes.append)
+    assert any("metrics.jsonl:4: dropped a torn last line" in n for n in notes), notes
+    for (name, p), q in zip(reference.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+                          for x in path.read_text().splitlines()]
+    assert strip(log_file) == strip(tmp_path / "ref" / "metrics.jsonl")
