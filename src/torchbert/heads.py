@@ -95,9 +95,10 @@ class BertForPreTraining(HFCheckpoint, nn.Module):
                 output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
         positions, targets = mlm_targets(labels, mlm_positions, mlm_labels)
         # the last layer runs only at the masked positions (and [CLS]): h is [M, H]
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions, output_positions=positions)
+        out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                        output_positions=positions)
         mlm_logits, mlm_loss = self.mlm(out.last_hidden_state, self.bert.embeddings.word.weight, targets)  # [M, V]
         nsp_logits = self.nsp(out.pooler_output)  # [B, 2]
         nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label) if next_sentence_label is not None else None
@@ -119,9 +120,10 @@ class BertForMaskedLM(HFCheckpoint, nn.Module):
                 output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
         positions, targets = mlm_targets(labels, mlm_positions, mlm_labels)
         # the last layer runs only at the masked positions (and [CLS]): h is [M, H]
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions, output_positions=positions)
+        out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                        output_positions=positions)
         mlm_logits, mlm_loss = self.mlm(out.last_hidden_state, self.bert.embeddings.word.weight, targets)  # [M, V]
         return PreTrainingOutput(mlm_loss, mlm_loss, None, mlm_logits, None, targets,
                                  out.hidden_states, out.attentions)
@@ -139,9 +141,9 @@ class BertForNextSentencePrediction(HFCheckpoint, nn.Module):
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> PreTrainingOutput:
-        out: BertOutput = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                                    max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                                    output_attentions=output_attentions)
+        out: BertOutput = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                    position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                    output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         nsp_logits = self.nsp(out.pooler_output)  # [B, 2]
         nsp_loss = F.cross_entropy(nsp_logits, labels) if labels is not None else None
         return PreTrainingOutput(nsp_loss, None, nsp_loss, None, nsp_logits, None, out.hidden_states, out.attentions)
@@ -162,8 +164,9 @@ class _TaskModel(HFCheckpoint, nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=pooler)
 
-    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-               output_hidden_states, output_attentions, cls_only: bool = False,
+    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+               position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+               output_hidden_states: bool = False, output_attentions: bool = False, cls_only: bool = False,
                positions: Tensor | None = None) -> BertOutput:
         """positions [K]: the flat token positions the head reads besides [CLS] (cls_only: none).
         The last layer then runs for those tokens and [CLS] alone, and last_hidden_state is [K, H].
@@ -172,9 +175,10 @@ class _TaskModel(HFCheckpoint, nn.Module):
         if cls_only:
             positions = torch.empty(0, dtype=torch.long, device=input_ids.device)
         full = output_hidden_states or output_attentions
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens=cu_seqlens,
-                        max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions, output_positions=None if full else positions)
+        out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                        output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                        output_positions=None if full else positions)
         if full and positions is not None:
             out.last_hidden_state = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[positions]
         return out
@@ -191,8 +195,9 @@ class BertForSequenceClassification(_TaskModel):
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> TaskOutput:
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                          output_hidden_states, output_attentions, cls_only=True)
+        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions, cls_only=True)
         logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
         loss = None if labels is None else sequence_loss(self.config, logits, labels)
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
@@ -222,8 +227,10 @@ class BertForTokenClassification(_TaskModel):
             if positions is None:
                 positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)  # [M]
             labels = labels.reshape(-1)[positions]
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                          output_hidden_states, output_attentions, positions=positions)
+        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                          positions=positions)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, C], [N, C] or labelled [M, C]
         loss = None
         if labels is not None:  # -100 marks tokens without a label (padding, later sub-tokens)
@@ -244,8 +251,9 @@ class BertForQuestionAnswering(_TaskModel):
         """start/end_positions [B]: token positions in each sequence. Positions past the sequence are
         clamped to its length and ignored, as in transformers (which, padded, ignores those >= T).
         Packed, the logits of each sequence are scored against its own tokens only."""
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                          output_hidden_states, output_attentions)
+        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # each [B, T] or [N]
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -273,16 +281,19 @@ class BertForMultipleChoice(_TaskModel):
             if input_ids.dim() != 3:
                 raise ValueError(f"input_ids must be [batch, choices, tokens], got shape {tuple(input_ids.shape)}")
             B, C, T = input_ids.shape
-            flat = [None if t is None else t.reshape(B * C, T) for t in (attention_mask, token_type_ids, position_ids)]
-            out = self.encode(input_ids.reshape(B * C, T), *flat, None, None, output_hidden_states, output_attentions,
-                              cls_only=True)
+            mask_, types, positions = (None if t is None else t.reshape(B * C, T)
+                                       for t in (attention_mask, token_type_ids, position_ids))
+            out = self.encode(input_ids.reshape(B * C, T), attention_mask=mask_, token_type_ids=types,
+                              position_ids=positions, output_hidden_states=output_hidden_states,
+                              output_attentions=output_attentions, cls_only=True)
             logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)  # [B, C]
             mask = choice_mask
         else:
             if num_choices is None:
                 raise ValueError("packed multiple-choice inputs need num_choices [batch]")
-            out = self.encode(input_ids, None, token_type_ids, position_ids, cu_seqlens, max_seqlen,
-                              output_hidden_states, output_attentions, cls_only=True)
+            out = self.encode(input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
+                              cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                              output_attentions=output_attentions, cls_only=True)
             scores = self.classifier(self.dropout(out.pooler_output)).squeeze(-1)  # [sum C_i]
             logits, mask = choice_block(scores, num_choices, max_choices)
         if mask is not None:

@@ -13,9 +13,8 @@ from parity import assert_parity
 
 from torchbert.cli import main
 
-pytestmark = pytest.mark.e2e  # whole commands end to end: `bash scripts/test.sh --fast` leaves them out
-
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.e2e,  # whole commands end to end: `bash scripts/test.sh --fast` leaves them out
+              pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 

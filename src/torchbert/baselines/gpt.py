@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..config import GPTConfig
 from ..io.hf import HFCheckpoint
 from ..losses import IGNORE, TaskOutput, choice_block, next_tokens, num_labels, sequence_loss, span_loss
-from ..model import BertOutput, Layer, check_ids, init_weights
+from ..model import Layer, check_ids, init_weights
 from ..packing import Layout, packed_layout
 
 
@@ -40,6 +40,13 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.dropout(self.tokens(input_ids) + self.positions(position_ids))  # [B, T, H] or [N, H]
+
+
+@dataclass
+class GPTOutput:
+    last_hidden_state: Tensor  # [B, T, H] full rows, [N, H] packed
+    hidden_states: tuple[Tensor, ...] | None = None  # n_layer + 1 of them: embeddings, then each block
+    attentions: tuple[Tensor, ...] | None = None  # each [B, A, T, T]
 
 
 class OpenAIGPTModel(HFCheckpoint, nn.Module):
@@ -56,7 +63,7 @@ class OpenAIGPTModel(HFCheckpoint, nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None,
                 max_seqlen: int | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BertOutput:
+                output_attentions: bool = False) -> GPTOutput:
         """input_ids [B, T], or packed [N] with cu_seqlens [B + 1]. last_hidden_state [B, T, H] or [N, H]."""
         if cu_seqlens is None:
             if input_ids.dim() != 2:
@@ -80,9 +87,9 @@ class OpenAIGPTModel(HFCheckpoint, nn.Module):
             x, probs = layer(x, layout, need_weights=output_attentions)
             hidden_states.append(x)
             attentions.append(probs)
-        return BertOutput(last_hidden_state=x,
-                          hidden_states=tuple(hidden_states) if output_hidden_states else None,
-                          attentions=tuple(attentions) if output_attentions else None)
+        return GPTOutput(last_hidden_state=x,
+                         hidden_states=tuple(hidden_states) if output_hidden_states else None,
+                         attentions=tuple(attentions) if output_attentions else None)
 
 
 @dataclass
@@ -139,8 +146,9 @@ class _GPTTask(HFCheckpoint, nn.Module):
         self.transformer = OpenAIGPTModel(config)
         self.lm_coef = float(config.extra.get("lm_coef", 0.5))
 
-    def encode(self, input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
-               output_attentions) -> BertOutput:
+    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+               cu_seqlens: Tensor | None = None, max_seqlen: int | None = None, output_hidden_states: bool = False,
+               output_attentions: bool = False) -> GPTOutput:
         if attention_mask is not None:
             raise ValueError("GPT reads each sequence's last token: give it packed input (cu_seqlens), not padding")
         return self.transformer(input_ids, position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
@@ -202,8 +210,9 @@ class OpenAIGPTForSequenceClassification(_GPTTask):
             n = input_ids.numel()
             input_ids = torch.cat([input_ids, both_orders(input_ids, token_type_ids, cu_seqlens)])  # [2N]
             cu_seqlens = torch.cat([cu_seqlens, cu_seqlens[1:] + n])  # [2B + 1]
-        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
-                          output_attentions)
+        out = self.encode(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                          max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                          output_attentions=output_attentions)
         h = out.last_hidden_state
         last = last_tokens(h, cu_seqlens)  # [B, H] ([2B, H] in both orders)
         if self.both_orders:
@@ -233,8 +242,9 @@ class OpenAIGPTForTokenClassification(_GPTTask):
                 label_positions: Tensor | None = None) -> TaskOutput:
         """As BertForTokenClassification's; labelled_only: logits [M, C] for the labelled tokens only
         (at label_positions [M] when given)."""
-        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
-                          output_attentions)
+        out = self.encode(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                          max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                          output_attentions=output_attentions)
         h = out.last_hidden_state  # [B, T, H] or [N, H]
         read, targets = h, labels
         if labelled_only and labels is not None:
@@ -263,8 +273,9 @@ class OpenAIGPTForQuestionAnswering(_GPTTask):
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 start_positions: Tensor | None = None, end_positions: Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
-        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
-                          output_attentions)
+        out = self.encode(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                          max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                          output_attentions=output_attentions)
         h = out.last_hidden_state
         start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # each [B, T] or [N]
         loss = None
@@ -313,8 +324,9 @@ class OpenAIGPTForMultipleChoice(_GPTTask):
             mask = choice_mask
         elif num_choices is None:
             raise ValueError("packed multiple-choice inputs need num_choices [batch]")
-        out = self.encode(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, output_hidden_states,
-                          output_attentions)
+        out = self.encode(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                          max_seqlen=max_seqlen, output_hidden_states=output_hidden_states,
+                          output_attentions=output_attentions)
         h = out.last_hidden_state
         scores = self.multiple_choice_head(last_tokens(h, cu_seqlens))  # [sum C_i] or [B * C]
         if cu_seqlens is None:
