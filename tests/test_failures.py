@@ -474,7 +474,8 @@ def test_nonfinite_gradient_with_a_finite_loss_is_skipped(monkeypatch, tmp_path)
     into and saved. With and without clipping, the step is skipped and counted, the weights stay."""
     from tinyloop import RepeatData, cfg, tiny_model
 
-    from torchbert.train.loop import PretrainingTask, TrainingError, train
+    from torchbert.train.loop import TrainingError, train
+    from torchbert.train.objectives import PretrainingTask
 
     for max_norm in (1.0, 0.0):
         model = tiny_model()
@@ -720,9 +721,9 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("prepare: tokenizer is a file", [*r[:4], text, *r[5:]], 2, "--tokenizer"),
         ("prepare: tokenizer folder empty", [*r[:4], folder, *r[5:]], 2, str(folder)),
         ("prepare: one document", [r[0], "--corpus", p / "one-doc.txt", *r[3:]], 2, "one-doc.txt"),
-        ("prepare: --max-seq-len 3", [*r, "--max-seq-len", "3"], 2, "max_seq_len"),
-        ("prepare: --dupe-factor 0", [*r, "--dupe-factor", "0"], 2, "dupe_factor"),
-        ("prepare: --masked-lm-prob 2", [*r, "--masked-lm-prob", "2"], 2, "masked_lm_prob"),
+        ("prepare: --max-seq-len 3", [*r, "--max-seq-len", "3"], 2, "--max-seq-len must be >= 5, got 3"),
+        ("prepare: --dupe-factor 0", [*r, "--dupe-factor", "0"], 2, "--dupe-factor must be >= 1, got 0"),
+        ("prepare: --masked-lm-prob 2", [*r, "--masked-lm-prob", "2"], 2, "--masked-lm-prob must be in (0, 1), got 2"),
         ("prepare: --out is the tokenizer", [*r[:-1], tok], 2, "is the input --tokenizer"),
         ("prepare: --out holds the corpus", [*r[:-1], p], 2, "holds the input"),
         ("inspect-data: not a data folder", ["inspect-data", folder], 2, str(folder)),

@@ -252,15 +252,33 @@ def test_attention_dropout_of_one_trains():
     assert torch.isfinite(m.layers[0].attention.qkv.weight.grad).all()
 
 
-def test_bad_inputs_give_clear_errors(ours):
-    long = torch.ones(1, 513, dtype=torch.long)
-    with pytest.raises(ValueError, match="longer than max_position_embeddings 512; truncate"):
-        ours(long)
-    with pytest.raises(ValueError, match=r"token_type_ids out of range: values in \[0, 2\] but type_vocab_size is 2"):
-        ours(torch.tensor([[101, 102]]), token_type_ids=torch.tensor([[0, 2]]))
-    with pytest.raises(ValueError, match="input_ids out of range"):
-        ours(torch.tensor([[101, 30522]]))
+def test_bad_shapes_give_clear_errors(ours):
     with pytest.raises(ValueError, match="input_ids must be"):
         ours(torch.tensor([101, 102]))
     with pytest.raises(ValueError, match="not both"):
         ours(torch.tensor([101, 102]), attention_mask=torch.ones(2), cu_seqlens=torch.tensor([0, 2]))
+
+
+def test_ids_out_of_range_are_named_where_batches_are_made(ours, tmp_path):
+    """config.check_ids names the table and its size (BERT's segments; GPT and ELMo read none); embed
+    calls it on each batch, so the model itself never checks (nor syncs with the host for it)."""
+    from torchbert.config import ELMoConfig, GPTConfig, check_ids
+    from torchbert.features import embed_ids
+
+    c = ours.config
+    check_ids(c, torch.tensor([[101, 30521]]), torch.tensor([[0, 1]]), 512)  # all in range
+    with pytest.raises(ValueError, match="sequence of 513 tokens is longer than max_position_embeddings 512; truncate"):
+        check_ids(c, torch.ones(1, 513, dtype=torch.long), None, 513)
+    with pytest.raises(ValueError, match=r"token_type_ids out of range: values in \[0, 2\] but type_vocab_size is 2"):
+        check_ids(c, torch.tensor([[101, 102]]), torch.tensor([[0, 2]]))
+    with pytest.raises(ValueError, match=r"input_ids out of range: values in \[-1, 102\] but vocab_size is 30522"):
+        check_ids(c, torch.tensor([[-1, 102]]))
+    gpt, elmo = GPTConfig(vocab_size=10, n_positions=8, n_embd=8, n_layer=1, n_head=2), ELMoConfig(vocab_size=10)
+    for config in (gpt, elmo):
+        check_ids(config, torch.tensor([3, 9]), torch.tensor([0, 5]), config.max_position_embeddings)  # no segments
+        with pytest.raises(ValueError, match=r"input_ids out of range: values in \[3, 10\] but vocab_size is 10"):
+            check_ids(config, torch.tensor([3, 10]))
+    with pytest.raises(ValueError, match="sequence of 9 tokens is longer than max_position_embeddings 8"):
+        check_ids(gpt, torch.tensor([3]), None, 9)
+    with pytest.raises(ValueError, match=r"input_ids out of range: values in \[101, 30522\]"):
+        embed_ids(ours, [[101, 2000, 102], [101, 30522, 102]])

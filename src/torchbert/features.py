@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .config import check_ids
 from .packing import pack
 
 STRATEGIES = ("embeddings", "last", "second_to_last", "sum_all", "sum_last_four", "concat_last_four")
@@ -172,6 +173,7 @@ def embed_ids(model, ids: Sequence[Sequence[int]], *, pooling: str = "mean", lay
         bar = tqdm(total=len(ids), unit="text", desc="embed")
     for idx in batches:
         flat, cu, longest = pack([ids[i] for i in idx])
+        check_ids(model.config, flat, None, longest)
         flat, cu = flat.to(device), cu.to(device)
         o = model(flat, cu_seqlens=cu, max_seqlen=longest,
                   output_hidden_states=needs_all_layers(strategy))

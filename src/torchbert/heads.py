@@ -157,12 +157,18 @@ def classifier_dropout(config: BertConfig) -> nn.Dropout:
 
 
 class _TaskModel(HFCheckpoint, nn.Module):
-    """BertModel (with its pooler or not, as in transformers) under a task head that the subclass defines."""
+    """BertModel (with its pooler or not, as in transformers) under a task head that the subclass
+    defines; `classifier`: the head is dropout and a linear layer to that many outputs (transformers'
+    `dropout` and `classifier`)."""
 
-    def __init__(self, config: BertConfig, pooler: bool):
+    def __init__(self, config: BertConfig, pooler: bool, classifier: int | None = None):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=pooler)
+        if classifier is not None:
+            self.dropout = classifier_dropout(config)
+            self.classifier = nn.Linear(config.hidden_size, classifier)
+            init_heads(self, (self.classifier,))
 
     def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -186,10 +192,7 @@ class _TaskModel(HFCheckpoint, nn.Module):
 
 class BertForSequenceClassification(_TaskModel):
     def __init__(self, config: BertConfig):
-        super().__init__(config, pooler=True)
-        self.dropout = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
-        init_heads(self, (self.classifier,))
+        super().__init__(config, pooler=True, classifier=num_labels(config))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -205,10 +208,7 @@ class BertForSequenceClassification(_TaskModel):
 
 class BertForTokenClassification(_TaskModel):
     def __init__(self, config: BertConfig):
-        super().__init__(config, pooler=False)
-        self.dropout = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
-        init_heads(self, (self.classifier,))
+        super().__init__(config, pooler=False, classifier=num_labels(config))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -263,10 +263,7 @@ class BertForQuestionAnswering(_TaskModel):
 
 class BertForMultipleChoice(_TaskModel):
     def __init__(self, config: BertConfig):
-        super().__init__(config, pooler=True)
-        self.dropout = classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, 1)  # one score per (context, choice) pair
-        init_heads(self, (self.classifier,))
+        super().__init__(config, pooler=True, classifier=1)  # one score per (context, choice) pair
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,

@@ -235,10 +235,6 @@ def init_weights(module: nn.Module, std: float) -> None:
 
 
 class BertModel(HFCheckpoint, nn.Module):
-    # forward range-checks the ids (check_ids: one host sync); the training loop checks each batch
-    # on the host before it moves to the device, and turns this off while it trains
-    check_inputs = True
-
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
@@ -288,8 +284,6 @@ class BertModel(HFCheckpoint, nn.Module):
                 position_ids = offsets
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if self.check_inputs:
-            check_ids(self.config, input_ids, token_type_ids, position_ids)
 
         if self.config.rotary:
             layout.rotary = (self.rotary_cos[position_ids], self.rotary_sin[position_ids])  # [B, T, D/2] or [N, D/2]
@@ -319,21 +313,3 @@ class BertModel(HFCheckpoint, nn.Module):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
-
-
-def check_ids(config: BertConfig, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> None:
-    """Name the culprit of an embedding lookup out of range (else an opaque index error, or a device
-    assert on a GPU). One host sync when every id is in range."""
-    tables = {"input_ids": (input_ids, config.vocab_size, "vocab_size"),
-              "token_type_ids": (token_type_ids, config.type_vocab_size, "type_vocab_size"),
-              "position_ids": (position_ids, config.max_position_embeddings, "max_position_embeddings")}
-    ranges = {name: torch.aminmax(ids) for name, (ids, _, _) in tables.items() if ids.numel()}
-    if not ranges or not torch.stack([(lo < 0) | (hi >= tables[name][1]) for name, (lo, hi) in ranges.items()]).any():
-        return
-    for name, (lo, hi) in ranges.items():
-        (lo, hi), (_, limit, size) = (int(lo), int(hi)), tables[name]
-        if name == "position_ids" and hi >= limit:
-            raise ValueError(f"sequence of {hi + 1} tokens is longer than max_position_embeddings {limit}; "
-                             f"truncate it (tokenizer: truncation=True, max_length={limit})")
-        if lo < 0 or hi >= limit:
-            raise ValueError(f"{name} out of range: values in [{lo}, {hi}] but {size} is {limit}")

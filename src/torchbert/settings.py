@@ -35,7 +35,7 @@ class SettingError(ValueError):
 
 def setting(default: Any = MISSING, help: str = "", *, low: float | None = None, high: float | None = None,
             above: float | None = None, below: float | None = None, choices: Iterable[str] | None = None,
-            flag: str | None = None, metavar: str | None = None, cli: bool = True) -> Any:
+            flag: str | None = None, metavar: str | tuple[str, ...] | None = None, cli: bool = True) -> Any:
     """A dataclass field with its help and bounds: low <= value <= high, above < value < below (numbers
     are also finite), value in choices. None passes every bound (a setting that is unset). flag: the
     command line's name when it is not the field's (a bool that defaults to True is turned off by
@@ -83,8 +83,11 @@ class Checked:
 
 
 def _type(f: Field) -> str:
-    """The field's type by name ('int', 'float', 'bool', 'str'): annotations are strings here."""
+    """The field's type by name ('int', 'float', 'bool', 'str', or 'tuple' of floats): annotations are
+    strings here."""
     text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if text.startswith("tuple["):
+        return "tuple"
     for name in ("bool", "int", "float"):
         if name in text.replace("|", " ").split():
             return name
@@ -92,6 +95,8 @@ def _type(f: Field) -> str:
 
 
 def _default_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(_default_text, value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -125,7 +130,11 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         kw: dict[str, Any] = {"dest": name, "default": default, "help": text.replace("%", "%%")}
         if kind in ("int", "float"):
             kw["type"] = int if kind == "int" else float
-        if m["metavar"]:
+        if kind == "tuple":  # a fixed number of floats, one metavar each
+            kw.update(type=float, nargs=len(m["metavar"]), metavar=tuple(m["metavar"]))
+        if "metavar" in kw:
+            pass
+        elif m["metavar"]:
             kw["metavar"] = m["metavar"]
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)
             kw["metavar"] = "{" + ",".join(map(str, m["choices"])) + "}"
@@ -136,6 +145,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
 def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     """`cls` from the parsed flags that are its fields, and `given` (what the command computed)."""
     paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
+    tuples = {f.name for f in fields(cls) if _type(f) == "tuple"}
     names = {f.name for f in fields(cls)}
-    values = {k: Path(v) if k in paths and isinstance(v, str) else v for k, v in vars(args).items() if k in names}
+    values = {k: Path(v) if k in paths and isinstance(v, str) else tuple(v) if k in tuples and v is not None else v
+              for k, v in vars(args).items() if k in names}
     return cls(**{**values, **given})

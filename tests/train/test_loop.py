@@ -13,7 +13,8 @@ from torchbert import fast
 from torchbert.cli import main
 from torchbert.errors import OutOfSpace, UserError
 from torchbert.io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from torchbert.train.loop import PretrainingTask, TrainingError, train
+from torchbert.train.loop import TrainingError, train
+from torchbert.train.objectives import PretrainingTask
 
 
 def test_loss_falls_and_metrics_are_logged(tmp_path):
@@ -274,19 +275,16 @@ def test_evaluation_time_is_counted_apart_from_training(tmp_path):
     assert lines[-1]["seconds"] <= summary["train_seconds"] + 1e-3
 
 
-def test_the_loop_checks_ids_on_the_host_and_gives_the_model_its_check_back(tmp_path, monkeypatch):
-    import torchbert.model as model_module
+def test_the_loop_checks_each_batch_s_ids_on_the_host_before_it_moves(tmp_path, monkeypatch):
+    """The check runs once per micro-batch, in the loop on the host tensors; the model never checks."""
+    import torchbert.train.loop as loop_module
 
-    in_forward = []
-    plain = model_module.check_ids
-    monkeypatch.setattr(model_module, "check_ids", lambda *a: in_forward.append(1) or plain(*a))
-    model = tiny_model()
-    train(model, RepeatData(), PretrainingTask(), cfg(steps=2), tmp_path / "a", log=lambda s: None)
-    assert in_forward == []  # the host checked each batch instead
-    assert model.bert.check_inputs is True and "check_inputs" not in model.bert.__dict__
-    model.eval()
-    model(torch.tensor([[2, 5, 6]]))
-    assert in_forward == [1]
+    seen = []
+    plain = loop_module.check_ids
+    monkeypatch.setattr(loop_module, "check_ids",
+                        lambda config, ids, *a: seen.append((config.vocab_size, ids.device.type)) or plain(config, ids, *a))
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=3, grad_accum=2), tmp_path / "a", log=lambda s: None)
+    assert seen == [(V, "cpu")] * 6
 
     class OutOfVocab(RepeatData):
         def batch(self, indices, epoch):
@@ -294,8 +292,11 @@ def test_the_loop_checks_ids_on_the_host_and_gives_the_model_its_check_back(tmp_
             b.input_ids[3] = V + 7
             return b
 
+    model = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=rf"input_ids out of range: values in \[\d+, {V + 7}\] but vocab_size is {V}"):
-        train(tiny_model(), OutOfVocab(), PretrainingTask(), cfg(steps=2), tmp_path / "b", log=lambda s: None)
+        train(model, OutOfVocab(), PretrainingTask(), cfg(steps=2), tmp_path / "b", log=lambda s: None)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # refused before any step
 
 
 def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one_is_named(tmp_path):

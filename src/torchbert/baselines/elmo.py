@@ -30,7 +30,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..config import ELMoConfig
 from ..io.hf import HFCheckpoint
 from ..losses import IGNORE, TaskOutput, next_tokens, num_labels, previous_tokens, sequence_loss
-from ..model import check_ids
 from ..packing import pad
 
 
@@ -82,7 +81,6 @@ class ELMoOutput:
 
 class ELMoModel(HFCheckpoint, nn.Module):
     config_class = ELMoConfig
-    check_inputs = True  # as BertModel.check_inputs: the training loop checks its batches on the host instead
 
     def __init__(self, config: ELMoConfig):
         super().__init__()
@@ -96,8 +94,6 @@ class ELMoModel(HFCheckpoint, nn.Module):
                 max_seqlen: int | None = None) -> ELMoOutput:
         if cu_seqlens is None:
             input_ids, cu_seqlens, max_seqlen = full_rows(input_ids)
-        if self.check_inputs:
-            check_ids(self.config, input_ids, torch.zeros_like(input_ids), torch.zeros_like(input_ids[:1]))
         n = input_ids.numel()
         T = int(max_seqlen) if max_seqlen is not None else int(cu_seqlens.diff().max())
         mask = torch.arange(T, device=input_ids.device) < cu_seqlens.diff()[:, None]  # [B, T]

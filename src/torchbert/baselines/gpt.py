@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..config import GPTConfig
 from ..io.hf import HFCheckpoint
 from ..losses import IGNORE, TaskOutput, choice_block, next_tokens, num_labels, sequence_loss, span_loss
-from ..model import Layer, check_ids, init_weights
+from ..model import Layer, init_weights
 from ..packing import Layout, packed_layout
 
 
@@ -51,7 +51,6 @@ class GPTOutput:
 
 class OpenAIGPTModel(HFCheckpoint, nn.Module):
     config_class = GPTConfig
-    check_inputs = True  # as BertModel.check_inputs
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -78,8 +77,6 @@ class OpenAIGPTModel(HFCheckpoint, nn.Module):
                 raise ValueError(f"packed input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
             layout, offsets = packed_layout(cu_seqlens, max_seqlen, input_ids.numel(), causal=True)
             position_ids = offsets if position_ids is None else position_ids
-        if self.check_inputs:
-            check_ids(self.block_config, input_ids, torch.zeros_like(input_ids), position_ids)
 
         x = self.embeddings(input_ids, position_ids)
         hidden_states, attentions = [x], []

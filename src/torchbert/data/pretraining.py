@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io.texts import not_a_file, read_utf8
+from ..settings import Checked, SettingError, setting
 from .masking import Masked, mask_instances
 
 FORMATS = ("auto", "bert", "text", "jsonl")
@@ -408,43 +409,33 @@ def assemble(corpus: Corpus, pairs: Pairs, cls_id: int, sep_id: int) -> Instance
 # 4. masking
 
 @dataclass
-class PrepareSettings:
-    max_seq_len: int = 128
-    masking: str = "static"          # static: masked here, dupe_factor times; dynamic: by the loader
-    whole_word: bool = False
-    dupe_factor: int = 5
-    masked_lm_prob: float = 0.15
-    max_predictions: int = 20
-    mask_replace: tuple[float, float] = (0.8, 0.1)  # shares of masked tokens shown as [MASK] and as a random token
-    short_seq_prob: float = 0.1
-    seed: int = 12345
-    format: str = "auto"
-    shard_size: int = 100_000        # instances per shard
-    heldout_docs: int = 0            # documents kept out of training, prepared into out/heldout
+class PrepareSettings(Checked):
+    """What `prepare` builds, declared once: its flags are made from these fields."""
+
+    max_seq_len: int = setting(128, "tokens per instance, specials included ([CLS] A [SEP] B [SEP]: at least 5)",
+                               low=5)
+    masking: str = setting("static", "static: masked here, --dupe-factor times; dynamic: masked by the loader each "
+                                     "epoch", choices=("static", "dynamic"))
+    whole_word: bool = setting(False, "mask whole words (Chinese words from jieba's segmenter, run by rjieba)")
+    dupe_factor: int = setting(5, "passes over the corpus", low=1)
+    masked_lm_prob: float = setting(0.15, "share of tokens masked", above=0, below=1)
+    max_predictions: int = setting(20, "masked tokens per instance at most", low=1)
+    mask_replace: tuple[float, float] = setting(
+        (0.8, 0.1), "shares of the masked tokens shown as [MASK] and as a random token, the rest left unchanged "
+                    "(default: 0.8 0.1, the paper's; 1 0: [MASK] only)", metavar=("MASK", "RANDOM"))
+    short_seq_prob: float = setting(0.1, "probability of a shorter random target length", low=0, high=1)
+    seed: int = setting(12345, "random seed")
+    format: str = setting("auto", "input layout, see below", choices=FORMATS)
+    shard_size: int = setting(100_000, "instances per shard", low=1)
+    heldout_docs: int = setting(0, "keep N documents (drawn by --seed) out of training and prepare them into "
+                                   "OUT/heldout for held-out evaluation", low=0, metavar="N")
 
     def check(self) -> None:
-        if self.max_seq_len < 5:
-            raise ValueError(f"max_seq_len must be >= 5 ([CLS] A [SEP] B [SEP]), got {self.max_seq_len}")
-        if self.masking not in ("static", "dynamic"):
-            raise ValueError(f"masking must be static or dynamic, got {self.masking!r}")
-        if self.dupe_factor < 1:
-            raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
-        if not 0 < self.masked_lm_prob < 1:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.max_predictions < 1:
-            raise ValueError(f"max_predictions must be >= 1, got {self.max_predictions}")
+        super().check()
         to_mask, to_random = self.mask_replace
         if not (0 <= to_mask and 0 <= to_random and to_mask + to_random <= 1):
-            raise ValueError(f"mask_replace ([MASK] share, random share) must be >= 0 and add up to at most 1, "
-                             f"got {to_mask}, {to_random}")
-        if not 0 <= self.short_seq_prob <= 1:
-            raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
-        if self.format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
-        if self.heldout_docs < 0:
-            raise ValueError(f"heldout_docs must be >= 0, got {self.heldout_docs}")
+            raise SettingError("mask_replace", f"([MASK] share, random share) must be >= 0 and add up to at most 1, "
+                                               f"got {to_mask}, {to_random}")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

@@ -31,25 +31,17 @@ class Graph(nn.Module):
 
 def write_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, example: dict[str, torch.Tensor],
                opset: int = 18) -> None:
-    """Trace `model` (in eval mode) on `example` and write `path`, one file. The id range check of
-    BertModel reads tensor values, which a traced graph cannot: it is off while tracing."""
-    checks = [m for m in model.modules() if getattr(m, "check_inputs", False)]
-    for m in checks:
-        m.check_inputs = False
+    """Trace `model` (in eval mode) on `example` and write `path`, one file."""
     limit = model.config.max_position_embeddings
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=limit)
     axes = {0: batch, 1: seq} if example["input_ids"].dim() == 2 else {0: batch, 1: torch.export.Dim("choices"),
                                                                        2: seq}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the exporter's deprecation and shape notes
-            torch.onnx.export(Graph(model.eval(), outputs), tuple(example[k] for k in INPUTS), path,
-                              input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
-                              dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
-                              verbose=False)
-    finally:
-        for m in checks:
-            m.check_inputs = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and shape notes
+        torch.onnx.export(Graph(model.eval(), outputs), tuple(example[k] for k in INPUTS), path,
+                          input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
+                          dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
+                          verbose=False)
 
 
 def down_projections(path: Path, intermediate: int, hidden: int) -> list[str]:

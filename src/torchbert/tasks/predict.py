@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import BertConfig, load_config
+from ..config import BertConfig, check_ids, load_config
 from ..tokenizer import BertTokenizer
 from . import formats
 from .batches import TaskData
@@ -36,6 +36,7 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
 
         batches = tqdm(batches, total=-(-len(data) // batch_size), desc="predict", unit="batch", leave=False)
     for batch in batches:
+        check_ids(model.config, batch.input_ids, batch.token_type_ids, batch.max_seqlen)
         extra = fam.predict_inputs(batch, data.encoded)
         out = model(**batch.to(device).model_inputs(),
                     **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in extra.items()})

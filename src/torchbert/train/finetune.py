@@ -37,13 +37,14 @@ from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..settings import Checked, setting
 from ..tasks import formats
-from ..tasks.batches import TaskBatch, TaskData
-from ..tasks.families import TaskFamily, TaskSettings, TokenTask, family
+from ..tasks.batches import TaskData
+from ..tasks.families import TaskSettings, TokenTask, family
 from ..tasks.feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
+from .objectives import FinetuneTask, targets_per_step
 from .rundir import RunFolder
 
 
@@ -68,39 +69,6 @@ class FinetuneSettings(Checked):
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
-
-
-# -- the training task for train/loop.py -------------------------------------------------------------
-
-class FinetuneTask:
-    """One loss part, "task": summed over its targets (sequences, labelled tokens or examples: the
-    family's count).
-
-    per_step: the targets of an average optimizer step over the training data. Batches of tokens
-    hold from a few to many labelled tokens; dividing each step's loss by its own count would weigh a
-    token of a short sentence several times more than one of a long sentence. Divided by the average,
-    every target weighs the same."""
-
-    parts = ("task",)
-
-    def __init__(self, fam: TaskFamily, per_step: float | None = None):
-        self.family = fam
-        self.per_step = {"task": per_step} if per_step else None
-
-    def counts(self, batch: TaskBatch) -> dict[str, int]:
-        return {"task": batch.num_targets}  # counted on the host: no device sync
-
-    def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        out = model(**batch.model_inputs(), **self.family.targets(batch))
-        n = batch.num_targets
-        # a micro-batch of token windows may hold no labelled token: its loss is then nan, count it as 0
-        loss_sum = out.loss.float() * n if n else out.logits.sum() * 0.0
-        return {"task": (loss_sum, self.family.correct(out, batch))}
-
-
-def targets_per_step(data: TaskData, units_per_step: int) -> float:
-    """The loss targets (FinetuneTask.counts) of an average step of `units_per_step` examples."""
-    return data.family.total(data) * min(units_per_step, len(data)) / len(data)
 
 
 # -- building the model ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one training loop, written out: pretraining uses it, fine-tuning will too.
+"""The one training loop, written out: pretraining and fine-tuning both train through `train()`.
 
 Per optimizer step:
   1. take `grad_accum` micro-batches from the data stream;
@@ -26,16 +26,13 @@ skipped steps are counted, logged and held to max_bad_steps; a skipped step stil
 (its batches are used and the schedule moves on). Under torchrun the signal flag that rides on the
 step's all-reduce is read one step late, when the device has long passed it. The loss parts,
 correct predictions and token counts add up on the device and are read at the log cadence; the
-ids of each micro-batch are range-checked on the host before they move (the model's own check is
-off while it trains). The seconds reported are training's alone: evaluation's are counted apart
-(eval_seconds).
+ids of each micro-batch are range-checked on the host before they move. The seconds reported are
+training's alone: evaluation's are counted apart (eval_seconds).
 
-A `Task` says what a batch's loss parts are: `counts(batch)` (targets per part, known before the
-forward) and `forward(model, batch)` (per part: the summed loss and the number of correct
-predictions); the step's loss is the sum of the parts' means, each times the task's `weights`
-(ELECTRA's discriminator: 50; 1 where a task names none). A task may also fix `per_step`, the targets of an average step per part: each step's
-summed loss is then divided by that instead of by its own count, so that every target weighs the
-same even when steps hold very different counts (length-sorted batches of labelled tokens).
+The model is known only through its objective (train/objectives.py: what a batch's loss parts
+are) and its `config` (what ids fit it: config.check_ids). A run's position is a TrainState, which
+saves itself into each checkpoint and is read back on resume; `forward_backward` is one
+micro-batch, `skip_step` a step whose loss or gradient was not finite.
 
 The data source gives `batches(batch_size, epoch=, start=)`, where `start` counts the global
 batches of that epoch already used: resuming skips straight there.
@@ -52,138 +49,27 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .. import fast
-from ..baselines.elmo import ELMoModel
-from ..baselines.gpt import OpenAIGPTModel
-from ..electra import RTD_WEIGHT
+from ..config import check_ids
 from ..errors import Interrupted, RunFailed, UserError
 from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
 from ..io.files import atomic_write_text
-from ..losses import next_tokens, previous_tokens
-from ..model import BertModel, check_ids
 from ..settings import Checked, setting
-from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state
+from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state, unwrap
+from .objectives import Objective
 from .optim import OPTIMIZERS, SCHEDULES, clipped_step, make_optimizer, make_scheduler
 
 
 class TrainingError(RunFailed):
     """The run cannot go on (e.g. the loss stayed NaN); the last good checkpoint is kept."""
-
-
-class Task(Protocol):
-    parts: tuple[str, ...]
-    per_step: dict[str, float] | None
-
-    def counts(self, batch) -> dict[str, int]: ...
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]: ...
-
-
-class PretrainingTask:
-    """MLM + NSP on packed batches (torchbert.data.shards.Batch)."""
-
-    parts = ("mlm", "nsp")
-    per_step = None  # each step's own count: a step of k micro-batches is one big batch
-
-    def counts(self, batch) -> dict[str, int]:
-        return {"mlm": int(batch.mlm_labels.numel()), "nsp": int(batch.nsp_labels.numel())}
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
-                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels,
-                    next_sentence_label=batch.nsp_labels)
-        m, b = batch.mlm_labels.numel(), batch.nsp_labels.numel()
-        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
-        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
-        nsp_correct = (out.nsp_logits.argmax(-1) == batch.nsp_labels).sum()
-        return {"mlm": (mlm_sum, mlm_correct), "nsp": (out.nsp_loss.float() * b, nsp_correct)}
-
-
-class MaskedLMTask:
-    """MLM alone on the same packed batches (BertForMaskedLM: no pooler, no NSP head); Cramming and
-    RoBERTa dropped NSP, which costs a pooler pass and teaches little."""
-
-    parts = ("mlm",)
-    per_step = None
-
-    def counts(self, batch) -> dict[str, int]:
-        return {"mlm": int(batch.mlm_labels.numel())}
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
-                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
-        m = batch.mlm_labels.numel()
-        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
-        return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum())}
-
-
-class ElectraTask:
-    """ELECTRA's replaced-token detection on the masked batches (electra.ElectraForPreTraining): the
-    generator's MLM and the discriminator's verdict on every token, weighted 1 and 50 (the paper's
-    lambda) in the loss; the logged losses are each part's own mean."""
-
-    parts = ("mlm", "rtd")
-    per_step = None
-    weights = {"rtd": RTD_WEIGHT}
-
-    def counts(self, batch) -> dict[str, int]:
-        return {"mlm": int(batch.mlm_labels.numel()), "rtd": batch.num_tokens}
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
-                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
-        m, n = batch.mlm_labels.numel(), batch.num_tokens
-        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
-        rtd_correct = ((out.rtd_logits > 0).float() == out.rtd_labels).sum()
-        return {"mlm": (out.mlm_loss.float() * m, mlm_correct), "rtd": (out.rtd_loss.float() * n, rtd_correct)}
-
-
-class CausalLMTask:
-    """GPT's objective on packed batches of unmasked instances (shards.PretrainingData(masked=False)):
-    every token predicts the next one of its sequence."""
-
-    parts = ("lm",)
-    per_step = None
-
-    def counts(self, batch) -> dict[str, int]:
-        return {"lm": batch.num_tokens - (batch.cu_seqlens.numel() - 1)}  # all but each sequence's last token
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
-        n = self.counts(batch)["lm"]
-        correct = (out.logits.argmax(-1) == next_tokens(batch.input_ids, batch.cu_seqlens)).sum()
-        return {"lm": (out.loss.float() * n if n else out.logits.sum() * 0.0, correct)}
-
-
-class BiLMTask:
-    """ELMo's objective on the same packed batches as CausalLMTask's: every token predicts the next
-    one of its sequence (forward) and the one before it (backward); the loss is their sum."""
-
-    parts = ("forward", "backward")
-    per_step = None
-
-    def counts(self, batch) -> dict[str, int]:
-        n = batch.num_tokens - (batch.cu_seqlens.numel() - 1)  # all but one token of each sequence, each way
-        return {"forward": n, "backward": n}
-
-    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
-        n = self.counts(batch)["forward"]
-        want = {"forward": next_tokens(batch.input_ids, batch.cu_seqlens),
-                "backward": previous_tokens(batch.input_ids, batch.cu_seqlens)}
-        parts = {}
-        for p, loss, logits in (("forward", out.forward_loss, out.forward_logits),
-                                ("backward", out.backward_loss, out.backward_logits)):
-            parts[p] = (loss.float() * n if n else logits.sum() * 0.0, (logits.argmax(-1) == want[p]).sum())
-        return parts
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -285,30 +171,53 @@ class StopSignals:
             signal.signal(s, handler)
 
 
-def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | os.PathLike, *,
-          resume: bool = False, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
-          device: torch.device | None = None, log: Callable[[str], None] = print,
-          dist: Dist | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> dict[str, Any]:
-    """Train `model` (wrapped for DDP/FSDP when `dist` says so) for cfg.steps optimizer steps;
-    returns the summary written to metrics.json. `on_checkpoint(folder)` is called (in process 0)
-    after each checkpoint is written. Raises Interrupted after SIGINT/SIGTERM, once a checkpoint
-    of the last whole step is saved."""
-    run_dir = Path(run_dir)
-    dist = dist or Dist()
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(run_dir)  # a killed run's half-written checkpoint
-    else:
-        log = lambda _: None  # noqa: E731  (one process speaks)
-    device = device or next(model.parameters()).device
-    seed_everything(cfg.seed)
-    optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
-    state = {"epoch": 0, "start": 0, "tokens": 0, "seconds": 0.0, "eval_seconds": 0.0, "skipped_steps": 0}
-    step = 0
-    metrics_path = run_dir / "metrics.jsonl"
-    window_sums = None
-    if resume:
+@dataclass
+class TrainState:
+    """Where a run is: the steps taken, the data stream's position (epoch, global batches used in it),
+    the tokens and seconds so far (training's apart from evaluation's) and the steps skipped. Saved
+    in every checkpoint beside the weights, the optimizer, the schedule, the RNG states and the log
+    window in progress; `resume` reads all of them back."""
+
+    step: int = 0
+    epoch: int = 0
+    start: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    eval_seconds: float = 0.0
+    skipped_steps: int = 0
+
+    def moved_to(self, stream: Stream) -> None:
+        self.epoch, self.start = stream.epoch, stream.start
+
+    def save(self, run_dir: Path, model: nn.Module, optimizer, scheduler, window: _Window, keep: int,
+             dist: Dist) -> Path | None:
+        """A checkpoint of the run (checkpoints/step-N, written atomically; the newest `keep` kept).
+        Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes;
+        returns its folder in process 0."""
+        import torch.distributed as torch_dist
+
+        window_sums = window.saved()
+        model_state = full_state_dict(model, dist)
+        optim_state = full_optimizer_state(model, optimizer, dist)
+        extra_rng = {}
+        if dist.enabled:
+            states = [None] * dist.world_size
+            torch_dist.all_gather_object(states, torch.get_rng_state())
+            extra_rng = {f"torch_rank{r}": s for r, s in enumerate(states)}
+        folder = None
+        if dist.is_main:
+            counters = asdict(self)
+            step = counters.pop("step")
+            folder = save_checkpoint(run_dir, step, model_state, optim_state, scheduler.state_dict(),
+                                     {**counters, "window": window_sums}, keep, extra_rng)
+        dist.barrier()
+        return folder
+
+    @classmethod
+    def resume(cls, run_dir: Path, model: nn.Module, optimizer, scheduler,
+               dist: Dist) -> tuple[TrainState, list[float] | dict | None, Path]:
+        """The newest checkpoint's state, with the model, optimizer, schedule and RNG states restored
+        from it; also the log window it saved, and its folder."""
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise no_checkpoint(run_dir)
@@ -316,156 +225,210 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
         load_full_state(model, optimizer, saved.model, saved.optimizer, dist)
         scheduler.load_state_dict(saved.scheduler)
         saved.restore_rng(dist.rank)
-        state = {"eval_seconds": 0.0, **saved.state}  # checkpoints before eval_seconds lack it
-        step = state.pop("step")
-        window_sums = state.pop("window", None)
+        known = {f.name for f in fields(cls)}  # checkpoints before eval_seconds lack it
+        state = cls(**{k: v for k, v in saved.state.items() if k in known})
+        return state, saved.state.get("window"), ckpt
+
+
+class BadSteps:
+    """Steps whose loss or gradient norm was NaN or inf: each is skipped and counted in the state;
+    `max_bad` of them in a row stop the run (TrainingError, the last good checkpoint kept)."""
+
+    def __init__(self, state: TrainState, max_bad: int, run_dir: Path, dist: Dist):
+        self.state, self.max_bad, self.run_dir, self.dist = state, max_bad, run_dir, dist
+        self.in_a_row = 0
+
+    def verdict(self, ok: bool) -> None:
+        """A step was taken (ok) or skipped."""
+        if ok:
+            self.in_a_row = 0
+            return
+        self.state.skipped_steps += 1
+        self.in_a_row += 1
+
+    def check(self, at: int) -> None:
+        """Raises at step `at` when too many steps in a row were skipped."""
+        if self.in_a_row < self.max_bad:
+            return
+        last = latest_checkpoint(self.run_dir) if self.dist.is_main else None
+        raise TrainingError(f"the loss or its gradient was NaN or inf for {self.in_a_row} steps in a row "
+                            f"at step {at}; stopping" + (f" (the last good checkpoint, {last}, is kept)" if last else "")
+                            + ". Lower --lr, use fp32, or check the data")
+
+
+def step_totals(objective: Objective, micro: list, dist: Dist, device: torch.device,
+                deferred: bool) -> dict[str, Any]:
+    """The targets of a step per loss part (at least 1): the objective's fixed average, or this
+    global batch's own count, summed over processes (on the devices when reads are deferred)."""
+    if objective.per_step is not None:
+        return {p: max(n, 1) for p, n in objective.per_step.items()}
+    local = [sum(objective.counts(b)[p] for b in micro) for p in objective.parts]
+    if deferred and dist.enabled:  # summed on the devices, never read on the host
+        summed = dist.all_reduce_tensor(torch.tensor(local, dtype=torch.float32).to(device, non_blocking=True))
+        return dict(zip(objective.parts, summed.clamp(min=1).unbind()))
+    return {p: max(n, 1) for p, n in zip(objective.parts, dist.all_reduce(local, device))}
+
+
+def forward_backward(model: nn.Module, objective: Objective, batch, totals: dict[str, Any], precision: str,
+                     device: torch.device, dist: Dist, sync: bool) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """One micro-batch: its loss (each part's sum over the step's targets, weighted), backward; returns
+    the detached loss and the parts. DDP synchronizes gradients only when `sync` (the step's last)."""
+    with (contextlib.nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()), \
+            autocast(precision, device):
+        parts = objective.forward(model, batch)
+        weights = getattr(objective, "weights", {})
+        loss = sum(weights.get(p, 1.0) * parts[p][0] / totals[p] for p in objective.parts)
+    (loss * dist.world_size).backward()  # gradients are averaged over processes: scaled so that they sum
+    return loss.detach(), parts
+
+
+def skip_step(why: str, state: TrainState, bad: BadSteps, optimizer, window: _Window, stream: Stream,
+              log: Callable[[str], None]) -> None:
+    """A step with a NaN or inf loss or gradient norm is not taken: its gradients and logged figures
+    are dropped, its batches stay used (as in a run that goes on), the schedule waits."""
+    optimizer.zero_grad(set_to_none=True)
+    window.discard()
+    state.moved_to(stream)
+    bad.verdict(False)
+    log(f"step {state.step + 1}: {why}; step skipped ({state.skipped_steps} so far)")
+    bad.check(state.step + 1)
+
+
+def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: str | os.PathLike, *,
+          evaluate: Callable[[nn.Module], dict[str, float]] | None = None, resume: bool = False,
+          device: torch.device | None = None, log: Callable[[str], None] = print,
+          dist: Dist | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> dict[str, Any]:
+    """Train `model` (wrapped for DDP/FSDP when `dist` says so) on `task` (an objective of
+    train/objectives.py) for cfg.steps optimizer steps; returns the summary written to metrics.json.
+    `on_checkpoint(folder)` is called (in process 0) after each checkpoint is written. Raises
+    Interrupted after SIGINT/SIGTERM, once a checkpoint of the last whole step is saved."""
+    run_dir, dist = Path(run_dir), dist or Dist()
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(run_dir)  # a killed run's half-written checkpoint
+    else:
+        log = lambda _: None  # noqa: E731  (one process speaks)
+    device = device or next(model.parameters()).device
+    config = unwrap(model).config  # what ids fit the model
+    seed_everything(cfg.seed)
+    optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
+    metrics_path = run_dir / "metrics.jsonl"
+    window = _Window(task.parts, dist, device)
+    state, saved_at = TrainState(), None
+    if resume:
+        state, window_sums, ckpt = TrainState.resume(run_dir, model, optimizer, scheduler, dist)
+        if window_sums is not None:  # the log line in progress when the checkpoint was saved
+            window.load(window_sums)
+        saved_at = state.step
         dist.barrier()  # every process has read the checkpoint before process 0 writes anything
         if dist.is_main:
-            _truncate_metrics(metrics_path, step, log)
-        log(f"resumed from {ckpt} at step {step} (epoch {state['epoch']}, batch {state['start']})")
+            _truncate_metrics(metrics_path, state.step, log)
+        log(f"resumed from {ckpt} at step {state.step} (epoch {state.epoch}, batch {state.start})")
     elif metrics_path.exists() and dist.is_main:
         metrics_path.unlink()
-    stream = Stream(data, cfg.batch_size, state["epoch"], state["start"])
-
+    stream = Stream(data, cfg.batch_size, state.epoch, state.start)
+    bad = BadSteps(state, cfg.max_bad_steps, run_dir, dist)
     model.train()
-    bar = _progress(cfg, step) if dist.is_main else None
-    window = _Window(task.parts, dist, device)
-    if window_sums is not None:  # the log line in progress when the checkpoint was saved
-        window.load(window_sums)
-    bad_in_a_row = 0
+    bar = _progress(cfg, state.step) if dist.is_main else None
     last_eval = None
-    started = time.perf_counter() - state["seconds"] - state["eval_seconds"]
+    started = time.perf_counter() - state.seconds - state.eval_seconds
     # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
     # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
     rows = fast.SparseRows(model) if plain and cfg.fast else None
     deferred = _deferred_reads(device)
     signalled = None  # deferred under torchrun: the previous step's all-reduced signal flag, read a step late
-    unsettled = step  # deferred: the steps after this one await their verdicts (Window.settle)
-
-    def too_many_bad(at: int) -> TrainingError:
-        last = latest_checkpoint(run_dir) if dist.is_main else None
-        return TrainingError(f"the loss or its gradient was NaN or inf for {bad_in_a_row} steps in a row "
-                             f"at step {at}; stopping" + (f" (the last good checkpoint, {last}, is kept)" if last else "")
-                             + ". Lower --lr, use fp32, or check the data")
+    unsettled = state.step  # deferred: the steps after this one await their verdicts (Window.settle)
 
     def settle() -> None:
         """Deferred reads: the verdicts of the steps since the last settle, read in one go."""
-        nonlocal bad_in_a_row, unsettled
+        nonlocal unsettled
         if not deferred:
             return
         skipped = []
         for k, ok in enumerate(window.settle(), start=unsettled + 1):
-            bad_in_a_row = 0 if ok else bad_in_a_row + 1
+            bad.verdict(ok)
             if not ok:
                 skipped.append(k)
-                state["skipped_steps"] += 1
-            if bad_in_a_row >= cfg.max_bad_steps:
-                raise too_many_bad(k)
-        unsettled = step
+            bad.check(k)
+        unsettled = state.step
         if skipped:
             log(f"step{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}: the loss or its gradient "
-                f"norm was NaN or inf; skipped on the device ({state['skipped_steps']} so far)")
+                f"norm was NaN or inf; skipped on the device ({state.skipped_steps} so far)")
 
     def checkpoint() -> Path | None:
         settle()
-        folder = _checkpoint(run_dir, step, model, optimizer, scheduler, {**state, "window": window.saved()},
-                             cfg.keep, dist)
+        folder = state.save(run_dir, model, optimizer, scheduler, window, cfg.keep, dist)
         if folder is not None and on_checkpoint is not None:
             on_checkpoint(folder)
         return folder
 
     def interrupted() -> Interrupted:
-        folder = checkpoint() if saved_at != step else latest_checkpoint(run_dir)
-        return Interrupted(signals.caught or "a signal to another process", step, folder)
+        if bar is not None:
+            bar.close()
+        folder = checkpoint() if saved_at != state.step else latest_checkpoint(run_dir)
+        return Interrupted(signals.caught or "a signal to another process", state.step, folder)
 
-    saved_at = step if resume else None
-    encoders = [m for m in model.modules() if isinstance(m, (BertModel, OpenAIGPTModel, ELMoModel))]
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
-            _checked_on_host(encoders), StopSignals(log) as signals:
-        while step < cfg.steps:
+            StopSignals(log) as signals:
+        while state.step < cfg.steps:
             micro = [stream.next() for _ in range(cfg.grad_accum)]
-            for b in micro:
-                for encoder in encoders:
-                    _check_batch(encoder, b)
+            for b in micro:  # the batching boundary: ids checked on the host, before they move
+                check_ids(config, b.input_ids, b.token_type_ids, int(b.max_seqlen))
             micro = [b.to(device) for b in micro]  # without a host sync (non_blocking)
-            # targets of a step (at least 1): the task's fixed average, or this global batch's own
-            totals = None if task.per_step is None else {p: max(n, 1) for p, n in task.per_step.items()}
-            if totals is None:
-                local = [sum(task.counts(b)[p] for b in micro) for p in task.parts]
-                if deferred and dist.enabled:  # summed on the devices, never read on the host
-                    summed = dist.all_reduce_tensor(torch.tensor(local, dtype=torch.float32).to(device, non_blocking=True))
-                    totals = dict(zip(task.parts, summed.clamp(min=1).unbind()))
-                else:
-                    totals = {p: max(n, 1) for p, n in zip(task.parts, dist.all_reduce(local, device))}
+            totals = step_totals(task, micro, dist, device, deferred)
             step_loss = torch.zeros((), dtype=torch.float64, device=device)
             for i, b in enumerate(micro):
-                # DDP: synchronize gradients on the last micro-batch only
-                sync = i == len(micro) - 1 or not hasattr(model, "no_sync")
-                with (contextlib.nullcontext() if sync else model.no_sync()), autocast(cfg.precision, device):
-                    parts = task.forward(model, b)
-                    weights = getattr(task, "weights", {})
-                    loss = sum(weights.get(p, 1.0) * parts[p][0] / totals[p] for p in task.parts)
-                # gradients are averaged over processes: scale so that they sum instead
-                (loss * dist.world_size).backward()
-                step_loss += loss.detach()
+                loss, parts = forward_backward(model, task, b, totals, cfg.precision, device, dist,
+                                               sync=i == len(micro) - 1)
+                step_loss += loss
                 window.add(parts, task.counts(b), b.num_tokens)
             # the one value all processes share each step also carries whether any was signalled
             shared = torch.stack([step_loss, torch.full_like(step_loss, signals.caught is not None)])
             step_loss, stopping = dist.all_reduce_tensor(shared).unbind()
             lr = optimizer.param_groups[0]["lr"]
-            bad = None
             if deferred:  # no host read: the verdict stays on the device until the log cadence
                 window.commit(clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss,
                                            defer=True))
                 if dist.enabled:
-                    stop = signalled is not None and bool(signalled)
-                    signalled = stopping
+                    stop, signalled = signalled is not None and bool(signalled), stopping
                 else:
                     stop = signals.caught is not None
-            elif not clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss):
-                loss_value = float(step_loss)
-                bad = (f"loss is {loss_value}" if not math.isfinite(loss_value)
-                       else f"the gradient norm is not finite (loss {loss_value:.4g})")
-            if not deferred:
+            else:
+                ok = clipped_step(optimizer, model.parameters(), cfg.max_grad_norm, rows, loss=step_loss)
                 stop = bool(stopping) if dist.enabled else signals.caught is not None
-            if bad is not None:
-                optimizer.zero_grad(set_to_none=True)
-                state["skipped_steps"] += 1
-                bad_in_a_row += 1
-                window.discard()
-                state.update(stream.position())  # the skipped batches stay used, as in a run that goes on
-                log(f"step {step + 1}: {bad}; step skipped ({state['skipped_steps']} so far)")
-                if bad_in_a_row >= cfg.max_bad_steps:
-                    raise too_many_bad(step + 1)
-                if stop:
-                    raise interrupted()
-                continue
-            if not deferred:
-                bad_in_a_row = 0
+                if not ok:
+                    loss_value = float(step_loss)
+                    skip_step(f"loss is {loss_value}" if not math.isfinite(loss_value)
+                              else f"the gradient norm is not finite (loss {loss_value:.4g})",
+                              state, bad, optimizer, window, stream, log)
+                    if stop:
+                        raise interrupted()
+                    continue
+                bad.verdict(True)
+                window.commit()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if not deferred:
-                window.commit()
-            state["seconds"] = time.perf_counter() - started - state["eval_seconds"]
-            state.update(stream.position())
+            state.step += 1
+            state.seconds = time.perf_counter() - started - state.eval_seconds
+            state.moved_to(stream)
             if bar is not None:
                 bar.update(1)
 
+            step = state.step
             do_eval = evaluate is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0))
             if do_eval or step % cfg.log_every == 0 or step == cfg.steps:
                 settle()  # deferred: the device has caught up here, so the seconds are its too
-                state["seconds"] = time.perf_counter() - started - state["eval_seconds"]
+                state.seconds = time.perf_counter() - started - state.eval_seconds
                 values = window.flush(state)  # the window's figures reach the host here
                 if bar is not None:
                     bar.set_postfix(_postfix(values, state, lr), refresh=False)
-                record = {"step": step, "tokens": state["tokens"], **values, "lr": lr,
-                          "seconds": round(state["seconds"], 3)}
+                record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3)}
                 if do_eval:
                     evaluating = time.perf_counter()
                     last_eval = _evaluate(model, evaluate)
-                    state["eval_seconds"] += time.perf_counter() - evaluating
+                    state.eval_seconds += time.perf_counter() - evaluating
                     record.update({f"eval_{k}": v for k, v in last_eval.items()})
                 if dist.is_main:
                     _append_jsonl(metrics_path, record)
@@ -473,17 +436,15 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
                 checkpoint()
                 saved_at = step
             if stop and step != cfg.steps:
-                if bar is not None:
-                    bar.close()
                 settle()
                 raise interrupted()
     if bar is not None:
         bar.close()
     checkpoint()
-    summary = {"steps": step, "tokens": state["tokens"], "train_seconds": round(state["seconds"], 3),
-               "eval_seconds": round(state["eval_seconds"], 3),
-               "tokens_per_second": round(state["tokens"] / max(state["seconds"], 1e-9), 1),
-               "skipped_steps": state["skipped_steps"], "config": asdict(cfg)}
+    summary = {"steps": state.step, "tokens": state.tokens, "train_seconds": round(state.seconds, 3),
+               "eval_seconds": round(state.eval_seconds, 3),
+               "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
+               "skipped_steps": state.skipped_steps, "config": asdict(cfg)}
     if last_eval is not None:
         summary["eval"] = last_eval
     return summary
@@ -492,26 +453,6 @@ def train(model: nn.Module, data, task: Task, cfg: TrainConfig, run_dir: str | o
 def _deferred_reads(device: torch.device) -> bool:
     """Whether the step leaves its verdicts on the device (see the module's docstring): on a GPU."""
     return device.type == "cuda"
-
-
-def _checkpoint(run_dir, step, model, optimizer, scheduler, state, keep, dist: Dist) -> Path | None:
-    """Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes;
-    returns its folder in process 0."""
-    import torch.distributed as torch_dist
-
-    model_state = full_state_dict(model, dist)
-    optim_state = full_optimizer_state(model, optimizer, dist)
-    extra_rng = {}
-    if dist.enabled:
-        states = [None] * dist.world_size
-        torch_dist.all_gather_object(states, torch.get_rng_state())
-        extra_rng = {f"torch_rank{r}": s for r, s in enumerate(states)}
-    folder = None
-    if dist.is_main:
-        folder = save_checkpoint(run_dir, step, model_state, optim_state, scheduler.state_dict(), state, keep,
-                                 extra_rng)
-    dist.barrier()
-    return folder
 
 
 def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
@@ -590,12 +531,12 @@ class _Window:
         # each process adds its own counts at flush: the saved totals are process 0's alone
         self.counts = [int(x) if self.dist.is_main else 0 for x in (saved[0], *[r[2] for r in rows])]
 
-    def flush(self, state: dict[str, Any]) -> dict[str, float]:
-        """The window's loss and accuracy per part (and their sum); adds its tokens to state["tokens"]."""
+    def flush(self, state: TrainState) -> dict[str, float]:
+        """The window's loss and accuracy per part (and their sum); adds its tokens to state.tokens."""
         figures = self.figures.tolist()
         counts = self.dist.all_reduce([float(x) for x in self.counts], self.device)
         self.figures, self.counts = self._zero()
-        state["tokens"] += int(counts[0])
+        state.tokens += int(counts[0])
         out = {}
         for i, p in enumerate(self.parts):
             (loss_sum, correct), n = figures[i], counts[1 + i]
@@ -604,39 +545,11 @@ class _Window:
         return {k: round(v, 6) for k, v in {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}.items()}
 
 
-def _postfix(values: dict[str, float], state: dict[str, Any], lr: float) -> dict[str, str]:
-    tps = state["tokens"] / max(state["seconds"], 1e-9)
+def _postfix(values: dict[str, float], state: TrainState, lr: float) -> dict[str, str]:
+    tps = state.tokens / max(state.seconds, 1e-9)
     return {"loss": f"{values['loss']:.3f}", **{f"{p.removesuffix('_accuracy')}_acc": f"{v:.3f}"
                                                  for p, v in values.items() if p.endswith("_accuracy")},
             "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
-
-
-@contextlib.contextmanager
-def _checked_on_host(encoders: list[BertModel]) -> Iterator[None]:
-    """The encoders' per-forward id check off (the loop checks each batch on the host instead)."""
-    before = [e.__dict__.get("check_inputs") for e in encoders]
-    for e in encoders:
-        e.check_inputs = False
-    try:
-        yield
-    finally:
-        for e, b in zip(encoders, before):
-            if b is None:
-                del e.check_inputs
-            else:
-                e.check_inputs = b
-
-
-def _check_batch(encoder: BertModel | OpenAIGPTModel | ELMoModel, batch) -> None:
-    """The ids of a packed batch, on the host before it moves: tokens, segments (BERT's; GPT and
-    ELMo have none) and its longest sequence."""
-    longest = torch.tensor([max(int(batch.max_seqlen) - 1, 0)])
-    if isinstance(encoder, ELMoModel):
-        check_ids(encoder.config, batch.input_ids, torch.zeros_like(batch.input_ids), longest)
-    elif isinstance(encoder, OpenAIGPTModel):
-        check_ids(encoder.block_config, batch.input_ids, torch.zeros_like(batch.input_ids), longest)
-    else:
-        check_ids(encoder.config, batch.input_ids, batch.token_type_ids, longest)
 
 
 def _progress(cfg: TrainConfig, step: int):

@@ -37,7 +37,8 @@ from ..io.files import atomic_copy, atomic_write_text
 from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
-from .loop import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask, TrainConfig, train
+from .loop import TrainConfig, train
+from .objectives import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask
 from .rundir import RunFolder
 
 # --model: (the model, its objective, its config class, whether it reads the instances masked)

@@ -1,0 +1,164 @@
+"""What a batch's loss is, for every model the loop trains: the objectives of pretraining (BERT's
+MLM + NSP, MLM alone, ELECTRA's replaced-token detection, GPT's next token, ELMo's two directions)
+and of fine-tuning (a task family's loss), side by side. The loop (train/loop.py) knows a model only
+through its objective.
+
+An objective says what a batch's loss parts are: `counts(batch)` (targets per part, known on the
+host before the forward) and `forward(model, batch)` (per part: the summed loss and the number of
+correct predictions); the step's loss is the sum of the parts' means, each times the objective's
+`weights` (ELECTRA's discriminator: 50; 1 where it names none). An objective may also fix
+`per_step`, the targets of an average step per part: each step's summed loss is then divided by
+that instead of by its own count, so that every target weighs the same even when steps hold very
+different counts (length-sorted batches of labelled tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..electra import RTD_WEIGHT
+from ..losses import next_tokens, previous_tokens
+from ..tasks.batches import TaskBatch, TaskData
+from ..tasks.families import TaskFamily
+
+
+class Objective(Protocol):
+    parts: tuple[str, ...]
+    per_step: dict[str, float] | None
+
+    def counts(self, batch) -> dict[str, int]: ...
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]: ...
+
+
+class PretrainingTask:
+    """MLM + NSP on packed batches (torchbert.data.shards.Batch)."""
+
+    parts = ("mlm", "nsp")
+    per_step = None  # each step's own count: a step of k micro-batches is one big batch
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel()), "nsp": int(batch.nsp_labels.numel())}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels,
+                    next_sentence_label=batch.nsp_labels)
+        m, b = batch.mlm_labels.numel(), batch.nsp_labels.numel()
+        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
+        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
+        nsp_correct = (out.nsp_logits.argmax(-1) == batch.nsp_labels).sum()
+        return {"mlm": (mlm_sum, mlm_correct), "nsp": (out.nsp_loss.float() * b, nsp_correct)}
+
+
+class MaskedLMTask:
+    """MLM alone on the same packed batches (BertForMaskedLM: no pooler, no NSP head); Cramming and
+    RoBERTa dropped NSP, which costs a pooler pass and teaches little."""
+
+    parts = ("mlm",)
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel())}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
+        m = batch.mlm_labels.numel()
+        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
+        return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum())}
+
+
+class ElectraTask:
+    """ELECTRA's replaced-token detection on the masked batches (electra.ElectraForPreTraining): the
+    generator's MLM and the discriminator's verdict on every token, weighted 1 and 50 (the paper's
+    lambda) in the loss; the logged losses are each part's own mean."""
+
+    parts = ("mlm", "rtd")
+    per_step = None
+    weights = {"rtd": RTD_WEIGHT}
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel()), "rtd": batch.num_tokens}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens,
+                    max_seqlen=batch.max_seqlen, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels)
+        m, n = batch.mlm_labels.numel(), batch.num_tokens
+        mlm_correct = (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()
+        rtd_correct = ((out.rtd_logits > 0).float() == out.rtd_labels).sum()
+        return {"mlm": (out.mlm_loss.float() * m, mlm_correct), "rtd": (out.rtd_loss.float() * n, rtd_correct)}
+
+
+class CausalLMTask:
+    """GPT's objective on packed batches of unmasked instances (shards.PretrainingData(masked=False)):
+    every token predicts the next one of its sequence."""
+
+    parts = ("lm",)
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"lm": batch.num_tokens - (batch.cu_seqlens.numel() - 1)}  # all but each sequence's last token
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
+        n = self.counts(batch)["lm"]
+        correct = (out.logits.argmax(-1) == next_tokens(batch.input_ids, batch.cu_seqlens)).sum()
+        return {"lm": (out.loss.float() * n if n else out.logits.sum() * 0.0, correct)}
+
+
+class BiLMTask:
+    """ELMo's objective on the same packed batches as CausalLMTask's: every token predicts the next
+    one of its sequence (forward) and the one before it (backward); the loss is their sum."""
+
+    parts = ("forward", "backward")
+    per_step = None
+
+    def counts(self, batch) -> dict[str, int]:
+        n = batch.num_tokens - (batch.cu_seqlens.numel() - 1)  # all but one token of each sequence, each way
+        return {"forward": n, "backward": n}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, labels=batch.input_ids)
+        n = self.counts(batch)["forward"]
+        want = {"forward": next_tokens(batch.input_ids, batch.cu_seqlens),
+                "backward": previous_tokens(batch.input_ids, batch.cu_seqlens)}
+        parts = {}
+        for p, loss, logits in (("forward", out.forward_loss, out.forward_logits),
+                                ("backward", out.backward_loss, out.backward_logits)):
+            parts[p] = (loss.float() * n if n else logits.sum() * 0.0, (logits.argmax(-1) == want[p]).sum())
+        return parts
+
+
+class FinetuneTask:
+    """One loss part, "task": summed over its targets (sequences, labelled tokens or examples: the
+    family's count).
+
+    per_step: the targets of an average optimizer step over the training data. Batches of tokens
+    hold from a few to many labelled tokens; dividing each step's loss by its own count would weigh a
+    token of a short sentence several times more than one of a long sentence. Divided by the average,
+    every target weighs the same."""
+
+    parts = ("task",)
+
+    def __init__(self, fam: TaskFamily, per_step: float | None = None):
+        self.family = fam
+        self.per_step = {"task": per_step} if per_step else None
+
+    def counts(self, batch: TaskBatch) -> dict[str, int]:
+        return {"task": batch.num_targets}  # counted on the host: no device sync
+
+    def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        out = model(**batch.model_inputs(), **self.family.targets(batch))
+        n = batch.num_targets
+        # a micro-batch of token windows may hold no labelled token: its loss is then nan, count it as 0
+        loss_sum = out.loss.float() * n if n else out.logits.sum() * 0.0
+        return {"task": (loss_sum, self.family.correct(out, batch))}
+
+
+def targets_per_step(data: TaskData, units_per_step: int) -> float:
+    """The loss targets (FinetuneTask.counts) of an average step of `units_per_step` examples."""
+    return data.family.total(data) * min(units_per_step, len(data)) / len(data)
