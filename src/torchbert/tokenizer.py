@@ -155,6 +155,20 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
+def _most_frequent_chars(paths: Sequence[Path], backend: Tokenizer, limit: int) -> list[str]:
+    """The `limit` most frequent characters of the files as the trainer counts them (after the
+    normalizer, whitespace aside), ties to the lower code point; sorted."""
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                counts.update(backend.normalizer.normalize_str(line))
+    ranked = sorted((c for c in counts if not c.isspace()), key=lambda c: (-counts[c], c))
+    return sorted(ranked[:limit])
+
+
 def _build_backend(
     vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool | None, tokenize_chinese_chars: bool
 ) -> Tokenizer:
@@ -333,7 +347,9 @@ class BertTokenizer:
         """Learn a WordPiece vocab from text files; [PAD] [UNK] [CLS] [SEP] [MASK] get ids 0..4.
 
         `limit_alphabet` caps how many distinct characters are kept (the most frequent); the default
-        of 10,000 holds the characters of everyday Chinese, which run to thousands.
+        of 10,000 holds the characters of everyday Chinese, which run to thousands. The same files
+        give the same vocabulary every time (tokenizers' trainer alone does not: see below); it
+        trains twice for that.
         """
         if isinstance(files, (str, os.PathLike)):
             files = [files]
@@ -343,17 +359,29 @@ class BertTokenizer:
         for p in paths:
             if not p.is_file():
                 raise FileNotFoundError(f"{p}: training file not found")
-        backend = _build_backend(None, lowercase, strip_accents, tokenize_chinese_chars)
-        trainer = WordPieceTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            show_progress=show_progress,
-            special_tokens=list(SPECIAL_TOKENS),
-            limit_alphabet=limit_alphabet,
-            continuing_subword_prefix="##",
-        )
-        backend.train([str(p) for p in paths], trainer)
-        vocab = backend.get_vocab(with_added_tokens=True)
+
+        def run(fixed: list[str], alphabet: list[str]) -> dict[str, int]:
+            backend = _build_backend(None, lowercase, strip_accents, tokenize_chinese_chars)
+            trainer = WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress,
+                                       special_tokens=[*SPECIAL_TOKENS, *fixed], initial_alphabet=alphabet,
+                                       limit_alphabet=limit_alphabet, continuing_subword_prefix="##")
+            backend.train([str(p) for p in paths], trainer)
+            return backend.get_vocab(with_added_tokens=True)
+
+        # The trainer numbers the continuing pieces (##c) in hash-map order and breaks ties between
+        # merges of equal count by those numbers, so one run's vocabulary differs from the next
+        # (huggingface/tokenizers#1794). A first run finds the alphabet and the continuing pieces; the
+        # second gives the pieces fixed numbers (sorted, passed first) and keeps that alphabet: its
+        # merges, and so the vocabulary, come out the same every time.
+        # The alphabet has the same trouble where limit_alphabet cuts it (characters of equal count at the
+        # cut are kept at random): the cut is then made here, by count and then by code point.
+        first = run([], [])
+        alphabet = sorted(t for t in first if len(t) == 1 and t not in SPECIAL_TOKENS)
+        if len(alphabet) >= limit_alphabet:
+            alphabet = _most_frequent_chars(paths, _build_backend(None, lowercase, strip_accents,
+                                                                  tokenize_chinese_chars), limit_alphabet)
+            first = run([], alphabet)
+        vocab = run(sorted(t for t in first if t.startswith("##") and len(t) == 3), alphabet)
         for expected_id, token in enumerate(SPECIAL_TOKENS):
             if vocab.get(token) != expected_id:  # the trainer's contract; fail loudly if it changes
                 raise RuntimeError(f"train: {token} got id {vocab.get(token)}, expected {expected_id}")
