@@ -47,10 +47,11 @@ The folder holds vocab.txt, tokenizer_config.json, special_tokens_map.json and t
 loads with BertTokenizer.from_pretrained and with transformers' AutoTokenizer.  [PAD] [UNK] [CLS]
 [SEP] [MASK] get ids 0..4.
 
-Training the same corpus twice can give two different vocabularies: the trainer (Hugging Face
-tokenizers) breaks ties between equally frequent merges in hash-map order (tokenizers issue 1794).
-Train a vocabulary once and keep the folder: `prepare` records its sha256 in the data's manifest,
-and `pretrain --init` refuses a checkpoint whose vocabulary is another.
+The same corpus and flags give the same vocabulary every time. Hugging Face tokenizers' trainer alone
+does not (it breaks ties between equally frequent merges in hash-map order, tokenizers issue 1794):
+torchbert trains twice, the second time with the pieces numbered in a fixed order. `prepare` records
+the vocabulary's sha256 in the data's manifest, and `pretrain --init` refuses a checkpoint whose
+vocabulary is another.
 """
 
 EPILOG_PREPARE = """\
