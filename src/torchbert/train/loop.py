@@ -364,11 +364,12 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
             on_checkpoint(folder)
         return folder
 
-    def interrupted() -> Interrupted:
+    def interrupted(caught: str | None) -> Interrupted:
+        """After SIGINT/SIGTERM here (`caught`) or in another process: the last whole step checkpointed."""
         if bar is not None:
             bar.close()
         folder = checkpoint() if saved_at != state.step else latest_checkpoint(run_dir)
-        return Interrupted(signals.caught or "a signal to another process", state.step, folder)
+        return Interrupted(caught or "a signal to another process", state.step, folder)
 
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
             StopSignals(log) as signals:
@@ -404,7 +405,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                               else f"the gradient norm is not finite (loss {loss_value:.4g})",
                               state, bad, optimizer, window, stream, log)
                     if stop:
-                        raise interrupted()
+                        raise interrupted(signals.caught)
                     continue
                 bad.verdict(True)
                 window.commit()
@@ -437,7 +438,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 saved_at = step
             if stop and step != cfg.steps:
                 settle()
-                raise interrupted()
+                raise interrupted(signals.caught)
     if bar is not None:
         bar.close()
     checkpoint()
