@@ -569,6 +569,11 @@ def test_training_again_gives_the_same_vocabulary(trained, limit_alphabet):
         assert sum(len(t) == 1 for t in runs[0]) == 3000  # the alphabet was cut there
 
 
+def test_train_refuses_a_vocabulary_smaller_than_its_special_tokens(tmp_path):
+    with pytest.raises(ValueError, match=r"vocab_size must be >= 6 \(the special tokens and one more\), got 5"):
+        BertTokenizer.train([tmp_path / "never-read.txt"], vocab_size=5)
+
+
 def test_train_missing_file(tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(FileNotFoundError, match="nope.txt"):

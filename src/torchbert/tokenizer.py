@@ -351,6 +351,9 @@ class BertTokenizer:
         give the same vocabulary every time (tokenizers' trainer alone does not: see below); it
         trains twice for that.
         """
+        if vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 1} (the special tokens and one more), "
+                             f"got {vocab_size}")
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         paths = [Path(f) for f in files]
