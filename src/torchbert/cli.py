@@ -465,6 +465,12 @@ def command(sub, func, name: str, **texts: str) -> argparse.ArgumentParser:
     return p
 
 
+def finetuned_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that run a fine-tuned model on a file (evaluate, predict), after its own."""
+    p.add_argument("--batch-size", type=int, default=64, help="sequences per batch (default: 64)")
+    shared_flags(p, "device", "quiet", "int8")
+
+
 def study_flags(p: argparse.ArgumentParser, out: str, quick: str, budget: str) -> None:
     """The flags of the commands that pretrain and then measure what it bought (demo, compare)."""
     from .apps.recipes import DEFAULT, RECIPES
@@ -767,8 +773,7 @@ def add_finetune_parsers(sub) -> None:
     e.add_argument("--data", required=True, help="labelled file in the task's layout")
     e.add_argument("--task", help="task type or preset (default: the one the model was fine-tuned for)")
     e.add_argument("--out", help="also write the metrics to this JSON file")
-    e.add_argument("--batch-size", type=int, default=64)
-    shared_flags(e, "device", "quiet", "int8")
+    finetuned_flags(e)
 
     p = command(
         sub, cmd_predict, "predict",
@@ -778,8 +783,7 @@ def add_finetune_parsers(sub) -> None:
     shared_flags(p, "model", model="fine-tuned run folder")
     p.add_argument("--input", required=True, help="file in the task's layout (labels optional)")
     p.add_argument("--out", required=True, help="output .jsonl")
-    p.add_argument("--batch-size", type=int, default=64)
-    shared_flags(p, "device", "quiet", "int8")
+    finetuned_flags(p)
 
 
 EPILOG_DEMO = """\

@@ -187,7 +187,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
             # the loop evaluates after every epoch's last step and after the last step
             step = min(cfg.steps, (evaluations["step"] // per_epoch + 1) * per_epoch)
             evaluations["step"] = step
-            records = predict(m, dev_data, dev_examples, ts, id2label(config), s.eval_batch_size, device)
+            records = predict(unwrap(m), dev_data, dev_examples, ts, id2label(config), s.eval_batch_size, device)
             scores = fam.score(records, dev_examples, label_map)
             epoch = step // per_epoch if step % per_epoch == 0 else round(step / per_epoch, 2)
             best.offer(unwrap(m), scores, records, step=step, epoch=epoch)
