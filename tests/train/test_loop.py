@@ -17,6 +17,14 @@ from torchbert.train.loop import TrainingError, train
 from torchbert.train.objectives import PretrainingTask
 
 
+def killed(run, fail_after: int, **settings) -> None:
+    """A run of the tiny model that a KeyboardInterrupt stops once `fail_after` batches were served
+    (during step fail_after + 1), keeping the checkpoints it saved before."""
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model(), RepeatData(fail_after=fail_after), PretrainingTask(), cfg(**settings), run,
+              log=lambda s: None)
+
+
 def test_loss_falls_and_metrics_are_logged(tmp_path):
     model = tiny_model()
     summary = train(model, RepeatData(n=1024), PretrainingTask(),
@@ -49,9 +57,7 @@ def test_interrupted_run_resumes_bit_identically(tmp_path):
     train(reference, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), tmp_path / "ref", log=lambda s: None)
 
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):  # killed during step 8, after the checkpoint of step 6
-        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(steps=10, save_every=3), run,
-              log=lambda s: None)
+    killed(run, 7, steps=10, save_every=3)  # during step 8, after the checkpoint of step 6
     assert [p.name for p in list_checkpoints(run)] == ["step-00000003", "step-00000006"]
     resumed = tiny_model(seed=123)  # a different init: everything must come from the checkpoint
     train(resumed, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), run, resume=True, log=lambda s: None)
@@ -246,8 +252,7 @@ def test_a_checkpoint_inside_a_log_window_resumes_to_the_same_log_lines(tmp_path
     settings = dict(steps=10, save_every=3, log_every=4)
     train(tiny_model(), RepeatData(), PretrainingTask(), cfg(**settings), tmp_path / "ref", log=lambda s: None)
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):  # killed during step 8: the checkpoint of step 6 holds half a window
-        train(tiny_model(), RepeatData(fail_after=7), PretrainingTask(), cfg(**settings), run, log=lambda s: None)
+    killed(run, 7, **settings)  # during step 8: the checkpoint of step 6 holds half a window
     summary = train(tiny_model(seed=5), RepeatData(), PretrainingTask(), cfg(**settings), run, resume=True,
                     log=lambda s: None)
     strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
@@ -328,9 +333,7 @@ def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
     reference = tiny_model()
     train(reference, RepeatData(), PretrainingTask(), cfg(steps=6, save_every=3), tmp_path / "ref", log=lambda s: None)
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):  # killed during step 5, after the checkpoint of step 3
-        train(tiny_model(), RepeatData(fail_after=4), PretrainingTask(), cfg(steps=6, save_every=3), run,
-              log=lambda s: None)
+    killed(run, 4, steps=6, save_every=3)  # during step 5, after the checkpoint of step 3
     log_file = run / "metrics.jsonl"
     data = log_file.read_bytes()
     log_file.write_bytes(data[: len(data) - 40])  # the last line (step 4) cut in the middle
