@@ -132,8 +132,6 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             kw["type"] = int if kind == "int" else float
         if kind == "tuple":  # a fixed number of floats, one metavar each
             kw.update(type=float, nargs=len(m["metavar"]), metavar=tuple(m["metavar"]))
-        if "metavar" in kw:
-            pass
         elif m["metavar"]:
             kw["metavar"] = m["metavar"]
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)
