@@ -523,10 +523,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     if cfg.precision == "bf16" and device.type == "cuda" and not __import__("torch").cuda.is_bf16_supported():
         raise UserError("--precision bf16: this GPU does not support bfloat16")
     keep_memory(cfg.fast)
-    try:
+    with dist:
         summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
-    finally:
-        dist.close()
     if not dist.is_main:
         return
     ev = summary.get("eval")
@@ -690,10 +688,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     except ValueError as e:
         raise UserError(str(e)) from None
     keep_memory(cfg.fast)
-    try:
+    with dist:
         result = run_finetuning(settings, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
-    finally:
-        dist.close()
     if not dist.is_main:
         return
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in

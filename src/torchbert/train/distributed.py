@@ -55,13 +55,29 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def close(self) -> None:
-        """Leave the process group; each process calls it before it exits, however its run ended.
-        Gloo's worker threads must stop while the interpreter is still whole: a process that exits
-        with them running can abort in its finalization ("terminate called without an active
-        exception"), which a busy host made happen in a process that had finished its run (issue 34)."""
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    def __enter__(self) -> Dist:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self.close(finished=kind is None)
+
+    def close(self, finished: bool) -> None:
+        """Leave the process group; each process calls it before it exits, however its run ended
+        (`with dist:` does). Gloo's worker threads must be done with every collective while the
+        interpreter is still whole: a worker that drops a finished all-gather's tensors needs the
+        GIL, and one that asks for it during the interpreter's finalization aborts the process
+        ("terminate called without an active exception"; a core dump of an FSDP2 run on a busy host
+        showed ProcessGroupGloo::runLoop destroying an AsyncAllgatherCoalescedWork in Py_FinalizeEx).
+        destroy_process_group does not stop those threads (DTensor's caches keep FSDP2's device
+        mesh, and with it the group, alive), so a run that finished waits at a barrier first: the GIL is free while it waits,
+        the slowest process (process 0, writing the last files) is done before any leaves, and no
+        process exits moments after its last collective. A run that failed leaves at once (the
+        others may be gone; torchrun stops them)."""
+        if not (self.enabled and dist.is_initialized()):
+            return
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 def init_distributed(device_name: str = "auto", fsdp: bool = False) -> tuple[Dist, torch.device]:
