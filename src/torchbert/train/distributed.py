@@ -69,10 +69,10 @@ class Dist:
         ("terminate called without an active exception"; a core dump of an FSDP2 run on a busy host
         showed ProcessGroupGloo::runLoop destroying an AsyncAllgatherCoalescedWork in Py_FinalizeEx).
         destroy_process_group does not stop those threads (DTensor's caches keep FSDP2's device
-        mesh, and with it the group, alive), so a run that finished waits at a barrier first: the GIL is free while it waits,
-        the slowest process (process 0, writing the last files) is done before any leaves, and no
-        process exits moments after its last collective. A run that failed leaves at once (the
-        others may be gone; torchrun stops them)."""
+        mesh, and with it the group, alive), so a run that finished waits at a barrier first: the
+        GIL is free while it waits, the slowest process (process 0, writing the last files) is done
+        before any leaves, and no process exits moments after its last collective. A run that
+        failed leaves at once (the others may be gone; torchrun stops them)."""
         if not (self.enabled and dist.is_initialized()):
             return
         if finished:
