@@ -450,8 +450,11 @@ def test_resumed_finetuning_with_other_labels_is_one_line(ft, tmp_path, capsys):
     assert cli(capsys, *finetune_args(ft, run, "--epochs", "1", "--save-every", "2"))[0] == 0
     relabelled = tmp_path / "relabelled.conll"
     write_conll(relabelled, [(("hello", "world", "again"), ("B-thing", "O", "O"))] * 16)
-    argv = finetune_args(ft, run, "--epochs", "2", "--resume")
+    argv = finetune_args(ft, run, "--epochs", "1", "--resume")
     argv[argv.index("--train") + 1] = relabelled
+    # issue 46: the training file's sha256 is recorded, so any change to it is named, labels or not
+    fails(capsys, *argv, code=2, message=f"--train {relabelled}: not the file the run in {run} started with")
+    (run / "training.json").unlink()  # a run of an older torchbert: its labels are still checked
     argv.remove("--dev")
     argv.remove(ft / "dev.conll")
     fails(capsys, *argv, code=2, message=f"the run in {run} was started with the labels")
@@ -787,6 +790,33 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("vocab: corpus is a named pipe", [v[0], "--corpus", p / "pipe", *v[3:]], 2, "is a named pipe"),
         ("finetune: train is /dev/zero", [*f[:6], "/dev/zero", *f[7:]], 2, "/dev/zero: is a character device"),
         ("demo: --out holds other files", ["demo", "--out", p, "--quick"], 2, "holds no earlier demo"),
+        # issue 46: config fields of every type and size, deep JSON, weights and vocab that do not match
+        ("embed: hidden_size 10^9", [e[0], "--model", p / "huge-config", *e[3:]], 2,
+         "hidden_size must be in [1, 65536], got 1000000000"),
+        ("embed: 2.5 layers", [e[0], "--model", p / "float-layers", *e[3:]], 2,
+         "num_hidden_layers must be a whole number, got 2.5"),
+        ("embed: a size as a string", [e[0], "--model", p / "string-size", *e[3:]], 2,
+         "hidden_size must be a whole number, got '128'"),
+        ("embed: layer_norm_eps NaN", [e[0], "--model", p / "nan-eps", *e[3:]], 2,
+         "layer_norm_eps must be a finite number, got nan"),
+        ("embed: 1000 layers over 2 layers of weights", [e[0], "--model", p / "many-layers", *e[3:]], 2,
+         "the config does not belong to these weights"),
+        ("embed: NaN weights", [e[0], "--model", p / "nan-weights", *e[3:]], 2, "holds NaN or inf"),
+        ("embed: config.json nested 10^6 deep", [e[0], "--model", p / "deep-config", *e[3:]], 2,
+         "nested too deeply"),
+        ("embed: tokenizer_config.json nested 10^6 deep", [e[0], "--model", p / "deep-tokenizer", *e[3:]], 2,
+         "deep-tokenizer/tokenizer_config.json"),
+        ("embed: vocab.txt longer than vocab_size", [e[0], "--model", p / "long-vocab", *e[3:]], 2,
+         "more tokens than the"),
+        ("pretrain: manifest vocab_size 10^9", pretrain_args(p / "huge-data", out / "run"), 2,
+         "vocab_size must be a whole number in"),
+        ("vocab: --vocab-size 10^9", [*v[:4], "1000000000", *v[5:]], 2, "--vocab-size must be in [6, 1,048,576]"),
+        ("evaluate: --out is a FIFO", ["evaluate", "--model", ner, "--data", ft / "dev.conll", "--out", p / "pipe"],
+         2, "is a named pipe (FIFO), not a regular file"),
+        ("embed: --out links to a FIFO", [*e[:-1], p / "link-to-pipe.npy"], 2, "not a regular file"),
+        ("embed: input is a link that loops", [*e[:4], p / "loop", *e[5:]], 2, "a symbolic link that loops"),
+        ("vocab: --overwrite a folder of the user's", [*v[:-1], p / "users", "--overwrite"], 2,
+         "which torchbert did not write"),
     ]
 
 
@@ -815,6 +845,31 @@ def test_neighbours_of_a_single_text_are_not_the_text_itself(minilm_dir, tmp_pat
     assert "--show-neighbours needs two texts or more" in err
 
 
+def edited_models(p: Path, tiny: Path) -> None:
+    """Copies of a tiny BERT with one thing wrong each (issue 46's classes)."""
+    config = json.loads((tiny / "config.json").read_text())
+    for name, change in (("huge-config", {"hidden_size": 10**9}), ("float-layers", {"num_hidden_layers": 2.5}),
+                         ("string-size", {"hidden_size": "128"}), ("nan-eps", {"layer_norm_eps": float("nan")}),
+                         ("many-layers", {"num_hidden_layers": 1000})):
+        shutil.copytree(tiny, p / name)
+        (p / name / "config.json").write_text(json.dumps({**config, **change}))
+    shutil.copytree(tiny, p / "nan-weights")
+    weights = load_file(tiny / "model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = torch.full_like(weights[first], float("nan"))
+    from safetensors.torch import save_file
+
+    save_file(weights, p / "nan-weights" / "model.safetensors")
+    deep = "[" * 10**6 + "]" * 10**6
+    shutil.copytree(tiny, p / "deep-config")
+    (p / "deep-config" / "config.json").write_text(deep)
+    shutil.copytree(tiny, p / "deep-tokenizer")
+    (p / "deep-tokenizer" / "tokenizer_config.json").write_text(deep)
+    shutil.copytree(tiny, p / "long-vocab")
+    with open(p / "long-vocab" / "vocab.txt", "a") as f:
+        f.write("".join(f"extra{i}\n" for i in range(50)))
+
+
 def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_path, capsys):
     p = tmp_path
     (p / "folder").mkdir()
@@ -839,6 +894,15 @@ def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_pa
         shutil.copyfile(ft / "tiny" / name, p / "pipe-model" / name)
     os.mkfifo(p / "pipe-model" / "model.safetensors")
     write_conll(p / "odd.conll", [(("Mars", "rover"), ("B-planet", "O"))])
+    edited_models(p, ft / "tiny")
+    shutil.copytree(prepared / "data", p / "huge-data")
+    manifest = json.loads((p / "huge-data" / "manifest.json").read_text())
+    (p / "huge-data" / "manifest.json").write_text(json.dumps({**manifest, "vocab_size": 10**9}))
+    os.mkfifo(p / "fifo.npy")
+    (p / "link-to-pipe.npy").symlink_to(p / "fifo.npy")
+    (p / "loop").symlink_to(p / "loop")
+    (p / "users").mkdir()
+    (p / "users" / "precious.txt").write_text("mine")
     inputs = snapshot(p) | snapshot(ft / "ner")
 
     results = {"clear": 0, "traceback": [], "unclear": []}

@@ -22,7 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .errors import Interrupted, OutOfSpace, RunFailed, UserError
+from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, UserError
 
 EPILOG_EMBED = """\
 examples:
@@ -260,9 +260,17 @@ def cmd_embed(args: argparse.Namespace) -> None:
                 normalize=args.normalize, batch_size=args.batch_size, max_length=args.max_length,
                 progress=not args.quiet)
     seconds = time.perf_counter() - start
+    finite = np.isfinite(emb).all(axis=1)
+    if not finite.all():  # weights and config are checked when loaded: this is what is left
+        raise RunFailed(f"--model {model_dir}: the embeddings of {int((~finite).sum())} text(s) hold NaN or inf "
+                        f"(the first: line {int(np.argmin(finite)) + 1} of {args.input}); nothing was written")
+
+    def save_npy(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, emb)
 
     if out.suffix == ".npy":
-        atomic_write(out, lambda tmp: np.save(open(tmp, "wb"), emb))
+        atomic_write(out, save_npy)
     else:
         import torch
         from safetensors.torch import save_file
@@ -303,22 +311,26 @@ def _check_corpus(paths: list[str]) -> None:
 
 
 def check_out_folder(out: Path, overwrite: bool, inputs: list) -> None:
-    """--out is apart from the inputs, and a folder with files in it is replaced only with --overwrite."""
-    from .io.files import check_apart
+    """--out is apart from the inputs, and a folder with files in it is replaced only with --overwrite,
+    and only when torchbert wrote it."""
+    from .io.files import check_apart, check_replaceable
 
     check_apart(out, inputs)
-    if _holds_files(out) and not overwrite:
-        raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to replace it")
+    if _holds_files(out):
+        if not overwrite:
+            raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to replace it")
+        check_replaceable(out)
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
     import tempfile
 
     from .io.files import atomic_folder
-    from .tokenizer import BertTokenizer
+    from .tokenizer import MAX_VOCAB, BertTokenizer
 
-    if args.vocab_size < 6:
-        raise UserError(f"--vocab-size must be >= 6 (5 special tokens and one more), got {args.vocab_size}")
+    if not 6 <= args.vocab_size <= MAX_VOCAB:
+        raise UserError(f"--vocab-size must be in [6, {MAX_VOCAB:,}] (5 special tokens and one more; the largest "
+                        f"vocabularies in use hold about 250,000), got {args.vocab_size}")
     out = Path(args.out)
     check_out_folder(out, args.overwrite, [("--corpus", c) for c in args.corpus])
     _check_corpus(args.corpus)
@@ -338,7 +350,7 @@ def cmd_vocab(args: argparse.Namespace) -> None:
         tok = BertTokenizer.train(files, vocab_size=args.vocab_size, lowercase=args.lowercase,
                                   min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                   show_progress=not args.quiet)
-    with atomic_folder(out) as tmp:  # the whole vocabulary folder or none
+    with atomic_folder(out, marked=True) as tmp:  # the whole vocabulary folder or none
         tok.save_pretrained(tmp)
     print(f"wrote {out}: vocab of {tok.vocab_size} tokens ({'lowercased' if args.lowercase else 'cased'}) "
           f"in {time.perf_counter() - start:.1f}s")
@@ -662,10 +674,11 @@ FINETUNE_DERIVED = ("steps", "warmup_steps", "eval_every", "optimizer", "keep")
 
 def _is_elmo(model: str) -> bool:
     from .config import ELMoConfig
+    from .io.texts import json_loads
 
     config = Path(model) / "config.json"
     try:
-        return json.loads(config.read_text(encoding="utf-8")).get("model_type") == ELMoConfig.MODEL_TYPE
+        return json_loads(config.read_text(encoding="utf-8")).get("model_type") == ELMoConfig.MODEL_TYPE
     except (OSError, ValueError, AttributeError):
         return False  # finetune says what is wrong with it
 
@@ -796,22 +809,42 @@ preset, 2,000 steps of 32 x 128, a checkpoint each quarter) -> finetune from ran
 from each checkpoint on both tasks: the learning rate chosen on dev, then 3 seeds scored on test
 -> predict on example reviews. OUT gets summary.md and summary.json (the gain over random weights
 at each amount of pretraining, and where it first exceeds twice its standard error), gain.png,
-the pretraining's loss and accuracy plots, and every run. An earlier demo's folder is replaced.
+the pretraining's loss and accuracy plots, and every run. An earlier finished demo's folder is
+replaced. Each stage's results stay as soon as it finishes: an interrupted demo (Ctrl-C, SIGTERM)
+or one whose stage failed keeps them, and `torchbert demo --resume` (same flags) runs only the rest
+and ends with the summary an uninterrupted run gives.
 """
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .apps.demo import run_demo
+    from .apps.demo import MARKER, run_demo
     from .train.distributed import Dist
     from .train.rundir import RunFolder
 
     out = Path(args.out)
     if not args.budget > 0:
         raise UserError(f"--budget must be > 0, got {args.budget}")
-    replace = check_demo_out(out, args.overwrite)
-    folder = RunFolder(out, resume=False, overwrite=replace, inputs={}, log=print, kept_until="is complete")
-    with folder.opened(Dist()):  # an earlier demo is put back if this one fails
-        run_demo(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print, recipe=args.recipe)
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    holds = _holds_files(out)
+    if holds and not args.resume:
+        if not (out / MARKER).is_file() and not args.overwrite:
+            raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
+                            "to replace it")
+        if (out / MARKER).is_file() and not (out / "summary.json").is_file() and not args.overwrite:
+            raise UserError(f"--out {out}: holds an unfinished demo; pass --resume to continue it (its finished "
+                            "stages are kept) or --overwrite to start again")
+    elif holds and not (out / MARKER).is_file():
+        raise UserError(f"--out {out}: holds no earlier demo to resume")
+    replace = holds and not args.resume  # a finished demo is replaced without --overwrite, as before
+    # an earlier demo is put back if this one fails before it finishes its first stage
+    folder = RunFolder(out, resume=args.resume and holds, overwrite=replace, inputs={}, log=print,
+                       kept_until="has finished its first stage")
+    with folder.opened(Dist()):
+        if not replace:  # nothing earlier to put back: every stage that finishes is kept, for --resume
+            folder.commit()
+        run_demo(out, main, quick=args.quick, budget=args.budget, seed=args.seed, log=print, recipe=args.recipe,
+                 on_done=folder.commit)
 
 
 EPILOG_CONVERT = """\
@@ -869,6 +902,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if not args.resume and not args.overwrite:
             raise UserError(f"--out {out}: the folder is not empty; pass --resume to continue an earlier compare or "
                             "--overwrite to replace it")
+        if args.overwrite:
+            from .io.files import check_replaceable
+
+            check_replaceable(out)
     # --overwrite: the earlier folder is put back if this compare fails before its pretraining is done
     folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs={}, log=print,
                        kept_until="has pretrained its models")
@@ -939,7 +976,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model, tokenizer = convert_bert(args.tf_checkpoint, args.config, args.vocab, args.lowercase,
                                     log=lambda m: print(m, file=sys.stderr))
-    with atomic_folder(out) as tmp:  # the whole folder or none
+    with atomic_folder(out, marked=True) as tmp:  # the whole folder or none
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     print(f"wrote {out}: {type(model).__name__}, {model.config.num_hidden_layers} layers of {model.config.hidden_size}, "
@@ -972,8 +1009,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def _holds_files(out: Path) -> bool:
     """Whether output folder --out exists with something in it; an error if it is not a folder."""
+    from .io.files import kind
+
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+        raise UserError(f"--out {out}: exists and is {kind(out) or 'a file'}, not a folder")
     return out.is_dir() and any(out.iterdir())
 
 
@@ -986,6 +1025,9 @@ def check_demo_out(out: Path, overwrite: bool) -> bool:
     if not (overwrite or (out / MARKER).is_file()):
         raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
                         "to replace it")
+    from .io.files import check_replaceable
+
+    check_replaceable(out)
     return True
 
 
@@ -1007,12 +1049,17 @@ and split in a fixed order, so the files are the same on every machine. Nothing 
 def cmd_samples(args: argparse.Namespace) -> None:
     from .apps.samples import write_sample
 
+    from .io.files import check_replaceable, mark
+
     out = Path(args.out)
-    if _holds_files(out) and not args.overwrite:
-        raise UserError(f"--out {out}: the folder is not empty; pass --overwrite to write the sample into it")
+    if _holds_files(out):
+        if not args.overwrite:
+            raise UserError(f"--out {out}: the folder is not empty; pass --overwrite to write the sample into it")
+        check_replaceable(out)
     for path in write_sample(args.name, out):
         lines = path.read_text(encoding="utf-8").count("\n")
         print(f"{path}  ({lines:,} lines)")
+    mark(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1176,8 +1223,8 @@ def build_parser() -> argparse.ArgumentParser:
     study_flags(d, "runs/demo", quick="every stage shrunk to a smoke test of a minute or so",
                 budget="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 minutes "
                        "on 2 CPU cores)")
-    shared_flags(d, "overwrite",
-                 overwrite="replace a non-empty --out (an earlier demo's folder is replaced without it)")
+    shared_flags(d, "resume", "overwrite", resume="continue an interrupted demo in --out: finished stages are kept",
+                 overwrite="replace a non-empty --out (an earlier finished demo's folder is replaced without it)")
 
     c = command(
         sub, cmd_compare, "compare",
@@ -1219,6 +1266,8 @@ def describe(e: BaseException) -> tuple[int, str]:
         return 1, str(OutOfSpace(os.path.dirname(e.filename) if e.filename else "the disk"))
     if isinstance(e, OSError) and e.errno is not None and e.filename:  # the system's own words
         return (2 if isinstance(e, BAD_INPUT) else 1), f"{e.filename}: {e.strerror}"
+    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):  # pathlib's resolve, Python < 3.13
+        return 2, f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: a symbolic link that loops (it never reaches a file)"
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
     if isinstance(e, RunFailed):
         return 1, text
@@ -1236,17 +1285,21 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["torchbert", *args, "--resume"])
 
 
-def _interrupted(e: Interrupted | None, args: argparse.Namespace, argv: list[str]) -> str:
-    if e is not None and e.checkpoint is not None:
+def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[str]) -> str:
+    if isinstance(e, StudyInterrupted):
+        done = f"{e.done} of {e.total}" if e.total else f"{e.done}"
+        return (f"interrupted after {done} stages; {args.out} keeps the finished ones; continue with: "
+                f"{resume_command(argv)}")
+    if isinstance(e, Interrupted) and e.checkpoint is not None:
         return (f"{e.signal_name}: stopped at step {e.step} and saved {e.checkpoint}; continue with: "
                 f"{resume_command(argv)}")
     if args.command == "compare" and (Path(args.out) / "settings.json").is_file():
         return f"interrupted; {args.out} keeps the runs that finished; continue with: {resume_command(argv)}"
     if args.command not in ("pretrain", "finetune"):
-        return "interrupted; no output was written"
+        return f"{'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}; no output was written"
     out = Path(args.out)
     # by name only: torch may be half imported when the interrupt came
-    saved = sorted((out / "checkpoints").glob("step-*/manifest.json")) if e is None else []
+    saved = sorted((out / "checkpoints").glob("step-*/manifest.json")) if not isinstance(e, Interrupted) else []
     if saved:  # a second Ctrl-C in a run that had saved checkpoints
         return f"interrupted; {saved[-1].parent} is kept; continue with: {resume_command(argv)}"
     return f"interrupted before the first checkpoint; {out} is as it was before this run"
@@ -1271,6 +1324,46 @@ def _holding(args: argparse.Namespace, argv: list[str]):
     return hold(Path(args.out), command if len(command) <= 300 else command[:297] + "...")
 
 
+def given_flags(argv: list[str]) -> tuple[str, ...]:
+    """The settings (argparse dests) that `argv` gives, told apart from defaults by parsing it again
+    with every default suppressed (abbreviations and --flag=value forms included)."""
+    parser = build_parser()
+
+    def suppress(p: argparse.ArgumentParser) -> None:
+        p._defaults.clear()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    suppress(sub)
+            elif action.dest != "help":
+                action.default = argparse.SUPPRESS
+
+    suppress(parser)
+    return tuple(sorted(k for k in vars(parser.parse_args(argv)) if k not in ("command", "debug")))
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while the command runs, so that a command
+    stopped by `timeout`, systemd, docker or Kubernetes cleans up as on Ctrl-C (temporary folders
+    removed, an earlier folder put back); the handler before is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -1279,13 +1372,19 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             warnings.showwarning = _one_line_warning
         try:
-            with _holding(args, argv):
+            if args.command in ("pretrain", "finetune"):  # a resumed run keeps the settings not given again
+                args.given = given_flags(argv)
+            if getattr(args, "out", None) is not None:  # a link names its target: the link is never replaced
+                from .io.files import output_path
+
+                args.out = str(output_path(args.out))
+            with _sigterm_interrupts(), _holding(args, argv):
                 args.func(args)
         except Interrupted as e:
             print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)
             return 130
-        except KeyboardInterrupt:
-            print(f"torchbert: {_interrupted(None, args, argv)}", file=sys.stderr)
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM (Terminated), a study's stage (StudyInterrupted)
+            print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)
             return 130
         except Exception as e:
             if debug:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .io.texts import json_loads
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -23,6 +25,56 @@ REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 POSITIONS = ("absolute", "rotary")  # BertConfig.position_embedding_type
 ROFORMER = "roformer"  # the model_type of a BERT with rotary positions
+
+
+# Each size and rate a config may hold, (lowest, highest): a config.json out of them (a hostile or a
+# mistyped one) is one line naming the file and the field, before anything is allocated. The highest
+# sizes are far past any released model (BERT-large: 24 layers of 1,024).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "vocab_size": (1, 1 << 24), "hidden_size": (1, 1 << 16), "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1 << 12), "intermediate_size": (1, 1 << 18), "max_position_embeddings": (1, 1 << 20),
+    "type_vocab_size": (1, 1 << 16), "pad_token_id": (0, (1 << 24) - 1),
+    "n_positions": (1, 1 << 20), "n_embd": (1, 1 << 16), "n_layer": (1, 1024), "n_head": (1, 1 << 12),
+    "projection_dim": (1, 1 << 16), "cell_size": (1, 1 << 18), "num_layers": (1, 1024),
+    "hidden_dropout_prob": (0, 1), "attention_probs_dropout_prob": (0, 1), "resid_pdrop": (0, 1),
+    "embd_pdrop": (0, 1), "attn_pdrop": (0, 1), "dropout": (0, 1),
+    "layer_norm_eps": (1e-30, 1), "layer_norm_epsilon": (1e-30, 1), "initializer_range": (0, 10),
+}
+
+
+def check_fields(config) -> None:
+    """Every field of a config dataclass has its declared type (an int is no float's place, 2.5 layers
+    or "12" layers are errors), is finite, and lies in BOUNDS; ValueError naming the field."""
+    import math
+
+    for f in dataclasses.fields(config):
+        if f.name == "extra":
+            continue
+        value, kind = getattr(config, f.name), str(f.type)
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            want = {"int": "a whole number", "float": "a finite number"}.get(kind, "a string")
+            raise ValueError(f"{f.name} must be {want}, got {value!r}")
+        if f.name in BOUNDS and not BOUNDS[f.name][0] <= value <= BOUNDS[f.name][1]:
+            low, high = BOUNDS[f.name]
+            raise ValueError(f"{f.name} must be in [{low:g}, {high:g}], got {value!r}")
+
+
+def parameter_estimate(config) -> int:
+    """About how many parameters a model of `config` has (its encoder and embeddings; heads aside):
+    compared with a weights file before anything is allocated."""
+    if isinstance(config, GPTConfig):
+        return bert_body_parameters(config.blocks()) + (config.vocab_size + config.n_positions) * config.n_embd
+    if isinstance(config, ELMoConfig):
+        d, c = config.projection_dim, config.cell_size
+        return 2 * config.vocab_size * d + 2 * config.num_layers * (4 * c * (2 * d + 2) + c * d)
+    table = config.vocab_size + config.type_vocab_size + (0 if config.rotary else config.max_position_embeddings)
+    return bert_body_parameters(config) + table * config.hidden_size
 
 
 class _JsonConfig:
@@ -62,7 +114,7 @@ class _JsonConfig:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such config file")
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
+            d = json_loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(d, dict):
@@ -106,6 +158,7 @@ class BertConfig(_JsonConfig):
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.position_embedding_type not in POSITIONS:
             raise ValueError(f"position_embedding_type {self.position_embedding_type!r} is not supported, "
                              f"only {' or '.join(map(repr, POSITIONS))}")
@@ -197,6 +250,7 @@ class GPTConfig(_JsonConfig):
         return self.n_positions
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.afn not in GPT_ACTIVATIONS:
             raise ValueError(f"afn {self.afn!r} is not one of {', '.join(GPT_ACTIVATIONS)}")
         self.blocks()  # the same checks as BERT's
@@ -244,6 +298,7 @@ class ELMoConfig(_JsonConfig):
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.cell_size <= self.projection_dim:
             raise ValueError(f"cell_size {self.cell_size} must be larger than projection_dim {self.projection_dim} "
                              "(each LSTM layer projects its cells down)")
@@ -276,7 +331,7 @@ def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig | ELMoConfig:
     """A config.json of any of the models, by its model_type (GPT's is "openai-gpt")."""
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
-        model_type = json.loads(file.read_text(encoding="utf-8")).get("model_type")
+        model_type = json_loads(file.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None  # BertConfig.load says what is wrong with it
     return CONFIGS.get(model_type, BertConfig).load(path)

@@ -5,6 +5,9 @@ RunFailed    the input was fine but the run could not finish (the loss diverged,
              exit status 1; what was saved before stays.
 OutOfSpace   a RunFailed for a full disk, naming the folder that could not be written.
 Interrupted  SIGINT or SIGTERM stopped a run after it saved a checkpoint: exit status 130.
+Terminated   SIGTERM anywhere in a command (what `timeout`, systemd, docker and Kubernetes send): raised
+             as a KeyboardInterrupt, so every command cleans up on it as on Ctrl-C.
+StudyInterrupted  a signal stopped `demo` or `compare`: the stages that finished are kept.
 """
 
 from __future__ import annotations
@@ -31,3 +34,15 @@ class Interrupted(Exception):
     def __init__(self, signal_name: str, step: int, checkpoint) -> None:
         super().__init__(f"{signal_name} at step {step}")
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program was (cli.main installs the handler for the command's time)."""
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """A signal stopped a study of many stages (demo, compare) after `done` of `total` stages."""
+
+    def __init__(self, done: int, total: int | None) -> None:
+        super().__init__(f"interrupted after {done} of {total or '?'} stages")
+        self.done, self.total = done, total

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -37,8 +38,42 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from torchbert.io.files import atomic_write_text
+from torchbert.io.texts import json_loads
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the process (issue 46)
+# The trainer holds a line whole, and its word counting costs about 170 bytes per byte of one long
+# line (a 50 MB line peaked at 8.6 GB): lines longer than this reach it in pieces cut at a space.
+MAX_LINE = 1 << 16
+
+
+def _is_cjk(ch: str) -> bool:
+    """A character BERT's tokenizer makes a word of its own (the CJK blocks of BasicTokenizer)."""
+    cp = ord(ch)
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
+            or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF
+            or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def _bounded_lines(path: Path, spare: Path) -> Path:
+    """`path`, or when one of its lines is longer than MAX_LINE bytes, a copy at `spare` with such lines
+    cut into pieces at a space (or a tab; at a character boundary where a piece has none). A word is cut
+    only where MAX_LINE bytes hold no space (Chinese text, where every character is a word anyway)."""
+    with open(path, "rb") as f:
+        if all(len(line) <= MAX_LINE for line in iter(lambda: f.readline(MAX_LINE + 1), b"")):
+            return path
+    with open(path, "rb") as f, open(spare, "wb") as out:
+        for line in iter(lambda: f.readline(MAX_LINE + 1), b""):
+            while len(line) > MAX_LINE:
+                cut = max(line.rfind(b" ", 0, MAX_LINE), line.rfind(b"\t", 0, MAX_LINE))
+                if cut <= 0:
+                    cut = MAX_LINE
+                    while cut > 0 and line[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
+                        cut -= 1
+                out.write(line[:cut] + b"\n")
+                line = line[cut:].lstrip(b" \t")
+            out.write(line)
+    return spare
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 REQUIRED_SPECIAL_TOKENS = (PAD, UNK, CLS, SEP)  # [MASK] is only needed for pretraining
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -130,7 +165,7 @@ def _check_vocab(vocab: dict[str, int], where: str) -> None:
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     """The settings we honour from a tokenizer_config.json (missing keys keep BERT's defaults)."""
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json_loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a valid JSON file ({e})") from None
     if not isinstance(cfg, dict):
@@ -351,9 +386,9 @@ class BertTokenizer:
         give the same vocabulary every time (tokenizers' trainer alone does not: see below); it
         trains twice for that.
         """
-        if vocab_size < len(SPECIAL_TOKENS) + 1:
-            raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 1} (the special tokens and one more), "
-                             f"got {vocab_size}")
+        if not len(SPECIAL_TOKENS) + 1 <= vocab_size <= MAX_VOCAB:
+            raise ValueError(f"vocab_size must be in [{len(SPECIAL_TOKENS) + 1}, {MAX_VOCAB:,}] (the special tokens and "
+                             f"one more; the largest vocabularies in use hold about 250,000), got {vocab_size}")
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         paths = [Path(f) for f in files]
@@ -362,6 +397,16 @@ class BertTokenizer:
         for p in paths:
             if not p.is_file():
                 raise FileNotFoundError(f"{p}: training file not found")
+        with tempfile.TemporaryDirectory() as tmp:
+            return cls._train([_bounded_lines(p, Path(tmp) / f"{k}.txt") for k, p in enumerate(paths)], vocab_size,
+                              lowercase=lowercase, strip_accents=strip_accents,
+                              tokenize_chinese_chars=tokenize_chinese_chars, min_frequency=min_frequency,
+                              limit_alphabet=limit_alphabet, show_progress=show_progress)
+
+    @classmethod
+    def _train(cls, paths: list[Path], vocab_size: int, *, lowercase: bool, strip_accents: bool | None,
+               tokenize_chinese_chars: bool, min_frequency: int, limit_alphabet: int,
+               show_progress: bool) -> "BertTokenizer":
 
         def run(fixed: list[str], alphabet: list[str]) -> dict[str, int]:
             backend = _build_backend(None, lowercase, strip_accents, tokenize_chinese_chars)
@@ -506,7 +551,27 @@ class BertTokenizer:
         truncate_to = (max_length or self.model_max_length) if truncation else None
         if truncate_to is not None and truncate_to < 2:
             raise ValueError(f"max_length={truncate_to} leaves no room for [CLS] and [SEP]")
+        if truncate_to is not None:  # what a text costs is bounded by what is kept of it
+            texts = [self._head(t, truncate_to) for t in texts]
         return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=True, truncate_to=truncate_to)]
+
+    def _head(self, text: str, tokens: int) -> str:
+        """A head of `text` whose first `tokens` tokens are the text's own (its truncation to that many
+        is the same), so that one 50 MB line costs what its first 512 tokens cost (issue 46). Cut only
+        where no word can be split: at whitespace, or between two CJK characters (each its own word);
+        the head grows until it yields more than `tokens` tokens."""
+        size = max(1024, 16 * tokens)
+        while size < len(text):
+            cut = next((c for c in range(size, min(size + 4096, len(text))) if text[c].isspace()
+                        or (_is_cjk(text[c - 1]) and _is_cjk(text[c]))), None)
+            if cut is None:
+                size *= 4
+                continue
+            head = text[:cut]
+            if len(self.backend.encode(head, add_special_tokens=False).ids) > tokens:
+                return head
+            size = 4 * cut
+        return text
 
     def tokenize(self, text: str) -> list[str]:
         """The WordPiece tokens of `text`, without [CLS]/[SEP]."""

@@ -90,10 +90,13 @@ def test_demo_replaces_only_its_own_folder(tmp_path):
     with pytest.raises(UserError, match="--overwrite"):
         check_demo_out(mine, overwrite=False)
     assert (mine / "notes.txt").read_text() == "keep"
+    with pytest.raises(UserError, match="torchbert did not write"):  # issue 46: not even with --overwrite
+        check_demo_out(mine, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep"
     earlier = tmp_path / "demo"
     earlier.mkdir()
     (earlier / MARKER).write_text("")
-    assert check_demo_out(earlier, overwrite=False) and check_demo_out(mine, overwrite=True)
+    assert check_demo_out(earlier, overwrite=False)
     assert not check_demo_out(tmp_path / "none", overwrite=False)
 
 
@@ -101,7 +104,7 @@ def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
     earlier = tmp_path / "demo"
     earlier.mkdir()
     (earlier / MARKER).write_text("")
-    (earlier / "summary.md").write_text("old")
+    (earlier / "summary.json").write_text("old")  # a finished demo: replaced without --overwrite
 
     def fails(out, main, **kw):
         (out / "vocab").mkdir()
@@ -110,6 +113,6 @@ def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torchbert.apps.demo, "run_demo", fails)
     assert main(["demo", "--out", str(earlier)]) == 2
     assert "the corpus broke" in capsys.readouterr().err
-    assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.md"])
-    assert (earlier / "summary.md").read_text() == "old"
+    assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.json"])
+    assert (earlier / "summary.json").read_text() == "old"
     assert not list(tmp_path.glob(".demo*"))  # nothing left aside

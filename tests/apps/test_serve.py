@@ -243,7 +243,7 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
         return items
 
     async def main():
-        b = Batcher(run, Limits(max_batch_tokens=4, max_wait_ms=20, max_queue=6))
+        b = Batcher(run, Limits(max_batch_tokens=4, max_wait_ms=20, max_queue=6, max_texts=6))
         await b.start()
         first = [asyncio.create_task(b.submit([i, i], [1, 1])) for i in range(3)]  # 6 texts: the queue is full
         await until(lambda: b.waiting == 6, "three requests to queue")

@@ -448,9 +448,13 @@ def test_existing_out_refused(work, zh_tok):
     with pytest.raises(FileExistsError, match="--overwrite"):
         prepare([corpus], zh_tok, out)
     assert (out / "keep.txt").exists()
-    prepare([corpus], zh_tok, out, overwrite=True)
-    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
-    assert not list(work.glob(".exists.*"))
+    with pytest.raises(ValueError, match="torchbert did not write"):  # issue 46: not the user's own files
+        prepare([corpus], zh_tok, out, overwrite=True)
+    assert (out / "keep.txt").exists()
+    prepare([corpus], zh_tok, out / "data")
+    prepare([corpus], zh_tok, out / "data", overwrite=True)  # torchbert's own folder: replaced
+    assert (out / "data" / "manifest.json").exists() and (out / "data" / ".torchbert").exists()
+    assert not list(work.glob(".exists.*")) and not list(out.glob(".data.*"))
 
 
 # ----------------------------------------------------------------------------------------------

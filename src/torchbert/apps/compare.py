@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import RunFailed, StudyInterrupted, UserError
 from ..eval.plots import errorbar_panels, line_plot, read_jsonl
 from ..io.files import atomic_write_text
 from ..tokenizer import TOKENIZER_FILES
@@ -92,18 +92,36 @@ QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max
 
 
 class Stages:
-    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header."""
+    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header.
+    `done` counts the stages finished, here or by an earlier run whose results are on disk (`found`);
+    after each, `on_done()` (the study's folder commits: an earlier one set aside can go). A stage
+    that was interrupted raises StudyInterrupted; one that failed, RunFailed: neither is a bug, and
+    the stages before it stay on disk for --resume."""
 
-    def __init__(self, out: Path, main: Callable[[list[str]], int], log):
+    def __init__(self, out: Path, main: Callable[[list[str]], int], log, total: int | None = None,
+                 on_done: Callable[[], None] = lambda: None):
         self.out, self.main, self.log, self.times = out, main, log, {}
+        self.total, self.done, self.on_done = total, 0, on_done
 
     def run(self, name: str, *argv) -> None:
         self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
         start = time.perf_counter()
-        code = self.main([str(a) for a in argv])
+        try:
+            code = self.main([str(a) for a in argv])
+        except KeyboardInterrupt:
+            raise StudyInterrupted(self.done, self.total) from None
+        if code == 130:
+            raise StudyInterrupted(self.done, self.total)
         if code != 0:
-            raise RuntimeError(f"stage {name!r} failed (torchbert {argv[0]} exited {code})")
+            raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]} exited {code}, its error above); the "
+                            f"{self.done} stage(s) before it are kept in {self.out}")
         self.times[name] = round(time.perf_counter() - start, 1)
+        self.found()
+
+    def found(self, stages: int = 1) -> None:
+        """`stages` more finished (run now, or their results found on disk)."""
+        self.done += stages
+        self.on_done()
 
 
 # -- the tasks' data ---------------------------------------------------------------------------------
@@ -235,9 +253,11 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
     """Each system pretrained on the same prepared instances, a checkpoint and a held-out score at each
     quarter of the steps; and `random`, BERT's architecture with fresh weights."""
     out = r.out / "pretrain"
-    if not (out / "data" / "manifest.json").is_file():
+    if (out / "data" / "manifest.json").is_file():
+        r.found(2)
+    else:
         r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
-              out / "vocab", "--quiet")
+              out / "vocab", "--quiet", "--overwrite")  # an interrupted earlier try may have left one
         r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
               out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", b.heldout_docs, "--seed", seed,
               "--quiet")
@@ -249,7 +269,9 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
 
 def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
     """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
-    if not (run / "metrics.json").is_file():  # an interrupted pretraining continues from its checkpoint
+    if (run / "metrics.json").is_file():
+        r.found()
+    else:  # an interrupted pretraining continues from its checkpoint
         resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
         r.run(f"pretrain {run.name}", "pretrain", "--data", r.out / "pretrain" / "data", "--out", run, "--model",
               system, "--config", b.preset, "--steps", steps, "--batch-size", b.pretrain_batch, "--lr",
@@ -330,7 +352,9 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
     run = r.out / "runs" / f"{task}-{size}-{name}-lr{lr:g}-seed{seed}"
     result, done = run / "test_metrics.json", run / "dev_metrics.json"  # done: written last
-    if not done.is_file():
+    if done.is_file():
+        r.found(2)
+    else:
         if run.exists():
             shutil.rmtree(run)
         r.run(run.name, "finetune", "--task", task_type, "--model", model, "--train",

@@ -15,7 +15,9 @@ protocol, through the published subcommands.
 
 Every stage runs `torchbert.cli.main([...])`, exactly what the command line runs, so the demo is
 also an end-to-end test of the commands. `--budget X` pretrains X times longer (on a corpus with X
-times the reviews); `--quick` shrinks every stage to a smoke test.
+times the reviews); `--quick` shrinks every stage to a smoke test. A stage's results stay on disk as
+soon as it finishes: an interrupted or failed demo keeps them, and `--resume` runs only the stages
+that are missing (settings.json holds the settings it must be resumed with).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import StudyInterrupted, UserError
 from .compare import Budget, Stages, bert_folder, cell, pretrain_all, write_tasks
 from .recipes import DEFAULT as DEFAULT_RECIPE
 from .recipes import TEXT as RECIPE_TEXT
@@ -62,20 +65,47 @@ def checkpoint_model(run: Path, step: int, out: Path) -> None:
     bert_folder(run, out, run / "checkpoints" / f"{PREFIX}{step:08d}" / "model.safetensors")
 
 
+def stage_count(b: Budget) -> int:
+    """The stages of a demo: vocab, prepare, pretrain; a finetune and a test per run of each cell (its
+    grid with the first seed, then the other seeds); predict."""
+    cells = len(TASKS) * (1 + len({b.pretrain_steps // 4, b.pretrain_steps // 2, b.pretrain_steps} - {0}))
+    return 3 + cells * 2 * (len(b.grids["bert"]) + b.seeds - 1) + 1
+
+
 def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0, seed: int = 0,
-             log=print, recipe: str = DEFAULT_RECIPE) -> dict[str, Any]:
-    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo)."""
+             log=print, recipe: str = DEFAULT_RECIPE, on_done: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo);
+    stages whose results `out` holds are not run again (an earlier demo with the same settings, resumed).
+    `on_done()` after each stage. StudyInterrupted on a signal, RunFailed when a stage fails."""
     b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
+    settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
+    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
+        raise UserError(f"--out {out}: the earlier demo there ran with other settings (--quick, --budget, --seed or "
+                        "--recipe); resume it with its own, or start again with --overwrite")
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("a folder of `torchbert demo`; the next demo here replaces it\n", encoding="utf-8")
+    from ..io.files import atomic_write_text
+
+    (out / MARKER).write_text("a folder of `torchbert demo`; --resume continues it\n", encoding="utf-8")
+    atomic_write_text(out / "settings.json", settings)
+    r = Stages(out, main, log, total=stage_count(b), on_done=on_done)
+    try:
+        return _stages(out, r, b, quick, budget, seed, log)
+    except StudyInterrupted:
+        raise
+    except KeyboardInterrupt:  # a signal between two stages
+        raise StudyInterrupted(r.done, r.total) from None
+
+
+def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: int, log) -> dict[str, Any]:
+    from ..io.files import atomic_write_text
+
     started = time.perf_counter()
     data = out / "data"
     info = write_tasks(data, b)
-    (data / "examples.tsv").write_text("sentence\n" + "".join(t + "\n" for t in EXAMPLES), encoding="utf-8")
+    atomic_write_text(data / "examples.tsv", "sentence\n" + "".join(t + "\n" for t in EXAMPLES))
     log(f"data: {b.low:,} labelled training examples per task, dev and test {b.dev:,} each; a corpus of "
         f"{info['corpus_documents']:,} documents ({info['people_daily_paragraphs']:,} People's Daily paragraphs "
         f"and {b.train:,} training reviews, no dev or test text) in {data}")
-    r = Stages(out, main, log)
     pretraining = pretrain_all(r, b, data, seed, systems=("bert",))
     bert = out / "pretrain" / "bert"
     steps = sorted({b.pretrain_steps // 4, b.pretrain_steps // 2, b.pretrain_steps} - {0})
@@ -95,7 +125,7 @@ def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, b
     gains = {task: gain_table(cells, task, list(models)) for task in TASKS}
     best = cells[f"sentiment/{b.pretrain_steps}"]["run"]
     r.run("predict", "predict", "--model", best, "--input", data / "examples.tsv", "--out",
-          out / "examples.predictions.jsonl", "--quiet")
+          out / "examples.predictions.jsonl", "--quiet")  # seconds: not worth keeping
     predictions = [json.loads(x) for x in (out / "examples.predictions.jsonl").read_text(encoding="utf-8").splitlines()]
 
     summary = {
@@ -107,9 +137,7 @@ def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, b
         "examples": [{"text": t, "label": p["label"], "probability": p["probability"]}
                      for t, p in zip(EXAMPLES, predictions)],
     }
-    summary["seconds"] = round(time.perf_counter() - started, 1)
-    from ..io.files import atomic_write_text
-
+    summary["seconds"] = round(time.perf_counter() - started, 1)  # this process's, so after --resume a part
     plot_gain(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))

@@ -83,7 +83,7 @@ def export_onnx(model_dir: Path, out: Path, *, int8: bool = False, opset: int = 
     texts = _texts()
     trace = sample_inputs(tokenizer, kind, texts[:4], 16)
     check = sample_inputs(tokenizer, kind, texts, 48)  # other batch and sequence sizes than the trace's
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, marked=True) as tmp:
         write_onnx(model, outputs, tmp / "model.onnx", trace, opset)
         with torch.no_grad():
             want = Graph(model, outputs)(*(check[k] for k in INPUTS))

@@ -74,6 +74,13 @@ class Limits(Checked):
     max_connections: int = setting(256, "connections open at once; past it, 503 (uvicorn's limit_concurrency)",
                                    low=1)
 
+    def check(self) -> None:
+        super().check()
+        if self.max_texts > self.max_queue:  # such a request would get 503 + Retry-After for ever
+            raise ValueError(f"--max-texts {self.max_texts} is above --max-queue {self.max_queue}: a request of "
+                             f"more than {self.max_queue} texts could never be queued; raise --max-queue or lower "
+                             "--max-texts")
+
 
 class Rejected(Exception):
     """A request the server answers with an error status and a one-line message."""
@@ -225,11 +232,14 @@ class Batcher:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
-        except Exception as e:  # every request of the batch fails with it; the server stays up
-            for j, _, _ in parts:
-                if not j.future.done():
-                    j.future.set_exception(e)
-            return
+        except Exception as e:  # the server stays up; the requests that did not cause it get their answers
+            if len(parts) == 1:
+                if not parts[0][0].future.done():
+                    parts[0][0].future.set_exception(e)
+                return
+            results = await self._alone(parts)
+            if results is None:
+                return
         start = 0
         for j, a, b in parts:
             if not j.future.done():
@@ -237,6 +247,24 @@ class Batcher:
                 if not j.left:
                     j.future.set_result(j.results)
             start += b - a
+
+
+    async def _alone(self, parts: list[tuple[_Job, int, int]]) -> list | None:
+        """After a batch failed: each request's part run by itself, so that one bad text fails only its own
+        request. The results of the parts that ran (None in place of a failed one's), or None."""
+        results: list = []
+        for j, a, b in parts:
+            try:
+                got = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, j.items[a:b])
+            except BrokenExecutor:
+                self.broken = True
+                return None
+            except Exception as e:  # noqa: BLE001 - this request's own failure
+                if not j.future.done():
+                    j.future.set_exception(e)
+                got = [None] * (b - a)
+            results.extend(got)
+        return results
 
 
 def budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
@@ -643,9 +671,16 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
         pool.shutdown(wait=True)
 
     def answer(endpoint: str, start: float, status: int, content: Any, headers: dict | None = None):
+        try:
+            response = JSONResponse(content, status_code=status, headers=headers)
+        except ValueError:  # JSON has no NaN or inf: the model gave them (weights are checked when loaded)
+            log.error("%s: the model's output holds NaN or inf", endpoint)
+            status, response = 500, JSONResponse({"error": {
+                "message": "the model's output for this request holds NaN or inf, which JSON cannot carry",
+                "type": "server_error"}}, status_code=500)
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-        return JSONResponse(content, status_code=status, headers=headers)
+        return response
 
     def failed(endpoint: str, start: float, e: Exception):
         if isinstance(e, _Disconnected):  # nobody reads this answer; the count is what matters

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import not_a_file, read_utf8
+from ..io.texts import json_loads, not_a_file, read_utf8
 from ..settings import Checked, SettingError, setting
 from .masking import Masked, mask_instances
 
@@ -99,7 +99,7 @@ def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto") -> lis
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json_loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
@@ -441,8 +441,12 @@ class PrepareSettings(Checked):
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+        from ..io.files import check_replaceable
+
+        check_replaceable(out)
 
 
 def prepare(
@@ -483,7 +487,7 @@ def prepare(
     read_seconds = time.perf_counter() - t0
     heldout, docs = split_heldout(docs, s.heldout_docs, s.seed, names)
 
-    with atomic_folder(out) as tmp:  # the whole data folder or none; an older one is replaced whole
+    with atomic_folder(out, marked=True) as tmp:  # the whole data folder or none; an older one is replaced whole
         manifest = _build(docs, tokenizer, tokenizer_dir, s, tmp, corpus_paths, progress)
         manifest["timings"] = {"read": read_seconds, **manifest["timings"]}
         if heldout:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..io.texts import json_loads
 from .masking import mask_instances
 
 FORMAT_NAME = "torchbert-pretraining"
@@ -150,7 +151,7 @@ class PretrainingData:
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{self.folder}: no manifest.json (not a folder written by torchbert prepare)")
         try:
-            self.manifest: dict = json.loads(manifest_path.read_text(encoding="utf-8"))
+            self.manifest: dict = json_loads(manifest_path.read_text(encoding="utf-8"))
         except ValueError as e:  # invalid JSON or UTF-8
             raise ValueError(f"{manifest_path}: not valid JSON ({e}); run torchbert prepare again") from None
         if self.manifest.get("format") != FORMAT_NAME or self.manifest.get("format_version") != FORMAT_VERSION:
@@ -159,7 +160,12 @@ class PretrainingData:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.seed, self.rank, self.world_size, self.shuffle = seed, rank, world_size, shuffle
         self.masked = masked  # False: the instances as text, no MLM targets (a left-to-right LM reads them)
-        settings = self.manifest["settings"]
+        settings = self.manifest.get("settings")
+        for name, value, high in (("vocab_size", self.manifest.get("vocab_size"), 1 << 24),
+                                  ("settings.max_seq_len", (settings or {}).get("max_seq_len"), 1 << 20)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"{manifest_path}: {name} must be a whole number in [1, {high}], got {value!r}; "
+                                 "run torchbert prepare again")
         self.vocab_size: int = self.manifest["vocab_size"]
         self.max_seq_len: int = settings["max_seq_len"]
         self.dynamic = settings["masking"] == "dynamic"

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import UserError
 from .files import atomic_folder
+from .texts import json_loads
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
 PREFIX = "step-"
@@ -109,7 +110,7 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 def verify(folder: Path) -> str | None:
     """None when the checkpoint is whole; else what is wrong with it."""
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json_loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return f"no readable manifest.json ({e.__class__.__name__})"
     for name in FILES:
@@ -154,10 +155,23 @@ class Checkpoint:
         set_rng_state(self.rng_plain, tensors)
 
 
+def safe_load(file: Path):
+    """torch.load of tensors and plain containers only (weights_only); a pickle that holds anything
+    else is refused in one line that says so, and nothing more: PyTorch's own message advises turning
+    the protection off, which no file from elsewhere deserves."""
+    import pickle
+
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{file}: refused as unsafe: it is a pickle that holds more than tensors, and torchbert "
+                         "never unpickles such a file") from None
+
+
 def load_checkpoint(folder: Path) -> Checkpoint:
     """Read a checkpoint (tensors through safetensors and weights-only torch.load)."""
-    opt = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    opt = safe_load(folder / "optimizer.pt")
+    state = json_loads((folder / "state.json").read_text(encoding="utf-8"))
     plain = state.pop("rng")
     return Checkpoint(load_file(folder / "model.safetensors", device="cpu"), opt["optimizer"], opt["scheduler"],
-                      state, plain, torch.load(folder / "rng.pt", map_location="cpu", weights_only=True))
+                      state, plain, safe_load(folder / "rng.pt"))

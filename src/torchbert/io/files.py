@@ -9,11 +9,18 @@
   0600/0700 of mkstemp/mkdtemp, so other users and containers can read a saved model.
 - `writing(folder)`: a full disk, in whatever form the writer reports it, becomes OutOfSpace
   naming the folder.
-- `check_apart` / `check_output_file`: an output may not be, hold, or sit inside an input.
+- `check_apart` / `check_output_file`: an output may not be, hold, or sit inside an input, and an
+  output file that exists must be a regular file (never a device, FIFO or socket: writing over
+  /dev/null as root would replace it for the whole system).
+- `output_path(path)`: an --out that is a symbolic link names its target (a link is never replaced
+  by what is written through it); a link that loops is a one-line error.
+- `MARK` / `check_replaceable`: every folder torchbert writes carries a mark, and --overwrite
+  replaces only an empty folder or a marked one, never a folder of the user's own files.
 - `hold(folder, what)`: one writer per output folder. An OS advisory lock (flock) on `.NAME.lock`
   beside the folder, held while the block runs; a second process is refused with the holder's pid
   and command. The kernel drops the lock when its process dies, however it dies, so a lock file
-  left by a killed process never blocks: the next run takes it over.
+  left by a killed process never blocks: the next run takes it over, and removes the temporary
+  folders (`.NAME.*.tmp`) that the killed run was building beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import errno
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -68,7 +76,9 @@ def writing(folder: str | os.PathLike) -> Iterator[None]:
     except OutOfSpace:
         raise
     except OSError as e:
-        if e.errno in _FULL:
+        # numpy's writers say a short write in words ("18816 requested and 5088 written"), no errno
+        short = e.errno is None and "requested and" in str(e) and "written" in str(e)
+        if e.errno in _FULL or short:
             raise OutOfSpace(folder) from e
         raise
     except Exception as e:  # torch.save: RuntimeError "unexpected pos"; safetensors: SafetensorError
@@ -105,6 +115,72 @@ def _parents(folder: Path) -> Iterator[None]:
                 if p == top:
                     break
         raise
+
+
+MARK = ".torchbert"  # in every folder torchbert writes: --overwrite may replace it
+MARKS = (MARK, ".torchbert-demo", ".torchbert-compare")  # the demo's and compare's marks count too
+
+
+def mark(folder: str | os.PathLike) -> None:
+    """Mark `folder` as torchbert's own, so that a later --overwrite may replace it."""
+    (Path(folder) / MARK).write_text("a folder written by torchbert: --overwrite may replace it\n", encoding="utf-8")
+
+
+def check_replaceable(out: str | os.PathLike, name: str = "--out") -> None:
+    """UserError unless folder `out` (if it exists) may be replaced: it is empty, or torchbert wrote
+    it (its mark is in it). A folder of the user's own files is never deleted by --overwrite."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    entries = sorted(out.iterdir())
+    if not entries or any((out / m).is_file() for m in MARKS):
+        return
+    shown = ", ".join(p.name + ("/" if p.is_dir() else "") for p in entries[:4])
+    more = f" and {len(entries) - 4} more" if len(entries) > 4 else ""
+    raise UserError(f"{name} {out}: holds {shown}{more}, which torchbert did not write (no {MARK} mark in it); "
+                    f"--overwrite replaces only an empty folder or one of torchbert's: move those files "
+                    f"yourself, or choose another {name}")
+
+
+def output_path(path: str | os.PathLike, name: str = "--out") -> Path:
+    """The path an output is written at: a symbolic link's target (so the link stays a link and its
+    target keeps its type, checked by the callers), else `path` as given."""
+    path = Path(path)
+    if not path.is_symlink():
+        return path
+    try:
+        target = Path(os.path.realpath(path, strict=True)) if path.exists() else path.resolve()
+    except (RuntimeError, OSError):  # a loop: Python 3.11 says RuntimeError, later ones OSError(ELOOP)
+        raise UserError(f"{name} {path}: a symbolic link that loops (it never reaches a file or folder)") from None
+    return target
+
+
+def kind(path: Path) -> str | None:
+    """What a path that exists and is neither a regular file nor a folder is, in words; else None."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, words in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return None
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Temporary folders a killed writer of `folder` left beside it (atomic_folder's), removed by the
+    writer that holds the folder now: nobody else may be writing them."""
+    left = [p for p in folder.parent.glob(f".{folder.name}.*.tmp") if p.is_dir() and not p.is_symlink()]
+    if not left:
+        return
+    size = sum(f.stat().st_size for p in left for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+    for p in left:
+        shutil.rmtree(p, ignore_errors=True)
+    print(f"torchbert: note: removed {len(left)} unfinished temporary folder(s) ({size / 1e6:,.1f} MB) that an "
+          f"interrupted run left beside {folder}", file=sys.stderr)
 
 
 def lock_path(folder: str | os.PathLike) -> Path:
@@ -172,6 +248,7 @@ def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n").encode()
         os.pwrite(fd, line, 0)
         os.ftruncate(fd, len(line))
+        _remove_leftovers(folder)
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -184,7 +261,9 @@ def hold(folder: str | os.PathLike, what: str, name: str = "--out") -> Iterator[
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, then rename tmp_path over `path` (same folder, so same filesystem)."""
-    path = Path(path)
+    path = output_path(path)
+    if kind(path) is not None:
+        raise UserError(f"{path}: is {kind(path)}, not a regular file; torchbert writes only regular files")
     with writing(path.parent), _parents(path.parent):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
@@ -213,15 +292,17 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
+def atomic_folder(final: str | os.PathLike, marked: bool = False) -> Iterator[Path]:
     """Yield an empty temporary sibling of `final`; when the block ends without error it becomes
     `final` in one step (an older `final` is replaced whole). On error it is removed and `final`
-    is untouched."""
-    final = Path(final)
+    is untouched. `marked`: the folder carries torchbert's mark (a command's --out)."""
+    final = output_path(final)
     with writing(final.parent), _parents(final.parent):
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
         try:
             _open_mode(tmp, folder=True)
+            if marked:
+                mark(tmp)
             yield tmp
             for root, _, names in os.walk(tmp):
                 for name in names:
@@ -297,9 +378,12 @@ def model_inputs(model_dir: str | os.PathLike) -> list[tuple[str, Path]]:
 def check_output_file(path: str | os.PathLike, name: str = "--out", inputs: Inputs = ()) -> None:
     """Before any work: `path` can be written as a file (no folder in its place, its parent a folder
     or creatable, writable), and it is none of the inputs."""
-    path = Path(path)
+    path = output_path(path, name)
     if path.is_dir():
         raise UserError(f"{name} {path}: is a folder; give a file name")
+    if kind(path) is not None:
+        raise UserError(f"{name} {path}: is {kind(path)}, not a regular file; torchbert writes its output only "
+                        "to a regular file (write to a file, then copy it where it should go)")
     parent = path.parent
     while not parent.exists():
         parent = parent.parent

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,8 @@ from torch import nn
 
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write
-from .texts import not_a_file
+from .checkpoint import safe_load
+from .texts import json_loads, not_a_file
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
@@ -143,7 +143,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, a weights-only torch file, or a sharded index of either."""
     if file.name.endswith(".index.json"):
         try:
-            weight_map = json.loads(file.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = json_loads(file.read_text(encoding="utf-8"))["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{file}: not a valid shard index ({e})") from None
         state: dict[str, torch.Tensor] = {}
@@ -162,10 +162,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{file}: not a valid safetensors file ({e}); "
                              "it may be truncated, or another format renamed") from None
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{file}: refused to load: the pickle holds more than tensors "
-                         f"and is never unpickled in full ({str(e).splitlines()[0]})") from None
+        state = safe_load(file)
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{file}: not a readable torch checkpoint ({e})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -391,6 +388,32 @@ def with_labels(config: BertConfig, labels: Sequence[str]) -> BertConfig:
     return dataclasses.replace(config, extra=extra)
 
 
+def check_against_weights(config, folder: Path, file: Path, state: dict[str, torch.Tensor]) -> None:
+    """Before a model is built: the config's size against the weights it is to hold (a config.json
+    of 10^9 layers would be built until memory ran out), the vocabulary against the config (a
+    vocab.txt longer than the embedding table gives ids past it), and every weight finite (a NaN
+    weight gives NaN outputs that look like any others)."""
+    from ..config import parameter_estimate
+
+    held = sum(t.numel() for t in state.values())
+    implied = parameter_estimate(config)
+    if implied > 2 * held + 10_000_000:
+        raise ValueError(f"{folder / 'config.json'}: its sizes imply about {implied:,} parameters, but {file} holds "
+                         f"{held:,}; the config does not belong to these weights")
+    vocab = folder / "vocab.txt"
+    if vocab.is_file() and hasattr(config, "vocab_size"):
+        lines = 0
+        with open(vocab, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                lines += block.count(b"\n")
+                if lines > config.vocab_size:
+                    raise ValueError(f"{vocab}: more tokens than the {config.vocab_size:,} of config.json's "
+                                     "vocab_size; the vocabulary does not belong to this model")
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{file}: {name} holds NaN or inf; a model with it gives no finite outputs")
+
+
 def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None,
                     labels: Sequence[str] | None = None, **kwargs):
     """Build `cls` from a Hugging Face folder (config.json + weights). `labels` names the classes of a
@@ -403,6 +426,7 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
         config = with_labels(config, labels)
     file = find_weights(path)
     hf_state = read_weights(file)
+    check_against_weights(config, path, file, hf_state)
     model = cls(config, **kwargs)
     from_file = {GPTConfig: gpt_from_hf, ELMoConfig: elmo_from_state}.get(type(config), convert_from_hf)
     state, missing, unused = from_file(model, hf_state, source=str(file))

@@ -10,6 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def json_loads(text: str | bytes):
+    """json.loads, where a document nested too deeply for the parser (a 10^6-deep list) is a
+    JSONDecodeError like any other malformed JSON, so every reader's error names its file."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("arrays or objects nested too deeply to read", "", 0) from None
+
+
 def not_a_file(path: Path, what: str) -> Exception:
     """The error for an input that is not a regular file, saying what it is instead (a named pipe or a
     device would be read for ever, or block)."""
@@ -84,7 +93,7 @@ def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
         if not line.strip():
             continue  # blank lines between records are allowed in JSON Lines
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get(field), str):

@@ -23,11 +23,15 @@ without a config, so its sizes are read from the tensors' shapes.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .texts import json_loads
 
 MAGIC = 0xDB4775248B80FB57  # the table footer's last 8 bytes
 FOOTER = 48
@@ -111,6 +115,9 @@ def _entry(name: str, value: bytes, where: str) -> Entry:
     return Entry(name, f.get(1, 0), tuple(shape), f.get(3, 0), f.get(4, 0), f.get(5, 0), f.get(6))
 
 
+MAX_SHARDS = 1 << 16
+
+
 class TFCheckpoint:
     """A TensorFlow checkpoint's tensors by name (`names`, `shape`, `tensor`), read from its files."""
 
@@ -142,6 +149,9 @@ class TFCheckpoint:
         if header.get(2, 0) != 0:
             raise CheckpointError(f"{where}: the tensors are big-endian, which is not read here")
         self.shards = header.get(1, 1)
+        if not 1 <= self.shards <= MAX_SHARDS:  # a crafted header: 2^40 shards were looked for for ever
+            raise CheckpointError(f"{where}: the header claims {self.shards} data shards (at most {MAX_SHARDS:,} are "
+                                  "read); the index is damaged or not a TensorFlow checkpoint's")
         missing = [self.shard_file(k) for k in range(self.shards) if not self.shard_file(k).is_file()]
         if missing:
             raise CheckpointError(f"{missing[0]}: missing, a data shard of {self.prefix}")
@@ -187,8 +197,14 @@ class TFCheckpoint:
     def raw(self, name: str) -> bytes:
         """The tensor's bytes, their checksum verified."""
         e = self.entries[name]
+        if not 0 <= e.shard < self.shards:
+            raise CheckpointError(f"{self.index}: {name} is in shard {e.shard}, but the bundle has {self.shards}")
         file = self.shard_file(e.shard)
         where = f"{file}: {name}"
+        length = os.path.getsize(file)
+        if e.offset < 0 or e.size < 0 or e.offset + e.size > length:  # before reading (2^50 bytes were asked for)
+            raise CheckpointError(f"{where}: the shard ends before the tensor does (truncated?) (or the index is "
+                                  f"damaged: it places {e.size:,} bytes at byte {e.offset:,} of a shard of {length:,})")
         with open(file, "rb") as f:
             f.seek(e.offset)
             raw = f.read(e.size)
@@ -204,6 +220,10 @@ class TFCheckpoint:
         where = f"{self.shard_file(e.shard)}: {name}"
         if e.dtype not in DTYPES and e.dtype != BFLOAT16:
             raise CheckpointError(f"{where}: TensorFlow dtype {e.dtype} is not read here")
+        itemsize = 2 if e.dtype == BFLOAT16 else np.dtype(DTYPES[e.dtype]).itemsize
+        if any(d < 0 for d in e.shape) or math.prod(e.shape) * itemsize != e.size:
+            raise CheckpointError(f"{where}: shape {list(e.shape)} of {itemsize}-byte values does not fit the "
+                                  f"{e.size:,} bytes the index gives it; the index is damaged")
         raw = self.raw(name)
         if e.dtype == BFLOAT16:
             values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
@@ -341,7 +361,7 @@ def guess_lowercase(vocab: dict[str, int]) -> bool:
 def bert_config_dict(path: Path) -> dict:
     """bert_config.json as a dict of transformers' BertConfig fields (Google's names are the same)."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not a readable bert_config.json ({e})") from None
     if not isinstance(d, dict):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.texts import lines, not_a_file, read_utf8
+from ..io.texts import json_loads, lines, not_a_file, read_utf8
 from .examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
 
 Warn = Callable[[str], object]
@@ -145,7 +145,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
                              "expected one JSON object per line") from None
@@ -405,7 +405,7 @@ def read_squad(path: PathLike, v2: bool, labelled: bool = True, warn: Warn = not
     text = read_utf8(path, expected="a UTF-8 JSON file")
     layout = 'expected a SQuAD file {"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}'
     try:
-        doc = json.loads(text)
+        doc = json_loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); {layout}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):

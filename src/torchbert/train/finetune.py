@@ -45,7 +45,8 @@ from ..tokenizer import BertTokenizer
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
-from .rundir import RunFolder
+from .rundir import RunFolder, fixed, resumed, sha256, write_record
+from .rundir import resumed_config as resumed_settings
 
 
 @dataclass
@@ -69,6 +70,7 @@ class FinetuneSettings(Checked):
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
+    given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
 
 
 # -- building the model ------------------------------------------------------------------------------
@@ -106,6 +108,12 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
 def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, log=print,
                    dist: Dist | None = None) -> dict[str, Any]:
     dist = dist or Dist()
+    if s.resume:  # the run's own settings and files: given otherwise, an error (rundir.resumed)
+        mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
+        cfg, kept = resumed_settings(s.out, cfg, s.given, mine)
+        s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"],
+                                encoding={k: kept[k] for k in s.encoding})
+    record = {**fixed(cfg), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
     task_type, preset = formats.resolve_task(s.task)
     fam = family(task_type)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
@@ -118,6 +126,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     fam.model_for(load_config(s.model))  # a task without a model for this encoder is an error before any reading
     train_examples = fam.read(s.train, ts.layout)
     dev_examples = fam.read(s.dev, ts.layout) if s.dev is not None else None
+    if s.resume:  # the files read (so they are files): the ones the run started with?
+        resumed(s.out, {"train": s.train, "dev": s.dev}, None)
+    record.update(train_sha256=sha256(s.train), **({"dev_sha256": sha256(s.dev)} if s.dev is not None else {}))
     label_map = fam.label_map(train_examples)
     if label_map is not None and dev_examples is not None:
         label_map.check(dev_examples)
@@ -175,6 +186,12 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     with folder.opened(dist):
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume checks the task and labels against
+        if dist.is_main and not s.resume:
+            write_record(s.out, record)  # and the settings and files it trains with; a resumed run's, once saved
+
+        def saved(checkpoint: Path) -> None:
+            write_record(s.out, record)
+            folder.commit(checkpoint)
         scoring = fam.scoring(label_map)
         best = _Best(s.out, fam.best_metric(label_map, preset), dist)
         evaluations = {"step": 0}
@@ -197,7 +214,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
         task = FinetuneTask(fam, per_step=per_step)
         summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
                         evaluate=evaluate if dev_data is not None else None, device=device, log=log, dist=dist,
-                        on_checkpoint=folder.commit)
+                        on_checkpoint=saved)
         if not dist.is_main:
             return summary
         final_dir = best.folder if best.exists() else None

@@ -48,6 +48,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -60,7 +61,8 @@ from torch import Tensor, nn
 from .. import fast
 from ..config import check_ids
 from ..errors import Interrupted, RunFailed, UserError
-from ..io.checkpoint import latest_checkpoint, load_checkpoint, no_checkpoint, remove_leftovers, save_checkpoint
+from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
+                             remove_leftovers, save_checkpoint)
 from ..io.files import atomic_write_text
 from ..settings import Checked, setting
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state, unwrap
@@ -205,6 +207,12 @@ class TrainState:
             torch_dist.all_gather_object(states, torch.get_rng_state())
             extra_rng = {f"torch_rank{r}": s for r, s in enumerate(states)}
         folder = None
+        if dist.is_main and not all(bool(torch.isfinite(t).all()) for t in model_state.values()
+                                    if t.is_floating_point()):
+            warnings.warn(f"step {self.step}: the weights hold NaN or inf; no checkpoint saved (the last good one "
+                          "stays the newest)", stacklevel=2)
+            dist.barrier()
+            return latest_checkpoint(run_dir)
         if dist.is_main:
             counters = asdict(self)
             step = counters.pop("step")
@@ -247,12 +255,22 @@ class BadSteps:
         self.in_a_row += 1
 
     def check(self, at: int) -> None:
-        """Raises at step `at` when too many steps in a row were skipped."""
+        """Raises at step `at` when too many steps in a row were skipped. The weights of the steps
+        skipped are those of the last step taken (a skipped step changes none): a checkpoint of that
+        step gives NaN again on every resume, so it is set aside (checkpoints/diverged-step-N), and
+        the last good checkpoint is the one before it."""
         if self.in_a_row < self.max_bad:
             return
+        aside = []
+        if self.dist.is_main:
+            for folder in list_checkpoints(self.run_dir):
+                if int(folder.name[len(PREFIX):]) >= self.state.step:
+                    aside.append(folder.with_name(f"diverged-{folder.name}"))
+                    folder.rename(aside[-1])
         last = latest_checkpoint(self.run_dir) if self.dist.is_main else None
         raise TrainingError(f"the loss or its gradient was NaN or inf for {self.in_a_row} steps in a row "
                             f"at step {at}; stopping" + (f" (the last good checkpoint, {last}, is kept)" if last else "")
+                            + (f"; {', '.join(p.name for p in aside)} set aside: its weights give NaN" if aside else "")
                             + ". Lower --lr, use fp32, or check the data")
 
 

@@ -39,7 +39,8 @@ from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
 from .objectives import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask
-from .rundir import RunFolder
+from .rundir import RunFolder, fixed, write_record
+from .rundir import resumed_config as resumed_settings
 
 # --model: (the model, its objective, its config class, whether it reads the instances masked)
 MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
@@ -88,6 +89,7 @@ class PretrainSettings(Checked):
     fsdp: bool = setting(False, "shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
+    given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
 
 
 def model_family(config) -> str:
@@ -163,6 +165,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     if s.model is not None and s.model not in MODELS:
         raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
+    if s.resume:  # the run's own learning rate, schedule, batch size...: given otherwise, an error
+        cfg, _ = resumed_settings(s.out, cfg, s.given)
     family = s.model or (model_family(config) if config is not None else "bert")
     cls, objective, _, masked = MODELS[family]
     if family == "bert":
@@ -226,8 +230,14 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
             if family == "bert":  # which objective --resume builds
                 config.extra = {**config.extra, "torchbert_objective": bert_objective(s, None)}
             config.save(s.out / "config.json")  # what --resume builds the model from
+        if dist.is_main and not s.resume:
+            write_record(s.out, fixed(cfg))  # what --resume trains with; a resumed run's, once it has saved
+
+        def saved(checkpoint: Path) -> None:
+            write_record(s.out, fixed(cfg))
+            folder.commit(checkpoint)
         summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
-                        device=device, log=log, dist=dist, on_checkpoint=folder.commit)
+                        device=device, log=log, dist=dist, on_checkpoint=saved)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
             return summary

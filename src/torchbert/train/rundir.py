@@ -11,11 +11,17 @@ is lost by accident.
     it was. A fresh run that failed before its first checkpoint leaves no folder behind.
   - A process killed in between leaves the earlier run in the hidden sibling; the next run
     started on the same --out names it.
+- `RECORD` (training.json): the settings a run started with, written when it starts. `--resume`
+  continues with them: a flag left out takes the run's value, a flag given with another value is
+  refused (a resumed run that mixed two learning rates or two batch sizes, issue 46, is neither).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -23,7 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import Interrupted, UserError
-from ..io.files import check_apart
+from ..io.files import atomic_write_text, check_apart, check_replaceable, mark
+from ..io.texts import json_loads
 from .distributed import Dist
 
 ASIDE = ".replaced-"
@@ -45,6 +52,8 @@ class RunFolder:
         if holds and not (resume or overwrite):
             raise UserError(f"--out {self.out}: the folder exists and is not empty; pass --resume to continue "
                             "the run in it or --overwrite to start again")
+        if holds and overwrite:
+            check_replaceable(self.out)
         for kept in sorted(self.out.parent.glob(f".{self.out.name}{ASIDE}*")):
             log(f"note: {kept} holds an earlier run that an interrupted --overwrite moved aside; "
                 "move it back or delete it")
@@ -73,6 +82,7 @@ class RunFolder:
 
     def _open(self) -> None:
         if self.resume:
+            mark(self.out)
             return
         if self.existed and any(self.out.iterdir()):  # --overwrite, checked in __init__
             self.aside = Path(tempfile.mkdtemp(prefix=f".{self.out.name}{ASIDE}", dir=self.out.parent))
@@ -81,6 +91,7 @@ class RunFolder:
                      f"{self.kept_until}")
             self.existed = False
         self.out.mkdir(parents=True, exist_ok=True)
+        mark(self.out)
 
     def commit(self, *_) -> None:
         """The new run has a checkpoint (or is done): the earlier one can go."""
@@ -100,3 +111,79 @@ class RunFolder:
             os.rmdir(self.aside)
             self.aside = None
             self.log(f"the earlier run in {self.out} is back as it was")
+
+
+RECORD = "training.json"
+# the loop's settings that shape a run's course: a resumed run keeps them (save_every, keep, log_every,
+# eval_every, fast and progress may change: they decide when to write, not what is learned). --steps
+# is kept when left out and may be given anew: a run is extended (or cut short) on purpose.
+LONGER = ("steps", "epochs")
+FIXED = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "schedule", "weight_decay", "optimizer",
+         "max_grad_norm", "seed", "precision")
+
+
+def fixed(cfg) -> dict:
+    """The fields of TrainConfig `cfg` that a resumed run keeps."""
+    return {k: getattr(cfg, k) for k in FIXED}
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_record(out: Path, settings: dict) -> None:
+    """The settings this run started with (process 0, once its folder is open)."""
+    atomic_write_text(Path(out) / RECORD, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
+    """`now`'s settings for a resumed run: each one the run recorded takes the recorded value when
+    the user did not give it (`given`: the flags on the command line; None: the caller set every
+    field) and is an error when given with another value. Files are recorded by sha256 under
+    KEY_sha256 (a changed file is an error); keys the record lacks keep `now`'s value (a run of an
+    older torchbert has no record: everything as given)."""
+    path = Path(out) / RECORD
+    if not path.is_file():
+        return now
+    try:
+        saved = json_loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError):
+        raise UserError(f"{path}: not the JSON torchbert wrote; move it aside to resume with the flags as "
+                        "given") from None
+    merged = dict(now)
+    for key, value in saved.items():
+        if key.endswith("_sha256") and key[:-len("_sha256")] in now:
+            name = key[:-len("_sha256")]
+            if now[name] is None:
+                raise UserError(f"{_flag(name)}: the run in {out} started with one (its sha256 is in {RECORD}); "
+                                "resume with that file, or start again with --overwrite")
+            if sha256(now[name]) != value:
+                raise UserError(f"{_flag(name)} {now[name]}: not the file the run in {out} started with (its "
+                                f"sha256 is in {RECORD}); resume with that file, or start again with --overwrite")
+            continue
+        if key not in now:
+            continue
+        mine = json.loads(json.dumps(now[key], default=str))
+        if mine == value or (key in LONGER and (given is None or key in given)):
+            merged[key] = now[key]
+        elif given is None or key in given:
+            raise UserError(f"{_flag(key)} {mine}: the run in {out} started with {value} ({RECORD}); leave "
+                            f"{_flag(key)} out to resume with the run's setting, or start again with --overwrite")
+        else:
+            merged[key] = value
+    return merged
+
+
+def resumed_config(out: Path, cfg, given: tuple[str, ...] | None, extra: dict | None = None):
+    """(TrainConfig, extra settings) of a resumed run (see `resumed`)."""
+    extra = extra or {}
+    merged = resumed(out, {**fixed(cfg), **extra}, given)
+    return dataclasses.replace(cfg, **{k: merged[k] for k in FIXED}), {k: merged[k] for k in extra}

@@ -1,0 +1,477 @@
+"""Issue 46, the third reliability pass: each class of failure that a new or a hostile user met on
+b0c3a35, with a test that fails there and passes now. Data loss first: outputs that are not regular
+files, --overwrite of a folder torchbert did not write, symbolic links, SIGTERM, leftovers."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clihelp import cli
+
+from torchbert.io.files import MARK, atomic_write_text, check_output_file, output_path
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+ENV.pop("TORCHBERT_DEBUG", None)
+
+
+def error_line(capsys, *argv, code: int = 2) -> str:
+    got, out, err = cli(capsys, *argv)
+    assert got == code, (got, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("torchbert: error: ") and "unexpected" not in last and "Traceback" not in err, err
+    return last
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text("".join(f"line {i} of a small corpus with words and more words.\n\n" for i in range(50)))
+    return f
+
+
+# -- an --out that is not a regular file is never replaced by one ------------------------------------
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    s.close()
+    link = tmp_path / "link-to-fifo"
+    link.symlink_to(fifo)
+    return {"a named pipe (FIFO)": fifo, "a socket": sock_path, "a named pipe (FIFO) ": link,
+            "a character device": Path("/dev/null")}
+
+
+def test_an_output_file_that_is_a_device_fifo_or_socket_is_refused_and_kept(tmp_path):
+    for words, path in special_files(tmp_path).items():
+        mode = os.stat(path).st_mode
+        with pytest.raises(ValueError, match=re.escape(f"is {words.strip()}, not a regular file")):
+            check_output_file(path)
+        with pytest.raises(ValueError, match="not a regular file"):  # the writer itself refuses too
+            atomic_write_text(path, "x")
+        assert os.stat(path).st_mode == mode, path  # still what it was
+
+
+def test_evaluate_and_predict_refuse_an_out_that_is_a_fifo(tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    line = error_line(capsys, "embed", "--model", "minilm", "--input", __file__, "--out", fifo)
+    assert "not a regular file" in line or "--out" in line
+    assert Path(fifo).is_fifo()
+
+
+def test_an_out_that_is_a_link_writes_its_target_and_stays_a_link(tmp_path, corpus, capsys):
+    target = tmp_path / "real-vocab"
+    link = tmp_path / "vocab-link"
+    link.symlink_to(target, target_is_directory=True)
+    argv = ["vocab", "--corpus", corpus, "--vocab-size", "60", "--out", link, "--quiet"]
+    assert cli(capsys, *argv)[0] == 0
+    assert link.is_symlink() and (target / "vocab.txt").is_file()
+    code, _, err = cli(capsys, *argv, "--overwrite")  # b0c3a35: "Cannot call rmtree on a symbolic link"
+    assert code == 0, err
+    assert link.is_symlink() and (target / "vocab.txt").is_file() and (target / MARK).is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stray temporaries
+    # a file output through a link: the target is rewritten, the link stays
+    f = tmp_path / "f.txt"
+    f.write_text("old")
+    flink = tmp_path / "f-link"
+    flink.symlink_to(f)
+    atomic_write_text(flink, "new")
+    assert flink.is_symlink() and f.read_text() == "new"
+
+
+def test_a_link_that_loops_is_one_line(tmp_path, corpus, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")
+    assert "loops" in error_line(capsys, "vocab", "--corpus", corpus, "--vocab-size", "60", "--out", loop)
+    with pytest.raises(ValueError, match="loops"):
+        output_path(loop)
+    line = error_line(capsys, "embed", "--model", "minilm", "--input", loop, "--out", tmp_path / "e.npy")
+    assert str(loop) in line
+
+
+# -- --overwrite replaces only what torchbert wrote ----------------------------------------------------
+
+def users_folder(path: Path) -> Path:
+    path.mkdir()
+    (path / "precious.txt").write_text("a year of notes")
+    (path / "sub").mkdir()
+    (path / "sub" / "more.txt").write_text("more")
+    return path
+
+
+def test_overwrite_never_deletes_a_folder_torchbert_did_not_write(tmp_path, corpus, capsys):
+    mine = users_folder(tmp_path / "mydir")
+    before = sorted(str(p) for p in mine.rglob("*"))
+    cases = [
+        ["vocab", "--corpus", corpus, "--vocab-size", "60", "--out", mine, "--overwrite"],
+        ["samples", "wnut16", "--out", mine, "--overwrite"],
+        ["demo", "--quick", "--out", mine, "--overwrite"],
+        ["compare", "--quick", "--out", mine, "--overwrite"],
+        ["pretrain", "--data", tmp_path / "none", "--out", mine, "--overwrite"],
+    ]
+    for argv in cases:
+        line = error_line(capsys, *argv)
+        assert "precious.txt, sub/" in line and "torchbert did not write" in line, line
+        assert sorted(str(p) for p in mine.rglob("*")) == before, argv[0]
+
+
+def test_overwrite_replaces_torchbert_folders_and_empty_ones(tmp_path, corpus, capsys):
+    out = tmp_path / "v"
+    argv = ["vocab", "--corpus", corpus, "--vocab-size", "60", "--out", out, "--quiet"]
+    assert cli(capsys, *argv)[0] == 0 and (out / MARK).is_file()
+    assert cli(capsys, *argv, "--overwrite")[0] == 0  # its own folder
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli(capsys, *argv[:-3], "--out", empty, "--overwrite")[0] == 0
+
+
+# -- SIGTERM cleans up as Ctrl-C does; a later run removes what a killed one left -----------------------
+
+def test_sigterm_in_vocab_leaves_no_temporary_folder_and_says_so(tmp_path):
+    big = tmp_path / "big.txt"
+    words = " ".join(f"w{i}x{i * 7 % 1000}" for i in range(3000))
+    big.write_text("".join(f"{words} {k}\n" for k in range(400)))
+    out = tmp_path / "tok"
+    proc = subprocess.Popen([sys.executable, "-m", "torchbert", "vocab", "--corpus", str(big), "--vocab-size",
+                             "3000", "--out", str(out)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("vocab finished before the signal")
+    assert proc.returncode == 130, err
+    assert "SIGTERM" in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    assert not out.exists() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tok")]
+
+
+def test_a_later_run_removes_the_temporaries_a_killed_one_left(tmp_path, corpus, capsys):
+    out = tmp_path / "tok"
+    left = tmp_path / ".tok.abc123.tmp"  # what atomic_folder was building when SIGKILL came
+    (left / "shard-00000").mkdir(parents=True)
+    (left / "shard-00000" / "x.npy").write_bytes(b"0" * 5000)
+    other = tmp_path / ".other.abc.tmp"  # another folder's: not ours to remove
+    other.mkdir()
+    code, _, err = cli(capsys, "vocab", "--corpus", corpus, "--vocab-size", "60", "--out", out, "--quiet")
+    assert code == 0, err
+    assert not left.exists() and other.exists()
+    assert "removed 1 unfinished temporary folder" in err and "0.0 MB" in err
+
+
+# -- an interrupted demo keeps its finished stages; --resume ends as an uninterrupted run ---------------
+
+TIMING = ("seconds", "train_seconds", "tokens_per_second", "stage_seconds")
+
+
+def without_timing(x):
+    """A summary with the wall-clock figures left out: what a resumed run must reproduce exactly."""
+    if isinstance(x, dict):
+        return {k: without_timing(v) for k, v in x.items() if k not in TIMING}
+    if isinstance(x, list):
+        return [without_timing(v) for v in x]
+    return x
+
+
+def run_until_stage(argv: list, stage: int) -> subprocess.Popen:
+    """Start `torchbert ARGV` and send SIGTERM when its stage number `stage` has begun."""
+    proc = subprocess.Popen([sys.executable, "-m", "torchbert", *map(str, argv)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = 0
+    for line in proc.stdout:
+        seen += line.startswith("== ")
+        if seen == stage:
+            time.sleep(0.3)  # inside the stage's command, or just after it
+            proc.send_signal(signal.SIGTERM)
+            break
+    return proc
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stage", [4, 23])
+def test_an_interrupted_demo_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, stage):
+    import json
+
+    from torchbert.apps.demo import QUICK, stage_count
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(whole)], env=ENV,
+                          capture_output=True).returncode == 0
+    proc = run_until_stage(["demo", "--quick", "--out", cut], stage)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    total = stage_count(QUICK)
+    assert f"of {total} stages" in last and "--resume" in last and "bug" not in err and "Traceback" not in err, err
+    done = int(last.split("interrupted after ")[1].split(" of")[0])
+    assert stage - 2 <= done <= stage, last
+    assert (cut / "settings.json").is_file() and (cut / "pretrain").is_dir()  # kept, not deleted
+    # a plain rerun neither deletes it nor runs over it
+    rerun = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut)], env=ENV,
+                           capture_output=True, text=True)
+    assert rerun.returncode == 2 and "--resume" in rerun.stderr
+    resumed = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut), "--resume"],
+                             env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("\n== ") == total - done  # only the missing stages ran
+    a, b = (json.loads((x / "summary.json").read_text().replace(str(x), "OUT")) for x in (whole, cut))
+    assert without_timing(a) == without_timing(b)  # every score, learning rate and prediction
+    # other settings are refused on resume
+    other = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut), "--resume",
+                            "--seed", "3"], env=ENV, capture_output=True, text=True)
+    assert other.returncode == 2 and "other settings" in other.stderr
+
+
+def test_a_failed_stage_is_a_run_failure_not_a_bug_and_keeps_the_stages_before_it(tmp_path, capsys, monkeypatch):
+    import torchbert.apps.compare as compare
+    from torchbert.apps.compare import Stages
+    from torchbert.errors import RunFailed, StudyInterrupted
+
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        return {"a": 0, "b": 1, "c": 130}[argv[0]]
+
+    r = Stages(tmp_path, fake_main, lambda m: None, total=5)
+    r.run("first", "a")
+    with pytest.raises(RunFailed, match="stage 'second' failed .* the 1 stage"):
+        r.run("second", "b")
+    with pytest.raises(StudyInterrupted) as e:
+        r.run("third", "c")
+    assert (e.value.done, e.value.total) == (1, 5)
+    assert compare.Stages is Stages
+
+
+# -- a resumed run keeps the settings it started with ----------------------------------------------------
+
+def test_a_resumed_pretraining_keeps_its_settings_and_refuses_others(prepared, tmp_path, capsys):
+    import json
+
+    run = tmp_path / "run"
+    base = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--quiet", "--log-every", "1"]
+    assert cli(capsys, *base, "--steps", "3", "--save-every", "3", "--lr", "1e-3", "--schedule", "constant",
+               "--warmup-steps", "0", "--batch-size", "8")[0] == 0
+    # b0c3a35 ran step 4 at 1e-3 and then at the new schedule, and recorded the new values
+    for flags, named in ((["--lr", "5e-5"], "--lr 5e-05"), (["--warmup", "50"], "--warmup-steps 50"),
+                         (["--schedule=linear"], "--schedule linear"), (["--batch-size", "16"], "--batch-size 16")):
+        line = error_line(capsys, *base, "--steps", "5", "--resume", *flags)
+        assert named in line and "the run in" in line and "leave" in line, line
+    # the README's resume: no flag but --steps; the run's own lr, schedule and batch size continue
+    code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", run, "--steps", "5", "--resume",
+                       "--quiet", "--log-every", "1")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == [1e-3] * 5
+    assert all(r["tokens"] - p["tokens"] <= 8 * 64 for p, r in zip(rows, rows[1:]))  # 8 sequences of <= 64
+    record = json.loads((run / "training.json").read_text())
+    assert record["lr"] == 1e-3 and record["schedule"] == "constant" and record["steps"] == 5
+    # a flag given with the run's own value is no conflict
+    assert cli(capsys, *base, "--steps", "6", "--resume", "--lr", "0.001")[0] == 0
+
+
+@pytest.mark.e2e
+def test_a_resumed_finetuning_refuses_changed_files_and_settings(tmp_path, minilm_dir, capsys):
+    import random
+
+    import realdata
+    from clihelp import tiny_bert, write_conll
+
+    tiny_bert(tmp_path / "tiny", minilm_dir)
+    sents = list(realdata.wnut_sentences())
+    random.Random(5).shuffle(sents)
+    write_conll(tmp_path / "train.conll", sents[:48])
+    run = tmp_path / "run"
+    argv = ["finetune", "--task", "token", "--model", tmp_path / "tiny", "--train", tmp_path / "train.conll", "--out",
+            run, "--batch-size", "8", "--max-length", "32", "--quiet"]
+    assert cli(capsys, *argv, "--epochs", "1", "--lr", "1e-3", "--save-every", "2")[0] == 0
+    assert "--max-length 48" in error_line(capsys, *argv[:-3], "--max-length", "48", "--quiet", "--resume")
+    assert "--lr 5e-05" in error_line(capsys, *argv, "--lr", "5e-5", "--resume")
+    # labels flipped between stop and resume (b0c3a35: exit 0, no warning)
+    flipped = [(w, tuple("O" if t != "O" else "B-person" for t in tags)) for w, tags in sents[:48]]
+    write_conll(tmp_path / "train.conll", flipped)
+    line = error_line(capsys, *argv, "--resume")
+    assert f"--train {tmp_path / 'train.conll'}: not the file the run in {run} started with" in line
+    write_conll(tmp_path / "train.conll", sents[:48])
+    code, _, err = cli(capsys, *argv, "--epochs", "2", "--resume")  # longer: allowed; lr 1e-3 the run's own
+    assert code == 0, err
+
+
+# -- bounded cost: what one text or one line costs is bounded by what is kept of it -----------------------
+
+def test_truncated_encoding_reads_only_a_head_and_equals_the_whole(minilm_dir):
+    import random
+
+    from torchbert.tokenizer import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    rng = random.Random(0)
+    words = ["héllo", "world", "naïve", "tokenizers", "don't", "U.S.A.", "4,096", "\t", "中文", "字符", "ｆｕｌｌ",
+             "a" * 150, "x.y.z", "  ", "\u0301", "emoji🙂", "北京", "天安门", "-", "é"]
+    for trial in range(40):
+        n = rng.choice([50, 500, 5000, 50000])
+        sep = rng.choice([" ", "", "\n"])
+        text = sep.join(rng.choice(words) for _ in range(n))
+        for max_length in (8, 32, 128, 512):
+            whole = [e.ids for e in tok._encode_batch([text], add_special_tokens=True, truncate_to=max_length)]
+            assert tok.encode_ids([text], max_length=max_length, truncation=True) == whole, (trial, max_length)
+    huge = "word " * 10_000_000  # 50 MB: b0c3a35 tokenized all of it for a vector cut to 512 tokens
+    assert len(tok._head(huge, 512)) < 100_000
+    assert tok.encode_ids([huge], max_length=512, truncation=True)[0] == \
+        tok.encode_ids(["word " * 600], max_length=512, truncation=True)[0]
+
+
+def test_vocab_cuts_long_lines_at_spaces_and_learns_the_same_words(tmp_path):
+    from torchbert.tokenizer import MAX_LINE, BertTokenizer, _bounded_lines
+
+    words = " ".join(f"w{i % 97}x" for i in range(40_000))
+    (tmp_path / "long.txt").write_text(words + "\n" + "short line\n")
+    (tmp_path / "lines.txt").write_text("\n".join(words[i:i + 1000].strip() for i in range(0, len(words), 1000)))
+    copy = _bounded_lines(tmp_path / "long.txt", tmp_path / "copy.txt")
+    assert copy == tmp_path / "copy.txt"
+    lines = copy.read_bytes().split(b"\n")
+    assert max(map(len, lines)) <= 2 * MAX_LINE and b" ".join(lines[:-2]).split() == words.encode().split()
+    assert _bounded_lines(tmp_path / "lines.txt", tmp_path / "unused.txt") == tmp_path / "lines.txt"
+    a = BertTokenizer.train([tmp_path / "long.txt"], vocab_size=200, show_progress=False)
+    b = BertTokenizer.train([tmp_path / "copy.txt"], vocab_size=200, show_progress=False)
+    assert a.vocab == b.vocab and len(a.vocab) > 150
+    with pytest.raises(ValueError, match="vocab_size must be in"):
+        BertTokenizer.train([tmp_path / "lines.txt"], vocab_size=10**9, show_progress=False)
+
+
+# -- serve: one bad text fails only its own request; no NaN as a text/plain 500; limits that contradict ---
+
+def test_one_failing_text_fails_only_its_own_request():
+    import asyncio
+
+    from torchbert.apps.serve import Batcher, Limits
+
+    batches = []
+
+    def run(items):
+        batches.append(list(items))
+        if "bad" in items:
+            raise RuntimeError("this text breaks the model")
+        return [x.upper() for x in items]
+
+    async def main():
+        b = Batcher(run, Limits(max_batch_tokens=1000, max_wait_ms=50))
+        await b.start()
+        jobs = [asyncio.create_task(b.submit(items, [1] * len(items)))
+                for items in (["a"], ["b", "c"], ["bad", "d"], ["e"], ["f"], ["g"])]
+        got = await asyncio.gather(*jobs, return_exceptions=True)
+        await b.stop()
+        return got
+
+    got = asyncio.run(main())
+    assert got[0] == ["A"] and got[1] == ["B", "C"] and got[3:] == [["E"], ["F"], ["G"]]  # b0c3a35: all 500
+    assert isinstance(got[2], RuntimeError)
+    assert any(len(x) > 2 for x in batches)  # they did share a batch first
+
+
+def test_max_texts_above_max_queue_is_refused_at_start():
+    from torchbert.apps.serve import Limits
+
+    with pytest.raises(ValueError, match="--max-texts 300 is above --max-queue 200"):
+        Limits(max_texts=300, max_queue=200)
+    Limits(max_texts=200, max_queue=200)
+
+
+def test_serve_answers_nan_outputs_with_a_json_500(minilm_dir, monkeypatch):
+    import numpy as np
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.serve import Embedder, Limits, create_app
+
+    embedder = Embedder(minilm_dir, name="minilm")
+    monkeypatch.setattr(Embedder, "__call__", lambda self, ids: np.full((len(ids), 384), np.nan, np.float32))
+    with TestClient(create_app(embedder, Limits())) as client:
+        r = client.post("/v1/embeddings", json={"input": ["hello"]})
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert "NaN or inf" in r.json()["error"]["message"]
+
+
+# -- convert: an index with valid checksums that lies about sizes, shapes or shards ------------------------
+
+def test_a_crafted_tensorflow_index_is_refused_before_anything_is_allocated(monkeypatch):
+    import dataclasses
+
+    import torchbert.io.tf as tf
+    from torchbert.io.tf import CheckpointError, TFCheckpoint
+
+    fixture = Path(__file__).parent / "fixtures" / "google_bert" / "bert_model.ckpt"
+    ckpt = TFCheckpoint(fixture)
+    name = "bert/embeddings/word_embeddings"
+    e = ckpt.entries[name]
+    ckpt.entries[name] = dataclasses.replace(e, size=2**50)  # b0c3a35: "unexpected MemoryError"
+    with pytest.raises(CheckpointError, match=f"{name}: the shard ends .* it places 1,125,899,906,842,624 bytes at byte"):
+        ckpt.raw(name)
+    with pytest.raises(CheckpointError, match="shape \\[60, 16\\] of 4-byte values does not fit the 1,125,899"):
+        ckpt.tensor(name)
+    ckpt.entries[name] = dataclasses.replace(e, shape=(2**32, 2**32))  # b0c3a35: numpy's reshape message
+    with pytest.raises(CheckpointError, match=rf"{name}: shape \[4294967296, 4294967296\] of 4-byte values"):
+        ckpt.tensor(name)
+
+    def varint(n):
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    real = TFCheckpoint._records
+
+    def records(self, data, offset, size, what):
+        for key, value in real(self, data, offset, size, what):
+            yield key, (b"\x08" + varint(2**40) if key == b"" and what != "the index block" else value)
+
+    monkeypatch.setattr(tf.TFCheckpoint, "_records", records)  # b0c3a35 looked for 2^40 shard files for ever
+    with pytest.raises(CheckpointError, match="the header claims 1099511627776 data shards"):
+        TFCheckpoint(fixture)
+
+
+# -- checkpoints: an unsafe pickle said plainly; a checkpoint is good only if its weights give finite loss -----
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_BY_PICKLE",))
+
+
+def test_a_pickled_optimizer_state_is_refused_as_unsafe_and_nothing_more(prepared, tmp_path, capsys, monkeypatch):
+    import hashlib
+    import json
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    base = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--quiet", "--batch-size", "8"]
+    assert cli(capsys, *base, "--steps", "2", "--save-every", "2")[0] == 0
+    ckpt = next((run / "checkpoints").glob("step-*"))
+    with open(ckpt / "optimizer.pt", "wb") as f:
+        pickle.dump({"optimizer": _Payload()}, f)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["optimizer.pt"] = hashlib.sha256((ckpt / "optimizer.pt").read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    line = error_line(capsys, *base, "--steps", "4", "--resume")
+    assert "optimizer.pt: refused as unsafe" in line and "weights_only" not in line, line
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+
+
+def test_a_diverged_run_sets_aside_the_checkpoint_that_gives_nan(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    base = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--quiet", "--batch-size", "8"]
+    # b0c3a35 kept the checkpoint saved after the step that blew up as "the last good one": every resume went NaN
+    line = error_line(capsys, *base, "--steps", "40", "--save-every", "1", "--lr", "1e10", "--warmup-steps", "0",
+                      "--schedule", "constant", code=1)
+    assert "NaN or inf for 20 steps in a row" in line and "diverged-step-00000001 set aside" in line, line
+    assert not list((run / "checkpoints").glob("step-*"))
+    assert "holds no whole checkpoint" in error_line(capsys, *base, "--steps", "40", "--resume")
