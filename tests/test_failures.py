@@ -808,6 +808,8 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
          "deep-tokenizer/tokenizer_config.json"),
         ("embed: vocab.txt longer than vocab_size", [e[0], "--model", p / "long-vocab", *e[3:]], 2,
          "more tokens than the"),
+        ("export: vocab.txt longer than vocab_size", ["export", "--model", p / "long-vocab", "--out", out / "onnx"], 2,
+         "long-vocab/vocab.txt: more tokens than the"),
         ("pretrain: manifest vocab_size 10^9", pretrain_args(p / "huge-data", out / "run"), 2,
          "vocab_size must be a whole number in"),
         ("vocab: --vocab-size 10^9", [*v[:4], "1000000000", *v[5:]], 2, "--vocab-size must be in [6, 1,048,576]"),

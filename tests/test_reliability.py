@@ -169,7 +169,7 @@ def test_a_later_run_removes_the_temporaries_a_killed_one_left(tmp_path, corpus,
 
 # -- an interrupted demo keeps its finished stages; --resume ends as an uninterrupted run ---------------
 
-TIMING = ("seconds", "train_seconds", "tokens_per_second", "stage_seconds")
+TIMING = ("seconds", "train_seconds", "tokens_per_second", "stage_seconds", "compute_seconds")
 
 
 def without_timing(x):
@@ -195,37 +195,45 @@ def run_until_stage(argv: list, stage: int) -> subprocess.Popen:
     return proc
 
 
+def stages_of(command: str) -> int:
+    from torchbert.apps import compare, demo
+
+    return demo.stage_count(demo.QUICK) if command == "demo" else compare.stage_count(compare.QUICK, "tokens")
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("stage", [4, 23])
-def test_an_interrupted_demo_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, stage):
+@pytest.mark.parametrize("command,stage", [("demo", 4), ("demo", 23), ("compare", 41)])
+def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, command, stage):
     import json
 
-    from torchbert.apps.demo import QUICK, stage_count
-
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(whole)], env=ENV,
-                          capture_output=True).returncode == 0
-    proc = run_until_stage(["demo", "--quick", "--out", cut], stage)
+    # compare --match tokens: at matched seconds, GPT's and ELMo's steps follow the seconds BERT took
+    quick = ["--quick", *(["--match", "tokens"] if command == "compare" else [])]
+    done = subprocess.run([sys.executable, "-m", "torchbert", command, *quick, "--out", str(whole)], env=ENV,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n== ") == stages_of(command)  # the count the message gives is every stage
+    proc = run_until_stage([command, *quick, "--out", cut], stage)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err
     last = err.strip().splitlines()[-1]
-    total = stage_count(QUICK)
+    total = stages_of(command)
     assert f"of {total} stages" in last and "--resume" in last and "bug" not in err and "Traceback" not in err, err
     done = int(last.split("interrupted after ")[1].split(" of")[0])
     assert stage - 2 <= done <= stage, last
     assert (cut / "settings.json").is_file() and (cut / "pretrain").is_dir()  # kept, not deleted
     # a plain rerun neither deletes it nor runs over it
-    rerun = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut)], env=ENV,
+    rerun = subprocess.run([sys.executable, "-m", "torchbert", command, *quick, "--out", str(cut)], env=ENV,
                            capture_output=True, text=True)
     assert rerun.returncode == 2 and "--resume" in rerun.stderr
-    resumed = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut), "--resume"],
+    resumed = subprocess.run([sys.executable, "-m", "torchbert", command, *quick, "--out", str(cut), "--resume"],
                              env=ENV, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.count("\n== ") == total - done  # only the missing stages ran
     a, b = (json.loads((x / "summary.json").read_text().replace(str(x), "OUT")) for x in (whole, cut))
     assert without_timing(a) == without_timing(b)  # every score, learning rate and prediction
     # other settings are refused on resume
-    other = subprocess.run([sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(cut), "--resume",
+    other = subprocess.run([sys.executable, "-m", "torchbert", command, *quick, "--out", str(cut), "--resume",
                             "--seed", "3"], env=ENV, capture_output=True, text=True)
     assert other.returncode == 2 and "other settings" in other.stderr
 
@@ -475,3 +483,45 @@ def test_a_diverged_run_sets_aside_the_checkpoint_that_gives_nan(prepared, tmp_p
     assert "NaN or inf for 20 steps in a row" in line and "diverged-step-00000001 set aside" in line, line
     assert not list((run / "checkpoints").glob("step-*"))
     assert "holds no whole checkpoint" in error_line(capsys, *base, "--steps", "40", "--resume")
+
+
+# -- smaller: a full disk in numpy's words, an API key on the command line, an empty SQuAD answer ----------
+
+def test_numpys_short_write_is_a_full_disk(tmp_path):
+    from torchbert.errors import OutOfSpace
+    from torchbert.io.files import atomic_write
+
+    def write(tmp):
+        raise OSError("18816 requested and 5088 written")  # what np.save says on a full disk
+
+    with pytest.raises(OutOfSpace, match=f"no space left on {tmp_path}"):
+        atomic_write(tmp_path / "e.npy", write)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_api_key_on_the_command_line_is_warned_about(tmp_path, capsys, minilm_dir, monkeypatch):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.delenv("TORCHBERT_API_KEY", raising=False)
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "s3cret", "--int8")
+    assert "--api-key on the command line is shown to every user" in err and "s3cret" not in err
+    monkeypatch.setenv("TORCHBERT_API_KEY", "s3cret")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--int8")
+    assert "warning" not in err
+
+
+def test_an_empty_squad_answer_is_named_as_empty(tmp_path):
+    import json
+
+    from torchbert.tasks.formats import read_squad
+
+    doc = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "a", "question": "Where is Paris?", "answers": [{"text": "", "answer_start": 0},
+                                                               {"text": "France", "answer_start": 12}]}]}]}]}
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    said = []
+    examples = read_squad(tmp_path / "s.json", v2=False, warn=said.append)
+    text = " ".join(said)
+    assert "an answer's text is empty" in text and "is not at answer_start" not in text
+    assert [a.text for a in examples[0].answers] == ["France"]

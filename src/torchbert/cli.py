@@ -458,6 +458,9 @@ SHARED_FLAGS = {  # the flags several commands take, declared once: (argparse ke
     "overwrite": (dict(action="store_true"), "replace a non-empty --out"),
     "int8": (dict(action="store_true"), None),  # INT8_HELP, below
     "precision": (dict(choices=("fp32", "bf16"), default="fp32"), "fp32 or bf16 (default: fp32)"),
+    "threads": (dict(type=int, default=None, metavar="N"),
+                "compute with N threads (default: all the CPUs this process may use, capped by OMP_NUM_THREADS, "
+                "shared with the other torchbert jobs computing on the machine: two jobs get half each)"),
 }
 
 
@@ -480,7 +483,7 @@ def command(sub, func, name: str, **texts: str) -> argparse.ArgumentParser:
 def finetuned_flags(p: argparse.ArgumentParser) -> None:
     """The flags of the commands that run a fine-tuned model on a file (evaluate, predict), after its own."""
     p.add_argument("--batch-size", type=int, default=64, help="sequences per batch (default: 64)")
-    shared_flags(p, "device", "quiet", "int8")
+    shared_flags(p, "device", "threads", "quiet", "int8")
 
 
 def study_flags(p: argparse.ArgumentParser, out: str, quick: str, budget: str) -> None:
@@ -573,7 +576,8 @@ def add_pretrain_parser(sub) -> None:
 
     add_flags(p, PretrainSettings)
     add_flags(p, TrainConfig)
-    shared_flags(p, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
+    shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
+                 overwrite="delete an existing --out and start again")
 
 
 EPILOG_FINETUNE = """\
@@ -771,7 +775,8 @@ def add_finetune_parsers(sub) -> None:
     add_flags(f, TrainConfig, skip=FINETUNE_DERIVED, defaults=FINETUNE_DEFAULTS,
               helps={"lr": "peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)",
                      "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
-    shared_flags(f, "device", "resume", "overwrite", "quiet", overwrite="delete an existing --out and start again")
+    shared_flags(f, "device", "threads", "resume", "overwrite", "quiet",
+                 overwrite="delete an existing --out and start again")
 
     e = command(
         sub, cmd_evaluate, "evaluate",
@@ -924,6 +929,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise UserError("--api-key is empty (or $TORCHBERT_API_KEY is set but empty): give a key, or leave it out")
+    if args.api_key is not None and args.api_key != os.environ.get("TORCHBERT_API_KEY"):
+        print("torchbert: warning: --api-key on the command line is shown to every user of this machine (ps, "
+              "/proc); export TORCHBERT_API_KEY=... instead", file=sys.stderr)
     try:
         import uvicorn
     except ImportError:
@@ -944,7 +952,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     name = args.name or Path(args.model).name
     spec = Spec(str(model_dir), name, pooling=args.pooling, normalize=args.normalize, max_length=args.max_length,
                 max_batch_tokens=limits.max_batch_tokens, device=str(device),
-                precision="int8" if args.int8 else args.precision)
+                precision="int8" if args.int8 else args.precision, threads=args.threads)
     if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
         int8_note()
         embedder, predictor = build(spec, load=True)
@@ -1095,7 +1103,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="truncate texts to this many tokens (default: the model's limit, 512 for BERT)")
     e.add_argument("--show-neighbours", type=int, default=0, metavar="K",
                    help="after writing, print the nearest other text for each of the first K texts")
-    shared_flags(e, "device", "int8", "quiet")
+    shared_flags(e, "device", "threads", "int8", "quiet")
 
     sv = command(
         sub, cmd_serve, "serve",
@@ -1114,7 +1122,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=os.environ.get("TORCHBERT_API_KEY"),
                     help="the model endpoints then want 'Authorization: Bearer KEY' (else 401); /health and "
                          "/metrics stay open (default: $TORCHBERT_API_KEY, else none: anyone who can reach the "
-                         "port may use the model)")
+                         "port may use the model). Prefer the variable: a key on the command line is shown to "
+                         "every user of the machine by `ps`")
     sv.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
                     help="how tokens become one vector (default: mean, as sentence-transformers' MiniLM)")
     sv.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
@@ -1128,7 +1137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(sv, Limits)
     sv.add_argument("--log-level", choices=("warning", "info", "debug"), default="info",
                     help="uvicorn's log level; debug also logs each request (default: info)")
-    shared_flags(sv, "device", "precision", "int8",
+    shared_flags(sv, "device", "threads", "precision", "int8",
                  precision="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix products "
                            "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
                            "AVX512 or AMX; refused elsewhere)")
@@ -1324,6 +1333,18 @@ def _holding(args: argparse.Namespace, argv: list[str]):
     return hold(Path(args.out), command if len(command) <= 300 else command[:297] + "...")
 
 
+def _governed(args: argparse.Namespace):
+    """The commands that compute share the CPUs with the other torchbert jobs (fast/threads.py)."""
+    if args.command not in COMPUTING:
+        return contextlib.nullcontext()
+    from .fast.threads import governed
+
+    return governed(getattr(args, "threads", None))
+
+
+COMPUTING = ("embed", "pretrain", "finetune", "evaluate", "predict", "serve", "export", "demo", "compare")
+
+
 def given_flags(argv: list[str]) -> tuple[str, ...]:
     """The settings (argparse dests) that `argv` gives, told apart from defaults by parsing it again
     with every default suppressed (abbreviations and --flag=value forms included)."""
@@ -1378,7 +1399,12 @@ def main(argv: list[str] | None = None) -> int:
                 from .io.files import output_path
 
                 args.out = str(output_path(args.out))
-            with _sigterm_interrupts(), _holding(args, argv):
+            threads = getattr(args, "threads", None)
+            if threads is not None and threads < 1:
+                raise UserError(f"--threads must be >= 1, got {threads}")
+            # serve: uvicorn takes SIGTERM for a graceful shutdown of its own
+            terminating = _sigterm_interrupts() if args.command != "serve" else contextlib.nullcontext()
+            with terminating, _holding(args, argv), _governed(args):
                 args.func(args)
         except Interrupted as e:
             print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)

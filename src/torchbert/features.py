@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import check_ids
+from .fast import threads
 from .packing import pack
 
 STRATEGIES = ("embeddings", "last", "second_to_last", "sum_all", "sum_last_four", "concat_last_four")
@@ -171,19 +172,22 @@ def embed_ids(model, ids: Sequence[Sequence[int]], *, pooling: str = "mean", lay
         from tqdm import tqdm
 
         bar = tqdm(total=len(ids), unit="text", desc="embed")
-    for idx in batches:
-        flat, cu, longest = pack([ids[i] for i in idx])
-        check_ids(model.config, flat, None, longest)
-        flat, cu = flat.to(device), cu.to(device)
-        o = model(flat, cu_seqlens=cu, max_seqlen=longest,
-                  output_hidden_states=needs_all_layers(strategy))
-        feats = o.last_hidden_state if not needs_all_layers(strategy) else combine_layers(o.hidden_states, strategy)
-        e = pool_packed(feats, cu, pooling)
-        if normalize:
-            e = F.normalize(e, dim=-1)
-        out[idx] = e.float().cpu().numpy()
-        if bar is not None:
-            bar.update(len(idx))
+    with threads.busy():  # this job computes: the other torchbert jobs count it (fast/threads.py)
+        for idx in batches:
+            threads.tick()  # this job's share of the CPUs, when a command governs them
+            flat, cu, longest = pack([ids[i] for i in idx])
+            check_ids(model.config, flat, None, longest)
+            flat, cu = flat.to(device), cu.to(device)
+            o = model(flat, cu_seqlens=cu, max_seqlen=longest,
+                      output_hidden_states=needs_all_layers(strategy))
+            feats = o.last_hidden_state if not needs_all_layers(strategy) else combine_layers(o.hidden_states,
+                                                                                              strategy)
+            e = pool_packed(feats, cu, pooling)
+            if normalize:
+                e = F.normalize(e, dim=-1)
+            out[idx] = e.float().cpu().numpy()
+            if bar is not None:
+                bar.update(len(idx))
     if bar is not None:
         bar.close()
     return out

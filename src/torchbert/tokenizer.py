@@ -47,6 +47,32 @@ MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the 
 MAX_LINE = 1 << 16
 
 
+def check_vocab_size(vocab: Path, vocab_size: int, config: Path) -> None:
+    """ValueError when `vocab` holds more tokens than the model's embedding table (`vocab_size`, from
+    `config`): ids past it would index nothing. Counted without reading the file whole, and stopped
+    as soon as it is too long (a 10^7-line vocab.txt took 36 s and 3.5 GB to load unchecked)."""
+    lines = 0
+    with open(vocab, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            if lines > vocab_size:
+                raise ValueError(f"{vocab}: more tokens than the {vocab_size:,} of {config}'s vocab_size; the "
+                                 "vocabulary does not belong to this model")
+
+
+def _check_against_model(vocab: Path) -> None:
+    """A vocab.txt beside a model's config.json: no longer than the model's vocab_size."""
+    config = vocab.parent / "config.json"
+    if not config.is_file():
+        return
+    try:
+        size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return  # the model's loading says what is wrong with it
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        check_vocab_size(vocab, size, config)
+
+
 def _is_cjk(ch: str) -> bool:
     """A character BERT's tokenizer makes a word of its own (the CJK blocks of BasicTokenizer)."""
     cp = ord(ch)
@@ -329,6 +355,7 @@ class BertTokenizer:
             vocab_path = path
         else:
             raise FileNotFoundError(f"{path}: no vocab.txt (no such file or folder)")
+        _check_against_model(vocab_path)
         vocab = read_vocab(vocab_path)
         config_path = vocab_path.parent / "tokenizer_config.json"
         settings = _read_tokenizer_config(config_path) if config_path.is_file() else {}

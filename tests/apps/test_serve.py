@@ -839,3 +839,24 @@ def test_serve_cli_on_a_fine_tuned_folder_serves_predict_and_its_encoders_embedd
         assert c.get("/health").json()["endpoints"] == ["embeddings", "predict"]
         assert c.post("/predict", json={"inputs": inputs[:2]}).json()["predictions"][0]["label"] in ("pos", "neg")
         assert len(c.post("/v1/embeddings", json={"input": "x"}).json()["data"][0]["embedding"]) == 128
+
+
+@pytest.mark.e2e
+def test_a_request_with_two_framings_is_refused_and_its_connection_closed(live):
+    """Issue 46 (RFC 9112 6.1): Content-Length and Transfer-Encoding together were answered, and so was
+    the next request on that connection, which a proxy in front may have taken for part of the body."""
+    import socket
+
+    host, port = live.removeprefix("http://").split(":")
+    body = b'{"input": ["a"]}'
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    second = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(chunked)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode() + chunked
+                     + second)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 400 ") and b"both Content-Length and Transfer-Encoding" in got
+    assert got.count(b"HTTP/1.1 ") == 1  # the connection closed: the second request was never answered

@@ -388,6 +388,14 @@ MATCHES = ("both", "tokens")  # compare's tables: at matched tokens, and (both) 
 SECONDS = ("bert", "gpt@seconds", "elmo@seconds", "random")  # the systems of the matched-seconds table
 
 
+def stage_count(b: Budget, match: str) -> int:
+    """A compare's stages: vocab, prepare, each pretraining; a finetune and a test per run of each cell
+    (its system's grid with the first seed, then the other seeds)."""
+    systems = [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]
+    runs = sum(len(b.grids[name.split("@")[0]]) + b.seeds - 1 for name in systems)
+    return 2 + 3 + (2 if match == "both" else 0) + len(TASKS) * 2 * runs * 2
+
+
 def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
                 seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None,
                 recipe: str = DEFAULT_RECIPE, match: str = "both") -> dict[str, Any]:
@@ -405,20 +413,25 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     atomic_write_text(out / "settings.json", settings)
     started = time.perf_counter()
     data = out / "data"
-    info = write_tasks(data, b)
-    r = Stages(out, main, log)
-    pretraining = pretrain_all(r, b, data, seed)
-    if match == "both":
-        pretraining.update(pretrain_matched_seconds(r, b, pretraining, seed))
-    on_pretrained()  # an earlier compare that --overwrite set aside can go now
-    cells = {}
-    for task in TASKS:
-        for size in ("full", "low"):
-            for name in [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]:
-                system = name.split("@")[0]
-                folder = r.out / "pretrain" / name.replace("@", "-")
-                cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
-                    r, b, data, task, size, name.replace("@", "-"), folder, b.grids[system], seed)}
+    r = Stages(out, main, log, total=stage_count(b, match))
+    try:
+        info = write_tasks(data, b)
+        pretraining = pretrain_all(r, b, data, seed)
+        if match == "both":
+            pretraining.update(pretrain_matched_seconds(r, b, pretraining, seed))
+        on_pretrained()  # an earlier compare that --overwrite set aside can go now
+        cells = {}
+        for task in TASKS:
+            for size in ("full", "low"):
+                for name in [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]:
+                    system = name.split("@")[0]
+                    folder = r.out / "pretrain" / name.replace("@", "-")
+                    cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
+                        r, b, data, task, size, name.replace("@", "-"), folder, b.grids[system], seed)}
+    except StudyInterrupted:
+        raise
+    except KeyboardInterrupt:  # a signal between two stages
+        raise StudyInterrupted(r.done, r.total) from None
     summary = {"quick": quick, "budget": budget, "match": match, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
                "seconds": round(time.perf_counter() - started, 1),  # this process's, so after --resume a part

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
@@ -492,6 +493,7 @@ class Spec:
     max_batch_tokens: int = MAX_BATCH_TOKENS
     device: str = "cpu"
     precision: str = "fp32"  # fp32, bf16 or int8
+    threads: int | None = None  # --threads (None: shared with the other torchbert jobs, fast/threads.py)
 
 
 def build(spec: Spec, load: bool = True) -> tuple[Embedder | None, Predictor | None]:
@@ -515,6 +517,7 @@ def build(spec: Spec, load: bool = True) -> tuple[Embedder | None, Predictor | N
 
 _SERVED: dict[str, Callable] = {}  # in the worker process: endpoint -> the loaded Embedder or Predictor
 _FAILED: list[BaseException] = []  # in the worker process: why loading failed, raised by every call
+_WORKER = contextlib.ExitStack()  # in the worker process: what it holds until it ends
 
 
 def _worker_start(spec: Spec) -> None:
@@ -533,6 +536,9 @@ def _worker_start(spec: Spec) -> None:
     if parent is not None:
         threading.Thread(target=lambda: (wait([parent.sentinel]), os._exit(1)), daemon=True,
                          name="torchbert-orphan-watch").start()
+    from ..fast import threads
+
+    _WORKER.enter_context(threads.governed(spec.threads))  # for the worker's life: it computes every batch
     try:
         embedder, predictor = build(spec, load=True)
     except Exception as e:  # noqa: BLE001 - handed to the server with the first call
@@ -637,6 +643,28 @@ def server_settings(limits: Limits, host: str, port: int, log_level: str = "info
             "limit_concurrency": limits.max_connections}
 
 
+class OneLength:
+    """A request that gives both Content-Length and Transfer-Encoding is answered 400 and its connection
+    closed (RFC 9112 section 6.1): the two framings disagree on where the request ends, and a proxy in
+    front may have read the rest as a second request, smuggled past it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            names = {name.lower() for name, _ in scope["headers"]}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                body = json.dumps({"error": {"message": "the request has both Content-Length and Transfer-Encoding; "
+                                                       "send one", "type": "invalid_request_error"}}).encode()
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor | None = None,
                workers: Executor | None = None, api_key: str | None = None):
     """The ASGI application: Starlette routes and a Batcher per model function. The models run on one
@@ -646,6 +674,7 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -785,7 +814,7 @@ def create_app(embedder: Embedder | None, limits: Limits, predictor: Predictor |
     async def prometheus(request: Request):
         return Response(metrics.text(), media_type="text/plain; version=0.0.4")
 
-    app = Starlette(lifespan=lifespan, routes=[
+    app = Starlette(lifespan=lifespan, middleware=[Middleware(OneLength)], routes=[
         Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/predict", predict, methods=["POST"]),
         Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])])
     app.state.batchers, app.state.metrics = batchers, metrics

@@ -400,15 +400,10 @@ def check_against_weights(config, folder: Path, file: Path, state: dict[str, tor
     if implied > 2 * held + 10_000_000:
         raise ValueError(f"{folder / 'config.json'}: its sizes imply about {implied:,} parameters, but {file} holds "
                          f"{held:,}; the config does not belong to these weights")
-    vocab = folder / "vocab.txt"
-    if vocab.is_file() and hasattr(config, "vocab_size"):
-        lines = 0
-        with open(vocab, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                lines += block.count(b"\n")
-                if lines > config.vocab_size:
-                    raise ValueError(f"{vocab}: more tokens than the {config.vocab_size:,} of config.json's "
-                                     "vocab_size; the vocabulary does not belong to this model")
+    if (folder / "vocab.txt").is_file():
+        from ..tokenizer import check_vocab_size
+
+        check_vocab_size(folder / "vocab.txt", config.vocab_size, folder / "config.json")
     for name, t in state.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"{file}: {name} holds NaN or inf; a model with it gives no finite outputs")

@@ -36,6 +36,8 @@ Warn = Callable[[str], object]
 def note(message: str) -> None:
     """The default `warn`: a note on standard error, so that standard output holds only results."""
     print(f"note: {message}", file=sys.stderr)
+
+
 PathLike = str | os.PathLike
 
 
@@ -459,7 +461,10 @@ def read_squad(path: PathLike, v2: bool, labelled: bool = True, warn: Warn = not
                         answers.append(Answer(answer, begin))
                         continue
                     misplaced += 1
-                    if misplaced <= _SHOWN_ANSWERS:
+                    if misplaced <= _SHOWN_ANSWERS and not answer.strip():
+                        warn(f"{where}: an answer's text is empty; an answer is a span of the context (SQuAD "
+                             "v2.0 marks a question without one is_impossible: true); the answer is dropped")
+                    elif misplaced <= _SHOWN_ANSWERS:
                         found = context[max(begin, 0):max(begin, 0) + len(answer)]
                         warn(f"{where}: answer {answer!r} is not at answer_start {begin} of the context "
                              f"(which has {found!r} there); the answer is dropped")

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BertConfig, check_ids, load_config
+from ..fast import threads
 from ..tokenizer import BertTokenizer
 from . import formats
 from .batches import TaskData
@@ -35,13 +36,15 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
         from tqdm import tqdm
 
         batches = tqdm(batches, total=-(-len(data) // batch_size), desc="predict", unit="batch", leave=False)
-    for batch in batches:
-        check_ids(model.config, batch.input_ids, batch.token_type_ids, batch.max_seqlen)
-        extra = fam.predict_inputs(batch, data.encoded)
-        out = model(**batch.to(device).model_inputs(),
-                    **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in extra.items()})
-        for unit, value in fam.outputs(out, batch, extra):
-            outputs[unit] = value
+    with threads.busy():  # this job computes: the other torchbert jobs count it (fast/threads.py)
+        for batch in batches:
+            threads.tick()  # this job's share of the CPUs, when a command governs them
+            check_ids(model.config, batch.input_ids, batch.token_type_ids, batch.max_seqlen)
+            extra = fam.predict_inputs(batch, data.encoded)
+            out = model(**batch.to(device).model_inputs(),
+                        **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in extra.items()})
+            for unit, value in fam.outputs(out, batch, extra):
+                outputs[unit] = value
     if was_training:
         model.train()
     return fam.records(examples, data.encoded, outputs, ts, id2label)

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import fast
+from ..fast import threads
 from ..config import check_ids
 from ..errors import Interrupted, RunFailed, UserError
 from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
@@ -390,8 +391,9 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
         return Interrupted(caught or "a signal to another process", state.step, folder)
 
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
-            StopSignals(log) as signals:
+            StopSignals(log) as signals, threads.busy():  # this job computes: others count it (fast/threads.py)
         while state.step < cfg.steps:
+            threads.tick()  # this job's share of the CPUs, when a command governs them
             micro = [stream.next() for _ in range(cfg.grad_accum)]
             for b in micro:  # the batching boundary: ids checked on the host, before they move
                 check_ids(config, b.input_ids, b.token_type_ids, int(b.max_seqlen))
