@@ -270,7 +270,7 @@ def test_a_resumed_pretraining_keeps_its_settings_and_refuses_others(prepared, t
                "--warmup-steps", "0", "--batch-size", "8")[0] == 0
     # b0c3a35 ran step 4 at 1e-3 and then at the new schedule, and recorded the new values
     for flags, named in ((["--lr", "5e-5"], "--lr 5e-05"), (["--warmup", "50"], "--warmup-steps 50"),
-                         (["--schedule=linear"], "--schedule linear"), (["--batch-size", "16"], "--batch-size 16")):
+                         (["--schedule=linear"], "--schedule linear"), (["--batch-size", "16"], "--batch-size x processes 16")):
         line = error_line(capsys, *base, "--steps", "5", "--resume", *flags)
         assert named in line and "the run in" in line and "leave" in line, line
     # the README's resume: no flag but --steps; the run's own lr, schedule and batch size continue
@@ -525,3 +525,14 @@ def test_an_empty_squad_answer_is_named_as_empty(tmp_path):
     text = " ".join(said)
     assert "an answer's text is empty" in text and "is not at answer_start" not in text
     assert [a.text for a in examples[0].answers] == ["France"]
+
+
+@pytest.mark.e2e
+def test_export_says_nothing_of_torchvision(tmp_path):
+    """b0c3a35: every export printed four of the exporter's internal lines ("torchvision is not installed.
+    Skipping torchvision::nms", ...)."""
+    done = subprocess.run([sys.executable, "-m", "torchbert", "export", "--model", "minilm", "--out",
+                           str(tmp_path / "onnx")], env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "torchvision" not in done.stderr and len(lines) == 1 and lines[0].startswith("wrote "), done.stderr

@@ -116,3 +116,24 @@ def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.json"])
     assert (earlier / "summary.json").read_text() == "old"
     assert not list(tmp_path.glob(".demo*"))  # nothing left aside
+
+
+def test_an_overwriting_demo_keeps_the_earlier_one_only_until_its_first_stage(tmp_path, capsys, monkeypatch):
+    """Issue 46: a demo that fails after a stage keeps what it did (for --resume); before its first stage
+    the earlier demo is put back (the test above)."""
+    earlier = tmp_path / "demo"
+    earlier.mkdir()
+    (earlier / MARKER).write_text("")
+    (earlier / "summary.json").write_text("old")
+
+    def fails_after_a_stage(out, main, on_done, **kw):
+        (out / MARKER).write_text("")
+        (out / "settings.json").write_text("{}")
+        (out / "data").mkdir()
+        on_done()  # the first stage finished
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torchbert.apps.demo, "run_demo", fails_after_a_stage)
+    assert main(["demo", "--out", str(earlier)]) == 130
+    assert (earlier / "data").is_dir() and not (earlier / "summary.json").exists()
+    assert not list(tmp_path.glob(".demo*"))  # the earlier one is gone, not left aside

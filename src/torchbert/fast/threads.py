@@ -17,7 +17,8 @@ alone and gives each job a share of the cores when others compute beside it:
   process dies, so a killed job never counts.
 
 A job looks again every half second, between steps or batches (`tick`), and changes its pool with
-torch.set_num_threads. Nothing here runs unless a command started it (`governed`, in cli.main): the
+torch.set_num_threads. PyTorch splits sums among its threads, so the last bits of a result follow
+the count: a run that must repeat bit for bit beside other jobs takes a fixed --threads. Nothing here runs unless a command started it (`governed`, in cli.main): the
 library's functions never change the process's threads by themselves.
 """
 

@@ -8,6 +8,7 @@ the model's output in order.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -36,12 +37,20 @@ def write_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, example: 
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=limit)
     axes = {0: batch, 1: seq} if example["input_ids"].dim() == 2 else {0: batch, 1: torch.export.Dim("choices"),
                                                                        2: seq}
+    # the exporter's registry logs, for every export, that torchvision's detection ops are not there
+    # (nms, roi_align, ...): nothing a BERT uses; its level is put back after
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and shape notes
-        torch.onnx.export(Graph(model.eval(), outputs), tuple(example[k] for k in INPUTS), path,
-                          input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
-                          dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
-                          verbose=False)
+        try:
+            torch.onnx.export(Graph(model.eval(), outputs), tuple(example[k] for k in INPUTS), path,
+                              input_names=list(INPUTS), output_names=list(outputs), opset_version=opset,
+                              dynamic_shapes=tuple(axes for _ in INPUTS), dynamo=True, external_data=False,
+                              verbose=False)
+        finally:
+            registry.setLevel(level)
 
 
 def down_projections(path: Path, intermediate: int, hidden: int) -> list[str]:

@@ -110,10 +110,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, 
     dist = dist or Dist()
     if s.resume:  # the run's own settings and files: given otherwise, an error (rundir.resumed)
         mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
-        cfg, kept = resumed_settings(s.out, cfg, s.given, mine)
+        cfg, kept = resumed_settings(s.out, cfg, s.given, mine, world_size=dist.world_size)
         s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"],
                                 encoding={k: kept[k] for k in s.encoding})
-    record = {**fixed(cfg), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
+    record = {**fixed(cfg, dist.world_size), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
     task_type, preset = formats.resolve_task(s.task)
     fam = family(task_type)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,

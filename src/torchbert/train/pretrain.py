@@ -166,7 +166,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
     if s.resume:  # the run's own learning rate, schedule, batch size...: given otherwise, an error
-        cfg, _ = resumed_settings(s.out, cfg, s.given)
+        cfg, _ = resumed_settings(s.out, cfg, s.given, world_size=dist.world_size)
     family = s.model or (model_family(config) if config is not None else "bert")
     cls, objective, _, masked = MODELS[family]
     if family == "bert":
@@ -231,10 +231,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                 config.extra = {**config.extra, "torchbert_objective": bert_objective(s, None)}
             config.save(s.out / "config.json")  # what --resume builds the model from
         if dist.is_main and not s.resume:
-            write_record(s.out, fixed(cfg))  # what --resume trains with; a resumed run's, once it has saved
+            write_record(s.out, fixed(cfg, dist.world_size))  # what --resume trains with; a resumed run's, once it has saved
 
         def saved(checkpoint: Path) -> None:
-            write_record(s.out, fixed(cfg))
+            write_record(s.out, fixed(cfg, dist.world_size))
             folder.commit(checkpoint)
         summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)

@@ -122,9 +122,11 @@ FIXED = ("steps", "batch_size", "grad_accum", "lr", "warmup_steps", "schedule", 
          "max_grad_norm", "seed", "precision")
 
 
-def fixed(cfg) -> dict:
-    """The fields of TrainConfig `cfg` that a resumed run keeps."""
-    return {k: getattr(cfg, k) for k in FIXED}
+def fixed(cfg, world_size: int = 1) -> dict:
+    """The fields of TrainConfig `cfg` that a resumed run keeps; the batch as the sequences of a
+    micro-batch over all processes (a run of 2 processes x 8 resumes on 1 process x 16)."""
+    return {**{k: getattr(cfg, k) for k in FIXED if k != "batch_size"},
+            "global_batch_size": cfg.batch_size * world_size}
 
 
 def sha256(path: str | os.PathLike) -> str:
@@ -141,7 +143,7 @@ def write_record(out: Path, settings: dict) -> None:
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--batch-size x processes" if name == "global_batch_size" else "--" + name.replace("_", "-")
 
 
 def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
@@ -182,8 +184,17 @@ def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
     return merged
 
 
-def resumed_config(out: Path, cfg, given: tuple[str, ...] | None, extra: dict | None = None):
-    """(TrainConfig, extra settings) of a resumed run (see `resumed`)."""
+def resumed_config(out: Path, cfg, given: tuple[str, ...] | None, extra: dict | None = None,
+                   world_size: int = 1):
+    """(TrainConfig, extra settings) of a resumed run on `world_size` processes (see `resumed`)."""
     extra = extra or {}
-    merged = resumed(out, {**fixed(cfg), **extra}, given)
-    return dataclasses.replace(cfg, **{k: merged[k] for k in FIXED}), {k: merged[k] for k in extra}
+    if given is not None and "batch_size" in given:
+        given = (*given, "global_batch_size")
+    merged = resumed(out, {**fixed(cfg, world_size), **extra}, given)
+    batch, spread = divmod(merged["global_batch_size"], world_size)
+    if spread:
+        raise UserError(f"the run in {out} took {merged['global_batch_size']} sequences a micro-batch, which "
+                        f"{world_size} processes cannot share evenly; resume it on a number of processes that "
+                        "divides it")
+    kept = {k: merged[k] for k in FIXED if k != "batch_size"}
+    return dataclasses.replace(cfg, batch_size=batch, **kept), {k: merged[k] for k in extra}
