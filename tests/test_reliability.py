@@ -202,7 +202,7 @@ def stages_of(command: str) -> int:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("command,stage", [("demo", 4), ("demo", 23), ("compare", 41)])
+@pytest.mark.parametrize("command,stage", [("demo", 3), ("demo", 23), ("compare", 41)])
 def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, command, stage):
     import json
 
