@@ -822,28 +822,16 @@ and ends with the summary an uninterrupted run gives.
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .apps.demo import MARKER, run_demo
+    from .apps.demo import run_demo
     from .train.distributed import Dist
     from .train.rundir import RunFolder
 
     out = Path(args.out)
     if not args.budget > 0:
         raise UserError(f"--budget must be > 0, got {args.budget}")
-    if args.resume and args.overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pick one")
-    holds = _holds_files(out)
-    if holds and not args.resume:
-        if not (out / MARKER).is_file() and not args.overwrite:
-            raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
-                            "to replace it")
-        if (out / MARKER).is_file() and not (out / "summary.json").is_file() and not args.overwrite:
-            raise UserError(f"--out {out}: holds an unfinished demo; pass --resume to continue it (its finished "
-                            "stages are kept) or --overwrite to start again")
-    elif holds and not (out / MARKER).is_file():
-        raise UserError(f"--out {out}: holds no earlier demo to resume")
-    replace = holds and not args.resume  # a finished demo is replaced without --overwrite, as before
+    replace = check_demo_out(out, args.overwrite, args.resume)
     # an earlier demo is put back if this one fails before it finishes its first stage
-    folder = RunFolder(out, resume=args.resume and holds, overwrite=replace, inputs={}, log=print,
+    folder = RunFolder(out, resume=args.resume and _holds_files(out), overwrite=replace, inputs={}, log=print,
                        kept_until="has finished its first stage")
     with folder.opened(Dist()):
         if not replace:  # nothing earlier to put back: every stage that finishes is kept, for --resume
@@ -1024,17 +1012,27 @@ def _holds_files(out: Path) -> bool:
     return out.is_dir() and any(out.iterdir())
 
 
-def check_demo_out(out: Path, overwrite: bool) -> bool:
-    """Whether --out holds something the demo replaces: a previous demo, or anything with --overwrite."""
+def check_demo_out(out: Path, overwrite: bool, resume: bool = False) -> bool:
+    """Whether --out holds something the demo replaces: a finished demo, or (--overwrite) an unfinished
+    one or a folder torchbert wrote; --resume continues an earlier demo instead."""
     from .apps.demo import MARKER
-
-    if not _holds_files(out):
-        return False
-    if not (overwrite or (out / MARKER).is_file()):
-        raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
-                        "to replace it")
     from .io.files import check_replaceable
 
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pick one")
+    if not _holds_files(out):
+        return False
+    earlier = (out / MARKER).is_file()
+    if resume:
+        if not earlier:
+            raise UserError(f"--out {out}: holds no earlier demo to resume")
+        return False
+    if not (overwrite or earlier):
+        raise UserError(f"--out {out}: the folder is not empty and holds no earlier demo; pass --overwrite "
+                        "to replace it")
+    if earlier and not (out / "summary.json").is_file() and not overwrite:
+        raise UserError(f"--out {out}: holds an unfinished demo; pass --resume to continue it (its finished "
+                        "stages are kept) or --overwrite to start again")
     check_replaceable(out)
     return True
 
@@ -1056,7 +1054,6 @@ and split in a fixed order, so the files are the same on every machine. Nothing 
 
 def cmd_samples(args: argparse.Namespace) -> None:
     from .apps.samples import write_sample
-
     from .io.files import check_replaceable, mark
 
     out = Path(args.out)

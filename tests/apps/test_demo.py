@@ -96,8 +96,14 @@ def test_demo_replaces_only_its_own_folder(tmp_path):
     earlier = tmp_path / "demo"
     earlier.mkdir()
     (earlier / MARKER).write_text("")
-    assert check_demo_out(earlier, overwrite=False)
+    with pytest.raises(UserError, match="holds an unfinished demo; pass --resume"):  # issue 46: kept for --resume
+        check_demo_out(earlier, overwrite=False)
+    assert not check_demo_out(earlier, overwrite=False, resume=True)
+    (earlier / "summary.json").write_text("{}")
+    assert check_demo_out(earlier, overwrite=False)  # a finished demo is replaced
     assert not check_demo_out(tmp_path / "none", overwrite=False)
+    with pytest.raises(UserError, match="no earlier demo to resume"):
+        check_demo_out(mine, overwrite=False, resume=True)
 
 
 def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
