@@ -156,14 +156,17 @@ def test_sigterm_in_vocab_leaves_no_temporary_folder_and_says_so(tmp_path):
 
 def test_a_later_run_removes_the_temporaries_a_killed_one_left(tmp_path, corpus, capsys):
     out = tmp_path / "tok"
-    left = tmp_path / ".tok.abc123.tmp"  # what atomic_folder was building when SIGKILL came
+    left = tmp_path / ".tok.abc12_yz.tmp"  # what atomic_folder was building when SIGKILL came
     (left / "shard-00000").mkdir(parents=True)
     (left / "shard-00000" / "x.npy").write_bytes(b"0" * 5000)
-    other = tmp_path / ".other.abc.tmp"  # another folder's: not ours to remove
+    (left / MARK).write_text("")
+    other = tmp_path / ".other.abc12_yz.tmp"  # another folder's: not ours to remove
     other.mkdir()
+    users = tmp_path / ".tok.backup12.tmp"  # a name of that shape, but no mark: the user's
+    users.mkdir()
     code, _, err = cli(capsys, "vocab", "--corpus", corpus, "--vocab-size", "60", "--out", out, "--quiet")
     assert code == 0, err
-    assert not left.exists() and other.exists()
+    assert not left.exists() and other.exists() and users.exists()
     assert "removed 1 unfinished temporary folder" in err and "0.0 MB" in err
 
 

@@ -171,9 +171,14 @@ def kind(path: Path) -> str | None:
 
 
 def _remove_leftovers(folder: Path) -> None:
-    """Temporary folders a killed writer of `folder` left beside it (atomic_folder's), removed by the
-    writer that holds the folder now: nobody else may be writing them."""
-    left = [p for p in folder.parent.glob(f".{folder.name}.*.tmp") if p.is_dir() and not p.is_symlink()]
+    """Temporary folders a killed writer of `folder` left beside it, removed by the writer that holds the
+    folder now (nobody else may be writing them): only atomic_folder's own, named `.NAME.` + mkdtemp's
+    eight characters + `.tmp` and carrying torchbert's mark, never a folder of the user's."""
+    import re
+
+    own = re.compile(re.escape(f".{folder.name}.") + r"[a-z0-9_]{8}\.tmp")
+    left = [p for p in folder.parent.glob(f".{folder.name}.*.tmp")
+            if own.fullmatch(p.name) and p.is_dir() and not p.is_symlink() and (p / MARK).is_file()]
     if not left:
         return
     size = sum(f.stat().st_size for p in left for f in p.rglob("*") if f.is_file() and not f.is_symlink())
