@@ -30,10 +30,10 @@ def not_a_file(path: Path, what: str) -> Exception:
         return FileNotFoundError(f"{path}: no such {what}")
     except OSError as e:
         return FileNotFoundError(f"{path}: cannot read this {what} ({e.strerror})")
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    kind = next((k for test, k in kinds if test(mode)), "not a regular file")
-    return ValueError(f"{path}: is {kind}, not a regular file; give the {what} as a file")
+    from .files import kind
+
+    what_it_is = "a folder" if stat.S_ISDIR(mode) else kind(path) or "not a regular file"
+    return ValueError(f"{path}: is {what_it_is}, not a regular file; give the {what} as a file")
 
 
 def _physical_lines(f) -> Iterator[bytes]:
