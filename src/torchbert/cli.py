@@ -58,17 +58,23 @@ EPILOG_PREPARE = """\
 examples:
   torchbert prepare --corpus wiki.txt --tokenizer ./my-vocab --out ./data-128
   torchbert prepare --corpus zh.txt --tokenizer ./zh-vocab --out ./zh-wwm --whole-word --masking dynamic
-  torchbert prepare --corpus docs.jsonl --tokenizer ./my-vocab --out ./data-512 --max-seq-len 512 \\
-      --max-predictions 80 --dupe-factor 10
+  torchbert prepare --corpus 'news/*.jsonl.zst' wiki/ --tokenizer ./my-vocab --out ./data-512 \\
+      --max-seq-len 512 --max-predictions 80 --dupe-factor 10
+  torchbert prepare --corpus crawl/ --tokenizer ./my-vocab --out ./mlm --pairs none --masking dynamic
+  torchbert prepare ... --resume                      # after a kill: only the unfinished blocks are made
+  torchbert prepare ... --cluster tcp://HOST:8786     # the blocks as tasks on a Dask cluster
 
-Input layouts (--format):
-  bert   one sentence per line, a blank line between documents (Google's BERT layout)
-  text   each non-empty line is a paragraph, cut into sentences after . ! ? (before a space) and
-         after 。！？；… (closing quotes and brackets stay with the sentence); blank lines
-         separate documents, or, in a file without blank lines, every line is a document
-  jsonl  one document per line, in its "text" field
-  auto   jsonl for .jsonl/.json; bert when the file has blank lines and >= 90% of its non-empty
-         lines hold one sentence; text otherwise (the default)
+Corpus (--corpus): files, folders (every file under them) and globs, each read as a stream;
+gzip (.gz) and zstd (.zst) are decompressed as they are read. Layouts (--format):
+  bert     one sentence per line, a blank line between documents (Google's BERT layout)
+  text     each non-empty line is a paragraph, cut into sentences after . ! ? (before a space) and
+           after 。！？；… (closing quotes and brackets stay with the sentence); blank lines
+           separate documents, or, in a file without blank lines, every line is a document
+  jsonl    one document per line, in its --text-field ("text")
+  parquet  one document per row, in its --text-field column (Hugging Face datasets' layout)
+  auto     jsonl for .jsonl/.json, parquet for .parquet (before any .gz/.zst); else bert when the
+           file's first 20,000 lines have blank lines and >= 90% of the others hold one sentence,
+           text otherwise (the default)
 
 Instances follow the BERT paper: [CLS] A [SEP] B [SEP] of whole sentences, B the true next text
 half the time and a span of another document otherwise; 15% of tokens masked (80% [MASK], 10%
@@ -77,7 +83,15 @@ as A, B from another document); a corpus of one document is an error.  --masking
 masks here (--dupe-factor copies, each with its own pairs and masks); dynamic stores the
 instances unmasked and the loader masks them afresh every epoch.  --whole-word masks all pieces of
 a word together; Chinese words come from jieba's segmenter (rjieba, its Rust port: the same words
-about 25x faster; jieba itself where rjieba is not installed).
+about 25x faster; jieba itself where rjieba is not installed).  --pairs none packs whole sentences
+end to end instead (RoBERTa's layout, for --objective mlm, electra and GPT; mlm+nsp refuses it).
+
+Scale: memory is flat in the corpus size. The corpus is read in pieces of ~8 MB by --workers
+processes (one per core), tokenized, and its documents dealt at random into blocks of --block-mb
+(a global shuffle); each block is then paired, masked and written by one worker, its NotNext
+partners drawn from the whole block. The same corpus, seed and settings give the same shards with
+any number of workers or on a cluster. Work happens in OUT.partial, which a killed run leaves for
+--resume; OUT appears whole at the end.
 
 Output: shard-NNNNN/ folders of .npy arrays (memory-mapped by torchbert.data.PretrainingData),
 manifest.json (counts, settings, vocab sha256) and a copy of the tokenizer files.
@@ -361,29 +375,47 @@ def cmd_vocab(args: argparse.Namespace) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from .data.pretraining import PrepareSettings, prepare
+    from .data.pipeline import partial_folder, prepare
+    from .data.pretraining import PrepareSettings
 
     settings = settings_from(PrepareSettings, args)  # the flags first: a bad one is named before any file is read
-    check_out_folder(Path(args.out), args.overwrite, [("--tokenizer", args.tokenizer),
-                                                      *[("--corpus", c) for c in args.corpus]])
-    _check_corpus(args.corpus)
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues OUT.partial and --overwrite starts again: give one of them")
+    check_out_folder(Path(args.out), args.overwrite or args.resume,
+                     [("--tokenizer", args.tokenizer), *[("--corpus", c) for c in args.corpus]])
     if not Path(args.tokenizer).is_dir():
         raise UserError(f"--tokenizer {args.tokenizer}: no such folder")
     start = time.perf_counter()
     try:
-        m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite,
+        m = prepare(args.corpus, args.tokenizer, args.out, settings, overwrite=args.overwrite, resume=args.resume,
                     progress=not args.quiet)
     except FileExistsError as e:
         raise UserError(str(e)) from None
+    except KeyboardInterrupt:
+        work = partial_folder(Path(args.out))
+        if work.is_dir():
+            raise PrepareInterrupted(work) from None
+        raise
     seconds = time.perf_counter() - start
     c = m["counts"]
-    print(f"wrote {args.out}: {c['instances']} instances, {c['tokens']} tokens in {c['shards']} shard(s) from "
-          f"{c['documents']} documents ({args.masking} masking{', whole word' if args.whole_word else ''}) "
-          f"in {seconds:.1f}s, {c['tokens'] / seconds:,.0f} tokens/s")
+    t = m["timings"]
+    print(f"wrote {args.out}: {c['instances']:,} instances, {c['tokens']:,} tokens in {c['shards']} shard(s) from "
+          f"{c['documents']:,} documents, {c['corpus_tokens']:,} corpus tokens ({args.masking} masking"
+          f"{', whole word' if args.whole_word else ''}{', packed sentences' if args.pairs == 'none' else ''}) "
+          f"in {seconds:.1f}s: {c['corpus_tokens'] / max(t['read_tokenize'], 1e-9):,.0f} corpus tokens/s read, "
+          f"{c['tokens'] / seconds:,.0f} instance tokens/s overall")
     if "heldout" in m:
         h = m["heldout"]
         print(f"  held out: {h['documents']} documents -> {h['instances']} instances in {args.out}/heldout "
               "(torchbert pretrain evaluates on it)")
+
+
+class PrepareInterrupted(KeyboardInterrupt):
+    """prepare stopped with its finished blocks kept in OUT.partial."""
+
+    def __init__(self, work: Path) -> None:
+        super().__init__(str(work))
+        self.work = work
 
 
 def cmd_inspect_data(args: argparse.Namespace) -> None:
@@ -1199,14 +1231,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build BERT pretraining instances (NSP pairs, masked LM) from a raw corpus and write them as "
                     "memory-mappable shards.",
         epilog=EPILOG_PREPARE)
-    r.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="UTF-8 corpus files")
+    r.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                   help="UTF-8 corpus files, folders or globs (.txt, .jsonl, .parquet; .gz and .zst read as they are)")
     r.add_argument("--tokenizer", required=True, help="tokenizer folder (vocab.txt, tokenizer_config.json)")
     r.add_argument("--out", required=True, help="output data folder")
     from .data.pretraining import PrepareSettings
     from .settings import add_flags
 
     add_flags(r, PrepareSettings)
-    shared_flags(r, "overwrite", "quiet")
+    shared_flags(r, "resume", "overwrite", "quiet",
+                 resume="continue an interrupted prepare from OUT.partial: finished pieces and blocks are kept")
 
     i = command(
         sub, cmd_inspect_data, "inspect-data",
@@ -1292,6 +1326,9 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[str]) -> str:
+    if isinstance(e, PrepareInterrupted):
+        return (f"{'stopped by SIGTERM' if isinstance(e.__context__, Terminated) else 'interrupted'}; {e.work} keeps "
+                f"the finished pieces and blocks; continue with: {resume_command(argv)}")
     if isinstance(e, StudyInterrupted):
         done = f"{e.done} of {e.total}" if e.total else f"{e.done}"
         return (f"interrupted after {done} stages; {args.out} keeps the finished ones; continue with: "

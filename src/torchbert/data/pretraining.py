@@ -45,8 +45,8 @@ import numpy as np
 from ..io.texts import json_loads, not_a_file, read_utf8
 from ..settings import Checked, SettingError, setting
 from .masking import Masked, mask_instances
+from .sources import FORMATS
 
-FORMATS = ("auto", "bert", "text", "jsonl")
 
 # A sentence ends after a run of terminators and any closing quotes or brackets.  English . ! ? end
 # a sentence only before whitespace or the end (so 3.14 and e.g.x stay whole); Chinese 。！？；…
@@ -74,60 +74,15 @@ def read_lines(path: Path) -> list[str]:
     return read_utf8(path).splitlines()
 
 
-def detect_format(path: Path, lines: Sequence[str]) -> str:
-    """`auto`: jsonl by extension; bert if blank lines and >= 90% one-sentence lines; else text."""
-    if path.suffix.lower() in (".jsonl", ".json"):
-        return "jsonl"
-    sample = lines[:20000]
-    if not any(not line.strip() for line in sample):
-        return "text"
-    filled = [line for line in sample if line.strip()]
-    single = sum(1 for line in filled if len(split_sentences(line)) <= 1)
-    return "bert" if filled and single >= 0.9 * len(filled) else "text"
+def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto", text_field: str = "text"
+                   ) -> list[list[str]]:
+    """Documents (lists of sentences) of the corpus files, all in memory (small corpora; `prepare`
+    streams them, see data/sources.py); documents never span two files."""
+    from .sources import corpus_files, piece_documents, plan_pieces
 
-
-def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto") -> list[list[str]]:
-    """Documents (lists of sentences) from the corpus files; documents never span two files."""
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    docs: list[list[str]] = []
-    for p in map(Path, paths):
-        lines = read_lines(p)
-        kind = detect_format(p, lines) if fmt == "auto" else fmt
-        if kind == "jsonl":
-            for n, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json_loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise ValueError(f"{p}:{n}: expected an object with a string 'text' field")
-                docs.append([s for para in record["text"].splitlines() for s in split_sentences(para)])
-        elif kind == "bert":
-            doc: list[str] = []
-            for line in lines:
-                line = line.strip()
-                if line:
-                    doc.append(line)
-                elif doc:
-                    docs.append(doc)
-                    doc = []
-            docs.append(doc)
-        else:  # text
-            if any(not line.strip() for line in lines):
-                doc = []
-                for line in lines:
-                    if line.strip():
-                        doc += split_sentences(line)
-                    elif doc:
-                        docs.append(doc)
-                        doc = []
-                docs.append(doc)
-            else:
-                docs += [split_sentences(line) for line in lines]
-    return [d for d in docs if d]
+    pieces = plan_pieces(corpus_files(paths), fmt, 1 << 62, split_sentences)
+    return [d for piece in pieces for docs, _ in piece_documents(piece, 1 << 24, split_sentences, text_field)
+            for d in docs]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,6 +97,8 @@ class Corpus:
     word_starts: np.ndarray   # [T] bool, True where a token starts a word
     sent_starts: np.ndarray   # [S+1] int64, token offsets of the sentences
     doc_sents: np.ndarray     # [D+1] int64, sentence offsets of the documents
+    doc_ids: np.ndarray | None = None  # [D] int64: which of the documents given each one is (the
+    #                                    others held no token)
 
     @property
     def num_documents(self) -> int:
@@ -171,12 +128,17 @@ def _continuation_table(tokenizer) -> np.ndarray:
 
 
 def _encode(tokenizer, items: list, pretokenized: bool, progress: Callable[[int], None] | None,
-            chunk: int = 20000):
-    """(flat ids [T], lengths [S], word ids [T] or None) of a list of sentences (or word lists)."""
+            chunk: int = 2000):
+    """(flat ids [T], lengths [S], word ids [T] or None) of a list of sentences (or word lists).
+
+    A chunk of sentences at a time: the tokenizer's Encoding objects cost far more than the ids (at
+    20,000 sentences a chunk they were most of a worker's memory). Without word ids, the tokenizer's
+    encode_batch_fast (no character offsets; the same ids, about 1.5x faster)."""
+    backend = tokenizer.backend
+    encode = backend.encode_batch if pretokenized else getattr(backend, "encode_batch_fast", backend.encode_batch)
     ids_parts, lens_parts, wid_parts = [], [], []
     for i in range(0, len(items), chunk):
-        encs = tokenizer.backend.encode_batch(items[i:i + chunk], is_pretokenized=pretokenized,
-                                              add_special_tokens=False)
+        encs = encode(items[i:i + chunk], is_pretokenized=pretokenized, add_special_tokens=False)
         lens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
         total = int(lens.sum())
         ids_parts.append(_flatten((e.ids for e in encs), total, np.int32))
@@ -268,9 +230,10 @@ def tokenize_corpus(docs: list[list[str]], tokenizer, *, whole_word: bool = Fals
     doc_of = doc_of[keep]
     sent_starts = np.r_[0, np.cumsum(lens)]
     sents_per_doc = np.bincount(doc_of, minlength=len(docs))
-    sents_per_doc = sents_per_doc[sents_per_doc > 0]
-    doc_sents = np.r_[0, np.cumsum(sents_per_doc)]
-    return Corpus(tokens.astype(np.int32), word_starts, sent_starts.astype(np.int64), doc_sents.astype(np.int64))
+    kept = np.flatnonzero(sents_per_doc > 0)
+    doc_sents = np.r_[0, np.cumsum(sents_per_doc[kept])]
+    return Corpus(tokens.astype(np.int32), word_starts, sent_starts.astype(np.int64), doc_sents.astype(np.int64),
+                  kept.astype(np.int64))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,28 +344,119 @@ class Instances:
 
 def assemble(corpus: Corpus, pairs: Pairs, cls_id: int, sep_id: int) -> Instances:
     """Gather the pairs into [CLS] A [SEP] B [SEP] token arrays."""
+    return Tokens(corpus, cls_id, sep_id).pairs(pairs)
+
+
+class Tokens:
+    """The corpus tokens with [CLS] and [SEP] after them (at T and T+1), built once: instances are
+    gathered from it by index ranges, a batch of instances at a time."""
+
+    def __init__(self, corpus: Corpus, cls_id: int, sep_id: int):
+        self.T = T = len(corpus.tokens)
+        self.tokens = np.r_[corpus.tokens, np.int32(cls_id), np.int32(sep_id)]  # [T+2]
+        self.word_starts = np.r_[corpus.word_starts, True, True]
+        self.cls, self.sep = T, T + 1
+
+    def pairs(self, pairs: Pairs) -> Instances:
+        """[CLS] A [SEP] B [SEP] of each pair."""
+        n = len(pairs)
+        one = np.ones(n, dtype=np.int64)
+        # [n, 5] pieces per instance: CLS, A, SEP, B, SEP
+        starts = np.stack([one * self.cls, pairs.a_start, one * self.sep, pairs.b_start, one * self.sep], axis=1)
+        lengths = np.stack([one, pairs.a_len, one, pairs.b_len, one], axis=1)
+        idx = ranges(starts.ravel(), lengths.ravel())
+        seq_len = lengths.sum(axis=1)
+        offsets = np.r_[0, np.cumsum(seq_len)].astype(np.int64)
+        word_starts = self.word_starts[idx]
+        # A segment starts a word even when truncation cut into one: words never cross [CLS] or [SEP].
+        word_starts[offsets[:-1] + 1] = True
+        word_starts[offsets[:-1] + pairs.a_len + 2] = True
+        return Instances(
+            tokens=self.tokens[idx],
+            word_starts=word_starts,
+            offsets=offsets,
+            a_len=(pairs.a_len + 2).astype(np.int32),
+            random_next=pairs.random_next.copy(),
+        )
+
+    def packed(self, spans: "Spans") -> Instances:
+        """[CLS] spans... [SEP] of each packed instance (one segment: a_len is the whole length)."""
+        n = len(spans.first) - 1
+        idx = ranges(spans.start, spans.length)
+        lengths = np.add.reduceat(spans.length, spans.first[:-1]) if n else np.zeros(0, np.int64)
+        offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+        tokens = self.tokens[idx]
+        word_starts = self.word_starts[idx]
+        # a span cut from the middle of a sentence starts a word
+        word_starts[np.r_[0, np.cumsum(spans.length)[:-1]].astype(np.int64)] = True
+        return Instances(tokens=tokens, word_starts=word_starts, offsets=offsets,
+                         a_len=lengths.astype(np.int32), random_next=np.zeros(n, dtype=bool))
+
+
+@dataclass
+class Spans:
+    """Packed instances as token ranges of Tokens: instance i is spans first[i]..first[i+1]-1."""
+
+    start: np.ndarray   # [P] int64 into Tokens.tokens
+    length: np.ndarray  # [P] int64
+    first: np.ndarray   # [n+1] int64
+
+
+def pack_sentences(corpus: Corpus, max_seq_len: int) -> Spans:
+    """RoBERTa's FULL-SENTENCES layout, for objectives without NSP: whole sentences end to end in
+    [CLS] ... [SEP] of up to max_seq_len tokens, running on across documents with a [SEP] between
+    them; a sentence longer than an instance is cut. No randomness: every pass packs alike."""
+    budget = max_seq_len - 2
     T = len(corpus.tokens)
-    ext_tokens = np.r_[corpus.tokens, np.int32(cls_id), np.int32(sep_id)]  # T is [CLS], T+1 is [SEP]
-    ext_ws = np.r_[corpus.word_starts, True, True]
-    n = len(pairs)
-    one = np.ones(n, dtype=np.int64)
-    # [n, 5] pieces per instance: CLS, A, SEP, B, SEP
-    starts = np.stack([one * T, pairs.a_start, one * (T + 1), pairs.b_start, one * (T + 1)], axis=1)
-    lengths = np.stack([one, pairs.a_len, one, pairs.b_len, one], axis=1)
-    idx = ranges(starts.ravel(), lengths.ravel())
-    seq_len = lengths.sum(axis=1)
-    offsets = np.r_[0, np.cumsum(seq_len)].astype(np.int64)
-    word_starts = ext_ws[idx]
-    # A segment starts a word even when truncation cut into one: words never cross [CLS] or [SEP].
-    word_starts[offsets[:-1] + 1] = True
-    word_starts[offsets[:-1] + pairs.a_len + 2] = True
-    return Instances(
-        tokens=ext_tokens[idx],
-        word_starts=word_starts,
-        offsets=offsets,
-        a_len=(pairs.a_len + 2).astype(np.int32),
-        random_next=pairs.random_next.copy(),
-    )
+    cls, sep = T, T + 1
+    s_start = corpus.sent_starts[:-1].tolist()
+    s_len = np.diff(corpus.sent_starts).tolist()
+    doc_sents = corpus.doc_sents.tolist()
+    starts: list[int] = []
+    lens: list[int] = []
+    first: list[int] = []
+    used = 0  # tokens in the open instance, [CLS] and the last [SEP] not counted
+
+    def close() -> None:
+        nonlocal used
+        starts.append(sep)
+        lens.append(1)
+        used = 0
+
+    for d in range(len(doc_sents) - 1):
+        if used and used + 2 <= budget:  # room for the documents' [SEP] and a token after it
+            starts.append(sep)
+            lens.append(1)
+            used += 1
+        elif used:
+            close()
+        for j in range(doc_sents[d], doc_sents[d + 1]):
+            start, left = s_start[j], s_len[j]
+            while left:
+                if used == budget:
+                    close()
+                if used == 0:
+                    first.append(len(starts))
+                    starts.append(cls)
+                    lens.append(1)
+                room = budget - used
+                if left <= room:
+                    starts.append(start)
+                    lens.append(left)
+                    used += left
+                    left = 0
+                elif used == 0 or left > budget:  # too long for any instance: fill this one with its head
+                    starts.append(start)
+                    lens.append(room)
+                    start += room
+                    left -= room
+                    close()
+                else:  # the whole sentence goes into the next instance
+                    close()
+    if used:
+        close()
+    first.append(len(starts))
+    return Spans(np.array(starts, dtype=np.int64), np.array(lens, dtype=np.int64), np.array(first, dtype=np.int64))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -425,10 +479,25 @@ class PrepareSettings(Checked):
                     "(default: 0.8 0.1, the paper's; 1 0: [MASK] only)", metavar=("MASK", "RANDOM"))
     short_seq_prob: float = setting(0.1, "probability of a shorter random target length", low=0, high=1)
     seed: int = setting(12345, "random seed")
+    pairs: str = setting("nsp", "nsp: sentence pairs, half of them NotNext (the paper's, for MLM + NSP); none: "
+                                "whole sentences packed end to end across documents, a [SEP] between documents "
+                                "(RoBERTa's FULL-SENTENCES, for objectives without NSP)", choices=("nsp", "none"))
     format: str = setting("auto", "input layout, see below", choices=FORMATS)
+    text_field: str = setting("text", "the JSON field or Parquet column that holds the text")
     shard_size: int = setting(100_000, "instances per shard", low=1)
+    block_mb: float = setting(32.0, "megabytes of corpus per block: the documents are dealt at random into blocks "
+                                    "of about this size, each made into instances by one worker, with NotNext "
+                                    "partners from its block (a random sample of the whole corpus); a worker's "
+                                    "memory grows with it", above=0, high=1 << 20, metavar="MB")
     heldout_docs: int = setting(0, "keep N documents (drawn by --seed) out of training and prepare them into "
                                    "OUT/heldout for held-out evaluation", low=0, metavar="N")
+    workers: int = setting(0, "worker processes (default 0: one per core); the data is the same for any number",
+                           low=0, high=4096, metavar="N")
+    cluster: str | None = setting(None, "run the blocks as tasks on this Dask cluster (its scheduler's address, "
+                                        "tcp://HOST:8786); OUT must be a folder every worker can reach",
+                                  metavar="ADDRESS")
+
+    RUN_ONLY = ("workers", "cluster")  # how the data is made, not what it is: not in the manifest
 
     def check(self) -> None:
         super().check()
@@ -449,223 +518,71 @@ def _check_out(out: Path, overwrite: bool) -> None:
         check_replaceable(out)
 
 
-def prepare(
-    corpus_paths: Sequence[str | os.PathLike],
-    tokenizer_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    settings: PrepareSettings | None = None,
-    *,
-    overwrite: bool = False,
-    progress: bool = False,
-) -> dict:
-    """Corpus files -> a data folder of sharded instances (see data/shards.py); returns the manifest.
+class ShardWriter:
+    """Writes instances into shards of shard_size instances as they come, each array appended to its
+    .npy file on disk (data/shards.py's NpyAppender): memory holds one batch of instances, never a
+    shard. The shards are those of all the batches end to end, cut every shard_size instances."""
 
-    With settings.heldout_docs = k, k documents drawn by the seed are kept out of training and
-    prepared (static masking, one pass) in `out/heldout`, a data folder of its own for evaluation.
-    The folder is built next to `out` and renamed into place at the end, so `out` never holds a
-    half-written dataset.  manifest["timings"] gives the seconds of each stage."""
-    import time
-
-    from ..io.files import atomic_folder
-    from ..tokenizer import MASK, BertTokenizer
-
-    s = settings or PrepareSettings()
-    s.check()
-    out = Path(out)
-    _check_out(out, overwrite)
-    if not corpus_paths:
-        raise ValueError("no corpus files given")
-    tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
-    if tokenizer.mask_token_id is None:
-        raise ValueError(f"{tokenizer_dir}: the vocab has no {MASK} token, which masked LM needs")
-
-    t0 = time.perf_counter()
-    docs = read_documents(corpus_paths, s.format)
-    names = ", ".join(str(p) for p in corpus_paths)
-    if not docs:
-        raise ValueError(f"{names}: the corpus is empty (no sentences)")
-    read_seconds = time.perf_counter() - t0
-    heldout, docs = split_heldout(docs, s.heldout_docs, s.seed, names)
-
-    with atomic_folder(out, marked=True) as tmp:  # the whole data folder or none; an older one is replaced whole
-        manifest = _build(docs, tokenizer, tokenizer_dir, s, tmp, corpus_paths, progress)
-        manifest["timings"] = {"read": read_seconds, **manifest["timings"]}
-        if heldout:
-            evaluation = replace(s, masking="static", dupe_factor=1, heldout_docs=0)
-            held = _build(heldout, tokenizer, tokenizer_dir, evaluation, tmp / "heldout", corpus_paths, progress)
-            _write_manifest(tmp / "heldout", held)
-            manifest["heldout"] = {"folder": "heldout", **held["counts"]}
-        _write_manifest(tmp, manifest)
-        _check_out(out, overwrite)  # nothing appeared meanwhile
-    return manifest
-
-
-def split_heldout(docs: list[list[str]], k: int, seed: int, names: str) -> tuple[list, list]:
-    """(held-out documents, training documents): k documents drawn by the seed, order kept."""
-    if k == 0:
-        return [], docs
-    if k < 2 or len(docs) - k < 2:
-        raise ValueError(f"{names}: {len(docs)} documents cannot spare {k} for evaluation (each side needs "
-                         "at least 2, for NotNext partners)")
-    chosen = set(random.Random(f"{seed}/heldout").sample(range(len(docs)), k))
-    return ([d for i, d in enumerate(docs) if i in chosen], [d for i, d in enumerate(docs) if i not in chosen])
-
-
-def _build(docs: list[list[str]], tokenizer, tokenizer_dir, s: PrepareSettings, folder: Path,
-           corpus_paths: Sequence, progress: bool) -> dict:
-    """Tokenize, pair, mask and write one data folder (shards, tokenizer files); returns its manifest.
-    The caller writes manifest.json (the training folder's also names its held-out part)."""
-    import shutil
-    import time
-
-    from tqdm.auto import tqdm
-
-    from ..tokenizer import TOKENIZER_FILES
-    from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256, write_shard
-
-    names = ", ".join(str(p) for p in corpus_paths)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    n_sent = sum(len(d) for d in docs)
-    with tqdm(total=n_sent, unit="sent", desc="tokenize", disable=not progress) as bar:
-        corpus = tokenize_corpus(docs, tokenizer, whole_word=s.whole_word, progress=bar.update)
-    timings["tokenize"] = time.perf_counter() - t0
-    if len(corpus.tokens) == 0:
-        raise ValueError(f"{names}: the corpus is empty (no tokens)")
-    if corpus.num_documents < 2:
-        raise ValueError(f"{names}: the corpus holds one document; next sentence prediction needs at "
-                         "least 2 (NotNext pairs take their B from another document; "
-                         "separate documents with a blank line)")
-
-    special_ids = tokenizer.all_special_ids
-    never_mask = [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
-    folder.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(tokenizer.vocab_size)
-    shards = _ShardWriter(folder, s.shard_size, dtype, write_shard)
-    timings["pairs"] = timings["mask"] = timings["write"] = 0.0
-    n_done = 0
-    for p in tqdm(range(s.dupe_factor), unit="pass", desc="instances", disable=not progress):
-        t0 = time.perf_counter()
-        rng = random.Random(f"{s.seed}/{p}")
-        inst = assemble(corpus, create_pairs(corpus, s.max_seq_len, rng, short_seq_prob=s.short_seq_prob),
-                        tokenizer.cls_token_id, tokenizer.sep_token_id)
-        timings["pairs"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        n_inst = len(inst.a_len)
-        masked = None
-        if s.masking == "static":
-            masked = mask_instances(
-                inst.tokens, inst.word_starts, inst.offsets, np.arange(n_done, n_done + n_inst),
-                special_ids=special_ids, never_mask=never_mask, mask_id=tokenizer.mask_token_id,
-                vocab_size=tokenizer.vocab_size, seed=s.seed, epoch=p, masked_lm_prob=s.masked_lm_prob,
-                max_predictions=s.max_predictions, whole_word=s.whole_word, replace=s.mask_replace)
-        timings["mask"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        shards.add(inst, masked)  # this pass's full shards go to disk now; only the rest is kept
-        timings["write"] += time.perf_counter() - t0
-        n_done += n_inst
-    if n_done == 0:
-        raise ValueError(f"{names}: no instance could be built (every document is too short for a "
-                         "sentence pair)")
-
-    t0 = time.perf_counter()
-    shard_entries = shards.close()
-    for name in TOKENIZER_FILES:
-        src = Path(tokenizer_dir) / name
-        if src.is_file():
-            shutil.copy2(src, folder / name)
-    if not (folder / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
-        tokenizer.save_pretrained(folder)
-    n_tokens = sum(e["tokens"] for e in shard_entries)
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "counts": {
-            "documents": corpus.num_documents,
-            "sentences": len(corpus.sent_starts) - 1,
-            "corpus_tokens": int(len(corpus.tokens)),
-            "instances": n_done,
-            "tokens": n_tokens,
-            "masked_tokens": shards.masked_tokens if s.masking == "static" else None,
-            "is_random_next": shards.random_next,
-            "shards": len(shard_entries),
-        },
-        "vocab_size": tokenizer.vocab_size,
-        "vocab_sha256": vocab_sha256(tokenizer),
-        "token_dtype": dtype.name,
-        "special_ids": {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
-                        "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id, "all": special_ids},
-        "seed": s.seed,
-        "settings": {**s.__dict__, "corpus": [str(p) for p in corpus_paths], "tokenizer": str(tokenizer_dir)},
-        "shards": shard_entries,
-    }
-    timings["write"] += time.perf_counter() - t0
-    manifest["timings"] = timings
-    return manifest
-
-
-def _write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-class _ShardWriter:
-    """Cuts the instances of successive passes into shards of shard_size instances as they come: the
-    full shards of a pass are written at once and only the rest (under one shard) waits for the next
-    pass, so a corpus's dupe_factor passes are never all in memory. The shards are those of the
-    passes concatenated and then cut."""
-
-    def __init__(self, folder: Path, shard_size: int, dtype, write_shard):
-        self.folder, self.shard_size, self.dtype, self.write_shard = folder, shard_size, dtype, write_shard
-        self.rest: dict[str, np.ndarray] | None = None  # the instances not yet written, as below
+    def __init__(self, folder: Path, shard_size: int, dtype, prefix: str = "shard-"):
+        self.folder, self.shard_size, self.dtype, self.prefix = folder, shard_size, dtype, prefix
         self.entries: list[dict] = []
         self.masked_tokens = self.random_next = 0
+        self._static = False  # static masking: the shards hold the masks too
+        self._files: dict | None = None  # the open shard's appenders
+        self._n = self._tokens = self._masked = 0  # what the open shard holds
+
+    def _open(self) -> None:
+        from .shards import NpyAppender
+
+        folder = self.folder / f"{self.prefix}{len(self.entries):05d}"
+        folder.mkdir(parents=True)
+        types = {"tokens": self.dtype, "word_starts": bool, "offsets": np.int64, "a_len": np.int32,
+                 "random_next": bool, "mlm_offsets": np.int64, "mlm_positions": np.int16,
+                 "mlm_input_ids": self.dtype}
+        if not self._static:
+            types = {k: v for k, v in types.items() if not k.startswith("mlm_")}
+        self._files = {name: NpyAppender(folder / f"{name}.npy", dtype) for name, dtype in types.items()}
+        self._files["offsets"].append(np.zeros(1, np.int64))
+        if self._static:
+            self._files["mlm_offsets"].append(np.zeros(1, np.int64))
+        self._n = self._tokens = self._masked = 0
+
+    def _close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self.entries.append({"name": f"{self.prefix}{len(self.entries):05d}", "instances": self._n,
+                             "tokens": self._tokens})
+        self._files = None
 
     def add(self, inst: Instances, masked: Masked | None) -> None:
-        part = {"tokens": inst.tokens, "word_starts": inst.word_starts, "lengths": np.diff(inst.offsets),
-                "a_len": inst.a_len, "random_next": inst.random_next}
+        self._static = masked is not None
         if masked is not None:
-            part.update(m_counts=np.diff(masked.offsets), m_pos=masked.positions, m_ids=masked.input_ids)
             self.masked_tokens += len(masked.positions)
         self.random_next += int(inst.random_next.sum())
-        if self.rest is not None:
-            part = {k: np.concatenate([self.rest[k], v]) for k, v in part.items()}
-        self.rest = self._write(part, final=False)
+        o, n, i = inst.offsets, len(inst.a_len), 0
+        while i < n:
+            if self._files is None:
+                self._open()
+            j = min(n, i + self.shard_size - self._n)
+            f = self._files
+            f["tokens"].append(inst.tokens[o[i]:o[j]])
+            f["word_starts"].append(inst.word_starts[o[i]:o[j]])
+            f["offsets"].append(o[i + 1:j + 1] - o[i] + self._tokens)
+            f["a_len"].append(inst.a_len[i:j])
+            f["random_next"].append(inst.random_next[i:j])
+            if masked is not None:
+                q = masked.offsets
+                f["mlm_offsets"].append(q[i + 1:j + 1] - q[i] + self._masked)
+                f["mlm_positions"].append(masked.positions[q[i]:q[j]])
+                f["mlm_input_ids"].append(masked.input_ids[q[i]:q[j]])
+                self._masked += int(q[j] - q[i])
+            self._n += j - i
+            self._tokens += int(o[j] - o[i])
+            if self._n == self.shard_size:
+                self._close()
+            i = j
 
     def close(self) -> list[dict]:
-        if self.rest is not None:
-            self._write(self.rest, final=True)
+        if self._files is not None:
+            self._close()
         return self.entries
-
-    def _write(self, part: dict[str, np.ndarray], final: bool) -> dict[str, np.ndarray]:
-        """Write the whole shards of `part` (and with `final` its last, smaller one); return the rest."""
-        offsets = np.r_[0, np.cumsum(part["lengths"])]
-        m_off = np.r_[0, np.cumsum(part["m_counts"])] if "m_counts" in part else None
-        n = len(part["a_len"])
-        first = 0
-        while n - first >= self.shard_size or (final and first < n):
-            last = min(n, first + self.shard_size)
-            o0, o1 = offsets[first], offsets[last]
-            arrays = {
-                "tokens": part["tokens"][o0:o1].astype(self.dtype),
-                "word_starts": part["word_starts"][o0:o1],
-                "offsets": (offsets[first:last + 1] - o0).astype(np.int64),
-                "a_len": part["a_len"][first:last].astype(np.int32),
-                "random_next": part["random_next"][first:last],
-            }
-            if m_off is not None:
-                q0, q1 = m_off[first], m_off[last]
-                arrays["mlm_offsets"] = (m_off[first:last + 1] - q0).astype(np.int64)
-                arrays["mlm_positions"] = part["m_pos"][q0:q1].astype(np.int16)
-                arrays["mlm_input_ids"] = part["m_ids"][q0:q1].astype(self.dtype)
-            name = f"shard-{len(self.entries):05d}"
-            self.write_shard(self.folder / name, arrays)
-            self.entries.append({"name": name, "instances": int(last - first), "tokens": int(o1 - o0)})
-            first = last
-        o0 = offsets[first]
-        rest = {"tokens": part["tokens"][o0:], "word_starts": part["word_starts"][o0:],
-                "lengths": part["lengths"][first:], "a_len": part["a_len"][first:],
-                "random_next": part["random_next"][first:]}
-        if m_off is not None:
-            q0 = m_off[first]
-            rest.update(m_counts=part["m_counts"][first:], m_pos=part["m_pos"][q0:], m_ids=part["m_ids"][q0:])
-        return {k: v.copy() for k, v in rest.items()}  # not views: the pass they came from can go

@@ -102,10 +102,33 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
-def write_shard(folder: Path, arrays: dict[str, np.ndarray]) -> None:
-    folder.mkdir(parents=True)
-    for name, array in arrays.items():
-        np.save(folder / f"{name}.npy", array)
+class NpyAppender:
+    """A 1-D .npy file written a slice at a time: the header is written first and again, with the final
+    length, at close (numpy pads a 1-D header to the same 128 bytes whatever the length), so the file
+    is byte for byte what np.save writes of the whole array, without the array in memory."""
+
+    def __init__(self, path: Path, dtype) -> None:
+        self.dtype, self.n = np.dtype(dtype), 0
+        self._file = open(path, "wb")
+        self._header()
+
+    def _header(self) -> None:
+        from numpy.lib import format as npy
+
+        self._file.seek(0)
+        npy.write_array_header_1_0(self._file, {"descr": npy.dtype_to_descr(self.dtype), "fortran_order": False,
+                                                "shape": (self.n,)})
+        if self._file.tell() != 128:
+            raise AssertionError(f"an .npy header of {self._file.tell()} bytes")
+
+    def append(self, array: np.ndarray) -> None:
+        self._file.seek(0, os.SEEK_END)
+        self._file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
+        self.n += len(array)
+
+    def close(self) -> None:
+        self._header()
+        self._file.close()
 
 
 # ----------------------------------------------------------------------------------------------

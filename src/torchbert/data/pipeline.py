@@ -1,0 +1,665 @@
+"""`torchbert prepare` at the scale of a real corpus: streamed, in blocks, on every core or a cluster.
+
+The corpus is never in memory whole. Two rounds of tasks, each independent of the others, so any
+number of worker processes (or a Dask cluster) runs them with the same result:
+
+1. **Pieces** (read + tokenize). Each piece of the input (data/sources.py: ~8 MB of a plain file,
+   a compressed file, a Parquet row group) is read as a stream in parts of ~8 MB; each part's
+   documents are tokenized (with whole-word masking, cut into words by rjieba first) and dealt at
+   random into B blocks, B = corpus bytes / --block-mb. A document's block is a hash of (seed,
+   piece, part, document): the deal is a global shuffle (LDDL's), fixed by the corpus and the seed.
+   A part is written grouped by block (`pieces/P/part-K/*.npy`).
+2. **Blocks** (pair + mask + write). Block b gathers its documents from every part, in corpus order,
+   and runs the paper's recipe on them (pretraining.py: create_pairs, masking, dupe_factor passes),
+   a batch of instances at a time, writing shards `shard-BBBBB-KKKKK` as they fill. A NotNext
+   partner is drawn from the other documents of the block: a uniform random sample of the whole
+   corpus, so partners are of global quality (not the neighbours of A in file order).
+
+The held-out documents (--heldout-docs) are drawn among all documents by the seed, as before the
+corpus was streamed, and prepared into `heldout/`. With one block (a corpus under --block-mb) the
+shards are those the in-memory recipe makes.
+
+Work happens in `OUT.partial/` beside OUT: `plan.json` (settings, the corpus files with size and
+mtime, the pieces), finished pieces and blocks (each renamed into place whole, so a folder there is
+complete), then `data/`, which becomes OUT in one rename, manifest last. A run that is killed
+keeps OUT.partial; `--resume` redoes only the unfinished tasks and gives the same data.
+
+Memory: a piece task holds one part's text and tokens; a block task one block's tokens
+(--block-mb of text) and a batch of instances. Neither grows with the corpus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from .pretraining import (
+    Corpus,
+    PrepareSettings,
+    ShardWriter,
+    Tokens,
+    create_pairs,
+    pack_sentences,
+    split_sentences,
+    tokenize_corpus,
+)
+
+PLAN = "plan.json"
+PLAN_VERSION = 1
+PIECE_BYTES = 8 << 20     # a piece of a plain file, and a part of any piece: a worker's text at a time
+COMPRESSED_RATIO = 4      # a compressed file's text, for sizing the blocks: about 4x its bytes
+BATCH_INSTANCES = 4_000   # instances assembled and masked at a time (masking holds ~120 bytes a token)
+BLOCK_ID = 1 << 36        # block b's instances are numbered from b * BLOCK_ID (for static masks)
+ARRAYS = ("tokens", "word_starts", "sent_lens", "doc_sents", "doc_ids", "block_docs")
+
+
+def partial_folder(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+# ----------------------------------------------------------------------------------------------
+# the plan
+
+
+def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256: str) -> dict:
+    """What the run will do, from the corpus files alone (never from the worker count)."""
+    from .sources import compression, corpus_files, plan_pieces
+
+    files = corpus_files(corpus)
+    block_bytes = max(1, int(s.block_mb * (1 << 20)))
+    pieces = plan_pieces(files, s.format, min(PIECE_BYTES, block_bytes), split_sentences)
+    if not pieces:
+        raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
+    text_bytes = sum(p.size * (COMPRESSED_RATIO if compression(Path(p.file)) else 1) for p in pieces)
+    data = {k: v for k, v in asdict(s).items() if k not in PrepareSettings.RUN_ONLY}
+    return {
+        "version": PLAN_VERSION,
+        "settings": data,
+        "corpus": [str(c) for c in corpus],
+        "files": [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files],
+        "tokenizer": str(Path(tokenizer_dir).resolve()),
+        "vocab_sha256": vocab_sha256,
+        "pieces": [p.to_json() for p in pieces],
+        "blocks": max(1, -(-text_bytes // block_bytes)),
+        "piece_bytes": min(PIECE_BYTES, block_bytes),
+        "bytes": sum(p.size for p in pieces),
+    }
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    out = []
+    for key, value in new["settings"].items():
+        if old.get("settings", {}).get(key) != value:
+            out.append(f"--{key.replace('_', '-')} {old.get('settings', {}).get(key)} -> {value}")
+    if [f["path"] for f in old.get("files", [])] != [f["path"] for f in new["files"]]:
+        out.append("the corpus files")
+    else:
+        for a, b in zip(old["files"], new["files"]):
+            if a != b:
+                out.append(f"{b['path']} changed since")
+    if old.get("vocab_sha256") != new["vocab_sha256"]:
+        out.append("the tokenizer's vocab")
+    if not out and old != new:
+        out.append("the plan (another torchbert version?)")
+    return out
+
+
+_PLANS: dict[str, tuple[float, dict]] = {}
+
+
+def load_plan(work: Path) -> dict:
+    path = Path(work) / PLAN
+    stamp = path.stat().st_mtime_ns
+    cached = _PLANS.get(str(path))
+    if cached is None or cached[0] != stamp:
+        _PLANS[str(path)] = cached = (stamp, json.loads(path.read_text(encoding="utf-8")))
+    return cached[1]
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def _tokenizer(path: str):
+    from ..tokenizer import BertTokenizer
+
+    if path not in _TOKENIZERS:
+        _TOKENIZERS[path] = BertTokenizer.from_pretrained(path)
+    return _TOKENIZERS[path]
+
+
+@contextlib.contextmanager
+def _into(final: Path) -> Iterator[Path]:
+    """A temporary sibling folder that becomes `final` whole when the block ends; if another run made
+    `final` meanwhile (the same task, the same content), this one's copy is dropped."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_json(path: Path, value) -> None:
+    from ..io.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# round 1: pieces
+
+
+def run_piece(work: str, index: int) -> dict:
+    """Read, tokenize and deal piece `index` into blocks; returns its counts. Does nothing if done."""
+    from ..data.masking import uniforms
+    from ..data.shards import token_dtype
+    from .sources import Piece, piece_documents
+
+    work = Path(work)
+    final = work / "pieces" / f"{index:06d}"
+    if (final / "piece.json").is_file():
+        return json.loads((final / "piece.json").read_text(encoding="utf-8"))
+    plan = load_plan(work)
+    s = PrepareSettings(**plan["settings"])
+    B = plan["blocks"]
+    tok = _tokenizer(plan["tokenizer"])
+    dtype = token_dtype(tok.vocab_size)
+    piece = Piece(**plan["pieces"][index])
+    parts, t0 = [], time.perf_counter()
+    final.parent.mkdir(exist_ok=True)
+    with _into(final) as tmp:
+        for k, (docs, size) in enumerate(piece_documents(piece, plan["piece_bytes"], split_sentences, s.text_field)):
+            corpus = tokenize_corpus(docs, tok, whole_word=s.whole_word)
+            D = corpus.num_documents
+            u = uniforms(s.seed, index, np.full(D, k, dtype=np.int64), corpus.doc_ids, stream=11)
+            block = np.minimum((u * B).astype(np.int64), B - 1)
+            order = np.argsort(block, kind="stable")  # grouped by block, corpus order within each
+            from .pretraining import ranges
+
+            sents = np.diff(corpus.doc_sents)
+            s_order = ranges(corpus.doc_sents[:-1][order], sents[order])
+            s_len = np.diff(corpus.sent_starts)
+            t_order = ranges(corpus.sent_starts[:-1][s_order], s_len[s_order])
+            arrays = {
+                "tokens": corpus.tokens[t_order].astype(dtype),
+                "word_starts": corpus.word_starts[t_order],
+                "sent_lens": s_len[s_order].astype(np.int32),
+                "doc_sents": sents[order].astype(np.int32),
+                "doc_ids": corpus.doc_ids[order].astype(np.int64),
+                "block_docs": np.r_[0, np.cumsum(np.bincount(block, minlength=B))].astype(np.int64),
+            }
+            (tmp / f"part-{k:05d}").mkdir()
+            for name, a in arrays.items():
+                np.save(tmp / f"part-{k:05d}" / f"{name}.npy", a)
+            parts.append({"documents": len(docs), "tokens": int(len(corpus.tokens)), "bytes": int(size)})
+        info = {"parts": parts, "bytes": piece.size, "tokens": sum(p["tokens"] for p in parts),
+                "seconds": time.perf_counter() - t0}
+        _write_json(tmp / "piece.json", info)
+    return info
+
+
+# ----------------------------------------------------------------------------------------------
+# the index: where each part's documents start in corpus order, and the held-out ones
+
+
+def make_index(work: Path, plan: dict, names: str) -> dict:
+    """Global document numbers of every part, and the held-out documents drawn among them."""
+    bases, total = [], 0
+    for p in range(len(plan["pieces"])):
+        info = json.loads((work / "pieces" / f"{p:06d}" / "piece.json").read_text(encoding="utf-8"))
+        row = []
+        for part in info["parts"]:
+            row.append(total)
+            total += part["documents"]
+        bases.append(row)
+    if total == 0:
+        raise ValueError(f"{names}: the corpus is empty (no sentences)")
+    k = plan["settings"]["heldout_docs"]
+    heldout: list[int] = []
+    if k:
+        if k < 2 or total - k < 2:
+            raise ValueError(f"{names}: {total} documents cannot spare {k} for evaluation (each side needs "
+                             "at least 2, for NotNext partners)")
+        heldout = sorted(random.Random(f"{plan['settings']['seed']}/heldout").sample(range(total), k))
+    return {"bases": bases, "documents": total, "heldout": heldout}
+
+
+def _gather(work: Path, plan: dict, index: dict, block: int | None) -> Corpus:
+    """The documents of one block (None: the held-out ones), in corpus order, as one Corpus."""
+    from .pretraining import ranges
+
+    heldout = np.asarray(index["heldout"], dtype=np.int64)
+    toks, wss, lens, per_doc = [], [], [], []
+    for p, row in enumerate(index["bases"]):
+        for k, base in enumerate(row):
+            d = work / "pieces" / f"{p:06d}" / f"part-{k:05d}"
+            a = {n: np.load(d / f"{n}.npy", mmap_mode="r") for n in ARRAYS}
+            if block is None:
+                d0, d1 = 0, len(a["doc_ids"])
+            else:
+                d0, d1 = int(a["block_docs"][block]), int(a["block_docs"][block + 1])
+            if d0 == d1:
+                continue
+            ids = base + np.asarray(a["doc_ids"][d0:d1])
+            keep = np.isin(ids, heldout)
+            if block is not None:
+                keep = ~keep
+            if not keep.any():
+                continue
+            doc_sents = np.asarray(a["doc_sents"], dtype=np.int64)
+            s_off = np.r_[0, np.cumsum(doc_sents)]
+            s0, s1 = int(s_off[d0]), int(s_off[d1])
+            sent_lens = np.asarray(a["sent_lens"][s0:s1], dtype=np.int64)
+            t_off = np.r_[0, np.cumsum(sent_lens)]
+            t0 = int(np.asarray(a["sent_lens"][:s0], dtype=np.int64).sum())
+            docs = doc_sents[d0:d1]
+            if keep.all():
+                toks.append(np.asarray(a["tokens"][t0:t0 + int(t_off[-1])], dtype=np.int32))
+                wss.append(np.asarray(a["word_starts"][t0:t0 + int(t_off[-1])]))
+                lens.append(sent_lens)
+                per_doc.append(docs)
+                continue
+            local_s = np.r_[0, np.cumsum(docs)]
+            s_pick = ranges(local_s[:-1][keep], docs[keep])
+            t_pick = ranges(t_off[:-1][s_pick], sent_lens[s_pick])
+            toks.append(np.asarray(a["tokens"][t0:t0 + int(t_off[-1])], dtype=np.int32)[t_pick])
+            wss.append(np.asarray(a["word_starts"][t0:t0 + int(t_off[-1])])[t_pick])
+            lens.append(sent_lens[s_pick])
+            per_doc.append(docs[keep])
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+    sent_lens, docs = cat(lens, np.int64), cat(per_doc, np.int64)
+    return Corpus(cat(toks, np.int32), cat(wss, bool), np.r_[0, np.cumsum(sent_lens)].astype(np.int64),
+                  np.r_[0, np.cumsum(docs)].astype(np.int64))
+
+
+# ----------------------------------------------------------------------------------------------
+# round 2: blocks
+
+
+def run_block(work: str, block: int | None) -> dict:
+    """Pair, mask and write the shards of one block (None: the held-out documents). Does nothing if done."""
+    work = Path(work)
+    name = "heldout" if block is None else f"{block:05d}"
+    final = work / "blocks" / name
+    if (final / "block.json").is_file():
+        return json.loads((final / "block.json").read_text(encoding="utf-8"))
+    plan = load_plan(work)
+    index = json.loads((work / "index.json").read_text(encoding="utf-8"))
+    s = PrepareSettings(**plan["settings"])
+    if block is None:
+        s = replace(s, masking="static", dupe_factor=1, heldout_docs=0)
+    t0 = time.perf_counter()
+    corpus = _gather(work, plan, index, block)
+    final.parent.mkdir(exist_ok=True)
+    with _into(final) as tmp:
+        info = build_instances(corpus, _tokenizer(plan["tokenizer"]), s, tmp, block or 0,
+                               prefix="shard-" if block is None else f"shard-{block:05d}-")
+        info["seconds"] = time.perf_counter() - t0
+        _write_json(tmp / "block.json", info)
+    return info
+
+
+def build_instances(corpus: Corpus, tokenizer, s: PrepareSettings, folder: Path, block: int, prefix: str) -> dict:
+    """The paper's recipe on one block's documents: dupe_factor passes of pairs (or packed sentences),
+    masked a batch at a time, written as shards into `folder`; returns the counts and shard entries."""
+    from .masking import mask_instances
+    from .shards import token_dtype
+
+    counts = {"documents": corpus.num_documents, "sentences": len(corpus.sent_starts) - 1,
+              "corpus_tokens": int(len(corpus.tokens)), "instances": 0, "tokens": 0,
+              "masked_tokens": 0 if s.masking == "static" else None, "is_random_next": 0}
+    if corpus.num_documents < (2 if s.pairs == "nsp" else 1):
+        return {"counts": counts, "shards": []}  # no NotNext partner in a block of one document
+    special_ids = tokenizer.all_special_ids
+    never_mask = [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
+    shards = ShardWriter(folder, s.shard_size, token_dtype(tokenizer.vocab_size), prefix=prefix)
+    tokens = Tokens(corpus, tokenizer.cls_token_id, tokenizer.sep_token_id)
+    packed = pack_sentences(corpus, s.max_seq_len) if s.pairs == "none" else None
+    n_done = 0
+    for p in range(s.dupe_factor):
+        if packed is None:
+            rng = random.Random(f"{s.seed}/{p}" if block == 0 else f"{s.seed}/{p}/{block}")
+            pairs = create_pairs(corpus, s.max_seq_len, rng, short_seq_prob=s.short_seq_prob)
+            n = len(pairs)
+        else:
+            n = len(packed.first) - 1
+        for i in range(0, n, BATCH_INSTANCES):
+            j = min(n, i + BATCH_INSTANCES)
+            if packed is None:
+                from .pretraining import Pairs
+
+                inst = tokens.pairs(Pairs(pairs.a_start[i:j], pairs.a_len[i:j], pairs.b_start[i:j],
+                                          pairs.b_len[i:j], pairs.random_next[i:j]))
+            else:
+                from .pretraining import Spans
+
+                f = packed.first[i:j + 1]
+                inst = tokens.packed(Spans(packed.start[f[0]:f[-1]], packed.length[f[0]:f[-1]], f - f[0]))
+            masked = None
+            if s.masking == "static":
+                ids = block * BLOCK_ID + np.arange(n_done + i, n_done + j)
+                masked = mask_instances(
+                    inst.tokens, inst.word_starts, inst.offsets, ids, special_ids=special_ids,
+                    never_mask=never_mask, mask_id=tokenizer.mask_token_id, vocab_size=tokenizer.vocab_size,
+                    seed=s.seed, epoch=p, masked_lm_prob=s.masked_lm_prob, max_predictions=s.max_predictions,
+                    whole_word=s.whole_word, replace=s.mask_replace)
+            shards.add(inst, masked)
+        n_done += n
+    entries = shards.close()
+    counts.update(instances=n_done, tokens=sum(e["tokens"] for e in entries),
+                  masked_tokens=shards.masked_tokens if s.masking == "static" else None,
+                  is_random_next=shards.random_next)
+    return {"counts": counts, "shards": entries}
+
+
+# ----------------------------------------------------------------------------------------------
+# running the tasks: here, in worker processes, or on a Dask cluster
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _worker_init(threads: int) -> None:
+    """A worker process's thread pools: `threads` each, so that workers x threads fits the cores
+    (runs in the worker, before any pool starts; the parent process is left as it is)."""
+    for name in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+
+
+def _call(task):
+    fn, args = task
+    return fn(*args)
+
+
+class Runner:
+    """Runs tasks (a function and its arguments) and yields their results as they finish."""
+
+    def __init__(self, workers: int, cluster: str | None):
+        self.workers, self.cluster = workers, cluster
+        self._pool = self._client = None
+
+    def __enter__(self) -> "Runner":
+        if self.cluster:
+            try:
+                from distributed import Client
+            except ImportError:
+                raise ValueError("--cluster needs Dask's distributed (pip install 'dask[distributed]')") from None
+            try:
+                self._client = Client(self.cluster, timeout=30)
+            except (OSError, TimeoutError) as e:
+                raise ValueError(f"--cluster {self.cluster}: cannot reach the Dask scheduler ({e})") from None
+        return self
+
+    def _start_pool(self):
+        """The worker processes, started for the first round of two tasks or more. A worker that dies
+        (the OOM killer) breaks the pool: an error, never a wait for ever."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            threads = max(1, cores() // self.workers)
+            self._pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("spawn"), _worker_init,
+                                             (threads,))
+        return self._pool
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if self._pool is not None:
+            if kind is not None:  # an error or an interrupt: stop the workers now, not after their tasks
+                for process in list(getattr(self._pool, "_processes", {}).values()):
+                    process.terminate()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+
+    def run(self, tasks: list) -> Iterator:
+        if not tasks:
+            return
+        if self._client is not None:
+            from distributed import as_completed
+
+            futures = [self._client.submit(fn, *args, pure=False) for fn, args in tasks]
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+            finally:
+                self._client.cancel(futures)
+        elif self.workers > 1 and len(tasks) > 1:
+            from concurrent.futures import as_completed
+            from concurrent.futures.process import BrokenProcessPool
+
+            futures = [self._start_pool().submit(_call, task) for task in tasks]
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+            except BrokenProcessPool:
+                raise RuntimeError("a worker process of prepare died (out of memory? lower --workers or "
+                                   "--block-mb); the finished pieces and blocks are kept for --resume") from None
+        else:  # one task (or one worker): here, with this process's thread pools
+            for task in tasks:
+                yield _call(task)
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole job
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+        from ..io.files import check_replaceable
+
+        check_replaceable(out)
+
+
+def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> None:
+    """Make OUT.partial with the plan, or check the one there against it (--resume)."""
+    from ..io.files import check_replaceable, mark
+
+    if work.exists():
+        old = None
+        with contextlib.suppress(OSError, ValueError):
+            old = json.loads((work / PLAN).read_text(encoding="utf-8"))
+        if resume:
+            if old is None:
+                raise ValueError(f"{work}: no readable {PLAN}; start again with --overwrite")
+            diff = _differences(old, plan)
+            if diff:
+                raise ValueError(f"--resume: {work} was begun with other settings or files ({'; '.join(diff)}); "
+                                 "give the same ones, or start again with --overwrite")
+            return
+        if not overwrite:
+            raise FileExistsError(f"{work}: an unfinished prepare is there; continue it with --resume, or pass "
+                                  "--overwrite to start again")
+        check_replaceable(work)
+        shutil.rmtree(work)
+    elif resume:
+        raise ValueError(f"--resume: nothing to resume ({work} does not exist)")
+    _check_out(out, overwrite)
+    work.mkdir(parents=True)
+    mark(work)
+    _write_json(work / PLAN, plan)
+
+
+def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.PathLike, out: str | os.PathLike,
+            settings: PrepareSettings | None = None, *, overwrite: bool = False, resume: bool = False,
+            progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
+    """Corpus files -> a data folder of sharded instances (see data/shards.py); returns the manifest.
+
+    With settings.heldout_docs = k, k documents drawn by the seed are kept out of training and
+    prepared (static masking, one pass) in `out/heldout`. Work happens in OUT.partial (see the
+    module's docstring); `resume` continues a run that was stopped. manifest["timings"] gives the
+    seconds of each round."""
+    from ..tokenizer import MASK, BertTokenizer
+    from .shards import vocab_sha256
+
+    s = settings or PrepareSettings()
+    s.check()
+    out = Path(out)
+    if not resume:
+        _check_out(out, overwrite)
+    if not corpus_paths:
+        raise ValueError("no corpus files given")
+    tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"{tokenizer_dir}: the vocab has no {MASK} token, which masked LM needs")
+    names = ", ".join(str(p) for p in corpus_paths)
+    plan = make_plan(corpus_paths, tokenizer_dir, s, vocab_sha256(tokenizer))
+    work = partial_folder(out)
+    _start(work, plan, out, overwrite, resume)
+    plan = load_plan(work)
+    workers = s.workers or cores()
+    timings: dict[str, float] = {}
+    try:
+        with Runner(workers, s.cluster) as runner:
+            t0 = time.perf_counter()
+            pieces = range(len(plan["pieces"]))
+            _round(runner, [(run_piece, (str(work), i)) for i in pieces],
+                   [work / "pieces" / f"{i:06d}" / "piece.json" for i in pieces],
+                   [p["size"] for p in plan["pieces"]], progress)
+            timings["read_tokenize"] = time.perf_counter() - t0
+            index_path = work / "index.json"
+            if not index_path.is_file():
+                _write_json(index_path, make_index(work, plan, names))
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+            t0 = time.perf_counter()
+            blocks = list(range(plan["blocks"])) + ([None] if index["heldout"] else [])
+            _round(runner, [(run_block, (str(work), b)) for b in blocks],
+                   [work / "blocks" / ("heldout" if b is None else f"{b:05d}") / "block.json" for b in blocks],
+                   None, progress)
+            timings["instances"] = time.perf_counter() - t0
+    except ValueError:
+        shutil.rmtree(work, ignore_errors=True)  # a bad input: nothing is kept (it must be fixed first)
+        raise
+    t0 = time.perf_counter()
+    manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
+    timings["write"] = time.perf_counter() - t0
+    manifest["timings"] = timings
+    return manifest
+
+
+def _round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[int] | None, progress: bool) -> None:
+    """Run the tasks whose done file is missing, with a progress bar: bytes of the corpus read, with
+    tokens/s (sizes given), or blocks made."""
+    from tqdm.auto import tqdm
+
+    todo = [t for t, f in zip(tasks, done_files) if not f.is_file()]
+    if sizes is not None:
+        finished = sum(size for size, f in zip(sizes, done_files) if f.is_file())
+        bar = tqdm(total=sum(sizes), initial=finished, unit="B", unit_scale=True, desc="read + tokenize",
+                   disable=not progress, smoothing=0.1)
+    else:
+        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), unit="block", desc="pairs + masks",
+                   disable=not progress)
+    tokens, start = 0, time.perf_counter()
+    with bar:
+        for info in runner.run(todo):
+            if sizes is not None:
+                bar.update(info["bytes"])
+                tokens += info["tokens"]
+                bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - start):,.0f} tokens/s", refresh=False)
+            else:
+                bar.update(1)
+
+
+def _finish(work: Path, out: Path, plan: dict, index: dict, tokenizer, tokenizer_dir, s: PrepareSettings,
+            overwrite: bool, names: str) -> dict:
+    """Move the blocks' shards into data/, write the tokenizer and the manifest, and swap data/ in as OUT."""
+    from ..io.files import _fsync, mark, swap_in
+    from ..tokenizer import TOKENIZER_FILES
+    from .shards import FORMAT_NAME, FORMAT_VERSION, token_dtype, vocab_sha256
+
+    data = work / "data"
+    data.mkdir(exist_ok=True)
+    mark(data)
+
+    def gather(names_: list[str], target: Path) -> dict:
+        counts: dict[str, int | None] = {}
+        entries: list[dict] = []
+        for name in names_:
+            folder = work / "blocks" / name
+            info = json.loads((folder / "block.json").read_text(encoding="utf-8"))
+            for key, value in info["counts"].items():
+                counts[key] = None if value is None else (counts.get(key) or 0) + value
+            for e in info["shards"]:  # numbered across the blocks, in block order
+                name = f"shard-{len(entries):05d}"
+                if not (target / name).exists():  # (a resumed run may have moved it already)
+                    os.rename(folder / e["name"], target / name)
+                entries.append({**e, "name": name})
+        return {"counts": counts, "shards": entries}
+
+    train = gather([f"{b:05d}" for b in range(plan["blocks"])], data)
+    c = train["counts"]
+    if c["documents"] < 2 and s.pairs == "nsp":
+        held = "one document" if c["documents"] == 1 else f"{c['documents']} documents"
+        raise ValueError(f"{names}: the corpus holds {held}; next sentence prediction needs "
+                         "at least 2 (NotNext pairs take their B from another document; separate documents with "
+                         "a blank line)")
+    if c["instances"] == 0:
+        raise ValueError(f"{names}: no instance could be built (every document is too short for a sentence pair)")
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.is_file():
+            shutil.copy2(src, data / name)
+    if not (data / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
+        tokenizer.save_pretrained(data)
+    dtype = token_dtype(tokenizer.vocab_size)
+
+    def manifest_of(part: dict, settings: PrepareSettings) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "counts": {**part["counts"], "shards": len(part["shards"])},
+            "vocab_size": tokenizer.vocab_size,
+            "vocab_sha256": vocab_sha256(tokenizer),
+            "token_dtype": dtype.name,
+            "special_ids": {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
+                            "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
+                            "all": tokenizer.all_special_ids},
+            "seed": settings.seed,
+            "settings": {**{k: v for k, v in asdict(settings).items() if k not in PrepareSettings.RUN_ONLY},
+                         "corpus": plan["corpus"], "tokenizer": str(tokenizer_dir)},
+            "shards": part["shards"],
+        }
+
+    manifest = manifest_of(train, s)
+    if index["heldout"]:
+        (data / "heldout").mkdir(exist_ok=True)
+        held = gather(["heldout"], data / "heldout")
+        evaluation = replace(s, masking="static", dupe_factor=1, heldout_docs=0)
+        _write_json(data / "heldout" / "manifest.json", manifest_of(held, evaluation))
+        manifest["heldout"] = {"folder": "heldout", **held["counts"], "shards": len(held["shards"])}
+    _write_json(data / "manifest.json", manifest)
+    for root, _, files in os.walk(data):
+        for name in files:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
+    _check_out(out, overwrite)  # nothing appeared meanwhile
+    swap_in(data, out)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def note(message: str) -> None:
+    print(f"torchbert: {message}", file=sys.stderr)

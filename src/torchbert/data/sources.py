@@ -1,0 +1,350 @@
+"""A corpus as users hold it: many files, folders and globs; plain, gzip or zstd; text, JSON Lines or
+Parquet; read as streams of documents, in pieces that workers can take in any order.
+
+- `corpus_files(specs)`: the files named by files, folders (every file under them, sorted, hidden
+  ones left out) and globs, each once, in a fixed order.
+- `plan_pieces(files, fmt, piece_bytes)`: each file's layout (see below) and its pieces. A plain file
+  is cut into pieces of about piece_bytes at document boundaries (a blank line, or a line break where
+  each line is a document), found by seeking, so planning reads a few lines per piece, never the
+  file. A compressed file is one piece (a stream cannot be entered in the middle), and a Parquet
+  file has a piece per row group. A piece depends only on the file and piece_bytes: never on how
+  many workers read it.
+- `piece_documents(piece, ...)`: the documents of a piece as lists of sentences, in parts of about
+  part_bytes, each read as a stream: a worker's memory is set by part_bytes, not by the file.
+
+Layouts (`--format`): `bert` (one sentence per line, a blank line between documents), `text` (each
+line a paragraph, cut into sentences; blank lines separate documents), `lines` (each line a
+document; `text` in a file without blank lines), `jsonl` (a document per line, its text field),
+`parquet` (a document per row, its text column). `auto` takes jsonl and parquet from the name
+(`.jsonl`, `.json`, `.parquet`, before any `.gz`/`.zst`) and tells the others apart by the file's
+first 20,000 lines: `lines` if none is blank, `bert` if 90% of the others hold one sentence, else
+`text`. Every error names the file and the line (or the row group).
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..io.texts import json_loads, not_a_file
+
+FORMATS = ("auto", "bert", "text", "jsonl", "parquet")
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
+SAMPLE_LINES = 20000
+
+
+def corpus_files(specs: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files named by `specs` (files, folders, globs), each once, in the order given (a folder's
+    files and a glob's matches sorted by name)."""
+    files: list[Path] = []
+    for spec in map(str, specs):
+        if any(c in spec for c in "*?[") and not Path(spec).exists():
+            found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+            if not found:
+                raise FileNotFoundError(f"{spec}: no corpus file matches this pattern")
+        elif Path(spec).is_dir():
+            found = sorted(p for p in Path(spec).rglob("*")
+                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(spec).parts))
+            if not found:
+                raise FileNotFoundError(f"{spec}: the folder holds no corpus files")
+        else:
+            path = Path(spec)
+            if not path.is_file():
+                raise not_a_file(path, "corpus file")
+            found = [path]
+        files += found
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+def compression(path: Path) -> str | None:
+    return COMPRESSIONS.get(path.suffix.lower())
+
+
+def _inner_suffix(path: Path) -> str:
+    """The suffix that says the layout: `.jsonl` of docs.jsonl.gz."""
+    name = path.name.lower()
+    for suffix in COMPRESSIONS:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return os.path.splitext(name)[1]
+
+
+def open_binary(path: Path):
+    """The file's bytes as a stream, decompressed (gzip, zstd) as they are read."""
+    kind = compression(path)
+    if kind == "gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == "zst":
+        import zstandard
+
+        raw = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
+                                                                           closefd=True))
+    return open(path, "rb")
+
+
+# ----------------------------------------------------------------------------------------------
+# layouts
+
+
+def split_text_field(text: str, split_sentences) -> list[str]:
+    return [s for para in text.splitlines() for s in split_sentences(para)]
+
+
+def _decode(path: Path, raw: bytes, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = line + raw.count(b"\n", 0, e.start)
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}:{n}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column})"
+                         ) from None
+
+
+def _sample_lines(path: Path) -> list[str]:
+    with open_binary(path) as f:
+        raw = []
+        for n, line in enumerate(f):
+            if n >= SAMPLE_LINES:
+                break
+            raw.append(line)
+    text = _decode(path, b"".join(raw), 1)
+    return text.removeprefix("\ufeff").splitlines()
+
+
+def detect_layout(path: Path, fmt: str, split_sentences) -> str:
+    """The layout of one file (see the module's docstring): bert, text, lines, jsonl or parquet."""
+    inner = _inner_suffix(path)
+    if fmt == "parquet" or (fmt == "auto" and inner == ".parquet"):
+        if compression(path):
+            raise ValueError(f"{path}: a Parquet file is compressed inside; give it without .gz/.zst")
+        return "parquet"
+    if fmt == "jsonl" or (fmt == "auto" and inner in (".jsonl", ".json")):
+        return "jsonl"
+    sample = _sample_lines(path)
+    blank = any(not line.strip() for line in sample)
+    if fmt == "bert":
+        return "bert"
+    if not blank:
+        return "lines"
+    if fmt == "text":
+        return "text"
+    filled = [line for line in sample if line.strip()]
+    single = sum(1 for line in filled if len(split_sentences(line)) <= 1)
+    return "bert" if filled and single >= 0.9 * len(filled) else "text"
+
+
+# ----------------------------------------------------------------------------------------------
+# pieces
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of one file that a worker reads alone: bytes [start, stop) of a plain file, row groups
+    [start, stop) of a Parquet file, or a whole compressed file (start 0, stop -1)."""
+
+    file: str
+    layout: str
+    start: int
+    stop: int
+    size: int  # bytes on disk, for progress
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _boundary(f, offset: int, blank_separated: bool, size: int) -> int:
+    """The first document boundary at or after `offset`: after the next blank line (or, where each
+    line is a document, the next line break)."""
+    f.seek(offset - 1)
+    if f.read(1) == b"\n" and not blank_separated:
+        return offset
+    f.seek(offset)
+    f.readline()  # the rest of the line `offset` falls in
+    if not blank_separated:
+        return f.tell()
+    while True:
+        line = f.readline()
+        if not line:
+            return size
+        if not line.strip():
+            return f.tell()
+
+
+def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentences) -> list[Piece]:
+    """Every file's pieces, in file order (see the module's docstring)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    pieces: list[Piece] = []
+    for path in files:
+        layout = detect_layout(path, fmt, split_sentences)
+        size = path.stat().st_size
+        if layout == "parquet":
+            pieces += _parquet_pieces(path)
+        elif compression(path) or size <= piece_bytes:
+            pieces.append(Piece(str(path), layout, 0, -1 if compression(path) else size, size))
+        else:
+            cuts = [0]
+            with open(path, "rb") as f:
+                for k in range(1, -(-size // piece_bytes)):
+                    at = max(k * piece_bytes, cuts[-1] + 1)
+                    if at >= size:
+                        break
+                    b = _boundary(f, at, layout in ("bert", "text"), size)
+                    if cuts[-1] < b < size:
+                        cuts.append(b)
+            cuts.append(size)
+            pieces += [Piece(str(path), layout, a, b, b - a) for a, b in zip(cuts, cuts[1:])]
+    return pieces
+
+
+def _parquet_pieces(path: Path) -> list[Piece]:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have many types; all mean "not Parquet"
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+    return [Piece(str(path), "parquet", g, g + 1, meta.row_group(g).total_byte_size)
+            for g in range(meta.num_row_groups)]
+
+
+# ----------------------------------------------------------------------------------------------
+# documents
+
+
+def _line_of(path: Path, offset: int) -> int:
+    """The line number (1-based) that byte `offset` of a plain file starts."""
+    n = 1
+    with open(path, "rb") as f:
+        left = offset
+        while left > 0:
+            block = f.read(min(left, 1 << 24))
+            if not block:
+                break
+            n += block.count(b"\n")
+            left -= len(block)
+    return n
+
+
+def _byte_parts(piece: Piece, part_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """(first line number, bytes) of a plain or compressed piece, cut after whole lines every
+    ~part_bytes. Line numbers of a plain piece that starts inside its file are counted on demand."""
+    path = Path(piece.file)
+    with open_binary(path) as f:
+        if compression(path):
+            left = None
+        else:
+            f.seek(piece.start)
+            left = piece.stop - piece.start
+        line = 1 if piece.start == 0 else None
+        rest = b""
+        while True:
+            want = part_bytes if left is None else min(part_bytes, left)
+            block = f.read(want) if want > 0 else b""
+            if left is not None:
+                left -= len(block)
+            if not block:
+                if rest:
+                    yield (line if line is not None else _line_of(path, piece.start)), rest
+                return
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                rest = block
+                continue
+            part, rest = block[:cut], block[cut:]
+            first = line if line is not None else _line_of(path, piece.start)
+            yield first, part
+            line = first + part.count(b"\n")
+
+
+def piece_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str = "text"
+                    ) -> Iterator[tuple[list[list[str]], int]]:
+    """(documents, bytes) of a piece in parts of about part_bytes; a document never spans two parts.
+    Documents without a sentence are dropped."""
+    path = Path(piece.file)
+    if piece.layout == "parquet":
+        yield from _parquet_documents(piece, part_bytes, split_sentences, text_field)
+        return
+    doc: list[str] = []  # a blank-line document may run on into the next part: it goes with that one
+    pending: tuple[list[list[str]], int] | None = None
+    for first_line, raw in _byte_parts(piece, part_bytes):
+        text = _decode(path, raw, first_line)
+        if first_line == 1:
+            text = text.removeprefix("\ufeff")
+        docs: list[list[str]] = []
+        lines = text.splitlines()
+        if piece.layout == "jsonl":
+            for n, line in enumerate(lines, start=first_line):
+                if not line.strip():
+                    continue
+                try:
+                    record = json_loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    raise ValueError(f"{path}:{n}: expected an object with a string {text_field!r} field")
+                docs.append(split_text_field(record[text_field], split_sentences))
+        elif piece.layout == "lines":
+            docs += [split_sentences(line) for line in lines]
+        else:  # bert / text: blank lines between documents
+            bert = piece.layout == "bert"
+            for line in lines:
+                if line.strip():
+                    if bert:
+                        doc.append(line.strip())
+                    else:
+                        doc += split_sentences(line)
+                elif doc:
+                    docs.append(doc)
+                    doc = []
+        if pending is not None:
+            yield pending
+        pending = ([d for d in docs if d], len(raw))
+    if doc:
+        pending = ((pending[0] if pending else []) + [doc], pending[1] if pending else 0)
+    if pending is not None:
+        yield pending
+
+
+def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str):
+    import pyarrow.parquet as pq
+
+    path = Path(piece.file)
+    pf = pq.ParquetFile(path)
+    if text_field not in pf.schema_arrow.names:
+        raise ValueError(f"{path}: no column {text_field!r} (it has {', '.join(pf.schema_arrow.names)}); "
+                         "name the text column with --text-field")
+    rows_per_part = max(1, int(part_bytes / max(1, pf.metadata.row_group(piece.start).total_byte_size)
+                               * max(1, pf.metadata.row_group(piece.start).num_rows)))
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(piece.start))
+    for batch in pf.iter_batches(batch_size=rows_per_part, row_groups=list(range(piece.start, piece.stop)),
+                                 columns=[text_field]):
+        column = batch.column(0)
+        texts = column.to_pylist()
+        docs = []
+        for k, text in enumerate(texts):
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise ValueError(f"{path}: row {row + k + 1}: column {text_field!r} holds {type(text).__name__}, "
+                                 "not text")
+            docs.append(split_text_field(text, split_sentences))
+        row += len(texts)
+        yield [d for d in docs if d], int(column.nbytes)
