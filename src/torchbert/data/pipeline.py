@@ -83,7 +83,7 @@ def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256:
         raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
     text_bytes = sum(p.size * (COMPRESSED_RATIO if compression(Path(p.file)) else 1) for p in pieces)
     data = {k: v for k, v in asdict(s).items() if k not in PrepareSettings.RUN_ONLY}
-    return {
+    return json.loads(json.dumps({  # as it reads back from plan.json (tuples as lists)
         "version": PLAN_VERSION,
         "settings": data,
         "corpus": [str(c) for c in corpus],
@@ -94,7 +94,7 @@ def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256:
         "blocks": max(1, -(-text_bytes // block_bytes)),
         "piece_bytes": min(PIECE_BYTES, block_bytes),
         "bytes": sum(p.size for p in pieces),
-    }
+    }))
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -183,6 +183,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     if cls is ElectraForPreTraining and s.init is not None:
         raise UserError("--init is not supported with --objective electra: its generator would start from nothing")
     data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
+    if objective is PretrainingTask and data.manifest["settings"].get("pairs", "nsp") == "none":
+        raise UserError(f"--data {s.data}: prepared with --pairs none (sentences packed end to end, no sentence "
+                        "pairs), which next sentence prediction cannot learn from: pretrain it with --objective mlm "
+                        "(or electra), or prepare the corpus again with --pairs nsp")
     if s.resume:
         check_resumed(s, config, data, family)
         model = cls(config)  # the checkpoint brings the weights

@@ -1,0 +1,325 @@
+"""`prepare` at the scale of a real corpus (data/sources.py, data/pipeline.py), on small inputs: the
+same data for any number of workers and on a Dask cluster, NotNext partners from the whole corpus,
+every input layout, resume after SIGKILL, bad inputs, the packed (--pairs none) layout.
+
+Blocks are made tiny here (--block-mb 0.02: 20 KB) so that a corpus of a few hundred KB is dealt
+into many blocks and read in many pieces."""
+
+from __future__ import annotations
+
+import filecmp
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import realdata
+
+from torchbert.cli import main
+from torchbert.data import PrepareSettings, PretrainingData, prepare
+from torchbert.tokenizer import BertTokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("scale")
+
+
+@pytest.fixture(scope="module")
+def docs():
+    """People's Daily paragraphs, 10 to a document: 300 documents, ~700 KB."""
+    lines = realdata.peoples_daily_lines()[:3000]
+    return ["\n".join(lines[i:i + 10]) for i in range(0, len(lines), 10)]
+
+
+@pytest.fixture(scope="module")
+def corpus(work, docs):
+    path = work / "zh.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(work, corpus):
+    out = work / "tok"
+    assert main(["vocab", "--corpus", str(corpus), "--vocab-size", "3000", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def same_folders(a: Path, b: Path) -> None:
+    """Every file of data folder a is in b with the same bytes, and b holds no other."""
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert files_a == files_b
+    for f in files_a:
+        assert filecmp.cmp(a / f, b / f, shallow=False), f
+
+
+# ----------------------------------------------------------------------------------------------
+# the same data whatever the parallelism
+
+
+def test_same_shards_for_any_number_of_workers(work, corpus, tok):
+    settings = dict(block_mb=0.02, dupe_factor=2, heldout_docs=20, shard_size=500, seed=3)
+    outs = []
+    for workers in (1, 2, 3):
+        out = work / f"workers-{workers}"
+        m = prepare([corpus], tok, out, PrepareSettings(workers=workers, **settings))
+        outs.append(out)
+    plan_blocks = m["counts"]["shards"]
+    assert plan_blocks > 10  # many blocks, each ending in a shard of its own
+    assert m["heldout"]["documents"] == 20 and m["counts"]["documents"] == 280
+    same_folders(outs[0], outs[1])
+    same_folders(outs[0], outs[2])
+    assert not list(work.glob("*.partial"))
+
+
+@pytest.mark.e2e
+def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
+    distributed = pytest.importorskip("distributed")
+    settings = dict(block_mb=0.02, dupe_factor=1, masking="dynamic", whole_word=True, seed=4)
+    local = work / "local"
+    prepare([corpus], tok, local, PrepareSettings(workers=1, **settings))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  env={"TOKENIZERS_PARALLELISM": "false"}) as cluster:
+        on_cluster = work / "cluster"
+        prepare([corpus], tok, on_cluster, PrepareSettings(cluster=cluster.scheduler_address, **settings))
+    same_folders(local, on_cluster)
+
+
+# ----------------------------------------------------------------------------------------------
+# NotNext partners of global quality
+
+
+def test_notnext_partners_come_from_the_whole_corpus(work):
+    """Documents d0..d199 use words a*, d200..d399 words b*; the corpus is cut into ~15 blocks of
+    ~27 documents, each a random sample of all 400. The NotNext partner of a first-half A is from
+    the second half with probability (second-half documents in its block) / (block size - 1):
+    0.5 on average. Bound: within 0.5 +- 0.1 over ~900 NotNext pairs (the block sizes and the draw
+    give a standard deviation of about 0.03). Partners from neighbours in file order (a buffer of
+    nearby documents, UER-py's way) would give about 0."""
+    n_docs, half = 400, 200
+    rng = np.random.default_rng(0)
+    words = {"a": [f"a{i}" for i in range(20)], "b": [f"b{i}" for i in range(20)]}
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + words["a"] + words["b"]
+    vocab += [f"d{d}" for d in range(n_docs)]
+    tok_dir = work / "halves-tok"
+    tok_dir.mkdir()
+    (tok_dir / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    texts = []
+    for d in range(n_docs):
+        pool = words["a" if d < half else "b"]
+        texts.append("\n".join(f"d{d} " + " ".join(rng.choice(pool, rng.integers(3, 12))) + " ." for _ in range(6)))
+    path = work / "halves.txt"
+    path.write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    out = work / "halves"
+    m = prepare([path], tok_dir, out, PrepareSettings(format="bert", block_mb=0.005, max_seq_len=48,
+                                                       masking="dynamic", dupe_factor=2, workers=1))
+    assert m["counts"]["shards"] >= 10
+    data = PretrainingData(out)
+    tok = BertTokenizer.from_pretrained(tok_dir)
+    from_second = total = 0
+    for i in range(len(data)):
+        inst = data.instance(i)
+        if not inst["random_next"]:
+            continue
+        pieces = tok.convert_ids_to_tokens(inst["tokens"].tolist())
+        a_docs = {int(t[1:]) for t in pieces[:inst["a_len"]] if t.startswith("d")}
+        b_words = [t for t in pieces[inst["a_len"]:] if t[0] in "ab" and t[1:].isdigit()]
+        if a_docs and max(a_docs) < half and b_words:
+            total += 1
+            from_second += b_words[0][0] == "b"
+    assert total > 500
+    assert abs(from_second / total - 0.5) < 0.1, (from_second, total)
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs as users hold them
+
+
+def test_every_input_layout_gives_the_same_data(work, docs, corpus, tok):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    import zstandard
+
+    want = work / "layouts-txt"
+    prepare([corpus], tok, want, PrepareSettings(seed=5, dupe_factor=1))
+    as_jsonl = "".join(json.dumps({"id": k, "text": d}, ensure_ascii=False) + "\n" for k, d in enumerate(docs))
+    inputs = work / "inputs"
+    inputs.mkdir()
+    (inputs / "zh.txt.gz").write_bytes(gzip.compress(corpus.read_bytes()))
+    (inputs / "zh.jsonl").write_text(as_jsonl, encoding="utf-8")
+    (inputs / "zh.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(as_jsonl.encode()))
+    pq.write_table(pa.table({"id": list(range(len(docs))), "content": docs}), inputs / "zh.parquet",
+                   row_group_size=70)  # 5 row groups: 5 pieces
+    split = inputs / "split"
+    split.mkdir()
+    half = len(docs) // 2
+    (split / "1.txt").write_text("\n\n".join(docs[:half]) + "\n", encoding="utf-8")
+    (split / "2.txt.gz").write_bytes(gzip.compress(("\n\n".join(docs[half:]) + "\n").encode()))
+    cases = {
+        "gz": [inputs / "zh.txt.gz"],
+        "jsonl": [inputs / "zh.jsonl"],
+        "zst": [inputs / "zh.jsonl.zst"],
+        "folder": [split],
+        "glob": [str(split / "*")],
+    }
+    for name, paths in cases.items():
+        out = work / f"layouts-{name}"
+        prepare(paths, tok, out, PrepareSettings(seed=5, dupe_factor=1))
+        same_folders(want / "shard-00000", out / "shard-00000")
+    out = work / "layouts-parquet"
+    prepare([inputs / "zh.parquet"], tok, out, PrepareSettings(seed=5, dupe_factor=1, text_field="content"))
+    same_folders(want / "shard-00000", out / "shard-00000")
+
+
+def test_bad_inputs_name_the_file_and_line_and_leave_nothing(work, tok):
+    import zstandard
+
+    bad = work / "bad"
+    bad.mkdir()
+    gz = bad / "a.txt.gz"
+    gz.write_bytes(gzip.compress("好的。\n\n很好。\n".encode() * 1000 + b"ok\n\xff bad\n"))
+    zst = bad / "b.jsonl.zst"
+    zst.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "x"}\n' * 500 + b'{"text": 3}\n'))
+    missing = bad / "c.jsonl"
+    missing.write_text('{"body": "x"}\n', encoding="utf-8")
+    cases = [
+        ([gz], r"a\.txt\.gz:3002: not valid UTF-8"),
+        ([zst], r"b\.jsonl\.zst:501: expected an object with a string 'text' field"),
+        ([missing], r"c\.jsonl:1: expected an object with a string 'text' field"),
+        ([str(bad / "*.nothing")], r"no corpus file matches"),
+    ]
+    for paths, message in cases:
+        out = work / "bad-out"
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            prepare(paths, tok, out, PrepareSettings(block_mb=0.01, workers=2))
+        assert not out.exists() and not (work / "bad-out.partial").exists()
+
+
+def test_parquet_without_the_text_column_is_named(work, tok):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = work / "cols.parquet"
+    pq.write_table(pa.table({"body": ["他来了。", "她走了。"]}), path)
+    with pytest.raises(ValueError, match=r"cols\.parquet: no column 'text' \(it has body\); name the text column "
+                                         "with --text-field"):
+        prepare([path], tok, work / "cols")
+
+
+# ----------------------------------------------------------------------------------------------
+# resume
+
+
+def _command(corpus, tok, out, *extra):
+    return [sys.executable, "-m", "torchbert", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok),
+            "--out", str(out), "--block-mb", "0.02", "--dupe-factor", "3", "--heldout-docs", "10", "--seed", "6",
+            "--quiet", *extra]
+
+
+@pytest.mark.e2e
+def test_resume_after_sigkill_equals_an_uninterrupted_run(work, corpus, tok):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    whole = work / "whole"
+    subprocess.run(_command(corpus, tok, whole, "--workers", "1"), check=True, env=env)
+    out = work / "killed"
+    partial = Path(str(out) + ".partial")
+    rng = random.Random(0)
+    kills = resumed = 0
+    while True:
+        extra = ["--workers", "2"] + (["--resume"] if partial.exists() else [])
+        resumed += partial.exists()
+        proc = subprocess.Popen(_command(corpus, tok, out, *extra), env=env, start_new_session=True,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            proc.wait(timeout=rng.uniform(1.0, 3.5) if kills < 6 else 300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the command and its workers, at a random moment
+            proc.wait()
+            kills += 1
+            continue
+        assert proc.returncode == 0, proc.stderr.read()
+        if resumed < 2:  # finished before a kill came: start again, the kills a little earlier
+            kills = 0
+            continue
+        break
+    same_folders(whole, out)
+    assert not Path(str(out) + ".partial").exists()
+
+
+def test_resume_refuses_other_settings_and_a_rerun_names_resume(work, corpus, tok, capsys):
+    out = work / "stopped"
+    partial = work / "stopped.partial"
+    args = ["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(out), "--block-mb", "0.02",
+            "--quiet", "--workers", "1"]
+    from torchbert.data import pipeline
+
+    real = pipeline.run_block
+    calls = []
+
+    def stop_after_two(work_, block):
+        calls.append(block)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(work_, block)
+
+    pipeline.run_block = stop_after_two
+    try:
+        assert main(args) == 130
+    finally:
+        pipeline.run_block = real
+    err = capsys.readouterr().err
+    assert f"{partial} keeps the finished pieces and blocks; continue with: torchbert prepare" in err
+    assert err.rstrip().endswith("--resume")
+    assert len(list((partial / "blocks").glob("*/block.json"))) == 2
+    assert main(args) == 2
+    assert "an unfinished prepare is there; continue it with --resume" in capsys.readouterr().err
+    assert main(args + ["--resume", "--seed", "9"]) == 2
+    assert "--seed 12345 -> 9" in capsys.readouterr().err
+    assert main(args + ["--resume"]) == 0
+    assert not partial.exists() and (out / "manifest.json").is_file()
+    assert main(args + ["--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# the packed layout (--pairs none)
+
+
+def test_packed_sentences_layout(work, corpus, tok, capsys):
+    out = work / "packed"
+    m = prepare([corpus], tok, out, PrepareSettings(pairs="none", max_seq_len=64, masking="dynamic", dupe_factor=1))
+    assert m["counts"]["is_random_next"] == 0
+    data = PretrainingData(out)
+    t = BertTokenizer.from_pretrained(tok)
+    cls, sep = t.cls_token_id, t.sep_token_id
+    body = []
+    for i in range(len(data)):
+        inst = data.instance(i)
+        tokens = inst["tokens"]
+        assert tokens[0] == cls and tokens[-1] == sep and len(tokens) <= 64
+        assert inst["a_len"] == len(tokens) and not inst["random_next"]  # one segment
+        body.append(tokens[1:-1])
+    # end to end, the instances are the corpus: its tokens in order, a [SEP] between documents
+    joined = np.concatenate(body)
+    from torchbert.data.pretraining import read_documents, tokenize_corpus
+
+    c = tokenize_corpus(read_documents([corpus]), t)
+    docs = [c.tokens[c.sent_starts[c.doc_sents[d]]:c.sent_starts[c.doc_sents[d + 1]]] for d in range(c.num_documents)]
+    assert np.array_equal(joined[joined != sep], c.tokens)
+    assert (joined == sep).sum() >= c.num_documents - 1 - len(data)  # a boundary at an instance's end needs none
+    assert len(docs) == 300
+    # an objective with NSP cannot learn from it: pretrain says so before it starts
+    assert main(["pretrain", "--data", str(out), "--out", str(work / "nsp-run"), "--config", "tiny", "--steps", "1",
+                 "--quiet"]) == 2
+    assert "prepared with --pairs none" in capsys.readouterr().err
