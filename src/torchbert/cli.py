@@ -316,12 +316,19 @@ def _clip(text: str, n: int = 70) -> str:
 
 
 def _check_corpus(paths: list[str]) -> None:
-    """Each corpus file exists, holds text, and is valid UTF-8 (the error names the file and line)."""
-    from .data.pretraining import read_lines
+    """Each plain corpus file exists, holds text, and is valid UTF-8 (the error names the file and
+    line), read as a stream; compressed, JSON Lines and Parquet files are checked as they are read."""
+    from .data.sources import _inner_suffix, compression, corpus_files
+    from .io.texts import lines
 
-    for name in paths:
-        if not any(line.strip() for line in read_lines(Path(name))):
-            raise UserError(f"{name}: the corpus file is empty")
+    for path in corpus_files(paths):
+        if compression(path) or _inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+            continue
+        filled = False
+        for _, line in lines(path):  # to the end: a bad byte anywhere is named here, with its line
+            filled = filled or bool(line.strip())
+        if not filled:
+            raise UserError(f"{path}: the corpus file is empty")
 
 
 def check_out_folder(out: Path, overwrite: bool, inputs: list) -> None:
@@ -350,17 +357,21 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     _check_corpus(args.corpus)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        files = []
-        for k, name in enumerate(args.corpus):
-            if Path(name).suffix.lower() in (".jsonl", ".json"):
-                # the trainer reads raw lines: give it the `text` fields, not the JSON around them
-                from .data.pretraining import read_documents
+        from .data.pretraining import split_sentences
+        from .data.sources import _inner_suffix, compression, corpus_files, piece_documents, plan_pieces
 
+        files = []
+        for k, path in enumerate(corpus_files(args.corpus)):
+            if compression(path) or _inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+                # the trainer reads raw lines: give it the text, a sentence a line, streamed to a file
+                # (not the JSON around it, nor compressed bytes); memory holds one part at a time
                 text_file = Path(tmp) / f"{k}.txt"
-                docs = read_documents([name], "jsonl")
-                text_file.write_text("".join(s + "\n" for d in docs for s in d), encoding="utf-8")
-                name = text_file
-            files.append(name)
+                with open(text_file, "w", encoding="utf-8") as f:
+                    for piece in plan_pieces([path], "auto", 8 << 20, split_sentences):
+                        for docs, _ in piece_documents(piece, 8 << 20, split_sentences):
+                            f.write("".join(sent + "\n" for d in docs for sent in d))
+                path = text_file
+            files.append(path)
         tok = BertTokenizer.train(files, vocab_size=args.vocab_size, lowercase=args.lowercase,
                                   min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
                                   show_progress=not args.quiet)
@@ -1212,8 +1223,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a WordPiece vocabulary on text files",
         description="Train a BERT WordPiece vocabulary on corpus files and write a tokenizer folder.",
         epilog=EPILOG_VOCAB)
-    v.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
-                   help="UTF-8 text files (.jsonl/.json: the `text` field of each line)")
+    v.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                   help="UTF-8 corpus files, folders or globs, read as streams (.jsonl/.json and .parquet: the `text` "
+                        "field of each line or row; .gz and .zst decompressed as they are read)")
     v.add_argument("--vocab-size", type=int, required=True,
                    help="tokens in the vocab, special tokens included (more if the corpus has more distinct "
                         "characters than that, up to --limit-alphabet: each character is a token)")

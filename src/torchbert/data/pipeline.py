@@ -497,9 +497,11 @@ def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> 
     elif resume:
         raise ValueError(f"--resume: nothing to resume ({work} does not exist)")
     _check_out(out, overwrite)
-    work.mkdir(parents=True)
-    mark(work)
-    _write_json(work / PLAN, plan)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{work.name}.", suffix=".tmp", dir=work.parent))
+    mark(tmp)
+    _write_json(tmp / PLAN, plan)
+    os.rename(tmp, work)  # OUT.partial exists only with its plan in it
 
 
 def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.PathLike, out: str | os.PathLike,
@@ -549,12 +551,12 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
                    [work / "blocks" / ("heldout" if b is None else f"{b:05d}") / "block.json" for b in blocks],
                    None, progress)
             timings["instances"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
+        timings["write"] = time.perf_counter() - t0
     except ValueError:
         shutil.rmtree(work, ignore_errors=True)  # a bad input: nothing is kept (it must be fixed first)
         raise
-    t0 = time.perf_counter()
-    manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
-    timings["write"] = time.perf_counter() - t0
     manifest["timings"] = timings
     return manifest
 
@@ -618,12 +620,15 @@ def _finish(work: Path, out: Path, plan: dict, index: dict, tokenizer, tokenizer
                          "a blank line)")
     if c["instances"] == 0:
         raise ValueError(f"{names}: no instance could be built (every document is too short for a sentence pair)")
-    for name in TOKENIZER_FILES:
-        src = Path(tokenizer_dir) / name
-        if src.is_file():
-            shutil.copy2(src, data / name)
-    if not (data / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
-        tokenizer.save_pretrained(data)
+    def copy_tokenizer(folder: Path) -> None:  # every data folder carries the tokenizer its ids are of
+        for name in TOKENIZER_FILES:
+            src = Path(tokenizer_dir) / name
+            if src.is_file():
+                shutil.copy2(src, folder / name)
+        if not (folder / "vocab.txt").is_file():  # tokenizer_dir was a vocab.txt itself
+            tokenizer.save_pretrained(folder)
+
+    copy_tokenizer(data)
     dtype = token_dtype(tokenizer.vocab_size)
 
     def manifest_of(part: dict, settings: PrepareSettings) -> dict:
@@ -647,6 +652,7 @@ def _finish(work: Path, out: Path, plan: dict, index: dict, tokenizer, tokenizer
     if index["heldout"]:
         (data / "heldout").mkdir(exist_ok=True)
         held = gather(["heldout"], data / "heldout")
+        copy_tokenizer(data / "heldout")
         evaluation = replace(s, masking="static", dupe_factor=1, heldout_docs=0)
         _write_json(data / "heldout" / "manifest.json", manifest_of(held, evaluation))
         manifest["heldout"] = {"folder": "heldout", **held["counts"], "shards": len(held["shards"])}

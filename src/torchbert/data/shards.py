@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..io.texts import json_loads
 from .masking import mask_instances
@@ -68,6 +67,8 @@ class Batch:
 
     def padded(self, pad_id: int = 0, pad_to: int | None = None) -> dict[str, torch.Tensor]:
         """The padded [B, T] form that transformers.BertForPreTraining takes (labels -100 where unmasked)."""
+        import torch
+
         B = len(self.cu_seqlens) - 1
         T = self.max_seqlen if pad_to is None else pad_to
         if T < self.max_seqlen:
@@ -254,6 +255,8 @@ class PretrainingData:
 
     def batch(self, indices, *, epoch: int = 0) -> Batch:
         """The packed, masked batch of these instances (dynamic masks are those of `epoch`)."""
+        import torch
+
         items = [self.instance(int(i)) for i in indices]
         lengths = np.array([len(it["tokens"]) for it in items], dtype=np.int64)
         cu = np.r_[0, np.cumsum(lengths)]
