@@ -15,7 +15,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -290,6 +289,31 @@ def test_resume_refuses_other_settings_and_a_rerun_names_resume(work, corpus, to
     assert not partial.exists() and (out / "manifest.json").is_file()
     assert main(args + ["--resume"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_resume_after_a_kill_between_out_and_removing_partial(work, corpus, tok, monkeypatch):
+    """The last moment a kill can come: OUT is in place, OUT.partial not yet removed. --resume sees
+    that the run had finished, removes OUT.partial and leaves OUT as it is."""
+    from torchbert.io import files
+
+    settings = PrepareSettings(block_mb=0.05, dupe_factor=1, workers=1, seed=8)
+    whole = work / "late-whole"
+    prepare([corpus], tok, whole, settings)
+    real = files.swap_in
+
+    def swap_then_die(new, final):
+        real(new, final)
+        raise KeyboardInterrupt
+
+    out = work / "late"
+    monkeypatch.setattr(files, "swap_in", swap_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare([corpus], tok, out, settings)
+    monkeypatch.setattr(files, "swap_in", real)
+    assert Path(str(out) + ".partial").is_dir() and (out / "manifest.json").is_file()
+    m = prepare([corpus], tok, out, settings, resume=True)
+    assert m["counts"]["instances"] > 0 and not Path(str(out) + ".partial").exists()
+    same_folders(whole, out)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -531,6 +531,9 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     work = partial_folder(out)
     _start(work, plan, out, overwrite, resume)
     plan = load_plan(work)
+    if resume and _swapped_in(work, out):  # killed after OUT was put in place, before OUT.partial went
+        shutil.rmtree(work)
+        return {**json.loads((out / "manifest.json").read_text(encoding="utf-8")), "timings": {}}
     workers = s.workers or cores()
     timings: dict[str, float] = {}
     try:
@@ -559,6 +562,18 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
         raise
     manifest["timings"] = timings
     return manifest
+
+
+def _swapped_in(work: Path, out: Path) -> bool:
+    """Whether a run finished all but removing `work`: its shards left the blocks for data/, and data/
+    became OUT (before _finish, no shard has moved; during it, data/ exists)."""
+    if (work / "data").exists() or not (out / "manifest.json").is_file():
+        return False
+    for info in sorted((work / "blocks").glob("*/block.json")):
+        shards = json.loads(info.read_text(encoding="utf-8"))["shards"]
+        if shards:
+            return not (info.parent / shards[0]["name"]).exists()
+    return False
 
 
 def _round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[int] | None, progress: bool) -> None:

@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import json_loads, not_a_file, read_utf8
+from ..io.texts import not_a_file, read_utf8
 from ..settings import Checked, SettingError, setting
-from .masking import Masked, mask_instances
+from .masking import Masked
 from .sources import FORMATS
 
 
@@ -505,17 +504,6 @@ class PrepareSettings(Checked):
         if not (0 <= to_mask and 0 <= to_random and to_mask + to_random <= 1):
             raise SettingError("mask_replace", f"([MASK] share, random share) must be >= 0 and add up to at most 1, "
                                                f"got {to_mask}, {to_random}")
-
-
-def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
-        from ..io.files import check_replaceable
-
-        check_replaceable(out)
 
 
 class ShardWriter:

@@ -23,16 +23,19 @@ Dynamic masking draws its random numbers from (seed, epoch, instance, position) 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..io.texts import json_loads
 from .masking import mask_instances
+
+if TYPE_CHECKING:  # torch is imported where a batch is made: prepare's workers never load it
+    import torch
 
 FORMAT_NAME = "torchbert-pretraining"
 FORMAT_VERSION = 1

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import glob
 import io
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..io.texts import json_loads, not_a_file
+from ..io.texts import json_text, not_a_file
 
 FORMATS = ("auto", "bert", "text", "jsonl", "parquet")
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
@@ -294,13 +293,7 @@ def piece_documents(piece: Piece, part_bytes: int, split_sentences, text_field: 
             for n, line in enumerate(lines, start=first_line):
                 if not line.strip():
                     continue
-                try:
-                    record = json_loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise ValueError(f"{path}:{n}: expected an object with a string {text_field!r} field")
-                docs.append(split_text_field(record[text_field], split_sentences))
+                docs.append(split_text_field(json_text(line, text_field, path, n), split_sentences))
         elif piece.layout == "lines":
             docs += [split_sentences(line) for line in lines]
         else:  # bert / text: blank lines between documents

@@ -80,6 +80,17 @@ def _not_utf8(path: Path, line: int, byte: bytes, column: int, expected: str) ->
     return ValueError(f"{path}:{line}: not valid UTF-8 (byte {byte!r} at column {column}); expected {expected}")
 
 
+def json_text(line: str, field: str, path, n: int) -> str:
+    """The string `field` of a JSON Lines record; an error names the file and line."""
+    try:
+        record = json_loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        raise ValueError(f"{path}:{n}: expected an object with a string {field!r} field")
+    return record[field]
+
+
 def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
     path = Path(path)
     if not path.is_file():
@@ -92,13 +103,7 @@ def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
             continue
         if not line.strip():
             continue  # blank lines between records are allowed in JSON Lines
-        try:
-            record = json_loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise ValueError(f"{path}:{n}: expected an object with a string {field!r} field")
-        texts.append(record[field])
+        texts.append(json_text(line, field, path, n))
     if not texts:
         raise ValueError(f"{path}: no texts in the file")
     return texts
