@@ -124,17 +124,23 @@ def scale(args) -> None:
             if system == "before" and mb > args.before_max_mb:
                 continue
             for masking, whole_word in configs:
-                for workers in (args.workers if system == "now" else [1]):
+                runs = [(w, False) for w in (args.workers if system == "now" else [1])]
+                if args.one_thread and system == "now":
+                    runs.insert(0, (1, True))
+                for workers, one_thread in runs:
                     out = work / "out"
                     cmd = [sys.executable, "-m", "torchbert", "prepare", "--corpus", str(corpus), "--tokenizer",
                            str(tok_dir), "--out", str(out), "--overwrite", "--quiet", "--masking", masking]
                     cmd += ["--whole-word"] * whole_word + (["--workers", str(workers)] if system == "now" else [])
                     env = {**os.environ, "PYTHONPATH": str(src)}
+                    if one_thread:  # the tokenizer's pool at one thread: one worker on one core
+                        env.update(RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
                     seconds, peak, _ = run_measured(cmd, env)
                     m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
                     c = m["counts"]
                     name = masking + (", whole word" if whole_word else "")
-                    print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {system} | {name} | {workers} | "
+                    shown = f"{workers} (1 thread)" if one_thread else str(workers)
+                    print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {system} | {name} | {shown} | "
                           f"{peak / 2**30:.2f} GB | {seconds:.1f} | {c['corpus_tokens']:,} | "
                           f"{c['corpus_tokens'] / seconds:,.0f} | {c['instances']:,} |", flush=True)
         corpus.unlink()
@@ -150,6 +156,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--masking", nargs="+", default=["static", "dynamic"])
     ap.add_argument("--whole-word", action="store_true", help="--scale: also whole-word masking")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="--scale: also one worker with the tokenizer on one thread (one core)")
     ap.add_argument("--before", type=Path, help="--scale: another checkout, its prepare side by side")
     ap.add_argument("--before-max-mb", type=float, default=100)
     ap.add_argument("--work", type=Path, default=None, help="--scale: where corpora and outputs go (default: /tmp)")

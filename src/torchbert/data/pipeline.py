@@ -56,12 +56,12 @@ from .pretraining import (
 )
 
 PLAN = "plan.json"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 PIECE_BYTES = 8 << 20     # a piece of a plain file, and a part of any piece: a worker's text at a time
 COMPRESSED_RATIO = 4      # a compressed file's text, for sizing the blocks: about 4x its bytes
 BATCH_INSTANCES = 4_000   # instances assembled and masked at a time (masking holds ~120 bytes a token)
 BLOCK_ID = 1 << 36        # block b's instances are numbered from b * BLOCK_ID (for static masks)
-ARRAYS = ("tokens", "word_starts", "sent_lens", "doc_sents", "doc_ids", "block_docs")
+ARRAYS = ("tokens", "word_starts", "sent_lens", "doc_sents", "doc_ids", "blocks")
 
 
 def partial_folder(out: Path) -> Path:
@@ -203,7 +203,11 @@ def run_piece(work: str, index: int) -> dict:
                 "sent_lens": s_len[s_order].astype(np.int32),
                 "doc_sents": sents[order].astype(np.int32),
                 "doc_ids": corpus.doc_ids[order].astype(np.int64),
-                "block_docs": np.r_[0, np.cumsum(np.bincount(block, minlength=B))].astype(np.int64),
+                # [3, B+1]: where each block's documents, sentences and tokens start (a block task
+                # reads its own slices, never a whole part)
+                "blocks": np.stack([np.r_[0, np.cumsum(np.bincount(block, weights=w, minlength=B))]
+                                    for w in (None, sents, np.add.reduceat(s_len, corpus.doc_sents[:-1])
+                                              if D else np.zeros(0))]).astype(np.int64),
             }
             (tmp / f"part-{k:05d}").mkdir()
             for name, a in arrays.items():
@@ -251,10 +255,9 @@ def _gather(work: Path, plan: dict, index: dict, block: int | None) -> Corpus:
         for k, base in enumerate(row):
             d = work / "pieces" / f"{p:06d}" / f"part-{k:05d}"
             a = {n: np.load(d / f"{n}.npy", mmap_mode="r") for n in ARRAYS}
-            if block is None:
-                d0, d1 = 0, len(a["doc_ids"])
-            else:
-                d0, d1 = int(a["block_docs"][block]), int(a["block_docs"][block + 1])
+            # this block's slices of the part (sorted by block): documents, sentences, tokens
+            (d0, s0, t0), (d1, s1, t1) = a["blocks"][:, [0, -1] if block is None else [block, block + 1]].T
+            d0, d1, s0, s1, t0, t1 = (int(x) for x in (d0, d1, s0, s1, t0, t1))
             if d0 == d1:
                 continue
             ids = base + np.asarray(a["doc_ids"][d0:d1])
@@ -263,26 +266,19 @@ def _gather(work: Path, plan: dict, index: dict, block: int | None) -> Corpus:
                 keep = ~keep
             if not keep.any():
                 continue
-            doc_sents = np.asarray(a["doc_sents"], dtype=np.int64)
-            s_off = np.r_[0, np.cumsum(doc_sents)]
-            s0, s1 = int(s_off[d0]), int(s_off[d1])
+            docs = np.asarray(a["doc_sents"][d0:d1], dtype=np.int64)    # sentences of each document
             sent_lens = np.asarray(a["sent_lens"][s0:s1], dtype=np.int64)
-            t_off = np.r_[0, np.cumsum(sent_lens)]
-            t0 = int(np.asarray(a["sent_lens"][:s0], dtype=np.int64).sum())
-            docs = doc_sents[d0:d1]
-            if keep.all():
-                toks.append(np.asarray(a["tokens"][t0:t0 + int(t_off[-1])], dtype=np.int32))
-                wss.append(np.asarray(a["word_starts"][t0:t0 + int(t_off[-1])]))
-                lens.append(sent_lens)
-                per_doc.append(docs)
-                continue
-            local_s = np.r_[0, np.cumsum(docs)]
-            s_pick = ranges(local_s[:-1][keep], docs[keep])
-            t_pick = ranges(t_off[:-1][s_pick], sent_lens[s_pick])
-            toks.append(np.asarray(a["tokens"][t0:t0 + int(t_off[-1])], dtype=np.int32)[t_pick])
-            wss.append(np.asarray(a["word_starts"][t0:t0 + int(t_off[-1])])[t_pick])
-            lens.append(sent_lens[s_pick])
-            per_doc.append(docs[keep])
+            tokens = np.asarray(a["tokens"][t0:t1], dtype=np.int32)
+            word_starts = np.asarray(a["word_starts"][t0:t1])
+            if not keep.all():  # some documents are held out: gather the others' sentences and tokens
+                s_pick = ranges(np.r_[0, np.cumsum(docs)][:-1][keep], docs[keep])
+                t_pick = ranges(np.r_[0, np.cumsum(sent_lens)][:-1][s_pick], sent_lens[s_pick])
+                docs, sent_lens = docs[keep], sent_lens[s_pick]
+                tokens, word_starts = tokens[t_pick], word_starts[t_pick]
+            toks.append(tokens)
+            wss.append(word_starts)
+            lens.append(sent_lens)
+            per_doc.append(docs)
     cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     sent_lens, docs = cat(lens, np.int64), cat(per_doc, np.int64)
     return Corpus(cat(toks, np.int32), cat(wss, bool), np.r_[0, np.cumsum(sent_lens)].astype(np.int64),
@@ -475,7 +471,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> None:
     """Make OUT.partial with the plan, or check the one there against it (--resume)."""
-    from ..io.files import check_replaceable, mark
+    from ..io.files import MARK, check_replaceable, mark
 
     if work.exists():
         old = None
@@ -498,6 +494,9 @@ def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> 
         raise ValueError(f"--resume: nothing to resume ({work} does not exist)")
     _check_out(out, overwrite)
     work.parent.mkdir(parents=True, exist_ok=True)
+    for left in work.parent.glob(f".{work.name}.*.tmp"):  # a run killed while it made OUT.partial
+        if (left / MARK).is_file():
+            shutil.rmtree(left, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{work.name}.", suffix=".tmp", dir=work.parent))
     mark(tmp)
     _write_json(tmp / PLAN, plan)
