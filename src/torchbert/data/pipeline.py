@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.files import mark
 from .pretraining import (
     Corpus,
     PrepareSettings,
@@ -469,9 +470,18 @@ def _check_out(out: Path, overwrite: bool) -> None:
         check_replaceable(out)
 
 
+def _remove(work: Path) -> None:
+    """Remove OUT.partial as one step: renamed aside first (a kill while deleting leaves a hidden,
+    marked folder that the next run clears, never a half-deleted OUT.partial that --resume reads)."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{work.name}.", suffix=".tmp", dir=work.parent))
+    mark(aside)
+    os.rename(work, aside / "old")
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> None:
     """Make OUT.partial with the plan, or check the one there against it (--resume)."""
-    from ..io.files import MARK, check_replaceable, mark
+    from ..io.files import MARK, check_replaceable
 
     if work.exists():
         old = None
@@ -489,7 +499,7 @@ def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> 
             raise FileExistsError(f"{work}: an unfinished prepare is there; continue it with --resume, or pass "
                                   "--overwrite to start again")
         check_replaceable(work)
-        shutil.rmtree(work)
+        _remove(work)
     elif resume:
         raise ValueError(f"--resume: nothing to resume ({work} does not exist)")
     _check_out(out, overwrite)
@@ -531,7 +541,7 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     _start(work, plan, out, overwrite, resume)
     plan = load_plan(work)
     if resume and _swapped_in(work, out):  # killed after OUT was put in place, before OUT.partial went
-        shutil.rmtree(work)
+        _remove(work)
         return {**json.loads((out / "manifest.json").read_text(encoding="utf-8")), "timings": {}}
     workers = s.workers or cores()
     timings: dict[str, float] = {}
@@ -557,7 +567,7 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
         manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
         timings["write"] = time.perf_counter() - t0
     except ValueError:
-        shutil.rmtree(work, ignore_errors=True)  # a bad input: nothing is kept (it must be fixed first)
+        _remove(work)  # a bad input: nothing is kept (it must be fixed first)
         raise
     manifest["timings"] = timings
     return manifest
@@ -677,7 +687,7 @@ def _finish(work: Path, out: Path, plan: dict, index: dict, tokenizer, tokenizer
         _fsync(root)
     _check_out(out, overwrite)  # nothing appeared meanwhile
     swap_in(data, out)
-    shutil.rmtree(work, ignore_errors=True)
+    _remove(work)
     return manifest
 
 
