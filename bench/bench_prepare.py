@@ -110,10 +110,18 @@ def scale(args) -> None:
           f"max_seq_len 128, vocab {args.vocab_size}, work in {work}\n")
     print("| corpus | code | masking | workers | peak RSS | wall s | corpus tokens | corpus tokens/s | instances |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    tok_dir = None
+    tok_dir, rest = None, []
     for mb in args.sizes:
         corpus = work / f"corpus-{mb:g}MB.txt"
         corpus_of_size(corpus, mb)
+        now_env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        if args.rest:  # `torchbert vocab` on this corpus, measured; the first one's is the tokenizer
+            vocab_out = work / f"vocab-{mb:g}"
+            seconds, peak, _ = run_measured([sys.executable, "-m", "torchbert", "vocab", "--corpus", str(corpus),
+                                             "--out", str(vocab_out), "--vocab-size", str(args.vocab_size),
+                                             "--quiet"], now_env)
+            rest.append(f"| {corpus.stat().st_size / 1e6:,.0f} MB | vocab | {peak / 2**30:.2f} GB | {seconds:.1f} |")
+            tok_dir = tok_dir or vocab_out
         if tok_dir is None:  # one vocabulary, trained on the first (smallest) corpus, not timed
             from torchbert.tokenizer import BertTokenizer
 
@@ -143,7 +151,17 @@ def scale(args) -> None:
                     print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {system} | {name} | {shown} | "
                           f"{peak / 2**30:.2f} GB | {seconds:.1f} | {c['corpus_tokens']:,} | "
                           f"{c['corpus_tokens'] / seconds:,.0f} | {c['instances']:,} |", flush=True)
+        if args.rest:  # `pretrain` on the last folder prepared: start, count yardsticks, one step, evaluate, save
+            run = work / "run"
+            seconds, peak, _ = run_measured(
+                [sys.executable, "-m", "torchbert", "pretrain", "--data", str(work / "out"), "--out", str(run),
+                 "--overwrite", "--quiet", "--config", "tiny", "--steps", "1", "--eval-batches", "1",
+                 "--device", "cpu"], now_env)
+            rest.append(f"| {corpus.stat().st_size / 1e6:,.0f} MB | pretrain --steps 1 ({c['instances']:,} "
+                        f"instances) | {peak / 2**30:.2f} GB | {seconds:.1f} |")
         corpus.unlink()
+    if rest:
+        print("\n| corpus | command | peak RSS | wall s |\n|---|---|---:|---:|\n" + "\n".join(rest))
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
@@ -158,6 +176,9 @@ def main() -> None:
     ap.add_argument("--whole-word", action="store_true", help="--scale: also whole-word masking")
     ap.add_argument("--one-thread", action="store_true",
                     help="--scale: also one worker with the tokenizer on one thread (one core)")
+    ap.add_argument("--rest", action="store_true",
+                    help="--scale: also `torchbert vocab` on each corpus (its vocab is then the tokenizer) and "
+                         "`pretrain --steps 1` on the last folder prepared at each size (peak RSS, wall)")
     ap.add_argument("--before", type=Path, help="--scale: another checkout, its prepare side by side")
     ap.add_argument("--before-max-mb", type=float, default=100)
     ap.add_argument("--work", type=Path, default=None, help="--scale: where corpora and outputs go (default: /tmp)")

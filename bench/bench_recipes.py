@@ -49,7 +49,8 @@ DATA = {"ww15": [],
         "ww30": ["--masked-lm-prob", 0.3, "--max-predictions", 40],
         "ww40": ["--masked-lm-prob", 0.4, "--max-predictions", 52],
         "tok15": ["--no-whole-word"],
-        "ww15-maskonly": ["--mask-replace", 1, 0]}
+        "ww15-maskonly": ["--mask-replace", 1, 0],
+        "packed": ["--pairs", "none"]}  # RoBERTa's FULL-SENTENCES: no sentence pairs, rows filled to max_seq_len
 
 PAPER = {"data": "ww15", "config": "tiny", "batch": 32, "lr": 1e-3, "warmup": 0.1, "schedule": "linear", "args": [],
          "model": "bert", "variant": None}
@@ -64,6 +65,7 @@ PROBES = {
     "one-cycle (warmup 50%)": {"warmup": 0.5},
     "dropout 0": {"args": ["--dropout", 0]},
     "MLM only": {"args": ["--objective", "mlm"]},
+    "MLM only, packed sentences (--pairs none)": {"data": "packed", "args": ["--objective", "mlm"]},
     "mask 30%": {"data": "ww30"},
     "mask 40%": {"data": "ww40"},
     "[MASK] only": {"data": "ww15-maskonly"},

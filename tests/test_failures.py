@@ -390,7 +390,7 @@ def test_ctrl_c_before_the_first_checkpoint_is_one_line_and_loses_nothing(prepar
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(pretrain, "PretrainingData", ctrl_c)
+        m.setattr(pretrain, "open_data", ctrl_c)
         code, out, err = cli(capsys, *pretrain_args(prepared / "data", run, "--steps", "2"))
     assert code == 130 and err == f"torchbert: interrupted before the first checkpoint; {run} is as it was before " \
                                   "this run\n" and not run.exists()

@@ -478,6 +478,7 @@ examples:
   torchbert pretrain --data data/zh512 --out runs/phase2 --init runs/zh-small --steps 1000   # phase 2
   torchrun --nproc-per-node 4 -m torchbert pretrain --data data/zh --out runs/ddp --batch-size 32
   torchbert pretrain --data data/zh --out runs/zh-gpt --model gpt --config small   # the GPT baseline
+  torchbert pretrain --data data/news:0.7 data/wiki:0.3 --out runs/blend   # two corpora at 70/30
 
 --model gpt pretrains GPT (Radford et al., 2018), the left-to-right Transformer the BERT paper compares
 against, on the same prepared data: each instance read as plain text ([CLS] A [SEP] B [SEP], unmasked),
@@ -490,6 +491,9 @@ Checkpoints (model, optimizer, schedule, RNG states, data position) go to OUT/ch
 --save-every steps; --resume continues from the newest whole one, bit for bit.
 Under torchrun each process reads its own part of every batch, so --batch-size is per process and
 the global batch is batch-size x processes x grad-accum; --fsdp shards the model with FSDP2.
+Several --data folders are one blend: each drawn at its weight (FOLDER:WEIGHT; none given: by its
+number of instances), upsampled when its weight is above its share, evaluated on their held-out
+documents blended alike; they must share the tokenizer and the masking settings.
 """
 
 

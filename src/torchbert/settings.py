@@ -83,11 +83,13 @@ class Checked:
 
 
 def _type(f: Field) -> str:
-    """The field's type by name ('int', 'float', 'bool', 'str', or 'tuple' of floats): annotations are
-    strings here."""
+    """The field's type by name ('int', 'float', 'bool', 'str', 'tuple' of floats, or 'list' of one or
+    more strings): annotations are strings here."""
     text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if text.startswith("tuple["):
         return "tuple"
+    if text.startswith("list["):
+        return "list"
     for name in ("bool", "int", "float"):
         if name in text.replace("|", " ").split():
             return name
@@ -132,6 +134,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             kw["type"] = int if kind == "int" else float
         if kind == "tuple":  # a fixed number of floats, one metavar each
             kw.update(type=float, nargs=len(m["metavar"]), metavar=tuple(m["metavar"]))
+        elif kind == "list":  # one value or more
+            kw.update(nargs="+", metavar=m["metavar"])
         elif m["metavar"]:
             kw["metavar"] = m["metavar"]
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)

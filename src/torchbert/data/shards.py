@@ -232,10 +232,16 @@ class PretrainingData:
             first = g * global_size + self.rank * batch_size
             yield self.batch(order[first:first + batch_size], epoch=epoch)
 
-    def token_arrays(self) -> Iterator[np.ndarray]:
-        """Each shard's unmasked tokens [N], its instances end to end ([CLS] ... [SEP] each)."""
+    def token_arrays(self, limit: int | None = None) -> Iterator[np.ndarray]:
+        """Each shard's unmasked tokens [N], its instances end to end ([CLS] ... [SEP] each); with
+        `limit`, the first `limit` tokens in all (the last array cut)."""
+        left = limit
         for shard in self._shards:
-            yield np.asarray(shard["tokens"], dtype=np.int64)
+            if left is not None and left <= 0:
+                return
+            tokens = shard["tokens"] if left is None else shard["tokens"][:left]
+            yield np.asarray(tokens, dtype=np.int64)
+            left = None if left is None else left - len(tokens)
 
     def instance(self, index: int) -> dict[str, np.ndarray]:
         """One stored instance, unmasked: tokens, word_starts, a_len, random_next (and static MLM)."""
@@ -258,9 +264,13 @@ class PretrainingData:
 
     def batch(self, indices, *, epoch: int = 0) -> Batch:
         """The packed, masked batch of these instances (dynamic masks are those of `epoch`)."""
+        return self.assemble([self.instance(int(i)) for i in indices], indices, epoch=epoch)
+
+    def assemble(self, items: list[dict], keys, *, epoch: int = 0) -> Batch:
+        """The packed, masked batch of these instances (`instance`'s dicts); a dynamic mask is drawn
+        from (seed, epoch, key) for each, the key being the instance's index (or a blend's)."""
         import torch
 
-        items = [self.instance(int(i)) for i in indices]
         lengths = np.array([len(it["tokens"]) for it in items], dtype=np.int64)
         cu = np.r_[0, np.cumsum(lengths)]
         tokens = np.concatenate([it["tokens"] for it in items])                    # [N]
@@ -272,7 +282,7 @@ class PretrainingData:
         elif self.dynamic:
             settings = self.manifest["settings"]
             m = mask_instances(
-                tokens, np.concatenate([it["word_starts"] for it in items]), cu, np.asarray(indices, dtype=np.int64),
+                tokens, np.concatenate([it["word_starts"] for it in items]), cu, np.asarray(keys, dtype=np.int64),
                 special_ids=self._special_ids, never_mask=self._never_mask, mask_id=self._mask_id,
                 vocab_size=self.vocab_size, seed=self.seed, epoch=epoch,
                 masked_lm_prob=settings["masked_lm_prob"], max_predictions=settings["max_predictions"],

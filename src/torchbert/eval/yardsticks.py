@@ -22,7 +22,7 @@ held backs off: neighbours -> left -> unigram.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -175,21 +175,11 @@ def score(tables: CountTables, q: dict[str, np.ndarray]) -> dict[str, float | in
     return {**{name: float((guesses[name] == q["labels"]).mean()) for name in NAMES}, "masked": n}
 
 
-def first_tokens(arrays: Iterable[np.ndarray], limit: int) -> Iterator[np.ndarray]:
-    """The arrays in order, the last one cut so that `limit` tokens come in all."""
-    left = limit
-    for a in arrays:
-        if left <= 0:
-            return
-        yield a[:left]
-        left -= len(a)
-
-
 def yardsticks(train_data, eval_batches: Iterable, max_tokens: int = MAX_COUNTED) -> dict[str, float | int]:
     """The three count yardsticks of `train_data` (PretrainingData) on `eval_batches`' masks, counted
     over its first `max_tokens` training tokens (`counted` says how many)."""
     q = queries(eval_batches)
-    arrays = list(first_tokens(train_data.token_arrays(), max_tokens))
+    arrays = list(train_data.token_arrays(max_tokens))
     tables = CountTables(arrays, train_data.vocab_size, train_data.manifest["special_ids"]["all"],
                          q["left"], q["right"], q["d"], q["e"])
     return {**score(tables, q), "counted": sum(len(a) for a in arrays)}

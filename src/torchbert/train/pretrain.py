@@ -26,6 +26,7 @@ import torch
 from ..baselines.elmo import ELMoBiLM
 from ..baselines.gpt import OpenAIGPTLMHeadModel
 from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
+from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
 from ..electra import GENERATOR_SIZE, ElectraForPreTraining
 from ..errors import UserError
@@ -55,7 +56,10 @@ OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForM
 class PretrainSettings(Checked):
     """What `pretrain` trains, declared once: its flags are made from these fields (and TrainConfig's)."""
 
-    data: Path = setting(help="folder written by torchbert prepare")
+    data: list[str] = setting(help="folder written by torchbert prepare; several, each as FOLDER:WEIGHT, are "
+                                   "read as one blend drawn at those weights (e.g. --data news:0.7 wiki:0.3; "
+                                   "without weights, each folder by its number of instances)",
+                              metavar="FOLDER[:WEIGHT]")
     out: Path = setting(help="run folder (a Hugging Face checkpoint at the end)")
     config: str | None = setting(None, "preset name or config.json (default: small, L4 H512 A8; with --resume: "
                                        "the run's own)")
@@ -91,6 +95,12 @@ class PretrainSettings(Checked):
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.data, (str, Path)):  # one folder, from Python
+            self.data = [str(self.data)]
+        self.data = [str(d) for d in self.data]
+        super().__post_init__()
+
 
 def model_family(config) -> str:
     return next(name for name, m in MODELS.items() if isinstance(config, m[2]))
@@ -117,14 +127,15 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: st
     return config
 
 
-def heldout_batches(eval_data: PretrainingData, batch_size: int, max_batches: int) -> list:
+def heldout_batches(eval_data: PretrainingData | BlendedData, batch_size: int, max_batches: int) -> list:
     """The fixed held-out batches: the first max_batches of epoch 0, in the data's order (the
     evaluation and the count yardsticks both read these)."""
     batch_size = max(1, min(batch_size, len(eval_data)))  # a small held-out set still gives a batch
     return list(itertools.islice(eval_data.batches(batch_size, epoch=0), max_batches))
 
 
-def evaluator(eval_data: PretrainingData, batch_size: int, max_batches: int, device: torch.device, task=None):
+def evaluator(eval_data: PretrainingData | BlendedData, batch_size: int, max_batches: int, device: torch.device,
+              task=None):
     """Held-out loss and accuracy of each part of the objective (BERT: MLM and NSP; GPT: the next
     token) over a fixed set of batches."""
     task = task or PretrainingTask()
@@ -153,8 +164,13 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     resumed run takes its model config from the run folder."""
     dist = dist or Dist()
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
-    folder = RunFolder(s.out, s.resume, s.overwrite, {"--data": s.data, "--init": s.init, "--eval-data": s.eval_data,
-                                                      "--config": config_path}, log=log)
+    try:
+        specs = parse_data(s.data)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    folders = [f for f, _ in specs]
+    folder = RunFolder(s.out, s.resume, s.overwrite, [*(("--data", f) for f in folders), ("--init", s.init),
+                                                      ("--eval-data", s.eval_data), ("--config", config_path)], log=log)
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
                         "config.json)")
@@ -182,9 +198,9 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                         "absolute positions only)")
     if cls is ElectraForPreTraining and s.init is not None:
         raise UserError("--init is not supported with --objective electra: its generator would start from nothing")
-    data = PretrainingData(s.data, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
+    data = open_data(specs, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
     if objective is PretrainingTask and data.manifest["settings"].get("pairs", "nsp") == "none":
-        raise UserError(f"--data {s.data}: prepared with --pairs none (sentences packed end to end, no sentence "
+        raise UserError(f"--data {data.folder}: prepared with --pairs none (sentences packed end to end, no sentence "
                         "pairs), which next sentence prediction cannot learn from: pretrain it with --objective mlm "
                         "(or electra), or prepare the corpus again with --pairs nsp")
     if s.resume:
@@ -209,11 +225,13 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         model = cls(config)
     config = model.config
     evaluate = counts = None
-    if s.eval_data is None and (s.data / "heldout" / "manifest.json").is_file():
-        s.eval_data = s.data / "heldout"  # prepare --heldout-docs put it there
-    if s.eval_data is not None:
-        eval_data = PretrainingData(s.eval_data, seed=cfg.seed, shuffle=False, masked=masked)
-        data.check_vocab(s.eval_data)
+    eval_specs = [(Path(s.eval_data), None)] if s.eval_data is not None else None
+    if eval_specs is None and all((f / "heldout" / "manifest.json").is_file() for f in folders):
+        eval_specs = [(f / "heldout", w) for f, w in specs]  # prepare --heldout-docs put it there; a blend's blended
+    if eval_specs is not None:
+        eval_data = open_data(eval_specs, seed=cfg.seed, shuffle=False, masked=masked)
+        for eval_folder, _ in eval_specs:
+            data.check_vocab(eval_folder)
         evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective())
         if masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
             started = time.perf_counter()
@@ -249,9 +267,9 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         final.load_state_dict(state)
         final.save_pretrained(s.out)
         for name in TOKENIZER_FILES:
-            if (s.data / name).is_file():
-                atomic_copy(s.data / name, s.out / name)
-        summary.update(data=str(s.data), model=family)
+            if (folders[0] / name).is_file():  # a blend's folders share the tokenizer (checked)
+                atomic_copy(folders[0] / name, s.out / name)
+        summary.update(data=s.data[0] if len(s.data) == 1 else data.manifest["blend"], model=family)
         if counts is not None:
             summary["yardsticks"] = counts
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
@@ -299,7 +317,8 @@ def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig | ELMoConfig:
     return load_config(saved)
 
 
-def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConfig, data: PretrainingData,
+def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConfig,
+                  data: PretrainingData | BlendedData,
                   family: str) -> None:
     """A --model, --config or --data that says otherwise than the resumed run is an error."""
     if not isinstance(config, MODELS[family][2]):
@@ -324,5 +343,6 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
             raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
                             "leave --config out to resume it")
     if config.vocab_size != data.vocab_size:
-        raise UserError(f"--data {s.data}: vocab size {data.vocab_size} differs from the run's {config.vocab_size}; "
+        raise UserError(f"--data {data.folder}: vocab size {data.vocab_size} differs from the run's "
+                        f"{config.vocab_size}; "
                         "resume with the data the run started with")
