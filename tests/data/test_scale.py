@@ -97,6 +97,30 @@ def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
     same_folders(local, on_cluster)
 
 
+ALLOCATES = """
+import sys
+import numpy as np
+from torchbert.data.pipeline import _map_large_allocations
+if sys.argv[1] == "worker":
+    _map_large_allocations()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+a = np.ones(1 << 20); del a   # 8 MB: mapped; glibc's threshold then rises past it by default
+base = rss()
+b = np.ones(1 << 20); del b   # by default from the heap now, and kept there when freed
+print(rss() - base)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_worker_gives_large_arrays_back_when_they_are_freed():
+    """What keeps a worker's memory flat from task to task (pipeline._map_large_allocations)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    kept = {mode: int(subprocess.run([sys.executable, "-c", ALLOCATES, mode], env=env, check=True,
+                                     capture_output=True, text=True).stdout) for mode in ("default", "worker")}
+    assert kept["default"] > 6e6 and kept["worker"] < 1e6, kept
+
+
 # ----------------------------------------------------------------------------------------------
 # NotNext partners of global quality
 
