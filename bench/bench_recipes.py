@@ -76,6 +76,8 @@ PROBES = {
     "rotary positions": {"args": ["--positions", "rotary"]},
     "rotary, lr 2e-3": {"lr": 2e-3, "args": ["--positions", "rotary"]},
     "rotary, MLM only, dropout 0": {"args": ["--positions", "rotary", "--objective", "mlm", "--dropout", 0]},
+    "rotary, MLM only": {"args": ["--positions", "rotary", "--objective", "mlm"]},
+    "rotary, MLM only, packed sentences": {"data": "packed", "args": ["--positions", "rotary", "--objective", "mlm"]},
     "rotary, single-token masks": {"data": "tok15", "args": ["--positions", "rotary"]},
     "ELECTRA (generator 1/4)": {"args": ["--objective", "electra"]},
     "ELECTRA (generator 1/2)": {"args": ["--objective", "electra", "--generator-size", 0.5]},

@@ -337,6 +337,16 @@ def test_resume_and_ranks(dynamic_dir):
         assert torch.equal(torch.cat([p[g].nsp_labels for p in parts]), whole[g].nsp_labels)
 
 
+def test_the_epoch_order_is_numpys_permutation_in_half_the_memory(dynamic_dir):
+    """The order held in int32 is the one earlier versions drew in int64 (runs resume onto the same data)."""
+    data = PretrainingData(dynamic_dir, seed=3)
+    for epoch in (0, 1):
+        order = data.order(epoch)
+        assert order.dtype == np.int32
+        assert np.array_equal(order, np.random.default_rng([3, epoch]).permutation(len(data)))
+    assert np.array_equal(PretrainingData(dynamic_dir, shuffle=False).order(0), np.arange(len(data)))
+
+
 def test_dynamic_masks_per_epoch(dynamic_dir, zh_tok):
     data = PretrainingData(dynamic_dir, seed=5)
     e0, e0_again, e1 = _all(data, 0), _all(data, 0), _all(data, 1)

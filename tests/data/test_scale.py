@@ -100,25 +100,27 @@ def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
 ALLOCATES = """
 import sys
 import numpy as np
-from torchbert.data.pipeline import _map_large_allocations
+from torchbert.data import pipeline
 if sys.argv[1] == "worker":
-    _map_large_allocations()
+    pipeline._worker_init(1)
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
-a = np.ones(1 << 20); del a   # 8 MB: mapped; glibc's threshold then rises past it by default
+def task():
+    a = np.ones(1 << 20); del a   # 8 MB: mapped; glibc's threshold then rises past it
+    b = np.ones(1 << 20); del b   # from the heap now, and kept there when freed
 base = rss()
-b = np.ones(1 << 20); del b   # by default from the heap now, and kept there when freed
+pipeline._call((task, ()))
 print(rss() - base)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
-def test_a_worker_gives_large_arrays_back_when_they_are_freed():
-    """What keeps a worker's memory flat from task to task (pipeline._map_large_allocations)."""
+def test_a_worker_gives_its_tasks_memory_back():
+    """What keeps a worker's memory flat from task to task (pipeline._malloc_trim after each task)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     kept = {mode: int(subprocess.run([sys.executable, "-c", ALLOCATES, mode], env=env, check=True,
-                                     capture_output=True, text=True).stdout) for mode in ("default", "worker")}
-    assert kept["default"] > 6e6 and kept["worker"] < 1e6, kept
+                                     capture_output=True, text=True).stdout) for mode in ("plain", "worker")}
+    assert kept["plain"] > 6e6 and kept["worker"] < 1e6, kept
 
 
 # ----------------------------------------------------------------------------------------------

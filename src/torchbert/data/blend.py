@@ -132,7 +132,7 @@ class BlendedData:
 
     def order(self, epoch: int) -> np.ndarray:
         """[L] the keys of epoch `epoch`'s instances in visiting order (see the module's docstring)."""
-        which = np.repeat(np.arange(len(self.parts)), self.draws)
+        which = np.repeat(np.arange(len(self.parts), dtype=np.int16), self.draws)  # [L] the folder of each draw
         if self.shuffle:
             which = np.random.default_rng([self.seed, epoch, len(self.parts)]).permutation(which)
         else:  # spread evenly: folder i's t-th draw at (t + 1/2) / draws_i of the way (held-out batches)

@@ -376,38 +376,43 @@ def cores() -> int:
 
 def _worker_init(threads: int) -> None:
     """A worker process's thread pools: `threads` each, so that workers x threads fits the cores
-    (runs in the worker, before any pool starts; the parent process is left as it is), and its
-    allocator (`_map_large_allocations`)."""
+    (runs in the worker, before any pool starts; the parent process is left as it is)."""
+    global _trim
     for name in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-    _map_large_allocations()
+    _trim = _malloc_trim()
 
 
-def _map_large_allocations() -> None:
-    """glibc's malloc serves every request of 1 MB and more with a mapping of its own, given back
-    when freed. By default its threshold rises (up to 32 MB) after the first large free, and then a
-    worker that runs task after task keeps the high-water mark of a fragmented heap: measured at 1 GB
-    of corpus, one worker 90 MB above the 100 MB run's and the whole run's peak 0.88 GB, against
-    0.79 GB with this (at 100 MB the same speed, bench/README.md). Only in our own worker processes,
-    and not when glibc's environment already sets it."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ \
-            or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0): every free page of the heap given back to the system. A worker calls it
+    after each task: glibc's threshold for mapping a large request on its own rises (up to 32 MB)
+    after the first large free, later ones come from the heap, and a worker that runs task after task
+    otherwise keeps the high-water mark of a fragmented heap (measured at 1 GB of corpus: one worker
+    90 MB above the 100 MB run's, bench/README.md). None off glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
     import ctypes.util
 
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (malloc.h); fixed, so it no longer adapts
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+_trim: Callable[[], object] | None = None  # set in our worker processes only
 
 
 def _call(task):
     fn, args = task
-    return fn(*args)
+    try:
+        return fn(*args)
+    finally:
+        if _trim is not None:
+            _trim()
 
 
 class Runner:

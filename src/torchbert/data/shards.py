@@ -217,10 +217,14 @@ class PretrainingData:
         return len(self) // (batch_size * self.world_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """[n] the epoch's visiting order: a permutation from (seed, epoch), or 0..n-1 without shuffle."""
-        if not self.shuffle:
-            return np.arange(len(self))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self))
+        """[n] the epoch's visiting order: a permutation from (seed, epoch), or 0..n-1 without shuffle.
+        Held in int32 below 2**31 instances (4 bytes an instance: 105 MB for the 26M instances of 1 GB
+        of corpus), the same order that `Generator.permutation` gives in int64."""
+        n = len(self)
+        order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        if self.shuffle:
+            np.random.default_rng([self.seed, epoch]).shuffle(order)
+        return order
 
     def batches(self, batch_size: int, *, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's batches of `epoch`, from global batch `start` on (the last partial one dropped)."""
