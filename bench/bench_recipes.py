@@ -230,6 +230,34 @@ def finetune_table(a, work: Path, base: Path, tasks: Path, results: dict) -> Non
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def cross_table(a, work: Path, base: Path, variant: str) -> None:
+    """Every kept model of the probes (all seeds) scored on the base's held-out masks and on data
+    variant `variant`'s (its own layout's held-out documents): a layout seen only in training is
+    told apart from one the evaluation favours (packed rows are one segment, all token type 0)."""
+    from torchbert.heads import BertForMaskedLM
+    from torchbert.train.objectives import MaskedLMTask
+    from torchbert.train.pretrain import evaluator
+
+    heldouts = {"the paper's pairs (base)": base / "heldout", variant: prepared(work, base, variant) / "heldout"}
+    scorers = {name: evaluator(PretrainingData(h, shuffle=False), 32, 20, torch.device("cpu"), MaskedLMTask())
+               for name, h in heldouts.items()}
+    print("\n| probe (MLM models) | " + " | ".join(f"held-out MLM acc, {n}" for n in heldouts) + " |")
+    print("|---|" + "---:|" * len(heldouts))
+    for name in a.probes:
+        folders = [model_folder(work, name, seed) for seed in a.seeds]
+        if not all((f / "model.safetensors").is_file() for f in folders) or PROBES[name].get("model") == "gpt":
+            continue
+        cells = []
+        for score in scorers.values():
+            accs = []
+            for folder in folders:
+                model = BertForMaskedLM.from_pretrained(folder).eval()
+                with torch.no_grad():
+                    accs.append(score(model)["mlm_accuracy"])
+            cells.append(f"{statistics.mean(accs):.3f}" + (f" ± {statistics.stdev(accs):.3f}" if len(accs) > 1 else ""))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def at_seconds(curve: list[dict], t: float) -> float:
     """Held-out accuracy at t training seconds, linear between evaluations (0 before the first)."""
     xs = [0.0] + [r["seconds"] for r in curve]
@@ -251,6 +279,8 @@ def main() -> None:
     ap.add_argument("--finetune", action="store_true",
                     help="also fine-tune each probe's model with the demo's protocol (sentiment and NER, 200 labels)")
     ap.add_argument("--finetune-seed", type=int, default=0, help="whose pretraining run is fine-tuned (default: 0)")
+    ap.add_argument("--also-eval", choices=list(DATA), help="score every kept model also on this data variant's "
+                    "held-out documents (e.g. packed: the --pairs none layout), beside the base's")
     ap.add_argument("--tasks", help="the demo's task files (default: made beside the demo's data in --work)")
     a = ap.parse_args()
     unknown = [p for p in a.probes if p not in PROBES]
@@ -308,6 +338,8 @@ def main() -> None:
             " (next token)" if PROBES[name].get("model") == "gpt" else ""
         print(f"| {name}{what} | {statistics.mean(r['steps'] for r in runs):,.0f} | "
               f"{statistics.mean(r['tokens_per_second'] for r in runs):,.0f} | " + " | ".join(cells) + f" | {delta} |")
+    if a.also_eval:
+        cross_table(a, work, base, a.also_eval)
     if a.finetune:
         finetune_table(a, work, base, Path(a.tasks) if a.tasks else work / f"tasks-{a.budget}", results)
 

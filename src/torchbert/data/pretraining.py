@@ -480,7 +480,8 @@ class PrepareSettings(Checked):
     seed: int = setting(12345, "random seed")
     pairs: str = setting("nsp", "nsp: sentence pairs, half of them NotNext (the paper's, for MLM + NSP); none: "
                                 "whole sentences packed end to end across documents, a [SEP] between documents "
-                                "(RoBERTa's FULL-SENTENCES, for objectives without NSP)", choices=("nsp", "none"))
+                                "(RoBERTa's FULL-SENTENCES, for objectives without NSP; one segment, so a model "
+                                "trained on it reads sentence pairs worse, bench/README.md)", choices=("nsp", "none"))
     format: str = setting("auto", "input layout, see below", choices=FORMATS)
     text_field: str = setting("text", "the JSON field or Parquet column that holds the text")
     shard_size: int = setting(100_000, "instances per shard", low=1)
