@@ -127,8 +127,9 @@ class BlendedData:
     def __len__(self) -> int:
         return self.total
 
-    def batches_per_epoch(self, batch_size: int) -> int:
-        return self.total // (batch_size * self.world_size)
+    # one folder's walk through an epoch, on the blend's order: global batches, this rank's part of each
+    batches_per_epoch = PretrainingData.batches_per_epoch
+    batches = PretrainingData.batches
 
     def order(self, epoch: int) -> np.ndarray:
         """[L] the keys of epoch `epoch`'s instances in visiting order (see the module's docstring)."""
@@ -149,16 +150,6 @@ class BlendedData:
                 local[here] = part.order(int(e))[place[here]]
             keys[which == i] = own_epoch * self.total + self.starts[i] + local
         return keys
-
-    def batches(self, batch_size: int, *, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
-        """This rank's batches of `epoch`, from global batch `start` on (as PretrainingData.batches)."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        order = self.order(epoch)
-        global_size = batch_size * self.world_size
-        for g in range(start, self.batches_per_epoch(batch_size)):
-            first = g * global_size + self.rank * batch_size
-            yield self.batch(order[first:first + batch_size], epoch=epoch)
 
     def locate(self, key: int) -> tuple[int, int]:
         """(folder, instance index in it) of a key of `order`."""
