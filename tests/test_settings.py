@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 
 from torchbert.apps.serve import Limits
-from torchbert.cli import FINETUNE_DEFAULTS, FINETUNE_DERIVED, build_parser, main
+from torchbert.cli import build_parser, main
 from torchbert.data.pretraining import PrepareSettings
 from torchbert.settings import Checked, SettingError, add_flags, from_args, setting
 from torchbert.tasks.families import TaskSettings
-from torchbert.train.finetune import FinetuneSettings
+from torchbert.train.finetune import LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
 from torchbert.train.loop import TrainConfig
 from torchbert.train.pretrain import PretrainSettings
 
-CLI = Path(__file__).resolve().parents[1] / "src" / "torchbert" / "cli.py"
+SRC = Path(__file__).resolve().parents[1] / "src" / "torchbert"
+CLI = [SRC / "cli.py", *sorted((SRC / "commands").glob("*.py"))]
 
 
 @dataclass
@@ -81,15 +82,15 @@ def parse(*argv):
 
 def test_the_command_lines_defaults_are_the_dataclasses_defaults():
     """The drift this replaced: pretrain's --warmup-steps said 100 while TrainConfig said 0."""
-    from torchbert.cli import settings_from
+    from torchbert.commands.common import settings_from
 
     args = parse("pretrain", "--data", "d", "--out", "o")
     assert settings_from(TrainConfig, args) == TrainConfig()
     assert settings_from(PretrainSettings, args) == PretrainSettings(data=Path("d"), out=Path("o"))
     args = parse("finetune", "--task", "ner", "--model", "m", "--train", "t", "--out", "o")
     ours = settings_from(TrainConfig, args, lr=5e-5)
-    assert ours == TrainConfig(**{**FINETUNE_DEFAULTS, "lr": 5e-5})  # fine-tuning's own seed, and nothing else
-    assert all(not hasattr(args, name) for name in FINETUNE_DERIVED)  # derived from --epochs, not flags
+    assert ours == TrainConfig(**{**LOOP_DEFAULTS, "lr": 5e-5})  # fine-tuning's own seed, and nothing else
+    assert all(not hasattr(args, name) for name in LOOP_DERIVED)  # derived from --epochs, not flags
     assert settings_from(TaskSettings, args, type="token", doc_stride=42) == TaskSettings(type="token", doc_stride=42)
     args = parse("serve", "--model", "m")
     assert settings_from(Limits, args) == Limits()
@@ -99,16 +100,85 @@ def test_the_command_lines_defaults_are_the_dataclasses_defaults():
     assert settings_from(PrepareSettings, args).mask_replace == (1.0, 0.0)  # a tuple, as the field's default
 
 
-def test_cli_py_copies_no_field_list():
-    """cli.py makes these settings through settings_from alone: it never calls their constructors with a
-    copy of their fields (`TrainConfig(steps=args.steps, ...)`, as it did)."""
+def test_the_command_line_copies_no_field_list():
+    """The commands make these settings through settings_from alone: they never call their constructors
+    with a copy of their fields (`TrainConfig(steps=args.steps, ...)`, as cli.py did)."""
     import ast
 
     classes = {"TrainConfig", "PretrainSettings", "FinetuneSettings", "TaskSettings", "Limits", "PrepareSettings"}
-    calls = [node.lineno for node in ast.walk(ast.parse(CLI.read_text(encoding="utf-8")))
+    calls = [f"{file.name}:{node.lineno}" for file in CLI
+             for node in ast.walk(ast.parse(file.read_text(encoding="utf-8")))
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) in classes]
-    assert calls == [], f"cli.py builds a settings class by hand at lines {calls}"
-    assert "settings_from(TrainConfig, args" in CLI.read_text(encoding="utf-8")  # the walk reads the real file
+    assert calls == [], f"a settings class built by hand at {calls}"
+    assert "settings_from(TrainConfig, args" in (SRC / "commands" / "pretrain.py").read_text()  # the walk reads them
+
+
+def test_no_command_checks_a_bound_by_hand():
+    """Issue 49: a bound is declared once, on its setting; no command writes `must be >= 1` itself (the
+    model-dependent --max-length limit, which no setting can know, is the one exception)."""
+    hand = [f"{file.name}: {line.strip()}" for file in CLI for line in file.read_text(encoding="utf-8").splitlines()
+            if re.search(r"must be (>|<|in \[)", line) and "for this model" not in line]
+    assert hand == []
+
+
+def test_every_command_is_a_module_with_its_help_settings_and_run():
+    from torchbert.cli import commands
+
+    found = commands()
+    assert list(found)[:2] == ["embed", "serve"] and "inspect-data" in found
+    for verb, module in found.items():
+        assert module.__doc__ and "\n\n" in module.__doc__, f"{verb}: a docstring of a help line and a description"
+        assert callable(module.add) and callable(module.run), verb
+    help_text = build_parser().format_help()
+    assert all(verb in help_text for verb in found)
+
+
+@pytest.mark.parametrize("verb", ["embed", "serve", "convert", "export", "vocab", "inspect-data", "evaluate",
+                                  "predict", "demo", "compare", "samples"])
+def test_a_commands_own_settings_refuse_what_its_flags_refuse(verb):
+    """Each command's settings dataclass is Checked: its bounds hold from Python as from the command line."""
+    from torchbert.cli import commands
+
+    module = commands()[verb]
+    classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Checked)
+               and v.__module__.startswith("torchbert.commands")]
+    assert classes, verb
+    def fits(m):  # a value a required setting takes
+        return m["choices"][0] if m["choices"] else m["low"] if m["low"] is not None else "x"
+
+    for cls in classes:
+        required = {f.name: fits(f.metadata) for f in fields(cls) if f.metadata and f.default is f.default_factory}
+        cls(**required)  # the defaults pass
+        for f in fields(cls):
+            m = f.metadata
+            if m and m["choices"]:
+                with pytest.raises(SettingError, match=f"^{f.name} must be one of"):
+                    cls(**{**required, f.name: "nothing of the kind"})
+            elif m and (m["low"] is not None or m["above"] is not None):
+                bad = (m["low"] if m["low"] is not None else m["above"]) - 1
+                with pytest.raises(SettingError, match=f"^{f.name} must be"):
+                    cls(**{**required, f.name: bad})
+
+
+def test_the_python_api_runs_what_the_command_line_runs(tmp_path):
+    """FinetuneSettings.resolve fills in what `torchbert finetune` fills in: the settings and the loop's
+    from Python equal the command line's, flag for flag."""
+    from torchbert.commands.finetune import settings
+
+    model = tmp_path / "bert"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bert"}')
+    argv = ["finetune", "--task", "token", "--model", model, "--train", "t", "--out", "o", "--max-length", "96"]
+    args = parse(*argv, "--quiet")
+    from_cli = settings(args)
+    ours = FinetuneSettings(task="token", model=model, train=Path("t"), out=Path("o"),
+                            encoding={"max_length": 96}).resolve(progress=False)
+    assert ours[1] == from_cli[1] and ours[1].lr == 5e-5 and ours[1].seed == 42
+    assert ours[0].encoding["doc_stride"] == from_cli[0].encoding["doc_stride"] == 32
+    assert ours[0].model == from_cli[0].model and ours[0].task == from_cli[0].task
+    (model / "config.json").write_text('{"model_type": "torchbert-elmo"}')  # a task model on frozen features: a larger step
+    assert settings(parse(*argv))[1].lr == FinetuneSettings(task="token", model=model, train=Path("t"),
+                                                             out=Path("o")).resolve()[1].lr == 1e-3
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -83,7 +83,7 @@ LAYERS = [
     ("data", ["data", "tasks", "eval"]),
     ("training", ["train"]),
     ("applications", ["apps"]),
-    ("entry points", ["cli", "__main__"]),
+    ("entry points", ["cli", "commands", "__main__"]),
 ]
 
 

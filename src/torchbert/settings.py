@@ -35,13 +35,18 @@ class SettingError(ValueError):
 
 def setting(default: Any = MISSING, help: str = "", *, low: float | None = None, high: float | None = None,
             above: float | None = None, below: float | None = None, choices: Iterable[str] | None = None,
-            flag: str | None = None, metavar: str | tuple[str, ...] | None = None, cli: bool = True) -> Any:
+            flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | tuple[str, ...] | None = None,
+            cli: bool = True) -> Any:
     """A dataclass field with its help and bounds: low <= value <= high, above < value < below (numbers
     are also finite), value in choices. None passes every bound (a setting that is unset). flag: the
-    command line's name when it is not the field's (a bool that defaults to True is turned off by
-    `--no-NAME`); cli=False: no flag (set by the program, not the user)."""
+    command line's name when it is not the field's (a name without dashes is a positional argument);
+    aliases: more names for the same flag. A bool that defaults to False is a switch (--NAME); one
+    that defaults to True or None (unset) takes --NAME and --no-NAME, and one with its own `flag`
+    that defaults to True is turned off by that flag. cli=False: no flag (set by the program, not the
+    user)."""
     meta = {"help": help, "low": low, "high": high, "above": above, "below": below, "flag": flag,
-            "choices": tuple(choices) if choices is not None else None, "metavar": metavar, "cli": cli}
+            "aliases": tuple(aliases), "choices": tuple(choices) if choices is not None else None,
+            "metavar": metavar, "cli": cli}
     return field(default=default, metadata=meta)
 
 
@@ -62,12 +67,18 @@ def check_field(f: Field, value: Any) -> None:
     if low_ok and high_ok:
         return
     if lower is not None and upper is not None:
-        want = f"in {lower[0]}{lower[1]:g}, {upper[1]:g}{upper[0]}"
+        want = f"in {lower[0]}{_number(lower[1])}, {_number(upper[1])}{upper[0]}"
     elif lower is not None:
-        want = f"{'>=' if lower[0] == '[' else '>'} {lower[1]:g}"
+        want = f"{'>=' if lower[0] == '[' else '>'} {_number(lower[1])}"
     else:
-        want = f"{'<=' if upper[0] == ']' else '<'} {upper[1]:g}"
-    raise SettingError(f.name, f"must be {want}, got {value:g}", m["flag"])
+        want = f"{'<=' if upper[0] == ']' else '<'} {_number(upper[1])}"
+    raise SettingError(f.name, f"must be {want}, got {_number(value)}", m["flag"])
+
+
+def _number(value: float) -> str:
+    """A bound or value as people read it: 0.5, 65535, 1,048,576 (a whole number of a million or more
+    with its thousands marked, not 1.04858e+06)."""
+    return f"{value:,}" if isinstance(value, int) and abs(value) >= 10**6 else f"{value:g}"
 
 
 class Checked:
@@ -120,12 +131,15 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         text = (helps or {}).get(name, m["help"])
         kind = _type(f)
         flag = m["flag"] or f"--{name.replace('_', '-')}"
+        names = (flag, *m["aliases"])
         if kind == "bool":
-            if default:
-                parser.add_argument(m["flag"] or f"--no-{name.replace('_', '-')}", dest=name, action="store_false",
+            if default and m["flag"]:
+                parser.add_argument(*names, dest=name, action="store_false", help=text.replace("%", "%%"))
+            elif default or default is None:  # on or unset: both forms
+                parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=default,
                                     help=text.replace("%", "%%"))
             else:
-                parser.add_argument(flag, dest=name, action="store_true", help=text.replace("%", "%%"))
+                parser.add_argument(*names, dest=name, action="store_true", help=text.replace("%", "%%"))
             continue
         if default is not None and "default" not in text:
             text = f"{text} (default: {_default_text(default)})" if text else f"(default: {_default_text(default)})"
@@ -141,7 +155,11 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)
             kw["metavar"] = "{" + ",".join(map(str, m["choices"])) + "}"
         required = f.default is MISSING and f.default_factory is MISSING and name not in (defaults or {})
-        parser.add_argument(flag, required=required, **kw)
+        if not flag.startswith("-"):  # a positional argument: named by its place, required by being there
+            del kw["dest"]
+            parser.add_argument(name, **kw, **({} if required else {"nargs": "?"}))
+            continue
+        parser.add_argument(*names, required=required, **kw)
 
 
 def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:

@@ -7,7 +7,9 @@ from clihelp import cli
 
 import torchbert.apps.demo
 from torchbert.apps.demo import MARKER
-from torchbert.cli import UserError, check_demo_out, main
+from torchbert.cli import main
+from torchbert.commands.demo import check_demo_out
+from torchbert.errors import UserError
 
 
 @pytest.mark.e2e

@@ -698,9 +698,9 @@ def test_bf16_serves_bfloat16_products_close_to_fp32(embedder, minilm_dir):
 def test_serve_cli_gives_bf16_only_where_the_device_has_it(capsys, monkeypatch):
     from clihelp import cli
 
-    import torchbert.cli
+    import torchbert.commands.serve
 
-    monkeypatch.setattr(torchbert.cli, "fast_bf16", lambda device: False)
+    monkeypatch.setattr(torchbert.commands.serve, "fast_bf16", lambda device: False)
     code, _, err = cli(capsys, "serve", "--model", "minilm", "--precision", "bf16", "--device", "cpu")
     assert code == 2 and "--precision bf16: this CPU has no fast bf16" in err and "AVX512 or AMX" in err
     code, _, err = cli(capsys, "serve", "--model", "minilm", "--precision", "bf16", "--int8")

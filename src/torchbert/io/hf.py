@@ -17,7 +17,6 @@ Loading rules (STYLE.md, principle 8):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from collections.abc import Sequence

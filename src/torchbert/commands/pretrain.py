@@ -1,0 +1,100 @@
+"""pretrain a BERT (MLM + NSP), or the GPT baseline, on prepared data
+
+Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) on a folder written by
+`torchbert prepare`."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from ..settings import add_flags
+from .common import command, keep_memory, settings_from, shared_flags
+
+WRITES_FOLDER = True
+COMPUTES = True
+EPILOG = """\
+examples:
+  torchbert pretrain --data data/zh --out runs/zh-small --config small --steps 10000 --batch-size 32
+  torchbert pretrain --data data/zh --out runs/zh-small --resume            # continue after a stop
+  torchbert pretrain --data data/zh512 --out runs/phase2 --init runs/zh-small --steps 1000   # phase 2
+  torchrun --nproc-per-node 4 -m torchbert pretrain --data data/zh --out runs/ddp --batch-size 32
+  torchbert pretrain --data data/zh --out runs/zh-gpt --model gpt --config small   # the GPT baseline
+  torchbert pretrain --data data/news:0.7 data/wiki:0.3 --out runs/blend   # two corpora at 70/30
+
+--model gpt pretrains GPT (Radford et al., 2018), the left-to-right Transformer the BERT paper compares
+against, on the same prepared data: each instance read as plain text ([CLS] A [SEP] B [SEP], unmasked),
+every token predicting the next. A preset gives it BERT's layers, width and heads of that name; the
+run folder is a Hugging Face OpenAIGPTLMHeadModel checkpoint.
+--config takes a preset (tiny, mini, small, medium, base, large) or a config.json; the vocabulary
+size comes from the data. The run folder is a Hugging Face checkpoint (config.json,
+model.safetensors, vocab.txt) with metrics.jsonl, metrics.json, loss.png and accuracy.png.
+Checkpoints (model, optimizer, schedule, RNG states, data position) go to OUT/checkpoints every
+--save-every steps; --resume continues from the newest whole one, bit for bit.
+Under torchrun each process reads its own part of every batch, so --batch-size is per process and
+the global batch is batch-size x processes x grad-accum; --fsdp shards the model with FSDP2.
+Several --data folders are one blend: each drawn at its weight (FOLDER:WEIGHT; none given: by its
+number of instances), upsampled when its weight is above its share, evaluated on their held-out
+documents blended alike; they must share the tokenizer and the masking settings.
+"""
+
+
+def add(sub) -> None:
+    from ..train.loop import TrainConfig
+    from ..train.pretrain import PretrainSettings
+
+    p = command(sub, __name__)
+    add_flags(p, PretrainSettings)
+    add_flags(p, TrainConfig)
+    shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
+                 overwrite="delete an existing --out and start again")
+
+
+def run(args) -> None:
+    import torch
+
+    from ..config import PRESETS
+    from ..train.distributed import init_distributed
+    from ..train.loop import TrainConfig
+    from ..train.pretrain import PretrainSettings, run_pretraining
+
+    cfg = settings_from(TrainConfig, args, progress=not args.quiet)
+    settings = settings_from(PretrainSettings, args)
+    if args.config is not None and args.config not in PRESETS and not Path(args.config).is_file():
+        raise UserError(f"--config {args.config}: neither a preset ({', '.join(PRESETS)}) nor a config.json file")
+    try:
+        dist, device = init_distributed(args.device, fsdp=settings.fsdp)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--precision bf16: this GPU does not support bfloat16")
+    keep_memory(cfg.fast)
+    with dist:
+        summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
+    if dist.is_main:
+        report(summary, args.out)
+
+
+def report(summary: dict, out: str) -> None:
+    """What a pretraining run bought, on standard output."""
+    ev = summary.get("eval")
+    print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
+          f"({summary['tokens_per_second']:,.0f} tokens/s) -> {out}")
+    if ev and "lm_loss" in ev:
+        print(f"held-out: next-token loss {ev['lm_loss']:.3f} (perplexity {math.exp(min(ev['lm_loss'], 50)):.1f}), "
+              f"accuracy {ev['lm_accuracy']:.3f}")
+    elif ev and "forward_loss" in ev:
+        print(f"held-out: forward LM loss {ev['forward_loss']:.3f} (perplexity "
+              f"{math.exp(min(ev['forward_loss'], 50)):.1f}), backward {ev['backward_loss']:.3f} (perplexity "
+              f"{math.exp(min(ev['backward_loss'], 50)):.1f})")
+    elif ev:
+        nsp = f", NSP accuracy {ev['nsp_accuracy']:.3f}" if "nsp_accuracy" in ev else ""
+        rtd = (f", replaced-token detection accuracy {ev['rtd_accuracy']:.3f} (the generator's MLM above)"
+               if "rtd_accuracy" in ev else "")
+        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}{rtd}")
+        if "yardsticks" in summary:
+            y = summary["yardsticks"]
+            print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
+                  f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")

@@ -1,0 +1,127 @@
+"""serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched across clients
+
+Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), and a fine-tuned model's
+predictions (POST /predict). Requests from concurrent clients are batched together under a token
+budget."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..settings import Checked, add_flags, setting
+from .common import command, cpu_for_int8, fast_bf16, int8_note, resolve_model, settings_from, shared_flags
+
+COMPUTES = True
+EPILOG = """\
+examples:
+  torchbert serve --model minilm                       # http://127.0.0.1:8000
+  curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' \\
+       -d '{"input": ["a first text", "a second"], "model": "minilm"}'
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); \\
+print(len(c.embeddings.create(model='minilm', input='hello').data[0].embedding))"
+
+A folder written by `torchbert finetune` also answers POST /predict: {"inputs": [...]}, each
+example a JSON object as a line of the task's JSON Lines file ({"text"} or {"sentence1",
+"sentence2"}; {"tokens": [words]} for tagging; {"question", "context"} for QA; {"context",
+"choices"} for multiple choice), answered with the records `torchbert predict` writes:
+  curl -s localhost:8000/predict -H 'Content-Type: application/json' \\
+       -d '{"inputs": [{"text": "这家餐厅很好吃"}]}'
+
+Embeddings responses: OpenAI's embeddings object (data[i].embedding, usage.prompt_tokens), with
+encoding_format "float" or "base64" (little-endian float32); a text over --max-length tokens is cut
+and the response's `truncated` names it. Errors: 400 for malformed JSON or a wrong field (the
+message names it), 413 over --max-texts, --max-chars or the body size, 503 with Retry-After when
+--max-queue texts are waiting. The embeddings equal `torchbert embed --pooling mean --normalize`
+on the same model. GET /metrics: Prometheus text (requests by status, latency histogram, texts
+and tokens per batch, queue depth).
+"""
+
+
+@dataclass(kw_only=True)
+class ServeSettings(Checked):
+    host: str = setting("127.0.0.1", "address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for all)")
+    port: int = setting(8000, "port", low=0, high=65535)
+    name: str | None = setting(None, "the model name this server serves: responses give it, and a request that names "
+                                     "another model gets 404 (default: the folder's name)",
+                               aliases=("--served-model-name",))
+    api_key: str | None = setting(None, "the model endpoints then want 'Authorization: Bearer KEY' (else 401); "
+                                        "/health and /metrics stay open (default: $TORCHBERT_API_KEY, else none: "
+                                        "anyone who can reach the port may use the model). Prefer the variable: a "
+                                        "key on the command line is shown to every user of the machine by `ps`")
+    pooling: str = setting("mean", "how tokens become one vector (default: mean, as sentence-transformers' MiniLM)",
+                           choices=("cls", "mean", "max"))
+    normalize: bool = setting(True, "unit-length embeddings, as OpenAI's (default: on)")
+    max_length: int | None = setting(None, "tokens kept per text; longer texts are cut and the response says which "
+                                           "(default: the model's limit)", low=2)
+    log_level: str = setting("info", "uvicorn's log level; debug also logs each request (default: info)",
+                             choices=("warning", "info", "debug"))
+
+
+def add(sub) -> None:
+    from ..apps.serve import Limits
+
+    p = command(sub, __name__)
+    shared_flags(p, "model")
+    add_flags(p, ServeSettings, skip=("log_level",))
+    add_flags(p, Limits)
+    add_flags(p, ServeSettings, only=("log_level",))
+    shared_flags(p, "device", "threads", "precision", "int8",
+                 precision="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix products "
+                           "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
+                           "AVX512 or AMX; refused elsewhere)")
+
+
+def run(args) -> None:
+    from ..apps.serve import Limits, Spec, build, create_app, server_settings, worker_pool
+
+    s = settings_from(ServeSettings, args)
+    limits = settings_from(Limits, args)
+    api_key = s.api_key if s.api_key is not None else os.environ.get("TORCHBERT_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty (or $TORCHBERT_API_KEY is set but empty): give a key, or leave it out")
+    if s.api_key is not None and s.api_key != os.environ.get("TORCHBERT_API_KEY"):
+        print("torchbert: warning: --api-key on the command line is shown to every user of this machine (ps, "
+              "/proc); export TORCHBERT_API_KEY=... instead", file=sys.stderr)
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
+    model_dir = resolve_model(args.model)
+    device = cpu_for_int8(args)
+    if args.precision == "bf16":
+        if args.int8:
+            raise UserError("--precision bf16 and --int8 exclude each other: pick one")
+        if not fast_bf16(device):
+            raise UserError(f"--precision bf16: this {device.type.upper()} has no fast bf16 (it needs a CUDA GPU "
+                            "with bf16, or a CPU with AVX512 or AMX); serve in fp32, or --int8 on the CPU")
+    from ..config import load_config
+
+    limit = load_config(model_dir).max_position_embeddings
+    if s.max_length is not None and s.max_length > limit:
+        raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
+    name = s.name or Path(args.model).name
+    spec = Spec(str(model_dir), name, pooling=s.pooling, normalize=s.normalize, max_length=s.max_length,
+                max_batch_tokens=limits.max_batch_tokens, device=str(device),
+                precision="int8" if args.int8 else args.precision, threads=args.threads)
+    if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
+        int8_note()
+        embedder, predictor = build(spec, load=True)
+        workers = None
+    else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
+        embedder, predictor = build(spec, load=False)  # the request side
+        workers = worker_pool(spec)
+    routes = ["POST /v1/embeddings"] * (embedder is not None) + ["POST /predict"] * (predictor is not None)
+    task = f", a {predictor.ts.type} model" if predictor else ""
+    print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} ({', '.join(routes)}, "
+          "GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering what is in flight", file=sys.stderr)
+    try:  # the app shuts the worker down when it stops; if it never started, this does
+        uvicorn.run(create_app(embedder, limits, predictor, workers, api_key=api_key),
+                    **server_settings(limits, s.host, s.port, s.log_level))
+    except BaseException:
+        if workers is not None:
+            workers.shutdown(wait=True, cancel_futures=True)
+        raise
