@@ -57,9 +57,11 @@ def assert_served_like_predict(run, inputs, predicted):
     numbers at parity), and refuses /v1/embeddings when the model has no BERT encoder."""
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, Predictor, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+    from torchbert.apps.serve import create_app
 
-    with TestClient(create_app(None, Limits(), Predictor(run, name="m"))) as c:
+    with TestClient(create_app(Predictor(run, name="m"), Limits())) as c:
         r = c.post("/predict", json={"inputs": inputs})
         assert r.status_code == 200, r.text
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 404

@@ -154,4 +154,4 @@ def test_pretrain_electra_end_to_end_and_resume_is_bit_identical(prepared, tmp_p
 
     code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", tmp_path / "x", "--config", "tiny",
                        "--generator-size", "0.5", "--steps", "1", "--quiet")
-    assert code == 2 and "--generator-size is ELECTRA's" in err
+    assert code == 2 and "--generator-size sizes the generator of --objective electra; --objective mlm+nsp has none" in err

@@ -363,7 +363,7 @@ def test_vocab_cuts_long_lines_at_spaces_and_learns_the_same_words(tmp_path):
 def test_one_failing_text_fails_only_its_own_request():
     import asyncio
 
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     batches = []
 
@@ -389,7 +389,7 @@ def test_one_failing_text_fails_only_its_own_request():
 
 
 def test_max_texts_above_max_queue_is_refused_at_start():
-    from torchbert.apps.serve import Limits
+    from torchbert.apps.batcher import Limits
 
     with pytest.raises(ValueError, match="--max-texts 300 is above --max-queue 200"):
         Limits(max_texts=300, max_queue=200)
@@ -400,7 +400,9 @@ def test_serve_answers_nan_outputs_with_a_json_500(minilm_dir, monkeypatch):
     import numpy as np
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Embedder, Limits, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
+    from torchbert.apps.serve import create_app
 
     embedder = Embedder(minilm_dir, name="minilm")
     monkeypatch.setattr(Embedder, "__call__", lambda self, ids: np.full((len(ids), 384), np.nan, np.float32))

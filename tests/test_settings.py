@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbert.apps.serve import Limits
+from torchbert.apps.batcher import Limits
 from torchbert.cli import build_parser, main
 from torchbert.data.pretraining import PrepareSettings
 from torchbert.settings import Checked, SettingError, add_flags, from_args, setting

@@ -1,5 +1,5 @@
 """The package's shape: layers that import only downwards, no import cycles, every module named in the
-README's layout, and the paper's files free of speed machinery (STYLE.md)."""
+README's layout, and the paper's files free of speed machinery (docs/architecture.md, principle 1)."""
 
 import ast
 from pathlib import Path

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,28 +34,38 @@ class SettingError(ValueError):
 
 
 def setting(default: Any = MISSING, help: str = "", *, low: float | None = None, high: float | None = None,
-            above: float | None = None, below: float | None = None, choices: Iterable[str] | None = None,
+            above: float | None = None, below: float | None = None,
+            choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
             flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | tuple[str, ...] | None = None,
             cli: bool = True) -> Any:
     """A dataclass field with its help and bounds: low <= value <= high, above < value < below (numbers
-    are also finite), value in choices. None passes every bound (a setting that is unset). flag: the
+    are also finite), value in choices (or in what a function gives when asked: the names of a registry
+    that may grow after the field is declared). None passes every bound (a setting that is unset). flag: the
     command line's name when it is not the field's (a name without dashes is a positional argument);
     aliases: more names for the same flag. A bool that defaults to False is a switch (--NAME); one
     that defaults to True or None (unset) takes --NAME and --no-NAME, and one with its own `flag`
     that defaults to True is turned off by that flag. cli=False: no flag (set by the program, not the
     user)."""
     meta = {"help": help, "low": low, "high": high, "above": above, "below": below, "flag": flag,
-            "aliases": tuple(aliases), "choices": tuple(choices) if choices is not None else None,
+            "aliases": tuple(aliases),
+            "choices": choices if choices is None or callable(choices) else tuple(choices),
             "metavar": metavar, "cli": cli}
     return field(default=default, metadata=meta)
+
+
+def choices_of(f: Field) -> tuple | None:
+    """The values a setting may take (None: any)."""
+    choices = f.metadata.get("choices")
+    return tuple(choices()) if callable(choices) else choices
 
 
 def check_field(f: Field, value: Any) -> None:
     m = f.metadata
     if value is None or not m:
         return
-    if m["choices"] is not None and value not in m["choices"]:
-        raise SettingError(f.name, f"must be one of {', '.join(map(str, m['choices']))}, got {value!r}", m["flag"])
+    choices = choices_of(f)
+    if choices is not None and value not in choices:
+        raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}", m["flag"])
     lower = ("[", m["low"]) if m["low"] is not None else ("(", m["above"]) if m["above"] is not None else None
     upper = ("]", m["high"]) if m["high"] is not None else (")", m["below"]) if m["below"] is not None else None
     if lower is None and upper is None:
@@ -153,7 +163,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         elif m["metavar"]:
             kw["metavar"] = m["metavar"]
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)
-            kw["metavar"] = "{" + ",".join(map(str, m["choices"])) + "}"
+            kw["metavar"] = "{" + ",".join(map(str, choices_of(f))) + "}"
         required = f.default is MISSING and f.default_factory is MISSING and name not in (defaults or {})
         if not flag.startswith("-"):  # a positional argument: named by its place, required by being there
             del kw["dest"]

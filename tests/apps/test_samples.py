@@ -2,7 +2,6 @@
 
 import collections
 
-import pytest
 import realdata
 from clihelp import cli
 

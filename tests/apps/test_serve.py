@@ -19,7 +19,7 @@ pytest.importorskip("starlette")
 
 @pytest.fixture(scope="module")
 def embedder(minilm_dir):
-    from torchbert.apps.serve import Embedder
+    from torchbert.apps.endpoints import Embedder
 
     return Embedder(minilm_dir, name="minilm", max_length=64)
 
@@ -28,7 +28,8 @@ def embedder(minilm_dir):
 def client(embedder):
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.serve import create_app
 
     with TestClient(create_app(embedder, Limits(max_texts=8, max_chars=2000))) as c:
         yield c
@@ -137,7 +138,9 @@ def test_a_failure_of_the_server_tells_the_client_that_and_nothing_more(embedder
     """The detail of a 500 (an exception's text, paths) goes to the server's log, never to the client."""
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Embedder, Limits, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
+    from torchbert.apps.serve import create_app
 
     class Failing(Embedder):
         def __call__(self, ids):
@@ -157,9 +160,11 @@ def test_a_failure_of_the_server_tells_the_client_that_and_nothing_more(embedder
 def test_an_api_key_guards_the_model_endpoints_and_leaves_health_open(embedder, finetuned):
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, Predictor, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+    from torchbert.apps.serve import create_app
 
-    app = create_app(embedder, Limits(), Predictor(finetuned["classification"][0], name="minilm"), api_key="s3cret")
+    app = create_app([embedder, Predictor(finetuned["classification"][0], name="minilm")], Limits(), api_key="s3cret")
     with TestClient(app) as c:
         for path, body in (("/v1/embeddings", {"input": "x"}), ("/predict", {"inputs": [{"sentence": "x"}]})):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
@@ -182,7 +187,7 @@ def test_health_and_prometheus_metrics(client):
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_rows():
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     batches = []
 
@@ -203,7 +208,7 @@ def test_concurrent_requests_share_batches_and_get_their_own_rows():
 
 
 def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more():
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     running, release, batches = threading.Event(), threading.Event(), []
 
@@ -230,7 +235,7 @@ def test_what_waits_while_the_model_runs_goes_in_one_batch_without_waiting_more(
 
 
 def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
-    from torchbert.apps.serve import Batcher, Limits, Rejected, budget_batches
+    from torchbert.apps.batcher import Batcher, Limits, Rejected, budget_batches
 
     assert [list(x) for x in budget_batches([3, 9, 5, 1], 10)] == [[1], [2, 0], [3]]
     assert [list(x) for x in budget_batches([8, 3, 8, 4], 100)] == [[0, 2, 3], [1]]  # 3 < 8 / 2: a new batch
@@ -263,7 +268,7 @@ def test_requests_share_batches_in_turns_so_a_small_one_waits_one_batch_behind_a
     """Issue 37: a request of many long texts held the model for a minute while a one-text request
     waited. Now texts are taken from every waiting request in turn: the small request's text rides
     the very next batch, and the huge one is answered over many batches."""
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     running, release, batches = threading.Event(), threading.Event(), []
 
@@ -299,7 +304,7 @@ def test_requests_share_batches_in_turns_so_a_small_one_waits_one_batch_behind_a
 
 def test_a_request_left_out_of_a_full_batch_goes_first_in_the_next():
     """Three requests of long texts, two texts to a batch: they take turns, none waits for the others."""
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     running, release, batches = threading.Event(), threading.Event(), []
 
@@ -326,7 +331,7 @@ def test_a_request_left_out_of_a_full_batch_goes_first_in_the_next():
 
 
 def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on():
-    from torchbert.apps.serve import Batcher, Limits
+    from torchbert.apps.batcher import Batcher, Limits
 
     def run(items):
         if "bad" in items:
@@ -382,7 +387,7 @@ def serving(embedder, limits):
 
 @pytest.fixture(scope="module")
 def live(embedder):
-    from torchbert.apps.serve import Limits
+    from torchbert.apps.batcher import Limits
 
     with serving(embedder, Limits(max_texts=8, max_chars=2000, max_wait_ms=2)) as url:
         yield url
@@ -411,7 +416,7 @@ def test_a_client_gone_mid_body_is_not_a_server_error_and_a_stalled_body_times_o
     body_timeout_s; and connections past max_connections get 503 from uvicorn."""
     import httpx
 
-    from torchbert.apps.serve import Limits
+    from torchbert.apps.batcher import Limits
 
     with serving(embedder, Limits(body_timeout_s=1.0, max_connections=6)) as url:
         for _ in range(3):
@@ -451,7 +456,8 @@ def test_a_small_request_is_answered_while_a_huge_one_is_still_being_computed(mi
     (16 batches of 2,048 tokens); one-text requests sent after it started are all answered before it."""
     import httpx
 
-    from torchbert.apps.serve import Embedder, Limits
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
 
     embedder = Embedder(minilm_dir, name="minilm")  # the model's own 512 tokens
     long = " ".join(realdata.english_texts()[:200])[:6000]
@@ -512,7 +518,7 @@ def test_a_server_under_mixed_concurrent_load_answers_each_request_right_and_hol
 
     import gc
 
-    from torchbert.apps.serve import _Job
+    from torchbert.apps.batcher import _Job
 
     def kept():  # type(): no attribute lookups (some objects warn on those)
         return [o for o in gc.get_objects() if type(o) in (asyncio.Future, _Job)]
@@ -556,14 +562,17 @@ def test_a_worker_process_answers_like_offline_a_dead_one_gets_503_and_a_bad_mod
 
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, Spec, build, create_app, worker_pool
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.serve import create_app
+    from torchbert.apps.worker import Spec, build, worker_pool
 
     spec = Spec(str(minilm_dir), "m", max_length=64)
-    embedder, predictor = build(spec, load=False)
-    assert predictor is None and embedder.model is None  # the server's side holds no weights
+    served = build(spec, load=False)
+    (embedder,) = served  # a BERT folder serves embeddings alone
+    assert embedder.endpoint == "embeddings" and embedder.model is None  # the server's side holds no weights
     workers = worker_pool(spec)
     texts = list(realdata.english_texts()[20:24]) + list(realdata.peoples_daily_sentences()[20:24])
-    with TestClient(create_app(embedder, Limits(), None, workers)) as c:
+    with TestClient(create_app(served, Limits(), workers)) as c:
         r = c.post("/v1/embeddings", json={"input": texts})
         got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
         assert_parity(got, offline(minilm_dir, texts))
@@ -588,7 +597,7 @@ def test_the_worker_process_goes_when_its_server_is_killed_outright(minilm_dir):
     import subprocess
     import sys
 
-    script = ("import sys, time; from torchbert.apps.serve import Spec, worker_pool; "
+    script = ("import sys, time; from torchbert.apps.worker import Spec, worker_pool; "
               f"pool = worker_pool(Spec({str(minilm_dir)!r}, 'm')); "
               "print(*pool._processes, flush=True); time.sleep(600)")
     server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -681,7 +690,9 @@ def test_serve_cli_refuses_bad_settings(capsys):
 def test_bf16_serves_bfloat16_products_close_to_fp32(embedder, minilm_dir):
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Embedder, Limits, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
+    from torchbert.apps.serve import create_app
 
     texts = list(realdata.english_texts()[:4]) + list(realdata.peoples_daily_sentences()[:4])
     bf16 = Embedder(None, name="minilm", max_length=64, precision="bf16", model=embedder.model,
@@ -757,12 +768,14 @@ def finetuned(minilm_dir, tmp_path_factory):
 def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, Predictor, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+    from torchbert.apps.serve import create_app
     from torchbert.tasks.predict import run_predict
 
     out, path, inputs = finetuned[task]
     want = run_predict(out, path, __import__("torch").device("cpu"), progress=False)
-    with TestClient(create_app(None, Limits(max_wait_ms=20), Predictor(out, name="m"))) as c:
+    with TestClient(create_app(Predictor(out, name="m"), Limits(max_wait_ms=20))) as c:
         halves = [inputs[:3], inputs[3:]]  # two requests, batched together or not: each its own records
         got = [c.post("/predict", json={"inputs": h}) for h in halves]
         assert all(r.status_code == 200 for r in got), got[0].text
@@ -783,14 +796,15 @@ def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
 
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_predict_in_bf16_is_close_to_fp32(finetuned, task):
-    from torchbert.apps.serve import Limits, Predictor
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
 
     out, _, inputs = finetuned[task]
     key = "probabilities" if task == "classification" else "score"
     runs = {}
     for precision in ("fp32", "bf16"):
         p = Predictor(out, name="m", precision=precision)
-        examples, _, _ = p.examples({"inputs": inputs}, Limits())
+        examples = p.decode({"inputs": inputs}, Limits()).items
         runs[precision] = [sorted(r[key].items()) if isinstance(r[key], dict) else r[key] for r in p(examples)]
     if task == "classification":  # {label: probability} -> probabilities in label order
         runs = {k: [[x for _, x in r] for r in v] for k, v in runs.items()}
@@ -815,9 +829,11 @@ def predictor_type(out):
 def test_predict_names_the_field_of_a_bad_example(finetuned, task, inputs, words):
     from starlette.testclient import TestClient
 
-    from torchbert.apps.serve import Limits, Predictor, create_app
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+    from torchbert.apps.serve import create_app
 
-    with TestClient(create_app(None, Limits(), Predictor(finetuned[task][0], name="m"))) as c:
+    with TestClient(create_app(Predictor(finetuned[task][0], name="m"), Limits())) as c:
         # json.dumps escapes a lone surrogate as \\ud800, as a client's JSON would
         r = c.post("/predict", content=json.dumps(inputs).encode(), headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -860,3 +876,73 @@ def test_a_request_with_two_framings_is_refused_and_its_connection_closed(live):
             got += chunk
     assert got.startswith(b"HTTP/1.1 400 ") and b"both Content-Length and Transfer-Encoding" in got
     assert got.count(b"HTTP/1.1 ") == 1  # the connection closed: the second request was never answered
+
+
+def test_an_endpoint_is_one_registered_class(minilm_dir):
+    """Issue 49: a new endpoint is a class: the folder's build, the route, its batcher, /health and
+    /metrics come from the registry; the routes a folder does not serve answer 404 naming what it does."""
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import ENDPOINTS, Call, register_endpoint
+    from torchbert.apps.serve import create_app
+    from torchbert.apps.worker import Spec, build
+    from torchbert.tokenizer import BertTokenizer
+
+    class Count:
+        """Tokens per text."""
+
+        endpoint, path = "count", "/v1/count"
+
+        def __init__(self, spec):
+            self.name, self.precision = spec.name, spec.precision
+            self.tokenizer = BertTokenizer.from_pretrained(spec.model_dir)
+
+        @classmethod
+        def serves(cls, config):
+            return True
+
+        @classmethod
+        def from_spec(cls, spec, load, loaded):
+            return cls(spec)
+
+        def decode(self, body, limits):
+            ids = self.tokenizer.encode_ids(body["texts"])
+            return Call(ids, [len(x) for x in ids])
+
+        def __call__(self, items):
+            return [len(x) for x in items]
+
+        def encode(self, results, call):
+            return {"model": self.name, "tokens": results}
+
+    register_endpoint(Count)
+    try:
+        with pytest.raises(ValueError, match="registered already"):
+            register_endpoint(Count)
+        served = build(Spec(str(minilm_dir), "m"), load=True)
+        assert [x.endpoint for x in served] == ["embeddings", "count"]
+        with TestClient(create_app(served, Limits())) as c:
+            r = c.post("/v1/count", json={"texts": ["a short text", "another"]})
+            assert r.status_code == 200 and r.json() == {"model": "m", "tokens": [5, 3]}, r.text
+            assert c.get("/health").json()["endpoints"] == ["count", "embeddings"]
+            assert 'torchbert_tokens_total{endpoint="count"} 8.0' in c.get("/metrics").text
+            r = c.post("/predict", json={"inputs": [{"text": "x"}]})
+            assert r.status_code == 404 and r.json()["error"]["message"] == \
+                "m does not serve POST /predict: it serves POST /v1/embeddings and POST /v1/count"
+    finally:
+        ENDPOINTS.remove(Count)
+
+
+def test_a_prediction_is_budgeted_in_its_tokens(finetuned):
+    """Issue 49: the batcher budgets /predict in tokens (each example's windows, encoded as it arrives),
+    the unit of /v1/embeddings, not characters."""
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+
+    out, _, inputs = finetuned["token"]
+    p = Predictor(out, name="m", load=False)
+    call = p.decode({"inputs": inputs}, Limits())
+    encoded = p.family.encode(p.tokenizer, call.items, p.ts, None, training=False, use_labels=False)
+    assert sum(call.tokens) == sum(len(r) for r in encoded.input_ids) and len(call.tokens) == len(inputs)
+    assert len(call.context) == len(inputs) and all(x.id.startswith("#") for x in call.items)  # the server's own ids

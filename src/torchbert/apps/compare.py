@@ -324,10 +324,11 @@ def bert_folder(run: Path, out: Path, weights: Path | None = None, seed: int = 0
 
     from ..config import BertConfig
     from ..io.files import atomic_folder
-    from ..train.pretrain import OBJECTIVES
+    from ..train.objectives import PRETRAINING
+    from ..train.pretrain import run_objective
 
     config = BertConfig.load(run)
-    cls = OBJECTIVES[config.extra.get("torchbert_objective", "mlm+nsp")][0]  # what the run's checkpoints hold
+    cls = PRETRAINING[run_objective(run, config)].model_class  # what the run's checkpoints hold
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
@@ -513,8 +514,11 @@ def summary_markdown(s: dict[str, Any]) -> str:
 def plots(out: Path, s: dict[str, Any]) -> None:
     """pretraining_loss.png (each system's training loss per predicted token) and scores.png (test
     score against labelled examples per task, mean and std over seeds)."""
+    from ..train.objectives import pretraining_objective
+
     series = {}
-    for system, key in (("bert", "mlm_loss"), ("gpt", "lm_loss"), ("elmo", "forward_loss")):
+    for system in ("bert", "gpt", "elmo"):
+        key = f"{pretraining_objective(system).loss.parts[0]}_loss"  # the first part of its loss: MLM, LM, forward
         rows = [x for x in read_jsonl(out / "pretrain" / system / "metrics.jsonl") if key in x]
         series[f"{system} {key}"] = ([x["step"] for x in rows], [x[key] for x in rows], "-")
     line_plot(out / "pretraining_loss.png", "pretraining on the same tokens", "step",

@@ -5,7 +5,6 @@ Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) on a fo
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -43,10 +42,13 @@ documents blended alike; they must share the tokenizer and the masking settings.
 
 def add(sub) -> None:
     from ..train.loop import TrainConfig
+    from ..train.objectives import PRETRAINING, objectives
     from ..train.pretrain import PretrainSettings
 
     p = command(sub, __name__)
-    add_flags(p, PretrainSettings)
+    mine = objectives()  # the registry's, each with its own words
+    add_flags(p, PretrainSettings, helps={"objective": "BERT's: " + "; ".join(f"{n}, {PRETRAINING[n].about}" for n in mine)
+                                                       + f" (default: {mine[0]}; with --resume: the run's own)"})
     add_flags(p, TrainConfig)
     shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
                  overwrite="delete an existing --out and start again")
@@ -78,23 +80,15 @@ def run(args) -> None:
 
 
 def report(summary: dict, out: str) -> None:
-    """What a pretraining run bought, on standard output."""
+    """What a pretraining run bought, on standard output: its objective's held-out line."""
+    from ..train.objectives import PRETRAINING
+
     ev = summary.get("eval")
     print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
           f"({summary['tokens_per_second']:,.0f} tokens/s) -> {out}")
-    if ev and "lm_loss" in ev:
-        print(f"held-out: next-token loss {ev['lm_loss']:.3f} (perplexity {math.exp(min(ev['lm_loss'], 50)):.1f}), "
-              f"accuracy {ev['lm_accuracy']:.3f}")
-    elif ev and "forward_loss" in ev:
-        print(f"held-out: forward LM loss {ev['forward_loss']:.3f} (perplexity "
-              f"{math.exp(min(ev['forward_loss'], 50)):.1f}), backward {ev['backward_loss']:.3f} (perplexity "
-              f"{math.exp(min(ev['backward_loss'], 50)):.1f})")
-    elif ev:
-        nsp = f", NSP accuracy {ev['nsp_accuracy']:.3f}" if "nsp_accuracy" in ev else ""
-        rtd = (f", replaced-token detection accuracy {ev['rtd_accuracy']:.3f} (the generator's MLM above)"
-               if "rtd_accuracy" in ev else "")
-        print(f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}{rtd}")
-        if "yardsticks" in summary:
-            y = summary["yardsticks"]
-            print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
-                  f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")
+    if ev:
+        print(PRETRAINING[summary["objective"]].held_out(ev))
+    if "yardsticks" in summary:
+        y = summary["yardsticks"]
+        print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
+              f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")

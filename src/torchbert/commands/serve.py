@@ -62,7 +62,7 @@ class ServeSettings(Checked):
 
 
 def add(sub) -> None:
-    from ..apps.serve import Limits
+    from ..apps.batcher import Limits
 
     p = command(sub, __name__)
     shared_flags(p, "model")
@@ -76,7 +76,9 @@ def add(sub) -> None:
 
 
 def run(args) -> None:
-    from ..apps.serve import Limits, Spec, build, create_app, server_settings, worker_pool
+    from ..apps.batcher import Limits
+    from ..apps.serve import create_app, server_settings
+    from ..apps.worker import Spec, build, worker_pool
 
     s = settings_from(ServeSettings, args)
     limits = settings_from(Limits, args)
@@ -105,21 +107,21 @@ def run(args) -> None:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
     name = s.name or Path(args.model).name
     spec = Spec(str(model_dir), name, pooling=s.pooling, normalize=s.normalize, max_length=s.max_length,
-                max_batch_tokens=limits.max_batch_tokens, device=str(device),
-                precision="int8" if args.int8 else args.precision, threads=args.threads)
+                limits=limits, device=str(device), precision="int8" if args.int8 else args.precision,
+                threads=args.threads)
     if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
         int8_note()
-        embedder, predictor = build(spec, load=True)
+        served = build(spec, load=True)
         workers = None
     else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
-        embedder, predictor = build(spec, load=False)  # the request side
+        served = build(spec, load=False)  # the request side
         workers = worker_pool(spec)
-    routes = ["POST /v1/embeddings"] * (embedder is not None) + ["POST /predict"] * (predictor is not None)
-    task = f", a {predictor.ts.type} model" if predictor else ""
-    print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} ({', '.join(routes)}, "
-          "GET /health, GET /metrics); Ctrl-C or SIGTERM stops after answering what is in flight", file=sys.stderr)
+    task = "".join(f", a {x.ts.type} model" for x in served if hasattr(x, "ts"))
+    print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} "
+          f"({', '.join(f'POST {x.path}' for x in served)}, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "
+          "answering what is in flight", file=sys.stderr)
     try:  # the app shuts the worker down when it stops; if it never started, this does
-        uvicorn.run(create_app(embedder, limits, predictor, workers, api_key=api_key),
+        uvicorn.run(create_app(served, limits, workers, api_key=api_key),
                     **server_settings(limits, s.host, s.port, s.log_level))
     except BaseException:
         if workers is not None:

@@ -6,7 +6,7 @@ tensors). Their names carry a `bert.` prefix inside task models (BertForPreTrain
 bare BertModel; we accept both. Their q, k and v projections are three tensors; ours is one fused
 tensor, so the map sends one of our names to a tuple of theirs, concatenated along the output rows.
 
-Loading rules (STYLE.md, principle 8):
+Loading rules (docs/architecture.md, principle 5):
   * every tensor of the file maps to one of ours, or belongs to a task head of another model class
     (cls.*, classifier.*, qa_outputs.*: reported as unused), or the load fails naming it;
   * every backbone tensor must be present (else an error naming the missing ones); a missing pooler

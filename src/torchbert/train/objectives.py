@@ -10,16 +10,26 @@ correct predictions); the step's loss is the sum of the parts' means, each times
 `per_step`, the targets of an average step per part: each step's summed loss is then divided by
 that instead of by its own count, so that every target weighs the same even when steps hold very
 different counts (length-sorted batches of labelled tokens).
+
+A pretraining objective is registered by name (PRETRAINING, at the end): its model, its loss, the
+data it reads and the options it takes, declared once; `pretrain` looks it up.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from ..electra import RTD_WEIGHT
+from ..baselines.elmo import ELMoBiLM
+from ..baselines.gpt import OpenAIGPTLMHeadModel
+from ..config import POSITIONS, BertConfig, ELMoConfig, GPTConfig
+from ..electra import RTD_WEIGHT, ElectraForPreTraining
+from ..heads import BertForMaskedLM, BertForPreTraining
 from ..losses import next_tokens, previous_tokens
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.families import TaskFamily
@@ -162,3 +172,99 @@ class FinetuneTask:
 def targets_per_step(data: TaskData, units_per_step: int) -> float:
     """The loss targets (FinetuneTask.counts) of an average step of `units_per_step` examples."""
     return data.family.total(data) * min(units_per_step, len(data)) / len(data)
+
+
+# -- pretraining objectives, by name ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PretrainingObjective:
+    """A pretraining objective, declared once. `pretrain` finds it by name (PRETRAINING) and asks it
+    what it needs; it never asks which objective it has. To add one: its loss (a class above) and a
+    `register_objective(PretrainingObjective(...))` below (docs/architecture.md)."""
+
+    name: str  # --objective for a BERT; for another model family, its --model name
+    family: str  # the model family (--model): bert, gpt, elmo
+    model_class: type  # the model it trains; its save_pretrained writes the Hugging Face layout
+    config_class: type  # that family's config
+    loss: Callable[[], Objective]  # a batch's loss parts
+    held_out: Callable[[dict], str]  # its line of held-out figures in pretrain's report
+    masked: bool = True  # reads the prepared instances masked (MLM), or as plain text
+    pairs: bool = False  # learns from sentence pairs: data prepared with --pairs none is refused
+    positions: tuple[str, ...] = ()  # the --positions a fresh model may take
+    generator: bool = False  # takes --generator-size
+    init: bool = True  # may start from an --init checkpoint
+    about: str = ""  # what it is, for --help
+
+    @property
+    def flag(self) -> str:
+        """How the command line names it."""
+        return f"--objective {self.name}" if self.family == "bert" else f"--model {self.name}"
+
+
+PRETRAINING: dict[str, PretrainingObjective] = {}  # by name; a family's first is its default
+
+
+def register_objective(spec: PretrainingObjective) -> PretrainingObjective:
+    if spec.name in PRETRAINING:
+        raise ValueError(f"a pretraining objective named {spec.name!r} is registered already")
+    PRETRAINING[spec.name] = spec
+    return spec
+
+
+def families() -> tuple[str, ...]:
+    """The model families (--model), in the order they were registered."""
+    return tuple(dict.fromkeys(spec.family for spec in PRETRAINING.values()))
+
+
+def objectives(family: str = "bert") -> tuple[str, ...]:
+    """A family's objectives (a BERT's --objective), its default first."""
+    return tuple(name for name, spec in PRETRAINING.items() if spec.family == family)
+
+
+def pretraining_objective(family: str, objective: str | None = None) -> PretrainingObjective:
+    """The objective `--model family [--objective objective]` names; ValueError names the flag."""
+    if family not in families():
+        raise ValueError(f"--model {family}: expected one of {', '.join(families())}")
+    mine = objectives(family)
+    if objective is None:
+        return PRETRAINING[mine[0]]
+    if len(mine) == 1:
+        raise ValueError(f"--objective is BERT's; {family} has its own (leave --objective out)")
+    if objective not in mine:
+        raise ValueError(f"--objective {objective}: expected one of {', '.join(mine)}")
+    return PRETRAINING[objective]
+
+
+def _mlm_line(ev: dict) -> str:
+    nsp = f", NSP accuracy {ev['nsp_accuracy']:.3f}" if "nsp_accuracy" in ev else ""
+    rtd = (f", replaced-token detection accuracy {ev['rtd_accuracy']:.3f} (the generator's MLM above)"
+           if "rtd_accuracy" in ev else "")
+    return f"held-out: MLM loss {ev['mlm_loss']:.3f}, MLM accuracy {ev['mlm_accuracy']:.3f}{nsp}{rtd}"
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50))
+
+
+register_objective(PretrainingObjective(
+    "mlm+nsp", "bert", BertForPreTraining, BertConfig, PretrainingTask, _mlm_line, pairs=True, positions=POSITIONS,
+    about="the paper's masked LM and next sentence prediction"))
+register_objective(PretrainingObjective(
+    "mlm", "bert", BertForMaskedLM, BertConfig, MaskedLMTask, _mlm_line, positions=POSITIONS,
+    about="masked LM alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa)"))
+register_objective(PretrainingObjective(  # transformers' ELECTRA has absolute positions only; its generator
+    "electra", "bert", ElectraForPreTraining, BertConfig, ElectraTask, _mlm_line, positions=("absolute",),
+    generator=True, init=False,  # would start from nothing beside an --init discriminator
+    about="replaced-token detection (a narrow generator fills the masks, the BERT learns from every token which "
+          "ones it replaced; the run folder is that BERT)"))
+register_objective(PretrainingObjective(
+    "gpt", "gpt", OpenAIGPTLMHeadModel, GPTConfig, CausalLMTask, masked=False,
+    about="the left-to-right Transformer, next-token prediction",
+    held_out=lambda ev: f"held-out: next-token loss {ev['lm_loss']:.3f} (perplexity {_perplexity(ev['lm_loss']):.1f}), "
+                        f"accuracy {ev['lm_accuracy']:.3f}"))
+register_objective(PretrainingObjective(
+    "elmo", "elmo", ELMoBiLM, ELMoConfig, BiLMTask, masked=False,
+    about="forward and backward LSTM language models",
+    held_out=lambda ev: f"held-out: forward LM loss {ev['forward_loss']:.3f} (perplexity "
+                        f"{_perplexity(ev['forward_loss']):.1f}), backward {ev['backward_loss']:.3f} (perplexity "
+                        f"{_perplexity(ev['backward_loss']):.1f})"))

@@ -23,33 +23,22 @@ from pathlib import Path
 
 import torch
 
-from ..baselines.elmo import ELMoBiLM
-from ..baselines.gpt import OpenAIGPTLMHeadModel
 from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
 from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
-from ..electra import GENERATOR_SIZE, ElectraForPreTraining
+from ..electra import GENERATOR_SIZE
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
-from ..heads import BertForMaskedLM, BertForPreTraining
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
 from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
-from .objectives import BiLMTask, CausalLMTask, ElectraTask, MaskedLMTask, PretrainingTask
-from .rundir import RunFolder, fixed, write_record
+from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
+from .rundir import RunFolder, fixed, read_record, write_record
 from .rundir import resumed_config as resumed_settings
-
-# --model: (the model, its objective, its config class, whether it reads the instances masked)
-MODELS = {"bert": (BertForPreTraining, PretrainingTask, BertConfig, True),
-          "gpt": (OpenAIGPTLMHeadModel, CausalLMTask, GPTConfig, False),
-          "elmo": (ELMoBiLM, BiLMTask, ELMoConfig, False)}
-# BERT's --objective: (the model, its task). The paper's MLM + NSP, or MLM alone (Cramming, RoBERTa)
-OBJECTIVES = {"mlm+nsp": (BertForPreTraining, PretrainingTask), "mlm": (BertForMaskedLM, MaskedLMTask),
-              "electra": (ElectraForPreTraining, ElectraTask)}
 
 
 @dataclass
@@ -66,13 +55,9 @@ class PretrainSettings(Checked):
     model: str | None = setting(None, "bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token "
                                       "prediction; elmo: forward and backward LSTM language models; a preset --config "
                                       "sizes GPT as BERT and ELMo with as many non-embedding parameters (with "
-                                      "--resume: the run's own)", choices=MODELS)
-    objective: str | None = setting(None, "BERT's: mlm+nsp, the paper's masked LM and next sentence prediction "
-                                          "(default); mlm alone (BertForMaskedLM: no pooler and no NSP head, as "
-                                          "Cramming and RoBERTa); or electra, replaced-token detection (a narrow "
-                                          "generator fills the masks, the BERT learns from every token which ones it "
-                                          "replaced; the run folder is that BERT); with --resume: the run's own",
-                                    choices=OBJECTIVES)
+                                      "--resume: the run's own)", choices=families)
+    objective: str | None = setting(None, "BERT's objective (train/objectives.py PRETRAINING; default: the paper's "
+                                          "MLM + NSP; with --resume: the run's own)", choices=objectives)
     generator_size: float | None = setting(None, "ELECTRA's generator width as a share of the BERT's (default: "
                                                  "0.25; the paper: 1/4 to 1/2)", above=0, high=1)
     dropout: float | None = setting(None, "every dropout probability of a fresh model (default: the config's, 0.1 "
@@ -80,7 +65,9 @@ class PretrainSettings(Checked):
     positions: str | None = setting(None, "a fresh BERT's positions: absolute, a learned table added to the "
                                           "embeddings (the paper's; default), or rotary, each head's queries and keys "
                                           "turned by their position (RoFormer: attention to neighbours from the "
-                                          "first step; written as a RoFormer checkpoint, which transformers loads); "
+                                          "first step; written as a RoFormer checkpoint, which transformers loads; "
+                                          "its pooler then applies the model's activation, GELU, in place of tanh, "
+                                          "as RoFormer's does); "
                                           "with --resume: the run's own", choices=POSITIONS)
     init: Path | None = setting(None, "start from this checkpoint folder (e.g. phase 2 at length 512)")
     eval_data: Path | None = setting(None, "held-out data folder (default: DATA/heldout when prepare made one)")
@@ -103,7 +90,7 @@ class PretrainSettings(Checked):
 
 
 def model_family(config) -> str:
-    return next(name for name, m in MODELS.items() if isinstance(config, m[2]))
+    return next(spec.family for spec in PRETRAINING.values() if isinstance(config, spec.config_class))
 
 
 def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: str = "bert"):
@@ -114,7 +101,7 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: st
     else:
         config = load_config(name_or_path)
     if model != "bert" and isinstance(config, BertConfig):
-        config = MODELS[model][2].like(config)
+        config = pretraining_objective(model).config_class.like(config)
     elif model_family(config) != model:
         raise ValueError(f"--config {name_or_path}: a {model_family(config)} config; pretrain it with "
                          f"--model {model_family(config)}")
@@ -174,66 +161,50 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
                         "config.json)")
-    if s.positions is not None and s.positions not in POSITIONS:
-        raise UserError(f"--positions {s.positions}: expected one of {', '.join(POSITIONS)}")
     if s.positions is not None and s.init is not None:
         raise UserError("--positions sets a fresh model's; an --init model keeps its config's")
-    if s.model is not None and s.model not in MODELS:
-        raise ValueError(f"--model {s.model}: expected one of {', '.join(MODELS)}")
     config = resumed_config(s) if s.resume else None
     if s.resume:  # the run's own learning rate, schedule, batch size...: given otherwise, an error
         cfg, _ = resumed_settings(s.out, cfg, s.given, world_size=dist.world_size)
-    family = s.model or (model_family(config) if config is not None else "bert")
-    cls, objective, _, masked = MODELS[family]
-    if family == "bert":
-        cls, objective = OBJECTIVES[bert_objective(s, config)]
-    elif s.objective is not None:
-        raise UserError(f"--objective is BERT's; {family} has its own (leave --objective out)")
-    if s.generator_size is not None and cls is not ElectraForPreTraining:
-        raise UserError("--generator-size is ELECTRA's (--objective electra)")
-    if s.positions is not None and family != "bert":
-        raise UserError(f"--positions is BERT's; {family} keeps its own")
-    if s.positions == "rotary" and cls is ElectraForPreTraining:
-        raise UserError("--positions rotary is not supported with --objective electra (transformers' ELECTRA has "
-                        "absolute positions only)")
-    if cls is ElectraForPreTraining and s.init is not None:
-        raise UserError("--init is not supported with --objective electra: its generator would start from nothing")
-    data = open_data(specs, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=masked)
-    if objective is PretrainingTask and data.manifest["settings"].get("pairs", "nsp") == "none":
+    spec = chosen_objective(s, config)
+    check_options(s, spec)
+    data = open_data(specs, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size, masked=spec.masked)
+    if spec.pairs and data.manifest["settings"].get("pairs", "nsp") == "none":
+        others = [f"--objective {n}" for n in objectives() if not PRETRAINING[n].pairs]
         raise UserError(f"--data {data.folder}: prepared with --pairs none (sentences packed end to end, no sentence "
-                        "pairs), which next sentence prediction cannot learn from: pretrain it with --objective mlm "
-                        "(or electra), or prepare the corpus again with --pairs nsp")
+                        f"pairs), which {spec.flag} cannot learn from: pretrain it with {' or '.join(others)}, or "
+                        "prepare the corpus again with --pairs nsp")
     if s.resume:
-        check_resumed(s, config, data, family)
-        model = cls(config)  # the checkpoint brings the weights
+        check_resumed(s, config, data)
+        model = spec.model_class(config)  # the checkpoint brings the weights
     elif s.init is not None:
         data.check_vocab(s.init)
-        model = cls.from_pretrained(s.init)
+        model = spec.model_class.from_pretrained(s.init)
         if model.config.max_position_embeddings < data.max_seq_len:
             raise ValueError(f"--init {s.init}: {model.config.max_position_embeddings} positions are fewer than "
                              f"the data's max_seq_len {data.max_seq_len}")
     else:
         torch.manual_seed(cfg.seed)
-        config = model_config(s.config or "small", data.vocab_size, data.max_seq_len, family)
+        config = model_config(s.config or "small", data.vocab_size, data.max_seq_len, spec.family)
         if s.dropout is not None:
             config = with_dropout(config, s.dropout)
         if s.positions is not None:
             config = dataclasses.replace(config, position_embedding_type=s.positions)
-        if cls is ElectraForPreTraining:
+        if spec.generator:
             size = GENERATOR_SIZE if s.generator_size is None else s.generator_size
             config.extra = {**config.extra, "torchbert_generator_size": size}
-        model = cls(config)
+        model = spec.model_class(config)
     config = model.config
     evaluate = counts = None
     eval_specs = [(Path(s.eval_data), None)] if s.eval_data is not None else None
     if eval_specs is None and all((f / "heldout" / "manifest.json").is_file() for f in folders):
         eval_specs = [(f / "heldout", w) for f, w in specs]  # prepare --heldout-docs put it there; a blend's blended
     if eval_specs is not None:
-        eval_data = open_data(eval_specs, seed=cfg.seed, shuffle=False, masked=masked)
+        eval_data = open_data(eval_specs, seed=cfg.seed, shuffle=False, masked=spec.masked)
         for eval_folder, _ in eval_specs:
             data.check_vocab(eval_folder)
-        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective())
-        if masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
+        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, spec.loss())
+        if spec.masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
             started = time.perf_counter()
             counts = yardsticks(data, heldout_batches(eval_data, cfg.batch_size, s.eval_batches))
             log(f"count yardsticks on {counts['masked']:,} held-out masked tokens (tables of {counts['counted']:,} "
@@ -248,28 +219,27 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     model = wrap(model.to(device), dist, device)
 
     with folder.opened(dist):
+        record = {**fixed(cfg, dist.world_size), "objective": spec.name}  # what --resume trains with, and how
         if dist.is_main and not s.resume:
-            if family == "bert":  # which objective --resume builds
-                config.extra = {**config.extra, "torchbert_objective": bert_objective(s, None)}
             config.save(s.out / "config.json")  # what --resume builds the model from
-        if dist.is_main and not s.resume:
-            write_record(s.out, fixed(cfg, dist.world_size))  # what --resume trains with; a resumed run's, once it has saved
+            write_record(s.out, record)  # a resumed run's, once it has saved
 
         def saved(checkpoint: Path) -> None:
-            write_record(s.out, fixed(cfg, dist.world_size))
+            write_record(s.out, record)
             folder.commit(checkpoint)
-        summary = train(model, data, objective(), cfg, s.out, resume=s.resume, evaluate=evaluate,
+        summary = train(model, data, spec.loss(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
             return summary
-        final = cls(config)
+        final = spec.model_class(config)
         final.load_state_dict(state)
         final.save_pretrained(s.out)
         for name in TOKENIZER_FILES:
             if (folders[0] / name).is_file():  # a blend's folders share the tokenizer (checked)
                 atomic_copy(folders[0] / name, s.out / name)
-        summary.update(data=s.data[0] if len(s.data) == 1 else data.manifest["blend"], model=family)
+        summary.update(data=s.data[0] if len(s.data) == 1 else data.manifest["blend"], model=spec.family,
+                       objective=spec.name)
         if counts is not None:
             summary["yardsticks"] = counts
         atomic_write_text(s.out / "metrics.json", json.dumps(summary, indent=2) + "\n")
@@ -286,20 +256,51 @@ def with_dropout(config, p: float):
     return dataclasses.replace(config, **dict.fromkeys(DROPOUTS[type(config)], p))
 
 
-def bert_objective(s: PretrainSettings, resumed: BertConfig | None) -> str:
-    """--objective, checked against a resumed run's (its config.json names the head it trains)."""
-    if s.objective is not None and s.objective not in OBJECTIVES:
-        raise UserError(f"--objective {s.objective}: expected one of {', '.join(OBJECTIVES)}")
+def chosen_objective(s: PretrainSettings, resumed: BertConfig | GPTConfig | ELMoConfig | None) -> PretrainingObjective:
+    """The objective --model and --objective name; a resumed run's own, which they may only repeat."""
     if resumed is None:
-        return s.objective or "mlm+nsp"
-    run = resumed.extra.get("torchbert_objective")
-    if run not in OBJECTIVES:  # a run of an older torchbert: its config names the head, or none (the paper's)
-        head = (resumed.extra.get("architectures") or ["BertForPreTraining"])[0]
-        run = next((name for name, (cls, _) in OBJECTIVES.items() if cls.__name__ == head), "mlm+nsp")
-    if s.objective is not None and s.objective != run:
-        raise UserError(f"--objective {s.objective}: the run in {s.out} pretrains {run}; leave --objective out "
+        try:
+            return pretraining_objective(s.model or "bert", s.objective)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    run = PRETRAINING[run_objective(s.out, resumed)]
+    if s.model is not None and s.model != run.family:
+        raise UserError(f"--model {s.model}: the run in {s.out} pretrains {run.family}; leave --model out to resume it")
+    if s.objective is not None and s.objective != run.name:
+        if len(objectives(run.family)) == 1:
+            raise UserError(f"--objective is BERT's; {run.family} has its own (leave --objective out)")
+        raise UserError(f"--objective {s.objective}: the run in {s.out} pretrains {run.name}; leave --objective out "
                         "to resume it")
     return run
+
+
+def run_objective(out: Path, config) -> str:
+    """The objective of the run in `out`, as its record says (training.json). A run of an older
+    torchbert, whose record does not say, by its config: the family by the config's class, a BERT's
+    objective by the head its config.json names (none: the paper's)."""
+    named = read_record(out).get("objective")
+    if named in PRETRAINING:
+        return named
+    family = model_family(config)
+    if family != "bert":
+        return objectives(family)[0]
+    named = config.extra.get("torchbert_objective")
+    if named in PRETRAINING:
+        return named
+    head = (config.extra.get("architectures") or ["BertForPreTraining"])[0]
+    return next((n for n in objectives() if PRETRAINING[n].model_class.__name__ == head), objectives()[0])
+
+
+def check_options(s: PretrainSettings, spec: PretrainingObjective) -> None:
+    """The settings that shape a model, against what the objective takes (its spec says)."""
+    if s.positions is not None and s.positions not in spec.positions:
+        takes = f" (it takes {' or '.join(spec.positions)})" if spec.positions else " (it keeps its own)"
+        raise UserError(f"--positions {s.positions} is not supported with {spec.flag}{takes}")
+    if s.generator_size is not None and not spec.generator:
+        takers = ", ".join(o.flag for o in PRETRAINING.values() if o.generator)
+        raise UserError(f"--generator-size sizes the generator of {takers}; {spec.flag} has none")
+    if s.init is not None and not spec.init:
+        raise UserError(f"--init is not supported with {spec.flag}: it trains a part that would start from nothing")
 
 
 def architecture(config: BertConfig) -> dict:
@@ -318,12 +319,9 @@ def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig | ELMoConfig:
 
 
 def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConfig,
-                  data: PretrainingData | BlendedData,
-                  family: str) -> None:
-    """A --model, --config or --data that says otherwise than the resumed run is an error."""
-    if not isinstance(config, MODELS[family][2]):
-        run = model_family(config)
-        raise UserError(f"--model {family}: the run in {s.out} pretrains {run}; leave --model out to resume it")
+                  data: PretrainingData | BlendedData) -> None:
+    """A --config, --data or model setting that says otherwise than the resumed run is an error."""
+    family = model_family(config)
     size = config.extra.get("torchbert_generator_size")
     if s.generator_size is not None and size is not None and s.generator_size != size:
         raise UserError(f"--generator-size {s.generator_size} differs from the run's {size}; leave it out to resume")

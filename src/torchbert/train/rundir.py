@@ -142,6 +142,20 @@ def write_record(out: Path, settings: dict) -> None:
     atomic_write_text(Path(out) / RECORD, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
+def read_record(out: Path) -> dict:
+    """The settings the run in `out` started with; {} for a run without a record (an older torchbert's)."""
+    path = Path(out) / RECORD
+    if not path.is_file():
+        return {}
+    try:
+        saved = json_loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path}: not the JSON torchbert wrote; move it aside to resume with the flags as given")
+    return saved
+
+
 def _flag(name: str) -> str:
     return "--batch-size x processes" if name == "global_batch_size" else "--" + name.replace("_", "-")
 
@@ -152,14 +166,7 @@ def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
     field) and is an error when given with another value. Files are recorded by sha256 under
     KEY_sha256 (a changed file is an error); keys the record lacks keep `now`'s value (a run of an
     older torchbert has no record: everything as given)."""
-    path = Path(out) / RECORD
-    if not path.is_file():
-        return now
-    try:
-        saved = json_loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError):
-        raise UserError(f"{path}: not the JSON torchbert wrote; move it aside to resume with the flags as "
-                        "given") from None
+    saved = read_record(out)
     merged = dict(now)
     for key, value in saved.items():
         if key.endswith("_sha256") and key[:-len("_sha256")] in now:

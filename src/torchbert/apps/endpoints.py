@@ -1,0 +1,323 @@
+"""The endpoints of `torchbert serve`, one class each, registered in ENDPOINTS.
+
+An endpoint is the whole of one route: which model folders it serves (`serves`), how it is built
+from the server's Spec (`from_spec`: its request side in the server, the model itself in the worker
+process), how a request body becomes items and their tokens (`decode`, a Rejected naming the field
+when it does not fit), how the model runs a batch of items from any requests (`__call__`, in the
+worker), and how a request's results become its response body (`encode`). The app (serve.py) gives
+every registered endpoint its route, its batcher and its metrics; adding `POST /v1/rerank` is one
+class here, and `register_endpoint` (docs/architecture.md works an example).
+
+    POST /v1/embeddings   Embedder: sentence embeddings, OpenAI's request and response
+    POST /predict         Predictor: a fine-tuned model's predictions, the records of `torchbert predict`
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from .batcher import Limits, Rejected, budget_batches
+
+
+@dataclass
+class Call:
+    """A request, decoded: its items (what the model side takes), each one's tokens (what the batcher
+    budgets), and what `encode` needs besides the results."""
+
+    items: list
+    tokens: list[int]
+    context: Any = None
+
+
+class Endpoint(Protocol):
+    endpoint: ClassVar[str]  # its name in /metrics and /health, and in the worker
+    path: ClassVar[str]  # its route (POST)
+    name: str  # the served model's name
+    precision: str
+
+    @classmethod
+    def serves(cls, config) -> bool: ...
+
+    @classmethod
+    def from_spec(cls, spec, load: bool, loaded: dict) -> Endpoint: ...
+
+    def decode(self, body: dict, limits: Limits) -> Call: ...
+
+    def __call__(self, items: list) -> list: ...
+
+    def encode(self, results: list, call: Call) -> dict: ...
+
+
+class Embedder:
+    """A BERT encoder's sentence embeddings, as `torchbert embed` computes them: from a folder, or
+    from the encoder and tokenizer of a loaded model. load=False: the tokenizer side only (what the
+    server's event loop needs when the model runs in a worker process)."""
+
+    endpoint = "embeddings"
+    path = "/v1/embeddings"
+
+    def __init__(self, model_dir: Path | None, *, name: str, pooling: str = "mean", normalize: bool = True,
+                 max_length: int | None = None, limits: Limits | None = None, device: str = "cpu",
+                 precision: str = "fp32", model=None, tokenizer=None, load: bool = True):
+        import torch
+
+        from ..config import load_config
+        from ..model import BertModel
+        from ..tokenizer import BertTokenizer
+
+        self.name, self.pooling, self.normalize = name, pooling, normalize
+        self.limits, self.precision = limits or Limits(), precision
+        self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
+        self.model = model
+        if model is None and load:
+            self.model = BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
+            if precision == "int8":
+                from ..fast.int8 import int8
+
+                self.model = int8(self.model)
+        self.config = model.config if model is not None else load_config(model_dir)
+        limit = self.config.max_position_embeddings
+        self.max_length = min(max_length or limit, limit)
+        self.sep = self.tokenizer.sep_token_id
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        """A BERT's folder, fine-tuned or not (GPT and ELMo have no BERT encoder to embed with)."""
+        from ..config import BertConfig
+
+        return isinstance(config, BertConfig)
+
+    @classmethod
+    def from_spec(cls, spec, load: bool, loaded: dict) -> Embedder:
+        kw = dict(name=spec.name, pooling=spec.pooling, normalize=spec.normalize, max_length=spec.max_length,
+                  limits=spec.limits, precision=spec.precision)
+        task_model = loaded.get("task_model")
+        if load and task_model is not None:  # a fine-tuned BERT: its encoder, loaded once
+            return cls(None, model=task_model.bert, tokenizer=loaded["tokenizer"], **kw)
+        return cls(Path(spec.model_dir), device=spec.device, load=load, **kw)
+
+    def tokenize(self, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+        """Token ids per text (with [CLS] and [SEP]), cut to max_length; and the indexes of those cut."""
+        ids = self.tokenizer.encode_ids(texts)
+        cut = [i for i, x in enumerate(ids) if len(x) > self.max_length]
+        for i in cut:
+            ids[i] = ids[i][:self.max_length - 1] + [self.sep]
+        return ids, cut
+
+    def decode(self, body: dict, limits: Limits) -> Call:
+        texts = _texts(body, limits)
+        _check_dimensions(body, self.config.hidden_size)
+        ids, cut = self.tokenize(texts)
+        return Call(ids, [len(x) for x in ids], (cut, body.get("encoding_format", "float")))
+
+    def __call__(self, ids: list[list[int]]) -> np.ndarray:
+        from ..features import embed_ids
+
+        out = np.empty((len(ids), self.config.hidden_size), dtype=np.float32)
+        with _autocast(self.precision, self.model), _fast(self.model):
+            for idx in budget_batches([len(x) for x in ids], self.limits.max_batch_tokens):
+                out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling,
+                                     normalize=self.normalize, batch_size=len(idx))
+        return out
+
+    def encode(self, vectors: list, call: Call) -> dict:
+        cut, fmt = call.context
+        if fmt == "base64":
+            data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vectors]
+        else:
+            data = [v.tolist() for v in vectors]
+        tokens = sum(call.tokens)
+        content = {"object": "list", "model": self.name,
+                   "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        if cut:  # OpenAI's API has no such field; ours says what was done
+            content["truncated"] = {"indexes": cut, "max_tokens": self.max_length,
+                                    "kept": "the first tokens ([SEP] last)"}
+        return content
+
+
+class Predictor:
+    """A model fine-tuned by torchbert: for JSON examples, the records `torchbert predict` writes.
+    Each example is encoded as it arrives (its windows' tokens are what the batcher budgets); the
+    worker encodes a batch's examples again and runs them in one packed pass."""
+
+    endpoint = "predict"
+    path = "/predict"
+
+    def __init__(self, model_dir: Path, *, name: str, device: str = "cpu", precision: str = "fp32",
+                 load: bool = True):
+        import torch
+
+        from ..config import load_config
+        from ..tasks.families import TaskSettings, family
+        from ..tasks.predict import id2label, load_finetuned
+        from ..tokenizer import BertTokenizer
+
+        self.name, self.precision = name, precision  # fp32, bf16 or int8
+        if load:
+            self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device),
+                                                                    self.precision == "int8")
+            self.config = self.model.config
+        else:  # the task's settings and the tokenizer, to read requests; the model runs elsewhere
+            self.model, self.config = None, load_config(model_dir)
+            self.tokenizer = BertTokenizer.from_pretrained(model_dir)
+            self.ts = TaskSettings.from_config(self.config, str(model_dir))
+        self.family, self.id2label = family(self.ts.type), id2label(self.config)
+        self.device = torch.device(device)
+        self.serial = itertools.count()  # examples of different requests share a batch: their ids must not clash
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        """A folder written by `torchbert finetune`."""
+        return "torchbert_task" in config.extra
+
+    @classmethod
+    def from_spec(cls, spec, load: bool, loaded: dict) -> Predictor:
+        predictor = cls(Path(spec.model_dir), name=spec.name, device=spec.device, precision=spec.precision,
+                        load=load)
+        if load:  # the embeddings of a fine-tuned BERT come from this model's encoder
+            loaded.update(task_model=predictor.model, tokenizer=predictor.tokenizer)
+        return predictor
+
+    def decode(self, body: dict, limits: Limits) -> Call:
+        """The request's examples (with ids unique to this server) and their tokens, the ids to answer
+        with as the context; or Rejected naming the field that is wrong."""
+        records = body.get("inputs")
+        if not isinstance(records, list) or not records:
+            raise Rejected(400, "field 'inputs' must be a non-empty list of examples (JSON objects, as the lines "
+                                f"of a {self.ts.type} task's JSON Lines file)")
+        if len(records) > limits.max_texts:
+            raise Rejected(413, f"field 'inputs' holds {len(records)} examples; at most {limits.max_texts} per request")
+        examples, ids = [], []
+        for i, record in enumerate(records):
+            where = f"inputs[{i}]"
+            if not isinstance(record, dict):
+                raise Rejected(400, f"field '{where}' is {type(record).__name__}; expected a JSON object")
+            for text in _strings(record):
+                _check_unicode(text, where)
+            chars = sum(len(x) for x in _strings(record))
+            if chars > limits.max_chars:
+                raise Rejected(413, f"field '{where}' holds {chars} characters; at most {limits.max_chars}")
+            try:
+                example = self.family.from_record(record, where, str(i))
+            except ValueError as e:
+                raise Rejected(400, str(e)) from None
+            ids.append(example.id)
+            examples.append(replace(example, id=f"#{next(self.serial)}"))
+        encoded = self.family.encode(self.tokenizer, examples, self.ts, None, training=False, use_labels=False)
+        per_example = np.zeros(len(examples), dtype=np.int64)
+        np.add.at(per_example, np.asarray(encoded.example_index), [len(r) for r in encoded.input_ids])
+        return Call(examples, [max(1, int(n)) for n in per_example], ids)
+
+    def __call__(self, examples: list) -> list[dict]:
+        from ..tasks.batches import TaskData
+        from ..tasks.predict import predict
+
+        encoded = self.family.encode(self.tokenizer, examples, self.ts, None, training=False, use_labels=False)
+        data = TaskData(encoded, self.family)
+        with _autocast(self.precision, self.model), _fast(self.model):  # the batcher sized it: one pass
+            return predict(self.model, data, examples, self.ts, self.id2label, len(data), self.device)
+
+    def encode(self, records: list, call: Call) -> dict:
+        for record, ident in zip(records, call.context):
+            record["id"] = ident
+        return {"model": self.name, "task": self.ts.type, "predictions": records}
+
+
+ENDPOINTS: list[type[Endpoint]] = [Predictor, Embedder]  # a fine-tuned model loads first: Embedder shares it
+
+
+def register_endpoint(cls: type[Endpoint]) -> type[Endpoint]:
+    """A new endpoint class, served by every folder it `serves` (usable as a class decorator)."""
+    if any(x.endpoint == cls.endpoint or x.path == cls.path for x in ENDPOINTS):
+        raise ValueError(f"an endpoint named {cls.endpoint!r} or at {cls.path} is registered already")
+    ENDPOINTS.append(cls)
+    return cls
+
+
+def _fast(model):
+    """torchbert.fast's attention for inference: on a CUDA GPU under bf16, FlashAttention's varlen
+    kernel over the packed batch (1.26x the texts/s of SDPA on a padded block, bench/README.md); the
+    plain path elsewhere."""
+    from .. import fast
+
+    return fast.inference(model)
+
+
+def _autocast(precision: str, model):
+    """bf16: the model's matrix products in bfloat16 (torch.autocast; its weights stay fp32). fp32
+    and int8 (an encoder that is already 8-bit) run as they are."""
+    from ..train.loop import autocast
+
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return autocast(precision, next(itertools.chain(model.parameters(), model.buffers())).device)
+
+
+# -- what a request may hold ---------------------------------------------------------------------------
+
+def _check_unicode(text: str, where: str) -> None:
+    """Rejected unless `text` is valid Unicode: JSON's \\u escapes can spell a lone surrogate (half of a
+    UTF-16 pair), which no encoder takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Rejected(400, f"field '{where}' holds a lone surrogate (\\u{ord(text[e.start]):04x} at character "
+                            f"{e.start}): not valid Unicode text") from None
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _texts(body: dict, limits: Limits) -> list[str]:
+    """The `input` of an embeddings request as a list of texts, or Rejected naming what is wrong."""
+    if "input" not in body:
+        raise Rejected(400, "missing field 'input': a string or a list of strings")
+    texts = body["input"]
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise Rejected(400, "field 'input' must be a string or a non-empty list of strings")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise Rejected(400, f"field 'input[{i}]' is {type(t).__name__}; expected a string (token arrays "
+                                "are not accepted: send text)")
+    if len(texts) > limits.max_texts:
+        raise Rejected(413, f"field 'input' holds {len(texts)} texts; at most {limits.max_texts} per request")
+    for i, t in enumerate(texts):
+        if len(t) > limits.max_chars:
+            raise Rejected(413, f"field 'input[{i}]' is {len(t)} characters; at most {limits.max_chars}")
+        _check_unicode(t, f"input[{i}]")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise Rejected(400, f"field 'encoding_format' is {json.dumps(fmt)[:40]}; expected \"float\" or \"base64\"")
+    return texts
+
+
+def _check_dimensions(body: dict, size: int) -> None:
+    """OpenAI's `dimensions` shortens the vectors of models trained for it (Matryoshka); a BERT's are
+    not, so only its own size is accepted."""
+    if "dimensions" not in body:
+        return
+    d = body["dimensions"]
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise Rejected(400, f"field 'dimensions' must be a positive integer, got {json.dumps(d)[:40]}")
+    if d != size:
+        raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions and it was "
+                            "not trained to shorten them (leave 'dimensions' out)")

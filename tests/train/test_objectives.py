@@ -1,0 +1,80 @@
+"""Pretraining objectives are a registry (train/objectives.py PRETRAINING): `pretrain` asks an
+objective's spec what it needs and never which objective it has, so that one registered here, in a
+test, is a whole objective: a flag value, a model, a loss, a held-out line and a resumable run."""
+
+import json
+
+import pytest
+from clihelp import cli
+
+from torchbert.cli import build_parser
+from torchbert.config import POSITIONS, BertConfig
+from torchbert.heads import BertForMaskedLM
+from torchbert.train import objectives
+from torchbert.train.objectives import PRETRAINING, MaskedLMTask, PretrainingObjective, pretraining_objective
+
+
+class HalvedMLM(MaskedLMTask):
+    """A loss-only objective: MLM with its loss halved (the same model, another loss)."""
+
+    def forward(self, model, batch):
+        loss, correct = super().forward(model, batch)["mlm"]
+        return {"mlm": (loss * 0.5, correct)}
+
+
+@pytest.fixture
+def toy():
+    yield objectives.register_objective(PretrainingObjective(
+        "halved-mlm", "bert", BertForMaskedLM, BertConfig, HalvedMLM, positions=POSITIONS, about="MLM at half weight",
+        held_out=lambda ev: f"held-out (halved): MLM accuracy {ev['mlm_accuracy']:.3f}"))
+    del PRETRAINING["halved-mlm"]  # the registry as it was
+
+
+def test_every_family_has_a_default_and_every_objective_its_flag():
+    assert pretraining_objective("bert").name == "mlm+nsp" and pretraining_objective("gpt").flag == "--model gpt"
+    assert pretraining_objective("bert", "electra").flag == "--objective electra"
+    with pytest.raises(ValueError, match="--objective is BERT's; elmo has its own"):
+        pretraining_objective("elmo", "mlm")
+    with pytest.raises(ValueError, match="--model t5: expected one of bert, gpt, elmo"):
+        pretraining_objective("t5")
+    with pytest.raises(ValueError, match="registered already"):
+        objectives.register_objective(PRETRAINING["mlm"])
+
+
+@pytest.mark.e2e
+def test_a_registered_objective_pretrains_reports_and_resumes(toy, prepared, tmp_path, capsys):
+    assert "halved-mlm, MLM at half weight" in " ".join(build_parser()._subparsers._group_actions[0]
+                                                        .choices["pretrain"].format_help().split())
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--batch-size", "8", "--quiet",
+            "--eval-data", prepared / "eval", "--eval-batches", "2", "--save-every", "2"]
+    code, out, err = cli(capsys, *args, "--steps", "2", "--objective", "halved-mlm")
+    assert code == 0, err
+    assert "held-out (halved): MLM accuracy" in out
+    assert json.loads((run / "training.json").read_text())["objective"] == "halved-mlm"
+    assert json.loads((run / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    code, _, err = cli(capsys, *args, "--steps", "3", "--resume", "--objective", "mlm")
+    assert code == 2 and "the run in" in err and "pretrains halved-mlm" in err
+    code, out, err = cli(capsys, *args, "--steps", "3", "--resume")  # the run's own, from its record
+    assert code == 0 and "held-out (halved)" in out, err
+
+
+@pytest.mark.e2e
+def test_a_run_without_an_objective_in_its_record_resumes_by_its_config(prepared, tmp_path, capsys):
+    """A run of an older torchbert (training.json without `objective`; config.json naming it, as
+    torchbert wrote until issue 49) resumes with its own objective."""
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--batch-size", "8", "--quiet",
+            "--save-every", "2"]
+    assert cli(capsys, *args, "--steps", "2", "--objective", "mlm")[0] == 0
+    record = json.loads((run / "training.json").read_text())
+    del record["objective"]
+    (run / "training.json").write_text(json.dumps(record))
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "torchbert_objective": "mlm"}))
+    code, _, err = cli(capsys, *args, "--steps", "3", "--resume", "--objective", "mlm+nsp")
+    assert code == 2 and "pretrains mlm; leave --objective out" in err
+    del config["architectures"]  # older still: no name at all is the paper's objective
+    (run / "config.json").write_text(json.dumps(config))
+    code, _, err = cli(capsys, *args, "--steps", "3", "--resume", "--objective", "mlm")
+    assert code == 2 and "pretrains mlm+nsp" in err
