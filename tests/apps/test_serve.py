@@ -813,7 +813,7 @@ def test_predict_in_bf16_is_close_to_fp32(finetuned, task):
 
 
 def predictor_type(out):
-    return json.loads((out / "config.json").read_text())["torchbert_task"]["type"]
+    return json.loads((out / "torchbert.json").read_text())["task"]["type"]
 
 
 @pytest.mark.parametrize("task, inputs, words", [
@@ -899,7 +899,7 @@ def test_an_endpoint_is_one_registered_class(minilm_dir):
             self.tokenizer = BertTokenizer.from_pretrained(spec.model_dir)
 
         @classmethod
-        def serves(cls, config):
+        def serves(cls, folder, config):
             return True
 
         @classmethod
@@ -946,3 +946,33 @@ def test_a_prediction_is_budgeted_in_its_tokens(finetuned):
     encoded = p.family.encode(p.tokenizer, call.items, p.ts, None, training=False, use_labels=False)
     assert sum(call.tokens) == sum(len(r) for r in encoded.input_ids) and len(call.tokens) == len(inputs)
     assert len(call.context) == len(inputs) and all(x.id.startswith("#") for x in call.items)  # the server's own ids
+
+
+@pytest.mark.parametrize("task", ["classification", "token"])
+def test_a_fine_tuned_folder_of_an_older_torchbert_predicts_and_serves_alike(finetuned, task, tmp_path, capsys):
+    """Issue 49: until the run record, a fine-tuned folder's task rode in config.json (torchbert_task);
+    such a folder still predicts and serves the same records."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.serve import create_app
+    from torchbert.apps.worker import Spec, build
+    from torchbert.cli import main
+
+    out, path, inputs = finetuned[task]
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    record = json.loads((old / "torchbert.json").read_text())
+    config = json.loads((old / "config.json").read_text())
+    assert "torchbert_task" not in config  # config.json holds the model alone now
+    (old / "config.json").write_text(json.dumps({**config, "torchbert_task": record["task"]}))
+    (old / "torchbert.json").unlink()
+    for folder, name in ((out, "new.jsonl"), (old, "old.jsonl")):
+        assert main(["predict", "--model", str(folder), "--input", str(path), "--out", str(tmp_path / name),
+                     "--quiet"]) == 0
+    assert (tmp_path / "new.jsonl").read_text() == (tmp_path / "old.jsonl").read_text()
+    with TestClient(create_app(build(Spec(str(old), "m")), Limits())) as c:
+        r = c.post("/predict", json={"inputs": inputs[:2]})
+        assert r.status_code == 200 and r.json()["task"] == task, r.text

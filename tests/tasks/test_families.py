@@ -107,14 +107,22 @@ def test_batches_carry_each_familys_targets():
     assert family("multiple-choice").count(b) == 1 == family("multiple-choice").total(data) == b.num_targets
 
 
-def test_task_settings_come_back_from_config(tmp_path):
+def test_task_settings_come_back_from_the_run_record_or_an_older_config(tmp_path):
+    """A fine-tuned folder's task is in its run record (torchbert.json); a folder of an older torchbert
+    kept it in config.json (torchbert_task), which still reads."""
     from torchbert.config import BertConfig
+    from torchbert.io.record import RunRecord, write_record
 
     config = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=16)
+    config.save(tmp_path / "config.json")
     with pytest.raises(ValueError, match="not a model fine-tuned by torchbert"):
-        TaskSettings.from_config(config, "m")
-    config.extra["torchbert_task"] = {"type": "qa-v2", "max_length": 64, "unknown_later_field": 1}
-    ts = TaskSettings.from_config(config, "m")
+        TaskSettings.of(tmp_path)
+    write_record(tmp_path, RunRecord("finetune", task={"type": "qa-v2", "max_length": 64, "unknown_later_field": 1}))
+    ts = TaskSettings.of(tmp_path)
     assert (ts.type, ts.max_length, ts.doc_stride) == ("qa-v2", 64, 128)
     assert np.isclose(ts.null_threshold, 0.0)
+    old = tmp_path / "old"
+    config.extra["torchbert_task"] = {"type": "token", "max_length": 32}
+    config.save(old / "config.json")
+    assert (TaskSettings.of(old).type, TaskSettings.of(old).max_length) == ("token", 32)

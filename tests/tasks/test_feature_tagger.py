@@ -39,12 +39,10 @@ def one_thread():
 
 
 def tiny_config(kind: str = "bilstm", strategy: str | int = "concat_last_four", dropout: float = 0.1,
-                layers: int = 4) -> BertConfig:
+                layers: int = 4) -> tuple[BertConfig, TaggerSettings]:
     config = BertConfig.from_name("tiny", num_hidden_layers=layers, vocab_size=100)
     config.extra["id2label"] = {str(i): x for i, x in enumerate(LABELS)}
-    config.extra["torchbert_task"] = {"type": "token", "tagger": {"kind": kind, "strategy": strategy,
-                                                                  "lstm_size": 16, "dropout": dropout}}
-    return config
+    return config, TaggerSettings(kind=kind, strategy=strategy, lstm_size=16, dropout=dropout)
 
 
 def tiny_batch(seed: int = 0):
@@ -67,14 +65,14 @@ def test_settings_check_the_tagger_and_the_strategy():
     with pytest.raises(ValueError, match="sum_last_four, concat_last_four"):
         TaggerSettings(strategy="top_four")
     assert TaggerSettings(strategy="-2").strategy == -2
-    config = tiny_config()  # 4 layers of H = 128
+    config, _ = tiny_config()  # 4 layers of H = 128
     widths = {"embeddings": 128, "last": 128, "sum_all": 128, "concat_last_four": 512, 3: 128}
     for strategy, width in widths.items():
         assert TaggerSettings(strategy=strategy).feature_size(config) == width
     with pytest.raises(ValueError, match="out of range"):
         TaggerSettings(strategy=9).feature_size(config)
     with pytest.raises(ValueError, match="at least 4 layers"):
-        FeatureTagger(tiny_config(layers=2))
+        FeatureTagger(*tiny_config(layers=2))
 
 
 # The strategies written out by hand over the 6 hidden states of a 5-layer BERT (embeddings first), as in Table 7.
@@ -93,7 +91,7 @@ BY_HAND = {
 @torch.no_grad()
 def test_the_linear_tagger_reads_the_chosen_layers(strategy):
     torch.manual_seed(0)
-    model = FeatureTagger(tiny_config("linear", strategy, layers=5)).eval()
+    model = FeatureTagger(*tiny_config("linear", strategy, layers=5)).eval()
     _, mask, flat, cu, T = tiny_batch()
     hs = model.bert(flat, cu_seqlens=cu, max_seqlen=T, output_hidden_states=True).hidden_states
     expected = BY_HAND[strategy](hs) @ model.classifier.weight.T + model.classifier.bias  # [N, L]
@@ -106,7 +104,7 @@ def test_the_linear_tagger_reads_the_chosen_layers(strategy):
 @torch.no_grad()
 def test_the_bilstm_reads_each_sequence_alone_packed_or_padded():
     torch.manual_seed(0)
-    model = FeatureTagger(tiny_config("bilstm")).eval()
+    model = FeatureTagger(*tiny_config("bilstm")).eval()
     ids, mask, flat, cu, T = tiny_batch()
     packed = model(flat, cu_seqlens=cu, max_seqlen=T).logits  # [N, L]
     padded = model(ids, attention_mask=mask).logits  # [B, T, L]
@@ -121,7 +119,7 @@ def test_the_bilstm_reads_each_sequence_alone_packed_or_padded():
 
 def test_the_loss_is_the_mean_cross_entropy_of_labelled_tokens():
     torch.manual_seed(0)
-    model = FeatureTagger(tiny_config("bilstm")).eval()
+    model = FeatureTagger(*tiny_config("bilstm")).eval()
     _, _, flat, cu, T = tiny_batch()
     labels = torch.randint(0, len(LABELS), flat.shape, generator=torch.Generator().manual_seed(1))
     labels[::3] = IGNORE
@@ -135,7 +133,7 @@ def test_the_loss_is_the_mean_cross_entropy_of_labelled_tokens():
 @pytest.mark.parametrize("kind", ["bilstm", "linear"])
 def test_the_encoder_is_frozen_and_only_the_tagger_learns(kind):
     torch.manual_seed(0)
-    model = FeatureTagger(tiny_config(kind, dropout=0.0))
+    model = FeatureTagger(*tiny_config(kind, dropout=0.0))
     model.train()
     assert model.training and not any(m.training for m in model.bert.modules())
     _, _, flat, cu, T = tiny_batch()
@@ -160,9 +158,9 @@ def test_the_encoder_is_frozen_and_only_the_tagger_learns(kind):
 @torch.no_grad()
 def test_the_state_dict_is_the_tagger_and_loads_back_onto_the_same_encoder():
     torch.manual_seed(0)
-    a = FeatureTagger(tiny_config()).eval()
+    a = FeatureTagger(*tiny_config()).eval()
     torch.manual_seed(1)
-    b = FeatureTagger(tiny_config()).eval()
+    b = FeatureTagger(*tiny_config()).eval()
     b.bert.load_state_dict(a.bert.state_dict())
     state = a.state_dict()
     assert set(state) == {n for n, _ in a.named_parameters() if not n.startswith("bert.")}
@@ -176,13 +174,13 @@ def test_the_state_dict_is_the_tagger_and_loads_back_onto_the_same_encoder():
 @torch.no_grad()
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
-    model = FeatureTagger(tiny_config("bilstm", "sum_last_four")).eval()
+    model = FeatureTagger(*tiny_config("bilstm", "sum_last_four")).eval()
     model.save_pretrained(tmp_path)
     assert set(load_file(tmp_path / TAGGER_FILE)) == set(model.state_dict())
     assert not any(k.startswith(("bert.", "pooler.")) for k in load_file(tmp_path / "model.safetensors"))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["BertModel"]
-    assert config["torchbert_task"]["tagger"]["strategy"] == "sum_last_four"
+    assert "torchbert_task" not in config and TaggerSettings.of(tmp_path).strategy == "sum_last_four"  # beside its weights
     loaded = FeatureTagger.from_pretrained(tmp_path).eval()
     _, _, flat, cu, T = tiny_batch()
     assert torch.equal(loaded(flat, cu_seqlens=cu, max_seqlen=T).logits, model(flat, cu_seqlens=cu, max_seqlen=T).logits)
@@ -253,7 +251,9 @@ def test_a_frozen_run_trains_its_tagger(runs, wnut, kind):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["loss"] < rows[0]["loss"]
     config = json.loads((run / "config.json").read_text())
-    assert config["torchbert_task"]["tagger"]["strategy"] == ("concat_last_four" if kind == "bilstm" else "sum_last_four")
+    task = json.loads((run / "torchbert.json").read_text())["task"]
+    assert task["type"] == "token" and "torchbert_task" not in config
+    assert task["tagger"]["strategy"] == ("concat_last_four" if kind == "bilstm" else "sum_last_four")
     assert sorted(config["id2label"].values()) == sorted({t for _, tags in wnut[1] for t in tags})
     # checkpoints hold what training changes: the tagger, not the encoder
     tagger_keys = set(load_file(run / TAGGER_FILE))

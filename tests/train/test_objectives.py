@@ -51,7 +51,9 @@ def test_a_registered_objective_pretrains_reports_and_resumes(toy, prepared, tmp
     code, out, err = cli(capsys, *args, "--steps", "2", "--objective", "halved-mlm")
     assert code == 0, err
     assert "held-out (halved): MLM accuracy" in out
-    assert json.loads((run / "training.json").read_text())["objective"] == "halved-mlm"
+    record = json.loads((run / "torchbert.json").read_text())
+    assert record["made"] == "pretrain" and record["objective"] == "halved-mlm"
+    assert record["command"].startswith("torchbert pretrain --data") and "torch" in record["versions"]
     assert json.loads((run / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     code, _, err = cli(capsys, *args, "--steps", "3", "--resume", "--objective", "mlm")
     assert code == 2 and "the run in" in err and "pretrains halved-mlm" in err
@@ -61,15 +63,13 @@ def test_a_registered_objective_pretrains_reports_and_resumes(toy, prepared, tmp
 
 @pytest.mark.e2e
 def test_a_run_without_an_objective_in_its_record_resumes_by_its_config(prepared, tmp_path, capsys):
-    """A run of an older torchbert (training.json without `objective`; config.json naming it, as
-    torchbert wrote until issue 49) resumes with its own objective."""
+    """A run of an older torchbert (no torchbert.json; its config.json naming the objective, as torchbert
+    wrote until issue 49) resumes with its own objective."""
     run = tmp_path / "run"
     args = ["pretrain", "--data", prepared / "data", "--out", run, "--config", "tiny", "--batch-size", "8", "--quiet",
             "--save-every", "2"]
     assert cli(capsys, *args, "--steps", "2", "--objective", "mlm")[0] == 0
-    record = json.loads((run / "training.json").read_text())
-    del record["objective"]
-    (run / "training.json").write_text(json.dumps(record))
+    (run / "torchbert.json").unlink()
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "torchbert_objective": "mlm"}))
     code, _, err = cli(capsys, *args, "--steps", "3", "--resume", "--objective", "mlm+nsp")

@@ -44,7 +44,7 @@ class Endpoint(Protocol):
     precision: str
 
     @classmethod
-    def serves(cls, config) -> bool: ...
+    def serves(cls, folder: Path, config) -> bool: ...
 
     @classmethod
     def from_spec(cls, spec, load: bool, loaded: dict) -> Endpoint: ...
@@ -89,7 +89,7 @@ class Embedder:
         self.sep = self.tokenizer.sep_token_id
 
     @classmethod
-    def serves(cls, config) -> bool:
+    def serves(cls, folder: Path, config) -> bool:
         """A BERT's folder, fine-tuned or not (GPT and ELMo have no BERT encoder to embed with)."""
         from ..config import BertConfig
 
@@ -169,15 +169,18 @@ class Predictor:
         else:  # the task's settings and the tokenizer, to read requests; the model runs elsewhere
             self.model, self.config = None, load_config(model_dir)
             self.tokenizer = BertTokenizer.from_pretrained(model_dir)
-            self.ts = TaskSettings.from_config(self.config, str(model_dir))
+            self.ts = TaskSettings.of(model_dir)
         self.family, self.id2label = family(self.ts.type), id2label(self.config)
         self.device = torch.device(device)
         self.serial = itertools.count()  # examples of different requests share a batch: their ids must not clash
 
     @classmethod
-    def serves(cls, config) -> bool:
-        """A folder written by `torchbert finetune`."""
-        return "torchbert_task" in config.extra
+    def serves(cls, folder: Path, config) -> bool:
+        """A folder written by `torchbert finetune` (its run record names the task)."""
+        from ..io.record import read_record
+
+        record = read_record(folder)
+        return record is not None and record.fine_tuned
 
     @classmethod
     def from_spec(cls, spec, load: bool, loaded: dict) -> Predictor:

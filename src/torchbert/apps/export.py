@@ -31,11 +31,13 @@ PER_TOKEN = ("last_hidden_state", "start_logits", "end_logits")  # and a tagger'
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
     """(model in eval mode, what it is, its output names) for a BERT folder or a torchbert fine-tune."""
     from ..config import BertConfig, load_config
+    from ..io.record import read_record
 
     config = load_config(model_dir)
     if not isinstance(config, BertConfig):
         raise ValueError(f"{model_dir}: export handles BERT models; this is a {type(config).__name__[:-6]} model")
-    if "torchbert_task" in config.extra:
+    record = read_record(model_dir)
+    if record is not None and record.fine_tuned:
         from ..tasks.predict import load_finetuned
 
         model, _, ts, _ = load_finetuned(model_dir, None, torch.device("cpu"))

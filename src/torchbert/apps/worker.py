@@ -42,9 +42,10 @@ def build(spec: Spec, load: bool = True) -> list[Endpoint]:
     fine-tuned one serves predictions, and embeddings from its encoder when that is a BERT."""
     from ..config import load_config
 
-    config = load_config(Path(spec.model_dir))
+    folder = Path(spec.model_dir)
+    config = load_config(folder)
     loaded: dict = {}  # what one endpoint loaded and the next may share
-    return [cls.from_spec(spec, load, loaded) for cls in ENDPOINTS if cls.serves(config)]
+    return [cls.from_spec(spec, load, loaded) for cls in ENDPOINTS if cls.serves(folder, config)]
 
 
 _SERVED: dict[str, Callable] = {}  # in the worker process: endpoint -> its loaded model side

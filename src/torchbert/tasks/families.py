@@ -32,6 +32,7 @@ from ..eval import metrics
 from ..heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                      BertForTokenClassification)
 from ..io.hf import with_labels
+from ..io.record import RECORD_FILE, read_record
 from ..losses import IGNORE
 from ..packing import pad
 from ..settings import Checked, setting
@@ -42,8 +43,9 @@ from .examples import QAExample, TokenExample
 
 @dataclass
 class TaskSettings(Checked):
-    """How a task's text becomes model inputs; stored in config.json so evaluate/predict reuse it. The
-    encoding flags of `finetune` are made from these fields."""
+    """How a task's text becomes model inputs; kept in the fine-tuned folder's run record
+    (torchbert.json, io/record.py) so that evaluate, predict and serve reuse it. The encoding flags of
+    `finetune` are made from these fields."""
 
     type: str = setting(cli=False)
     preset: str | None = setting(None, cli=False)
@@ -59,10 +61,12 @@ class TaskSettings(Checked):
                                          "dev scoring reports best_f1_threshold, the value that scored best on dev")
 
     @classmethod
-    def from_config(cls, config: BertConfig, where: str) -> TaskSettings:
-        saved = config.extra.get("torchbert_task")
+    def of(cls, folder: str | Path) -> TaskSettings:
+        """The task settings of a model folder torchbert fine-tuned (its run record)."""
+        record = read_record(folder)
+        saved = record.task if record is not None else None
         if not isinstance(saved, dict) or saved.get("type") not in FAMILIES:
-            raise ValueError(f"{where}: not a model fine-tuned by torchbert (its config.json has no torchbert_task); "
+            raise ValueError(f"{folder}: not a model fine-tuned by torchbert (it has no {RECORD_FILE} naming a task); "
                              "fine-tune it first with torchbert finetune")
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 

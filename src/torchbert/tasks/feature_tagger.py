@@ -20,9 +20,10 @@ loads) plus tagger.safetensors; the tagger's settings are in config.json under t
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from ..config import BertConfig
 from ..features import combine_layers, needs_all_layers, parse_strategy
 from ..io.files import atomic_write
 from ..io.hf import read_weights
+from ..io.record import read_record
 from ..losses import IGNORE, TaskOutput, num_labels
 from ..model import BertModel, init_weights
 from ..packing import pad
@@ -43,7 +45,8 @@ TAGGER_FILE = "tagger.safetensors"
 
 @dataclass
 class TaggerSettings:
-    """What sits on the frozen encoder; kept in config.json (torchbert_task.tagger) so evaluate/predict rebuild it."""
+    """What sits on the frozen encoder; kept in tagger.safetensors' metadata, beside the weights it
+    shapes, so that evaluate, predict and serve rebuild it (and in the run record's task)."""
 
     kind: str = "bilstm"
     strategy: str | int = "concat_last_four"  # which hidden layers, combined how (features.py)
@@ -57,12 +60,21 @@ class TaggerSettings:
         self.strategy = parse_strategy(self.strategy)
 
     @classmethod
-    def from_config(cls, config: BertConfig, where: str = "config.json") -> TaggerSettings:
-        task = config.extra.get("torchbert_task")
-        saved = task.get("tagger") if isinstance(task, dict) else None
+    def of(cls, folder: str | os.PathLike) -> TaggerSettings:
+        """The settings of the tagger saved in `folder`: from tagger.safetensors' metadata; a tagger of an
+        older torchbert, from the run record (its config.json's torchbert_task.tagger)."""
+        from safetensors import safe_open
+
+        file = Path(folder) / TAGGER_FILE
+        with safe_open(file, "pt") as f:
+            meta = f.metadata() or {}
+        saved = json.loads(meta["tagger"]) if "tagger" in meta else None
+        if saved is None:
+            record = read_record(folder)
+            saved = (record.task or {}).get("tagger") if record is not None else None
         if isinstance(saved, dict):
             return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
-        raise ValueError(f"{where}: config.json has no torchbert_task.tagger: not a feature-based tagger")
+        raise ValueError(f"{file}: names no tagger settings: not a feature-based tagger torchbert wrote")
 
     def feature_size(self, config: BertConfig) -> int:
         """F for this encoder; a strategy it cannot give (layer 9 of 6, the last four of 2) raises here."""
@@ -73,11 +85,11 @@ class TaggerSettings:
 class FeatureTagger(nn.Module):
     """A frozen BertModel, and a BiLSTM or linear tagger trained on its per-token features."""
 
-    def __init__(self, config: BertConfig, encoder: BertModel | None = None):
-        """config carries the labels (id2label) and torchbert_task.tagger; encoder: the weights to freeze."""
+    def __init__(self, config: BertConfig, settings: TaggerSettings, encoder: BertModel | None = None):
+        """config carries the labels (id2label); settings, the tagger; encoder: the weights to freeze."""
         super().__init__()
         self.config = config
-        self.settings = s = TaggerSettings.from_config(config)
+        self.settings = s = settings
         width = s.feature_size(config)
         # the pooler sees [CLS] only and feeds nothing here
         self.bert = encoder if encoder is not None else BertModel(config, add_pooling_layer=False)
@@ -143,12 +155,12 @@ class FeatureTagger(nn.Module):
     # -- files --------------------------------------------------------------------------------------
 
     @classmethod
-    def from_encoder(cls, path: str | os.PathLike, config: BertConfig) -> FeatureTagger:
+    def from_encoder(cls, path: str | os.PathLike, config: BertConfig, settings: TaggerSettings) -> FeatureTagger:
         """A new tagger on the frozen encoder of a Hugging Face folder; its pooler or task head is not used."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # those unused tensors are reported as warnings
             encoder = BertModel.from_pretrained(path, config=config, add_pooling_layer=False)
-        return cls(config, encoder)
+        return cls(config, settings, encoder)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> FeatureTagger:
@@ -157,7 +169,7 @@ class FeatureTagger(nn.Module):
         file = path / TAGGER_FILE
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no such file; {path} holds no feature-based tagger")
-        model = cls.from_encoder(path, BertConfig.load(path))
+        model = cls.from_encoder(path, BertConfig.load(path), TaggerSettings.of(path))
         try:
             model.load_state_dict(read_weights(file))
         except RuntimeError as e:
@@ -172,7 +184,8 @@ class FeatureTagger(nn.Module):
         path = Path(path)
         self.bert.save_pretrained(path)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write(path / TAGGER_FILE, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        meta = {"format": "pt", "tagger": json.dumps(asdict(self.settings))}
+        atomic_write(path / TAGGER_FILE, lambda tmp: save_file(state, tmp, metadata=meta))
 
 
 def _drop_encoder(module: FeatureTagger, state: dict, prefix: str, local_metadata: dict) -> None:

@@ -16,11 +16,12 @@ from torch import Tensor, nn
 
 from ..config import BertConfig, check_ids, load_config
 from ..fast import threads
+from ..io.record import read_record
 from ..tokenizer import BertTokenizer
 from . import formats
 from .batches import TaskData
 from .families import TaskSettings, family
-from .feature_tagger import FeatureTagger
+from .feature_tagger import TAGGER_FILE, FeatureTagger
 
 
 @torch.no_grad()
@@ -61,12 +62,13 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
     if int8 and device.type != "cpu":
         raise ValueError(f"--int8 runs on the CPU; got --device {device}")
     config = load_config(model_dir)
-    if task is not None and "torchbert_task" not in config.extra:
+    record = read_record(model_dir)
+    if task is not None and (record is None or not record.fine_tuned):
         task_type, preset = formats.resolve_task(task)
         ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                           layout=preset.layout if preset else "auto")
     else:
-        ts = TaskSettings.from_config(config, str(model_dir))
+        ts = TaskSettings.of(model_dir)
         if task is not None:
             task_type, preset = formats.resolve_task(task)
             if task_type != ts.type:
@@ -79,7 +81,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
         if not config.extra.get("id2label"):
             raise ValueError(f"{model_dir}: config.json has no id2label; the {ts.type} head's labels are unknown")
         label_map = formats.LabelMap.from_config(config.extra["id2label"])
-    if "tagger" in config.extra.get("torchbert_task", {}):  # trained with --frozen
+    if (Path(model_dir) / TAGGER_FILE).is_file():  # trained with --frozen
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:
         model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()

@@ -35,6 +35,9 @@ from ..errors import UserError
 from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
+from ..io.record import RunRecord
+from ..io.record import read_record as read_run
+from ..io.record import write_record as write_run
 from ..settings import Checked, setting
 from ..tasks import formats
 from ..tasks.batches import TaskData
@@ -71,6 +74,7 @@ class FinetuneSettings(Checked):
     encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
+    command_line: str | None = None  # the command that runs it, for the run record
 
     def resolve(self, **loop: Any) -> tuple[FinetuneSettings, TrainConfig]:
         """These settings and the loop's (`loop`: TrainConfig fields) as `torchbert finetune` runs them,
@@ -117,17 +121,19 @@ def _is_elmo(model: Path) -> bool:
 def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
     config = load_config(model_dir)
     old = config.extra
+    for key in ("torchbert_task", "torchbert_objective"):  # an older torchbert's record, not this model's
+        old.pop(key, None)
     fam = family(ts.type)
     if label_map is not None:
         saved = old.get("id2label")
-        if saved and old.get("architectures", [None])[0] == fam.model_for(config).__name__ and "torchbert_task" in old:
+        earlier = read_run(model_dir)
+        if saved and old.get("architectures", [None])[0] == fam.model_for(config).__name__ and earlier is not None \
+                and earlier.fine_tuned:
             have = [saved[str(i)] if str(i) in saved else saved[i] for i in range(len(saved))]
             if have != label_map.labels:
                 raise ValueError(f"--model {model_dir}: it was fine-tuned for the labels {have}, but the training "
                                  f"data has {label_map.labels}; start from the pretrained model instead")
-    config = fam.configure(config, label_map)
-    config.extra["torchbert_task"] = asdict(ts)
-    return config
+    return fam.configure(config, label_map)
 
 
 def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print) -> nn.Module:
@@ -186,12 +192,11 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")
         config.extra["lm_coef"] = s.lm_coef
     if s.resume:
-        check_resumed_task(s.out, config)
+        check_resumed_task(s.out, config, ts)
     if ts.max_length > config.max_position_embeddings:
         raise ValueError(f"--max-length {ts.max_length} is longer than the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
     if s.frozen is not None:
-        config.extra["torchbert_task"]["tagger"] = asdict(s.frozen)
         try:
             s.frozen.feature_size(config)
         except ValueError as e:
@@ -217,7 +222,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
 
     torch.manual_seed(cfg.seed)
     if s.frozen is not None:
-        model = FeatureTagger.from_encoder(s.model, config).to(device)
+        model = FeatureTagger.from_encoder(s.model, config, s.frozen).to(device)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"FeatureTagger: a new {s.frozen.kind} tagger ({trained:,} parameters) on {s.frozen.strategy} features "
             f"of the frozen encoder of {s.model}")
@@ -228,8 +233,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     model = wrap(model, dist, device)
     with folder.opened(dist):
         if dist.is_main and not s.resume:
-            config.save(s.out / "config.json")  # what --resume checks the task and labels against
-        if dist.is_main and not s.resume:
+            config.save(s.out / "config.json")  # what --resume checks the labels against
+            task = {**asdict(ts), **({"tagger": asdict(s.frozen)} if s.frozen is not None else {})}
+            write_run(s.out, RunRecord("finetune", task=task, command=s.command_line))  # what evaluate etc. read
             write_record(s.out, record)  # and the settings and files it trains with; a resumed run's, once saved
 
         def saved(checkpoint: Path) -> None:
@@ -283,16 +289,17 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         return result
 
 
-def check_resumed_task(out: Path, config: BertConfig) -> None:
+def check_resumed_task(out: Path, config: BertConfig, ts: TaskSettings) -> None:
     """--resume continues the same task with the same labels; anything else is an error here,
     not a page of state-dict mismatches later."""
     path = out / "config.json"
     if not path.is_file():
         return  # a run started by an older torchbert: the checkpoint's shapes are checked on load
     saved = BertConfig.load(path).extra
-    old, new = saved.get("torchbert_task", {}), config.extra["torchbert_task"]
-    if old.get("type") != new["type"]:
-        raise UserError(f"--resume: the run in {out} fine-tunes a {old.get('type')} task, not {new['type']}; "
+    run = read_run(out)
+    old = (run.task or {}).get("type") if run is not None else None
+    if old != ts.type:
+        raise UserError(f"--resume: the run in {out} fine-tunes a {old} task, not {ts.type}; "
                         "resume with the --task it started with")
     labels = [saved.get("id2label", {}).get(str(i)) for i in range(len(saved.get("id2label", {})))]
     have = [config.extra.get("id2label", {}).get(str(i)) for i in range(len(config.extra.get("id2label", {})))]

@@ -32,12 +32,15 @@ from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
+from ..io.record import RunRecord
+from ..io.record import read_record as read_run
+from ..io.record import write_record as write_run
 from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
 from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
-from .rundir import RunFolder, fixed, read_record, write_record
+from .rundir import RunFolder, fixed, write_record
 from .rundir import resumed_config as resumed_settings
 
 
@@ -81,6 +84,7 @@ class PretrainSettings(Checked):
     resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
+    command_line: str | None = None  # the command that runs it, for the run record
 
     def __post_init__(self) -> None:
         if isinstance(self.data, (str, Path)):  # one folder, from Python
@@ -219,9 +223,10 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     model = wrap(model.to(device), dist, device)
 
     with folder.opened(dist):
-        record = {**fixed(cfg, dist.world_size), "objective": spec.name}  # what --resume trains with, and how
+        record = fixed(cfg, dist.world_size)  # what --resume trains with
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
+            write_run(s.out, RunRecord("pretrain", objective=spec.name, command=s.command_line))  # and trains
             write_record(s.out, record)  # a resumed run's, once it has saved
 
         def saved(checkpoint: Path) -> None:
@@ -275,18 +280,15 @@ def chosen_objective(s: PretrainSettings, resumed: BertConfig | GPTConfig | ELMo
 
 
 def run_objective(out: Path, config) -> str:
-    """The objective of the run in `out`, as its record says (training.json). A run of an older
-    torchbert, whose record does not say, by its config: the family by the config's class, a BERT's
-    objective by the head its config.json names (none: the paper's)."""
-    named = read_record(out).get("objective")
-    if named in PRETRAINING:
-        return named
+    """The objective of the run in `out`, as its run record says (torchbert.json, or an older
+    torchbert's config.json). A run of a torchbert older still, by its config: the family by the
+    config's class, a BERT's objective by the head its config.json names (none: the paper's)."""
+    run = read_run(out)
+    if run is not None and run.objective in PRETRAINING:
+        return run.objective
     family = model_family(config)
     if family != "bert":
         return objectives(family)[0]
-    named = config.extra.get("torchbert_objective")
-    if named in PRETRAINING:
-        return named
     head = (config.extra.get("architectures") or ["BertForPreTraining"])[0]
     return next((n for n in objectives() if PRETRAINING[n].model_class.__name__ == head), objectives()[0])
 
