@@ -49,7 +49,7 @@ def main() -> None:
     from bench_prepare import corpus_of_size
 
     from torchbert.data import PrepareSettings, prepare
-    from torchbert.data import pipeline
+    from torchbert.data import runner
     from torchbert.tokenizer import BertTokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench_cluster."))
@@ -88,7 +88,7 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
-    remote_call = ray.remote(num_cpus=1)(pipeline._call)
+    remote_call = ray.remote(num_cpus=1)(runner._call)
     ray.get(ray.remote(_noop).remote(0))
     start = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -101,14 +101,14 @@ def main() -> None:
             done, refs = ray.wait(refs, num_returns=1)
             yield ray.get(done[0])
 
-    real = pipeline.Runner.run
-    pipeline.Runner.run = run_on_ray
+    real = runner.Runner.run
+    runner.Runner.run = run_on_ray
     try:
         t0 = time.perf_counter()
         prepare([corpus], tok, work / "ray", PrepareSettings(workers=1, **settings))
         seconds = time.perf_counter() - t0
     finally:
-        pipeline.Runner.run = real
+        runner.Runner.run = real
         ray.shutdown()
     print(f"| Ray | {start:.1f} | {per_task * 1e3:.2f} ms | {seconds:.1f} | {same(work / 'local', work / 'ray')} |")
 

@@ -16,7 +16,7 @@ from torchbert.losses import IGNORE
 from torchbert.tasks.batches import TaskData
 from torchbert.tasks.encode import Encoded
 from torchbert.tasks.families import family
-from torchbert.tasks.formats import LabelMap
+from torchbert.tasks.examples import LabelMap
 
 V = 60
 BERT = dict(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

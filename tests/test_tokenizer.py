@@ -20,7 +20,8 @@ import torch
 import transformers
 from transformers import AutoTokenizer, BertTokenizerFast
 
-from torchbert.tokenizer import BatchEncoding, BertTokenizer, VocabError
+from torchbert.io.vocab import VocabError
+from torchbert.tokenizer import BatchEncoding, BertTokenizer
 
 transformers.utils.logging.set_verbosity_error()  # "sequence longer than 512" warnings are expected
 

@@ -55,10 +55,12 @@ def check_fields(config) -> None:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif kind == "float":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
         else:
             ok = isinstance(value, str)
         if not ok:
-            want = {"int": "a whole number", "float": "a finite number"}.get(kind, "a string")
+            want = {"int": "a whole number", "float": "a finite number", "bool": "true or false"}.get(kind, "a string")
             raise ValueError(f"{f.name} must be {want}, got {value!r}")
         if f.name in BOUNDS and not BOUNDS[f.name][0] <= value <= BOUNDS[f.name][1]:
             low, high = BOUNDS[f.name]
@@ -243,6 +245,12 @@ class GPTConfig(_JsonConfig):
     attn_pdrop: float = 0.1  # attention_probs_dropout_prob
     layer_norm_epsilon: float = 1e-5  # layer_norm_eps
     initializer_range: float = 0.02
+    # the task heads (GPT paper, section 3.3): Hugging Face's dropout before the extract token's head;
+    # the weight of the next-token loss on the task's text (L3 = L2 + lm_coef * L1; finetune --lm-coef);
+    # similarity read in both orders, the two extract states summed (set for regression tasks)
+    summary_first_dropout: float = 0.1
+    lm_coef: float = 0.5
+    both_orders: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

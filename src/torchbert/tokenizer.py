@@ -38,39 +38,13 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from torchbert.io.files import atomic_write_text
-from torchbert.io.texts import json_loads
+from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model, check_vocab,
+                                 read_tokenizer_config, read_vocab)
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the process (issue 46)
 # The trainer holds a line whole, and its word counting costs about 170 bytes per byte of one long
 # line (a 50 MB line peaked at 8.6 GB): lines longer than this reach it in pieces cut at a space.
 MAX_LINE = 1 << 16
-
-
-def check_vocab_size(vocab: Path, vocab_size: int, config: Path) -> None:
-    """ValueError when `vocab` holds more tokens than the model's embedding table (`vocab_size`, from
-    `config`): ids past it would index nothing. Counted without reading the file whole, and stopped
-    as soon as it is too long (a 10^7-line vocab.txt took 36 s and 3.5 GB to load unchecked)."""
-    lines = 0
-    with open(vocab, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            lines += block.count(b"\n")
-            if lines > vocab_size:
-                raise ValueError(f"{vocab}: more tokens than the {vocab_size:,} of {config}'s vocab_size; the "
-                                 "vocabulary does not belong to this model")
-
-
-def _check_against_model(vocab: Path) -> None:
-    """A vocab.txt beside a model's config.json: no longer than the model's vocab_size."""
-    config = vocab.parent / "config.json"
-    if not config.is_file():
-        return
-    try:
-        size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return  # the model's loading says what is wrong with it
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        check_vocab_size(vocab, size, config)
 
 
 def _is_cjk(ch: str) -> bool:
@@ -100,13 +74,9 @@ def _bounded_lines(path: Path, spare: Path) -> Path:
                 line = line[cut:].lstrip(b" \t")
             out.write(line)
     return spare
-SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-REQUIRED_SPECIAL_TOKENS = (PAD, UNK, CLS, SEP)  # [MASK] is only needed for pretraining
 MAX_INPUT_CHARS_PER_WORD = 100
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")  # save_pretrained's
 DEFAULT_MODEL_MAX_LENGTH = 512
-# transformers writes int(1e30) as "no limit known"; anything above this is treated as that.
-_ABSURD_MODEL_MAX_LENGTH = 1_000_000
 
 _PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
 _TRUNCATION = {
@@ -117,10 +87,6 @@ _TRUNCATION = {
     "only_first": "only_first",
     "only_second": "only_second",
 }
-
-
-class VocabError(ValueError):
-    """A vocabulary (file or dict) that BERT's tokenizer cannot use."""
 
 
 class BatchEncoding(dict):
@@ -139,78 +105,6 @@ class BatchEncoding(dict):
 
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.items()}
         return BatchEncoding(moved, self.encodings)
-
-
-# ----------------------------------------------------------------------------------------------
-# vocab.txt and tokenizer_config.json
-
-
-def read_vocab(path: str | os.PathLike) -> dict[str, int]:
-    """Read a vocab.txt: one token per line, the line number (from 0) is its id."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no vocab.txt (file not found)")
-    data = path.read_bytes()
-    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not part of the first token
-        data = data[3:]
-    if not data.strip():
-        raise VocabError(f"{path}: vocab.txt is empty")
-    lines = data.split(b"\n")
-    if lines[-1] == b"":  # the file's final newline
-        lines.pop()
-    vocab: dict[str, int] = {}
-    for index, raw in enumerate(lines):
-        lineno = index + 1
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            token = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise VocabError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-        if token == "":
-            raise VocabError(f"{path}:{lineno}: empty line (every line must hold one token)")
-        if token in vocab:
-            raise VocabError(f"{path}:{lineno}: duplicate token {token!r} (first on line {vocab[token] + 1})")
-        vocab[token] = index
-    _check_vocab(vocab, where=str(path))
-    return vocab
-
-
-def _check_vocab(vocab: dict[str, int], where: str) -> None:
-    missing = [t for t in REQUIRED_SPECIAL_TOKENS if t not in vocab]
-    if missing:
-        raise VocabError(
-            f"{where}: vocab lacks special token(s) {' '.join(missing)} "
-            f"(BERT needs {' '.join(REQUIRED_SPECIAL_TOKENS)})"
-        )
-    ids = sorted(vocab.values())
-    if ids != list(range(len(ids))):
-        raise VocabError(f"{where}: token ids must be 0..{len(ids) - 1}, each used once")
-
-
-def _read_tokenizer_config(path: Path) -> dict[str, Any]:
-    """The settings we honour from a tokenizer_config.json (missing keys keep BERT's defaults)."""
-    try:
-        cfg = json_loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a valid JSON file ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
-    out: dict[str, Any] = {}
-    for key, arg, allowed in (
-        ("do_lower_case", "lowercase", (bool,)),
-        ("strip_accents", "strip_accents", (bool, type(None))),
-        ("tokenize_chinese_chars", "tokenize_chinese_chars", (bool,)),
-    ):
-        if key in cfg:
-            if not isinstance(cfg[key], allowed):
-                raise ValueError(f"{path}: {key} must be {' or '.join(a.__name__ for a in allowed)}, got {cfg[key]!r}")
-            out[arg] = cfg[key]
-    limit = cfg.get("model_max_length")
-    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit <= _ABSURD_MODEL_MAX_LENGTH:
-        out["model_max_length"] = int(limit)
-    # None, int(1e30) ("unknown") or nonsense: keep BERT's 512.
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,7 +159,7 @@ class BertTokenizer:
             raise TypeError(f"vocab must be a dict of token -> id, got {type(vocab).__name__}")
         if not isinstance(model_max_length, int) or isinstance(model_max_length, bool) or model_max_length < 1:
             raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
-        _check_vocab(vocab, where="vocab")
+        check_vocab(vocab, where="vocab")
         self.vocab: dict[str, int] = dict(vocab)
         self.lowercase = bool(lowercase)
         self.strip_accents = strip_accents  # None: strip accents iff lowercasing (as BERT does)
@@ -355,10 +249,10 @@ class BertTokenizer:
             vocab_path = path
         else:
             raise FileNotFoundError(f"{path}: no vocab.txt (no such file or folder)")
-        _check_against_model(vocab_path)
+        check_against_model(vocab_path)
         vocab = read_vocab(vocab_path)
         config_path = vocab_path.parent / "tokenizer_config.json"
-        settings = _read_tokenizer_config(config_path) if config_path.is_file() else {}
+        settings = read_tokenizer_config(config_path) if config_path.is_file() else {}
         return cls(vocab, **settings)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:

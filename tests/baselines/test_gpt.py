@@ -1,6 +1,8 @@
 """GPT (gpt.py) against transformers' OpenAIGPT on random weights of a small config, both directions,
 and the properties its fine-tuning and pretraining rely on: causal, packed == one sequence alone."""
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -332,7 +334,8 @@ def test_gpt_task_heads_read_packed_input_as_each_sequence_alone_and_add_half_l1
     assert_parity(out.logits[0], torch.cat(scores[:2]))
     assert out.logits[1, 1] == torch.finfo(out.logits.dtype).min  # no second choice
 
-    config.extra.update(num_labels=1, problem_type="regression", both_orders=True)
+    config.extra.update(num_labels=1, problem_type="regression")
+    config = dataclasses.replace(config, both_orders=True)
     sim = OpenAIGPTForSequenceClassification(config).eval()
     types = torch.tensor([0, 0, 1, 1, 1] + [0] * 4 + [1] * 5 + [0, 0])
     swapped = both_orders(ids, types, cu)

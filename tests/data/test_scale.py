@@ -100,23 +100,23 @@ def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
 ALLOCATES = """
 import sys
 import numpy as np
-from torchbert.data import pipeline
+from torchbert.data import runner
 if sys.argv[1] == "worker":
-    pipeline._worker_init(1)
+    runner._worker_init(1)
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 def task():
     a = np.ones(1 << 20); del a   # 8 MB: mapped; glibc's threshold then rises past it
     b = np.ones(1 << 20); del b   # from the heap now, and kept there when freed
 base = rss()
-pipeline._call((task, ()))
+runner._call((task, ()))
 print(rss() - base)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_a_worker_gives_its_tasks_memory_back():
-    """What keeps a worker's memory flat from task to task (pipeline._malloc_trim after each task)."""
+    """What keeps a worker's memory flat from task to task (runner._malloc_trim after each task)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     kept = {mode: int(subprocess.run([sys.executable, "-c", ALLOCATES, mode], env=env, check=True,
                                      capture_output=True, text=True).stdout) for mode in ("plain", "worker")}

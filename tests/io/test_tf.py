@@ -66,7 +66,7 @@ def test_convert_gives_the_outputs_of_transformers_own_converter(given, tmp_path
 
 
 def test_the_casing_is_guessed_from_the_vocabulary_and_can_be_given(minilm_dir, tmp_path, capsys):
-    from torchbert.tokenizer import read_vocab
+    from torchbert.io.vocab import read_vocab
 
     assert guess_lowercase(read_vocab(minilm_dir / "vocab.txt"))  # bert-base-uncased's vocabulary
     cased = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(

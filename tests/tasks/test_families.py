@@ -12,7 +12,7 @@ from torchbert.heads import BertForSequenceClassification
 from torchbert.tasks import formats, hub
 from torchbert.tasks.batches import TaskData
 from torchbert.tasks.encode import IGNORE, Encoded
-from torchbert.tasks.examples import TASK_TYPES, Answer, ChoiceExample, QAExample, TextExample, TokenExample
+from torchbert.tasks.examples import TASK_TYPES, Answer, ChoiceExample, LabelMap, QAExample, TextExample, TokenExample
 from torchbert.tasks.families import FAMILIES, TaskSettings, family
 
 
@@ -31,7 +31,7 @@ def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_rea
 
 def example_records():
     """Per task type: (examples, records as predict writes them, label map)."""
-    classes = formats.LabelMap(["neg", "pos"])
+    classes = LabelMap(["neg", "pos"])
     text = [TextExample("0", "good", None, "pos"), TextExample("1", "bad", None, "neg")]
     qa = [QAExample("q1", "where?", "in Paris", [Answer("Paris", 3)]), QAExample("q2", "who?", "in Paris", [],
                                                                                is_impossible=True)]
@@ -42,7 +42,7 @@ def example_records():
         "regression": ([TextExample(str(i), "a", "b", y) for i, y in enumerate((1.0, 3.0, 2.0))],
                        [{"score": 1.5}, {"score": 2.5}, {"score": 2.0}], None),
         "token": ([TokenExample("0", ["EU", "rejects", "it"], ["B-ORG", "O", "O"])],
-                  [{"id": "0", "tags": ["B-ORG", "O", "B-ORG"]}], formats.LabelMap(["B-ORG", "O"])),
+                  [{"id": "0", "tags": ["B-ORG", "O", "B-ORG"]}], LabelMap(["B-ORG", "O"])),
         "qa": (qa[:1], [{"id": "q1", "answer": "Paris"}], None),
         "qa-v2": (qa, [{"id": "q1", "answer": "Paris", "span": "Paris", "null_score": 0.0, "span_score": 2.0},
                        {"id": "q2", "answer": "", "span": "in", "null_score": 1.0, "span_score": 0.5}], None),
@@ -65,13 +65,13 @@ def test_each_family_scores_what_it_reports():
 
 
 def test_token_tasks_choose_their_scoring_by_the_tags():
-    entities, pos = formats.LabelMap(["B-PER", "I-PER", "O"]), formats.LabelMap(["n", "v", "nr"])
+    entities, pos = LabelMap(["B-PER", "I-PER", "O"]), LabelMap(["n", "v", "nr"])
     fam = family("token")
     assert (fam.scoring(entities), fam.scoring(pos)) == ("entities", "tags")
     assert fam.best_metric(entities, formats.PRESETS["conll2003"]) == "f1"
     assert fam.best_metric(pos, None) == "accuracy"  # per word: no preset can ask for span F1 of POS tags
     ex = [TokenExample("0", ["他", "来", "北京"], ["nr", "v", "ns"])]
-    assert fam.score([{"tags": ["nr", "n", "ns"]}], ex, formats.LabelMap(["n", "nr", "ns", "v"]))["accuracy"] == \
+    assert fam.score([{"tags": ["nr", "n", "ns"]}], ex, LabelMap(["n", "nr", "ns", "v"]))["accuracy"] == \
         pytest.approx(2 / 3)
     assert family("pair").scoring(None) is None and family("pair").best_metric(None, formats.PRESETS["mrpc"]) == "f1"
 

@@ -15,7 +15,8 @@ import realdata
 
 from torchbert.tasks.examples import TASK_TYPES, Answer, TextExample
 from torchbert.tasks.families import read_examples
-from torchbert.tasks.formats import (LAYOUTS, PRESETS, LabelMap, read_choices, read_conll, read_squad,
+from torchbert.tasks.examples import LabelMap
+from torchbert.tasks.formats import (LAYOUTS, PRESETS, read_choices, read_conll, read_squad,
                                      read_text_examples, resolve_task)
 
 

@@ -308,7 +308,7 @@ def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one
     """A kill in the middle of an append leaves any prefix of metrics.jsonl's last line: each one is
     dropped with a note (or kept whole when only its newline is missing); a bad line before the last
     stops the resume with its file and line."""
-    from torchbert.train.loop import _truncate_metrics
+    from torchbert.train.metrics import truncate_metrics
 
     records = [{"step": s, "loss": 1.0 / s, "note": "损失"} for s in (1, 2, 3, 4)]
     lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records]
@@ -317,16 +317,16 @@ def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one
     for cut in range(len(last)):  # the last line's first `cut` bytes (0: nothing of it yet)
         path.write_bytes(head + last[:cut])
         notes = []
-        _truncate_metrics(path, 3, notes.append)
+        truncate_metrics(path, 3, notes.append)
         assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records[:3], cut
         torn = 0 < cut < len(last) - 1
         assert len(notes) == torn and (not torn or "metrics.jsonl:4: dropped a torn last line" in notes[0]), cut
     path.write_bytes(head + last[:-1])  # whole but for its newline: kept when the checkpoint is past it
-    _truncate_metrics(path, 4, lambda s: None)
+    truncate_metrics(path, 4, lambda s: None)
     assert [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] == records
     path.write_bytes(lines[0] + b'{"step": 2, "lo\n' + lines[2])
     with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON record"):
-        _truncate_metrics(path, 3, lambda s: None)
+        truncate_metrics(path, 3, lambda s: None)
 
 
 def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):

@@ -14,7 +14,8 @@ from ..io.hf import convert_from_hf
 from ..io.tf import (CheckpointError, TFCheckpoint, bert_config_dict, electra_config, guess_lowercase, is_electra,
                      read_encoder)
 from ..model import BertModel
-from ..tokenizer import BertTokenizer, read_vocab
+from ..io.vocab import read_vocab
+from ..tokenizer import BertTokenizer
 
 
 def convert_bert(checkpoint: str | Path, config: str | Path | None = None, vocab: str | Path | None = None,

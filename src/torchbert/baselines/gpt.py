@@ -131,7 +131,7 @@ class OpenAIGPTLMHeadModel(HFCheckpoint, nn.Module):
 class _GPTTask(HFCheckpoint, nn.Module):
     """GPT under a task head (section 3.3). With targets the loss is L3 = L2 + lm_coef * L1: the task's
     loss plus the next-token loss on the task's own text, lm_coef 0.5 as in the paper
-    (config.extra["lm_coef"], `finetune --lm-coef`). Inputs are packed [N] with cu_seqlens, or full
+    (config.lm_coef, `finetune --lm-coef`). Inputs are packed [N] with cu_seqlens, or full
     [B, T] rows; GPT has no segments, so token_type_ids are ignored (the delimiter token separates a
     pair) and attention_mask is refused (padding would follow each sequence's last token)."""
 
@@ -141,7 +141,7 @@ class _GPTTask(HFCheckpoint, nn.Module):
         super().__init__()
         self.config = config
         self.transformer = OpenAIGPTModel(config)
-        self.lm_coef = float(config.extra.get("lm_coef", 0.5))
+        self.lm_coef = float(config.lm_coef)
 
     def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                cu_seqlens: Tensor | None = None, max_seqlen: int | None = None, output_hidden_states: bool = False,
@@ -184,14 +184,14 @@ def both_orders(input_ids: Tensor, token_type_ids: Tensor, cu_seqlens: Tensor) -
 
 class OpenAIGPTForSequenceClassification(_GPTTask):
     """The paper's classifier: the extract token's final state through a linear layer (Hugging
-    Face's `score`, no bias). Similarity (config.extra["both_orders"], set for regression tasks):
+    Face's `score`, no bias). Similarity (config.both_orders, set for regression tasks):
     each pair is read in both orders and the two final states are summed before the layer."""
 
     def __init__(self, config: GPTConfig):
         super().__init__(config)
         self.score = nn.Linear(config.n_embd, num_labels(config), bias=False)
         init_weights(self.score, config.initializer_range)
-        self.both_orders = bool(config.extra.get("both_orders", False))
+        self.both_orders = bool(config.both_orders)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
@@ -288,7 +288,7 @@ class SequenceSummary(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.first_dropout = nn.Dropout(float(config.extra.get("summary_first_dropout", 0.1)))
+        self.first_dropout = nn.Dropout(float(config.summary_first_dropout))
         self.summary = nn.Linear(config.n_embd, 1)
 
     def forward(self, last: Tensor) -> Tensor:

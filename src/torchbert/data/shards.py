@@ -148,7 +148,7 @@ def vocab_sha256(tokenizer) -> str:
 def _vocab_identity(tokenizer_or_vocab_path) -> tuple[int, str, str]:
     """(size, vocab sha256, a name for messages) of a tokenizer, its folder, or a vocab.txt."""
     if isinstance(tokenizer_or_vocab_path, (str, os.PathLike)):
-        from ..tokenizer import read_vocab
+        from ..io.vocab import read_vocab
 
         path = Path(tokenizer_or_vocab_path)
         if path.is_dir():

@@ -400,7 +400,7 @@ def check_against_weights(config, folder: Path, file: Path, state: dict[str, tor
         raise ValueError(f"{folder / 'config.json'}: its sizes imply about {implied:,} parameters, but {file} holds "
                          f"{held:,}; the config does not belong to these weights")
     if (folder / "vocab.txt").is_file():
-        from ..tokenizer import check_vocab_size
+        from .vocab import check_vocab_size
 
         check_vocab_size(folder / "vocab.txt", config.vocab_size, folder / "config.json")
     for name, t in state.items():

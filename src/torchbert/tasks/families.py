@@ -38,7 +38,7 @@ from ..packing import pad
 from ..settings import Checked, setting
 from . import encode as enc
 from . import formats, hub
-from .examples import QAExample, TokenExample
+from .examples import LabelMap, QAExample, TokenExample
 
 
 @dataclass
@@ -114,13 +114,13 @@ class TaskFamily:
         `where` and the field when it does not fit."""
         raise NotImplementedError
 
-    def label_map(self, examples: list) -> formats.LabelMap | None:
+    def label_map(self, examples: list) -> LabelMap | None:
         """The label set of the training examples, for families that keep one."""
-        return formats.LabelMap.from_examples(examples) if self.label_set else None
+        return LabelMap.from_examples(examples) if self.label_set else None
 
     # -- encoding ------------------------------------------------------------------------------
 
-    def encode(self, tokenizer, examples: list, ts: TaskSettings, label_map: formats.LabelMap | None,
+    def encode(self, tokenizer, examples: list, ts: TaskSettings, label_map: LabelMap | None,
                training: bool, use_labels: bool = True) -> enc.Encoded:
         """Examples -> model rows; without their labels when use_labels is False (prediction inputs
         may carry labels the model never saw)."""
@@ -170,7 +170,7 @@ class TaskFamily:
         """One record per example, in input order: what `torchbert predict` writes."""
         raise NotImplementedError
 
-    def score(self, records: list[dict], examples: list, label_map: formats.LabelMap | None) -> dict[str, float]:
+    def score(self, records: list[dict], examples: list, label_map: LabelMap | None) -> dict[str, float]:
         raise NotImplementedError
 
     # -- the model -----------------------------------------------------------------------------
@@ -184,15 +184,15 @@ class TaskFamily:
             return self.elmo_class
         return self.gpt_class if isinstance(config, GPTConfig) else self.model_class
 
-    def configure(self, config: BertConfig, label_map: formats.LabelMap | None) -> BertConfig:
+    def configure(self, config: BertConfig, label_map: LabelMap | None) -> BertConfig:
         """The model config with the head's labels."""
         return with_labels(config, label_map.labels) if label_map is not None else config
 
-    def scoring(self, label_map: formats.LabelMap | None) -> str | None:
+    def scoring(self, label_map: LabelMap | None) -> str | None:
         """How dev is scored when it depends on the labels (token tasks), else None."""
         return None
 
-    def best_metric(self, label_map: formats.LabelMap | None, preset: formats.TaskPreset | None) -> str:
+    def best_metric(self, label_map: LabelMap | None, preset: formats.TaskPreset | None) -> str:
         return preset.metric if preset is not None else self.metrics[0]
 
 
@@ -250,7 +250,7 @@ class TextTask(TaskFamily):
         if self.regression:
             config.extra.update(id2label={"0": "score"}, label2id={"score": 0}, problem_type="regression")
             if isinstance(config, GPTConfig):  # similarity, as the GPT paper: pairs read in both orders
-                config.extra["both_orders"] = True
+                config = replace(config, both_orders=True)
             return config
         return super().configure(config, label_map)
 

@@ -20,6 +20,7 @@ from ..io.record import read_record
 from ..tokenizer import BertTokenizer
 from . import formats
 from .batches import TaskData
+from .examples import LabelMap
 from .families import TaskSettings, family
 from .feature_tagger import TAGGER_FILE, FeatureTagger
 
@@ -80,7 +81,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
     if fam.label_set:
         if not config.extra.get("id2label"):
             raise ValueError(f"{model_dir}: config.json has no id2label; the {ts.type} head's labels are unknown")
-        label_map = formats.LabelMap.from_config(config.extra["id2label"])
+        label_map = LabelMap.from_config(config.extra["id2label"])
     if (Path(model_dir) / TAGGER_FILE).is_file():  # trained with --frozen
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:

@@ -190,7 +190,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     if s.lm_coef is not None:
         if not isinstance(config, GPTConfig):
             raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")
-        config.extra["lm_coef"] = s.lm_coef
+        config = dataclasses.replace(config, lm_coef=s.lm_coef)
     if s.resume:
         check_resumed_task(s.out, config, ts)
     if ts.max_length > config.max_position_embeddings:

@@ -41,7 +41,6 @@ batches of that epoch already used: resuming skips straight there.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
@@ -64,9 +63,9 @@ from ..config import check_ids
 from ..errors import Interrupted, RunFailed, UserError
 from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
                              remove_leftovers, save_checkpoint)
-from ..io.files import atomic_write_text
 from ..settings import Checked, setting
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state, unwrap
+from .metrics import Window, append_jsonl, postfix, progress_bar, truncate_metrics
 from .objectives import Objective
 from .optim import OPTIMIZERS, SCHEDULES, clipped_step, make_optimizer, make_scheduler
 
@@ -192,7 +191,7 @@ class TrainState:
     def moved_to(self, stream: Stream) -> None:
         self.epoch, self.start = stream.epoch, stream.start
 
-    def save(self, run_dir: Path, model: nn.Module, optimizer, scheduler, window: _Window, keep: int,
+    def save(self, run_dir: Path, model: nn.Module, optimizer, scheduler, window: Window, keep: int,
              dist: Dist) -> Path | None:
         """A checkpoint of the run (checkpoints/step-N, written atomically; the newest `keep` kept).
         Every process takes part (FSDP gathers shards; RNG states travel to process 0), one writes;
@@ -301,7 +300,7 @@ def forward_backward(model: nn.Module, objective: Objective, batch, totals: dict
     return loss.detach(), parts
 
 
-def skip_step(why: str, state: TrainState, bad: BadSteps, optimizer, window: _Window, stream: Stream,
+def skip_step(why: str, state: TrainState, bad: BadSteps, optimizer, window: Window, stream: Stream,
               log: Callable[[str], None]) -> None:
     """A step with a NaN or inf loss or gradient norm is not taken: its gradients and logged figures
     are dropped, its batches stay used (as in a run that goes on), the schedule waits."""
@@ -333,7 +332,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
     metrics_path = run_dir / "metrics.jsonl"
-    window = _Window(task.parts, dist, device)
+    window = Window(task.parts, dist, device)
     state, saved_at = TrainState(), None
     if resume:
         state, window_sums, ckpt = TrainState.resume(run_dir, model, optimizer, scheduler, dist)
@@ -342,14 +341,14 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
         saved_at = state.step
         dist.barrier()  # every process has read the checkpoint before process 0 writes anything
         if dist.is_main:
-            _truncate_metrics(metrics_path, state.step, log)
+            truncate_metrics(metrics_path, state.step, log)
         log(f"resumed from {ckpt} at step {state.step} (epoch {state.epoch}, batch {state.start})")
     elif metrics_path.exists() and dist.is_main:
         metrics_path.unlink()
     stream = Stream(data, cfg.batch_size, state.epoch, state.start)
     bad = BadSteps(state, cfg.max_bad_steps, run_dir, dist)
     model.train()
-    bar = _progress(cfg, state.step) if dist.is_main else None
+    bar = progress_bar(cfg, state.step) if dist.is_main else None
     last_eval = None
     started = time.perf_counter() - state.seconds - state.eval_seconds
     # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
@@ -444,7 +443,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 state.seconds = time.perf_counter() - started - state.eval_seconds
                 values = window.flush(state)  # the window's figures reach the host here
                 if bar is not None:
-                    bar.set_postfix(_postfix(values, state, lr), refresh=False)
+                    bar.set_postfix(postfix(values, state, lr), refresh=False)
                 record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3)}
                 if do_eval:
                     evaluating = time.perf_counter()
@@ -452,7 +451,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                     state.eval_seconds += time.perf_counter() - evaluating
                     record.update({f"eval_{k}": v for k, v in last_eval.items()})
                 if dist.is_main:
-                    _append_jsonl(metrics_path, record)
+                    append_jsonl(metrics_path, record)
             if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
                 checkpoint()
                 saved_at = step
@@ -483,132 +482,3 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
             return evaluate(model)
     finally:
         model.train()
-
-
-class _Window:
-    """Per part: summed loss, correct predictions and targets since the last log line, over all
-    processes, and the tokens. The losses and correct predictions add up on the device ([P, 2]);
-    the counts, known before the forward, on the host ([tokens, targets per part], this process's
-    own until flush sums them). Both are read at flush only. A step's figures wait in `pending`
-    until the step is taken (a skipped step's are discarded)."""
-
-    def __init__(self, parts: tuple[str, ...], dist: Dist, device: torch.device):
-        self.parts, self.dist, self.device = parts, dist, device
-        self.figures, self.counts = self._zero()
-        self.pending = self._zero()
-        self.unread: list[tuple[Tensor, list[int]]] = []  # deferred: (verdict on the device, host counts) per step
-
-    def _zero(self) -> tuple[Tensor, list[int]]:
-        return torch.zeros(len(self.parts), 2, dtype=torch.float64, device=self.device), [0] * (1 + len(self.parts))
-
-    def add(self, parts: dict[str, tuple[Tensor, Tensor]], counts: dict[str, int], tokens: int) -> None:
-        figures, known = self.pending
-        figures += torch.stack([torch.stack([parts[p][0].detach().double(), parts[p][1].double()])
-                                for p in self.parts])
-        for i, n in enumerate((tokens, *[counts[p] for p in self.parts])):
-            known[i] += n
-
-    def discard(self) -> None:
-        self.pending = self._zero()
-
-    def commit(self, verdict: Tensor | None = None) -> None:
-        """Add the step's figures (the device's summed over processes now, the host's at flush).
-        With a `verdict` (deferred reads: the step's bool on the device), the device's figures are
-        added times the verdict, and the host's wait for `settle` to read it."""
-        figures, known = self.pending
-        figures = self.dist.all_reduce_tensor(figures)
-        if verdict is None:
-            self.figures += figures
-            self.counts = [a + b for a, b in zip(self.counts, known)]
-        else:
-            verdict = verdict.to(self.device)
-            self.figures += torch.where(verdict, figures, 0.0)  # not figures * verdict: NaN * 0 is NaN
-            self.unread.append((verdict, known))
-        self.pending = self._zero()
-
-    def settle(self) -> list[bool]:
-        """Deferred reads: the verdicts of the steps committed since the last settle, read in one
-        host sync, in order; the host's counts of the steps taken are added."""
-        if not self.unread:
-            return []
-        verdicts = torch.stack([v for v, _ in self.unread]).tolist()
-        for ok, (_, known) in zip(verdicts, self.unread):
-            if ok:
-                self.counts = [a + b for a, b in zip(self.counts, known)]
-        self.unread = []
-        return [bool(ok) for ok in verdicts]
-
-    def saved(self) -> list[float]:
-        """The window over all processes, for a checkpoint: [tokens, (loss, correct, targets) per part]."""
-        counts = self.dist.all_reduce([float(x) for x in self.counts], self.device)
-        figures = self.figures.tolist()
-        return [counts[0], *[x for i in range(len(self.parts)) for x in (*figures[i], counts[1 + i])]]
-
-    def load(self, saved: list[float] | dict) -> None:
-        if isinstance(saved, dict):  # checkpoints before this layout; their tokens were also in state["tokens"]
-            saved = [0, *[x for p in self.parts for x in saved[p]]]
-        rows = [saved[1 + 3 * i: 4 + 3 * i] for i in range(len(self.parts))]
-        self.figures = torch.tensor([r[:2] for r in rows], dtype=torch.float64, device=self.device)
-        # each process adds its own counts at flush: the saved totals are process 0's alone
-        self.counts = [int(x) if self.dist.is_main else 0 for x in (saved[0], *[r[2] for r in rows])]
-
-    def flush(self, state: TrainState) -> dict[str, float]:
-        """The window's loss and accuracy per part (and their sum); adds its tokens to state.tokens."""
-        figures = self.figures.tolist()
-        counts = self.dist.all_reduce([float(x) for x in self.counts], self.device)
-        self.figures, self.counts = self._zero()
-        state.tokens += int(counts[0])
-        out = {}
-        for i, p in enumerate(self.parts):
-            (loss_sum, correct), n = figures[i], counts[1 + i]
-            out[f"{p}_loss"] = loss_sum / n if n else float("nan")
-            out[f"{p}_accuracy"] = correct / n if n else float("nan")
-        return {k: round(v, 6) for k, v in {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}.items()}
-
-
-def _postfix(values: dict[str, float], state: TrainState, lr: float) -> dict[str, str]:
-    tps = state.tokens / max(state.seconds, 1e-9)
-    return {"loss": f"{values['loss']:.3f}", **{f"{p.removesuffix('_accuracy')}_acc": f"{v:.3f}"
-                                                 for p, v in values.items() if p.endswith("_accuracy")},
-            "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
-
-
-def _progress(cfg: TrainConfig, step: int):
-    if not cfg.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=cfg.steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) -> None:
-    """On resume, drop log lines written after the checkpoint (they will be written again), and a
-    torn last line (a kill or a power cut in the middle of an append leaves any prefix of it: each
-    line is one JSON object, so no proper prefix of one parses). A bad line before the last is not
-    a torn write: it stops the resume with its file and line. Rewritten atomically."""
-    if not path.exists():
-        return
-    lines = path.read_bytes().split(b"\n")
-    keep = []
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-            if not isinstance(record, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            if any(rest.strip() for rest in lines[i + 1:]):
-                raise UserError(f"{path}:{i + 1}: not a JSON record ({e}); the run's log is damaged before "
-                                "its last line: move it aside to resume without it") from None
-            log(f"note: {path}:{i + 1}: dropped a torn last line ({len(raw)} bytes) that an interrupted write "
-                "left; the steps after the checkpoint are logged again")
-            break
-        if record.get("step", 0) <= step:
-            keep.append(raw.decode("utf-8"))
-    atomic_write_text(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,115 @@
+"""vocab.txt and tokenizer_config.json, read with errors that name the file and line: the files of a
+BERT tokenizer (tokenizer.py builds the tokenizer from them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .texts import json_loads
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+REQUIRED_SPECIAL_TOKENS = (PAD, UNK, CLS, SEP)  # [MASK] is only needed for pretraining
+# transformers writes int(1e30) as "no limit known"; anything above this is treated as that.
+ABSURD_MODEL_MAX_LENGTH = 1_000_000
+
+
+class VocabError(ValueError):
+    """A vocabulary (file or dict) that BERT's tokenizer cannot use."""
+
+
+def check_vocab_size(vocab: Path, vocab_size: int, config: Path) -> None:
+    """ValueError when `vocab` holds more tokens than the model's embedding table (`vocab_size`, from
+    `config`): ids past it would index nothing. Counted without reading the file whole, and stopped
+    as soon as it is too long (a 10^7-line vocab.txt took 36 s and 3.5 GB to load unchecked)."""
+    lines = 0
+    with open(vocab, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            if lines > vocab_size:
+                raise ValueError(f"{vocab}: more tokens than the {vocab_size:,} of {config}'s vocab_size; the "
+                                 "vocabulary does not belong to this model")
+
+
+def check_against_model(vocab: Path) -> None:
+    """A vocab.txt beside a model's config.json: no longer than the model's vocab_size."""
+    config = vocab.parent / "config.json"
+    if not config.is_file():
+        return
+    try:
+        size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return  # the model's loading says what is wrong with it
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        check_vocab_size(vocab, size, config)
+
+
+def read_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """Read a vocab.txt: one token per line, the line number (from 0) is its id."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no vocab.txt (file not found)")
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not part of the first token
+        data = data[3:]
+    if not data.strip():
+        raise VocabError(f"{path}: vocab.txt is empty")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the file's final newline
+        lines.pop()
+    vocab: dict[str, int] = {}
+    for index, raw in enumerate(lines):
+        lineno = index + 1
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            token = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VocabError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        if token == "":
+            raise VocabError(f"{path}:{lineno}: empty line (every line must hold one token)")
+        if token in vocab:
+            raise VocabError(f"{path}:{lineno}: duplicate token {token!r} (first on line {vocab[token] + 1})")
+        vocab[token] = index
+    check_vocab(vocab, where=str(path))
+    return vocab
+
+
+def check_vocab(vocab: dict[str, int], where: str) -> None:
+    missing = [t for t in REQUIRED_SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise VocabError(
+            f"{where}: vocab lacks special token(s) {' '.join(missing)} "
+            f"(BERT needs {' '.join(REQUIRED_SPECIAL_TOKENS)})"
+        )
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise VocabError(f"{where}: token ids must be 0..{len(ids) - 1}, each used once")
+
+
+def read_tokenizer_config(path: Path) -> dict[str, Any]:
+    """The settings we honour from a tokenizer_config.json (missing keys keep BERT's defaults)."""
+    try:
+        cfg = json_loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a valid JSON file ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    out: dict[str, Any] = {}
+    for key, arg, allowed in (
+        ("do_lower_case", "lowercase", (bool,)),
+        ("strip_accents", "strip_accents", (bool, type(None))),
+        ("tokenize_chinese_chars", "tokenize_chinese_chars", (bool,)),
+    ):
+        if key in cfg:
+            if not isinstance(cfg[key], allowed):
+                raise ValueError(f"{path}: {key} must be {' or '.join(a.__name__ for a in allowed)}, got {cfg[key]!r}")
+            out[arg] = cfg[key]
+    limit = cfg.get("model_max_length")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit <= ABSURD_MODEL_MAX_LENGTH:
+        out["model_max_length"] = int(limit)
+    # None, int(1e30) ("unknown") or nonsense: keep BERT's 512.
+    return out
