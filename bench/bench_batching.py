@@ -29,7 +29,8 @@ from bench_finetune import (TASKS, load_average, log, metric_of, paired_bootstra
                             wnut_data, write_files)
 
 from torchbert.fast import keep_freed_memory
-from torchbert.tasks import batches, formats
+from torchbert.tasks import batches
+from torchbert.tasks.examples import LabelMap
 from torchbert.tasks.families import family
 
 
@@ -65,7 +66,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
-            label_map = formats.LabelMap.from_examples(family(task_type).read(train_path))
+            label_map = LabelMap.from_examples(family(task_type).read(train_path))
             for seed in args.seeds:
                 for window in args.windows if seed % 2 == 0 else reversed(args.windows):  # alternate the order
                     log(f"[{task}] window {window}, seed {seed}: {len(train)} train / {len(dev)} dev, {epochs} epochs")

@@ -91,8 +91,8 @@ from machine import cpu_name  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 from torchbert.eval import metrics  # noqa: E402
 from torchbert.fast import keep_freed_memory  # noqa: E402
-from torchbert.tasks import formats  # noqa: E402
 from torchbert.tasks.batches import TaskData  # noqa: E402
+from torchbert.tasks.examples import LabelMap  # noqa: E402
 from torchbert.tasks.families import TaskSettings, family  # noqa: E402
 from torchbert.tasks.predict import predict  # noqa: E402
 from torchbert.tokenizer import BertTokenizer  # noqa: E402
@@ -217,7 +217,7 @@ def paired_bootstrap(task: str, ours: np.ndarray, theirs: np.ndarray, n: int, se
     return float(lo), float(hi)
 
 
-def scores_of(task: str, gold: list, pred: list, label_map: formats.LabelMap) -> dict[str, float]:
+def scores_of(task: str, gold: list, pred: list, label_map: LabelMap) -> dict[str, float]:
     """The metric functions torchbert finetune scores dev with (labels as strings)."""
     if task in SEQUENCE_TASKS:
         l2i = label_map.label2id()
@@ -257,7 +257,7 @@ class _Tee(io.TextIOBase):
         self.out.flush()
 
 
-def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_map: formats.LabelMap,
+def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_map: LabelMap,
                   args: argparse.Namespace, epochs: int, work: Path) -> Run:
     task_type = TASKS[task][0]
     out = work / "torchbert"
@@ -293,7 +293,7 @@ def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_
 
 # -- transformers --------------------------------------------------------------------------------------
 
-def torchbert_start(task: str, dev_path: Path, label_map: formats.LabelMap, args: argparse.Namespace):
+def torchbert_start(task: str, dev_path: Path, label_map: LabelMap, args: argparse.Namespace):
     """The model torchbert's run starts from (run_finetuning seeds, then loads the task model): its
     classifier's weights, and its dev predictions before any step (records as `torchbert predict` writes)."""
     task_type = TASKS[task][0]
@@ -309,7 +309,7 @@ def torchbert_start(task: str, dev_path: Path, label_map: formats.LabelMap, args
 
 
 def start_difference(task: str, records: list[dict], preds: list, probs: np.ndarray | None,
-                     label_map: formats.LabelMap) -> str:
+                     label_map: LabelMap) -> str:
     """How far apart the two untrained models' dev predictions are (the same weights: they should agree)."""
     if task in SEQUENCE_TASKS:
         theirs = np.array([[r["probabilities"][x] for x in label_map.labels] for r in records])
@@ -367,7 +367,7 @@ def hf_predict(model, task: str, feats: list, word_ids: list | None, collator, r
     return out, (np.concatenate(probs) if probs else None)
 
 
-def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_map: formats.LabelMap,
+def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_map: LabelMap,
                      args: argparse.Namespace, epochs: int, work: Path) -> tuple[Run, list[str]]:
     """The run, and notes: how its untrained model's dev predictions compare with torchbert's (not
     timed), and the share of [UNK] among the training tokens."""
@@ -528,7 +528,7 @@ def main() -> None:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
             # the labels in torchbert's order (sorted), read from the file it trains on
-            label_map = formats.LabelMap.from_examples(family(task_type).read(train_path))
+            label_map = LabelMap.from_examples(family(task_type).read(train_path))
             repeats: list[dict[str, Run]] = []
             for r in range(args.repeat):
                 runs: dict[str, Run] = {}

@@ -12,6 +12,7 @@ from clihelp import cli, squad_file, write_conll
 from parity import assert_parity
 
 from torchbert.cli import main
+from torchbert.tasks.examples import LabelMap
 
 pytestmark = [pytest.mark.e2e,  # whole commands end to end: `bash scripts/test.sh --fast` leaves them out
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -100,7 +101,7 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     """predict runs the last layer for the tokens that own a word; its tags equal those read from
     every token's logits, also when tweets are cut into overlapping windows (max_length 12)."""
     from torchbert.heads import BertForTokenClassification
-    from torchbert.tasks import encode, formats
+    from torchbert.tasks import encode
     from torchbert.tasks.batches import TaskData
     from torchbert.tasks.families import TaskSettings, family
     from torchbert.tasks.predict import predict
@@ -114,7 +115,7 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     ts = TaskSettings(type="token", max_length=12, doc_stride=4)
     examples = family("token").read(root / "dev.conll")
     data = TaskData(family("token").encode(BertTokenizer.from_pretrained(ner_run), examples, ts,
-                                           formats.LabelMap.from_examples(examples), training=False), family("token"))
+                                           LabelMap.from_examples(examples), training=False), family("token"))
     assert len(data.encoded.input_ids) > len(examples)  # some tweets span several windows
     records = predict(model, data, examples, ts, id2label, 16, torch.device("cpu"))
     rows = [None] * len(data.encoded.input_ids)

@@ -20,8 +20,8 @@ from parity import assert_parity
 from safetensors.torch import load_file
 
 from torchbert.cli import main
-from torchbert.tasks import formats
 from torchbert.tasks.batches import TaskData
+from torchbert.tasks.examples import LabelMap
 from torchbert.tasks.families import TaskSettings, family
 from torchbert.tokenizer import BertTokenizer
 from torchbert.train.finetune import load_task_model, task_config
@@ -110,7 +110,7 @@ def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, w
     textbook loop. Returns its per-step mean losses and its final weights."""
     ts = TaskSettings(type=task_type, max_length=max_length, doc_stride=doc_stride)
     examples = family(task_type).read(train_path)
-    label_map = formats.LabelMap.from_examples(examples) if task_type != "qa-v2" else None
+    label_map = LabelMap.from_examples(examples) if task_type != "qa-v2" else None
     config = task_config(model_dir, ts, label_map)
     torch.manual_seed(SEED)  # as run_finetuning, right before it loads the task model
     load_task_model(model_dir, config, ts, log=lambda _: None).save_pretrained(work / "start")

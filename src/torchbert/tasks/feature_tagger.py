@@ -15,7 +15,7 @@ fine-tuning flow (train/finetune.py, predict.py) and the training loop use it un
 
 Its state_dict is the tagger alone: the encoder never changes, so training checkpoints leave it out.
 A saved model is a Hugging Face BertModel folder (config.json + model.safetensors, which transformers
-loads) plus tagger.safetensors; the tagger's settings are in config.json under torchbert_task.tagger.
+loads) plus tagger.safetensors, whose metadata holds the tagger's settings (TaggerSettings).
 """
 
 from __future__ import annotations

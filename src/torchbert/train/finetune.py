@@ -9,11 +9,11 @@ gradient accumulation, checkpoints, resume, DDP). After each epoch the dev set i
 model.safetensors at the end. With `frozen` settings (token tasks only) the encoder is not trained:
 a feature-based tagger on its hidden layers is (feature_tagger.py, BERT paper 5.3).
 
-The run folder is a Hugging Face checkpoint of the task model (config.json with id2label/label2id
-and the task settings under `torchbert_task`, model.safetensors, the tokenizer files), plus
-metrics.json, metrics.jsonl, loss.png, dev.png and dev_predictions.jsonl. A frozen run's folder holds
-the encoder as a plain BertModel checkpoint and the tagger in tagger.safetensors, its settings in
-config.json under torchbert_task.tagger.
+The run folder is a Hugging Face checkpoint of the task model (config.json with id2label/label2id,
+model.safetensors, the tokenizer files), its run record torchbert.json (io/record.py: the task
+settings, which evaluate, predict and serve read), metrics.json, metrics.jsonl, loss.png, dev.png
+and dev_predictions.jsonl. A frozen run's folder holds the encoder as a plain BertModel checkpoint
+and the tagger in tagger.safetensors, its settings in that file's metadata.
 """
 
 from __future__ import annotations
