@@ -176,6 +176,27 @@ def keep_memory(fast: bool) -> None:
         keep_freed_memory()
 
 
+def run_training(args: argparse.Namespace, cfg, run, report) -> None:
+    """A training command's run (pretrain, finetune): the processes torchrun started (or this one
+    alone) and their device, checked; glibc's freed memory kept with --fast; `run(device, log, dist)`,
+    and process 0 reports what it returned."""
+    import torch
+
+    from ..train.distributed import init_distributed
+
+    try:
+        dist, device = init_distributed(args.device, fsdp=getattr(args, "fsdp", False))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--precision bf16: this GPU does not support bfloat16")
+    keep_memory(cfg.fast)
+    with dist:
+        result = run(device=device, log=lambda x: print(x, file=sys.stderr), dist=dist)
+    if dist.is_main:
+        report(result, args.out)
+
+
 def holds_files(out: Path) -> bool:
     """Whether output folder --out exists with something in it; an error if it is not a folder."""
     from ..io.files import kind

@@ -5,12 +5,12 @@ Fine-tune a pretrained BERT with a task head, scoring the dev set every epoch.""
 from __future__ import annotations
 
 import dataclasses
-import sys
+from functools import partial
 from dataclasses import dataclass
 
 from ..errors import UserError
 from ..settings import Checked, SettingError, add_flags, setting
-from .common import command, keep_memory, resolve_model, settings_from, shared_flags
+from .common import command, resolve_model, run_training, settings_from, shared_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
@@ -124,19 +124,10 @@ def settings(args):
 
 
 def run(args) -> None:
-    from ..train.distributed import init_distributed
     from ..train.finetune import run_finetuning
 
     s, cfg = settings(args)
-    try:
-        dist, device = init_distributed(args.device, fsdp=False)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    keep_memory(cfg.fast)
-    with dist:
-        result = run_finetuning(s, cfg, device, log=lambda x: print(x, file=sys.stderr), dist=dist)
-    if dist.is_main:
-        report(result, args.out)
+    run_training(args, cfg, partial(run_finetuning, s, cfg), report)
 
 
 def report(result: dict, out: str) -> None:

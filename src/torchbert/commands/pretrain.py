@@ -5,12 +5,12 @@ Pretrain BertForPreTraining (or, with --model gpt, OpenAIGPTLMHeadModel) on a fo
 
 from __future__ import annotations
 
-import sys
+from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
 from ..settings import add_flags
-from .common import command, keep_memory, settings_from, shared_flags
+from .common import command, run_training, settings_from, shared_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
@@ -55,10 +55,7 @@ def add(sub) -> None:
 
 
 def run(args) -> None:
-    import torch
-
     from ..config import PRESETS
-    from ..train.distributed import init_distributed
     from ..train.loop import TrainConfig
     from ..train.pretrain import PretrainSettings, run_pretraining
 
@@ -66,17 +63,7 @@ def run(args) -> None:
     settings = settings_from(PretrainSettings, args)
     if args.config is not None and args.config not in PRESETS and not Path(args.config).is_file():
         raise UserError(f"--config {args.config}: neither a preset ({', '.join(PRESETS)}) nor a config.json file")
-    try:
-        dist, device = init_distributed(args.device, fsdp=settings.fsdp)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError("--precision bf16: this GPU does not support bfloat16")
-    keep_memory(cfg.fast)
-    with dist:
-        summary = run_pretraining(settings, cfg, device, log=lambda s: print(s, file=sys.stderr), dist=dist)
-    if dist.is_main:
-        report(summary, args.out)
+    run_training(args, cfg, partial(run_pretraining, settings, cfg), report)
 
 
 def report(summary: dict, out: str) -> None:
