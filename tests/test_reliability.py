@@ -241,27 +241,6 @@ def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(t
     assert other.returncode == 2 and "other settings" in other.stderr
 
 
-def test_a_failed_stage_is_a_run_failure_not_a_bug_and_keeps_the_stages_before_it(tmp_path, capsys, monkeypatch):
-    import torchbert.apps.compare as compare
-    from torchbert.apps.compare import Stages
-    from torchbert.errors import RunFailed, StudyInterrupted
-
-    calls = []
-
-    def fake_main(argv):
-        calls.append(argv)
-        return {"a": 0, "b": 1, "c": 130}[argv[0]]
-
-    r = Stages(tmp_path, fake_main, lambda m: None, total=5)
-    r.run("first", "a")
-    with pytest.raises(RunFailed, match="stage 'second' failed .* the 1 stage"):
-        r.run("second", "b")
-    with pytest.raises(StudyInterrupted) as e:
-        r.run("third", "c")
-    assert (e.value.done, e.value.total) == (1, 5)
-    assert compare.Stages is Stages
-
-
 # -- a resumed run keeps the settings it started with ----------------------------------------------------
 
 def test_a_resumed_pretraining_keeps_its_settings_and_refuses_others(prepared, tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 from torchbert.apps.batcher import Limits
 from torchbert.cli import build_parser, main
 from torchbert.data.pretraining import PrepareSettings
-from torchbert.settings import Checked, SettingError, add_flags, from_args, setting
+from torchbert.settings import Checked, SettingError, add_flags, choices_of, from_args, setting
 from torchbert.tasks.families import TaskSettings
 from torchbert.train.finetune import LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
 from torchbert.train.loop import TrainConfig
@@ -133,31 +133,53 @@ def test_every_command_is_a_module_with_its_help_settings_and_run():
     assert all(verb in help_text for verb in found)
 
 
-@pytest.mark.parametrize("verb", ["embed", "serve", "convert", "export", "vocab", "inspect-data", "evaluate",
-                                  "predict", "demo", "compare", "samples"])
-def test_a_commands_own_settings_refuse_what_its_flags_refuse(verb):
-    """Each command's settings dataclass is Checked: its bounds hold from Python as from the command line."""
-    from torchbert.cli import commands
+def settings_classes() -> list[type]:
+    """Every settings dataclass of the package (a Checked class with a field made by `setting`)."""
+    import importlib
+    import pkgutil
 
-    module = commands()[verb]
-    classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Checked)
-               and v.__module__.startswith("torchbert.commands")]
-    assert classes, verb
-    def fits(m):  # a value a required setting takes
-        return m["choices"][0] if m["choices"] else m["low"] if m["low"] is not None else "x"
+    import torchbert
 
-    for cls in classes:
-        required = {f.name: fits(f.metadata) for f in fields(cls) if f.metadata and f.default is f.default_factory}
-        cls(**required)  # the defaults pass
-        for f in fields(cls):
-            m = f.metadata
-            if m and m["choices"]:
-                with pytest.raises(SettingError, match=f"^{f.name} must be one of"):
-                    cls(**{**required, f.name: "nothing of the kind"})
-            elif m and (m["low"] is not None or m["above"] is not None):
-                bad = (m["low"] if m["low"] is not None else m["above"]) - 1
-                with pytest.raises(SettingError, match=f"^{f.name} must be"):
-                    cls(**{**required, f.name: bad})
+    for m in pkgutil.walk_packages(torchbert.__path__, "torchbert."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+    found, todo = [], list(Checked.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("torchbert.") and any(f.metadata for f in fields(cls)):
+            found.append(cls)
+    return sorted(set(found), key=lambda c: (c.__module__, c.__name__))
+
+
+def test_the_settings_classes_are_found():
+    from torchbert.data.vocabulary import VocabSettings
+    from torchbert.tasks.predict import EvaluateSettings
+
+    found = settings_classes()
+    assert {VocabSettings, EvaluateSettings, TrainConfig, PretrainSettings, FinetuneSettings} <= set(found)
+    # every command's flags come from some of them
+    assert len(found) >= 15
+
+
+@pytest.mark.parametrize("cls", settings_classes(), ids=lambda c: c.__name__)
+def test_a_settings_class_refuses_what_its_flags_refuse(cls):
+    """Each settings dataclass is Checked: its bounds hold from Python as from the command line."""
+    def fits(f):  # a value a required setting takes
+        m = f.metadata
+        return choices_of(f)[0] if m["choices"] else m["low"] if m["low"] is not None else "x"
+
+    required = {f.name: fits(f) for f in fields(cls) if f.metadata and f.default is f.default_factory}
+    cls(**required)  # the defaults pass
+    for f in fields(cls):
+        m = f.metadata
+        if m and m["choices"]:
+            with pytest.raises(SettingError, match=f"^{f.name} must be one of"):
+                cls(**{**required, f.name: "nothing of the kind"})
+        elif m and (m["low"] is not None or m["above"] is not None):
+            bad = (m["low"] if m["low"] is not None else m["above"]) - 1
+            with pytest.raises(SettingError, match=f"^{f.name} must be"):
+                cls(**{**required, f.name: bad})
 
 
 def test_the_python_api_runs_what_the_command_line_runs(tmp_path):

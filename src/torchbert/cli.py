@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
 
                 args.out = str(output_path(args.out))
             check_shared(args)
-            args.torchbert = main  # demo and compare run their stages as torchbert command lines
             args.command_line = shlex.join(["torchbert", *argv])  # for a run record
             # serve: uvicorn takes SIGTERM for a graceful shutdown of its own
             terminating = _sigterm_interrupts() if args.command != "serve" else contextlib.nullcontext()

@@ -180,3 +180,40 @@ def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     values = {k: Path(v) if k in paths and isinstance(v, str) else tuple(v) if k in tuples and v is not None else v
               for k, v in vars(args).items() if k in names}
     return cls(**{**values, **given})
+
+
+def as_flags(obj: Any, *, only: Iterable[str] | None = None, skip: Iterable[str] = (),
+             defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """The command-line words that give `obj`'s settings (the flags `add_flags(parser, type(obj), only=,
+    skip=, defaults=)` made): each field that differs from its default, and every required one; positional
+    arguments first. What the studies print so that each of their stages can be run from a shell."""
+    by_name = {f.name: f for f in fields(obj) if f.metadata.get("cli", False)}
+    names = [n for n in (list(only) if only is not None else list(by_name)) if n not in skip]
+    positional: list[str] = []
+    flags: list[str] = []
+    for name in names:
+        f, m = by_name[name], by_name[name].metadata
+        value = getattr(obj, name)
+        required = f.default is MISSING and f.default_factory is MISSING and name not in (defaults or {})
+        default = (defaults or {}).get(name, f.default if f.default is not MISSING else
+                                       f.default_factory() if f.default_factory is not MISSING else None)
+        if not required and (value == default or (value is None and default is None)):
+            continue
+        flag = m["flag"] or f"--{name.replace('_', '-')}"
+        kind = _type(f)
+        if kind == "bool":
+            if default and m["flag"]:  # a store_false flag of its own
+                flags.append(flag)
+            else:
+                flags.append(flag if value else f"--no-{flag[2:]}")
+            continue
+        words = [_word(v) for v in value] if kind in ("tuple", "list") else [_word(value)]
+        if not flag.startswith("-"):
+            positional += words
+        else:
+            flags += [flag, *words]
+    return positional + flags
+
+
+def _word(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)

@@ -147,7 +147,7 @@ def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tm
     (earlier / MARKER).write_text("")
     (earlier / "summary.md").write_text("old")
 
-    def fails_while_pretraining(out, main, on_pretrained, **kw):
+    def fails_while_pretraining(out, on_pretrained, **kw):
         (out / "pretrain").mkdir()
         raise ValueError("the disk broke")
 
@@ -157,7 +157,7 @@ def test_overwrite_keeps_the_earlier_compare_until_the_new_one_has_pretrained(tm
     assert sorted(p.name for p in earlier.iterdir()) == sorted([MARKER, "summary.md"])
     assert not list(tmp_path.glob(".run*"))
 
-    def fails_after_pretraining(out, main, on_pretrained, **kw):
+    def fails_after_pretraining(out, on_pretrained, **kw):
         (out / "pretrain").mkdir()
         on_pretrained()
         raise ValueError("the disk broke later")
@@ -178,7 +178,7 @@ def test_a_fresh_compare_interrupted_while_pretraining_keeps_its_runs_for_resume
 
     out = tmp_path / "run"
 
-    def interrupted_while_pretraining(out, main, on_pretrained, **kw):
+    def interrupted_while_pretraining(out, on_pretrained, **kw):
         (out / MARKER).write_text("")
         (out / "settings.json").write_text("{}")
         (out / "pretrain" / "bert").mkdir(parents=True)

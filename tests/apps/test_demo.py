@@ -1,6 +1,7 @@
 """`torchbert demo --quick`: every stage of the main job runs through the commands and leaves its outputs."""
 
 import json
+import shlex
 
 import pytest
 from clihelp import cli
@@ -51,6 +52,13 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
         last = s["cells"][f"{t}/8"]["mean"] - s["cells"][f"{t}/0"]["mean"]
         assert gains["8"]["gain"] == pytest.approx(last)
     assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
+    # each stage printed the command that runs it from a shell, and the command line takes it
+    from torchbert.cli import build_parser
+
+    printed = [x.split(": torchbert ", 1)[1] for x in stdout.splitlines() if x.startswith("== ")]
+    assert len(printed) == stdout.count("\n== ") and printed[0].startswith("vocab ")
+    for line in printed:
+        build_parser().parse_args(shlex.split(line))
     md = (out / "summary.md").read_text()
     assert md.startswith("# torchbert demo") and "| pretraining steps |" in stdout
     # the default recipe, stated: rotary positions, and random weights of the same architecture
@@ -114,7 +122,7 @@ def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
     (earlier / MARKER).write_text("")
     (earlier / "summary.json").write_text("old")  # a finished demo: replaced without --overwrite
 
-    def fails(out, main, **kw):
+    def fails(out, **kw):
         (out / "vocab").mkdir()
         raise ValueError("the corpus broke")
 
@@ -134,7 +142,7 @@ def test_an_overwriting_demo_keeps_the_earlier_one_only_until_its_first_stage(tm
     (earlier / MARKER).write_text("")
     (earlier / "summary.json").write_text("old")
 
-    def fails_after_a_stage(out, main, on_done, **kw):
+    def fails_after_a_stage(out, on_done, **kw):
         (out / MARKER).write_text("")
         (out / "settings.json").write_text("{}")
         (out / "data").mkdir()

@@ -18,8 +18,9 @@ again for as many seconds as BERT's pretraining took, each at its own speed (mat
 
 Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
 dev score of seed 0; then every seed runs at that rate and is scored once on the test split, which
-nothing else reads. The corpus holds no dev or test text. Everything runs through `torchbert.cli.main`,
-as the demo does; a run whose test score is on disk is not run again (--resume).
+nothing else reads. The corpus holds no dev or test text. Every stage is one of the commands, run
+through the library with its settings and printed as its command line (stages.py), as the demo
+does; a run whose test score is on disk is not run again (--resume).
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunFailed, StudyInterrupted, UserError
+from ..errors import StudyInterrupted, UserError
 from ..eval.plots import errorbar_panels, line_plot, read_jsonl
 from ..io.files import atomic_write_text
 from ..tokenizer import TOKENIZER_FILES
 from .recipes import DEFAULT as DEFAULT_RECIPE
 from .recipes import RECIPES
 from .recipes import TEXT as RECIPE_TEXT
+from .stages import Stages
 from .samples import corpus_text, documents, peoples_daily_lines, peoples_daily_paragraphs, sentiment_reviews, tsv_text
 
 MARKER = ".torchbert-compare"
@@ -89,39 +91,6 @@ FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000,
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
                batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()}, heldout_docs=10)
-
-
-class Stages:
-    """Runs the subcommands through `main` (the CLI's entry point), timing each and printing a header.
-    `done` counts the stages finished, here or by an earlier run whose results are on disk (`found`);
-    after each, `on_done()` (the study's folder commits: an earlier one set aside can go). A stage
-    that was interrupted raises StudyInterrupted; one that failed, RunFailed: neither is a bug, and
-    the stages before it stay on disk for --resume."""
-
-    def __init__(self, out: Path, main: Callable[[list[str]], int], log, total: int | None = None,
-                 on_done: Callable[[], None] = lambda: None):
-        self.out, self.main, self.log, self.times = out, main, log, {}
-        self.total, self.done, self.on_done = total, 0, on_done
-
-    def run(self, name: str, *argv) -> None:
-        self.log(f"\n== {name}: torchbert {' '.join(str(a) for a in argv)}")
-        start = time.perf_counter()
-        try:
-            code = self.main([str(a) for a in argv])
-        except KeyboardInterrupt:
-            raise StudyInterrupted(self.done, self.total) from None
-        if code == 130:
-            raise StudyInterrupted(self.done, self.total)
-        if code != 0:
-            raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]} exited {code}, its error above); the "
-                            f"{self.done} stage(s) before it are kept in {self.out}")
-        self.times[name] = round(time.perf_counter() - start, 1)
-        self.found()
-
-    def found(self, stages: int = 1) -> None:
-        """`stages` more finished (run now, or their results found on disk)."""
-        self.done += stages
-        self.on_done()
 
 
 # -- the tasks' data ---------------------------------------------------------------------------------
@@ -256,11 +225,14 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
     if (out / "data" / "manifest.json").is_file():
         r.found(2)
     else:
-        r.run("vocab", "vocab", "--corpus", data / "corpus.txt", "--vocab-size", b.vocab_size, "--out",
-              out / "vocab", "--quiet", "--overwrite")  # an interrupted earlier try may have left one
-        r.run("prepare", "prepare", "--corpus", data / "corpus.txt", "--tokenizer", out / "vocab", "--out",
-              out / "data", "--whole-word", "--max-seq-len", b.max_seq_len, "--heldout-docs", b.heldout_docs, "--seed", seed,
-              "--quiet")
+        from ..data.pretraining import PrepareSettings
+        from ..data.vocabulary import VocabSettings
+
+        corpus = data / "corpus.txt"
+        r.vocab("vocab", VocabSettings(corpus=[str(corpus)], vocab_size=b.vocab_size, out=str(out / "vocab")),
+                overwrite=True)  # an interrupted earlier try may have left one
+        r.prepare("prepare", [corpus], out / "vocab", out / "data",
+                  PrepareSettings(whole_word=True, max_seq_len=b.max_seq_len, heldout_docs=b.heldout_docs, seed=seed))
     results = {system: pretrain_one(r, b, system, out / system, b.pretrain_steps, seed) for system in systems}
     random_init(out / "bert", out / "random", seed)
     results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}
@@ -272,12 +244,16 @@ def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed:
     if (run / "metrics.json").is_file():
         r.found()
     else:  # an interrupted pretraining continues from its checkpoint
-        resume = ["--resume"] if list(run.glob("checkpoints/step-*")) else ["--overwrite"]
-        r.run(f"pretrain {run.name}", "pretrain", "--data", r.out / "pretrain" / "data", "--out", run, "--model",
-              system, "--config", b.preset, "--steps", steps, "--batch-size", b.pretrain_batch, "--lr",
-              b.pretrain_lr, "--warmup-steps", max(1, steps // 10), "--log-every", max(1, steps // 40),
-              "--eval-every", max(1, steps // 4), "--save-every", max(1, steps // 4), "--keep", 4, "--seed", seed,
-              "--quiet", *resume, *(RECIPES[b.recipe] if system == "bert" else ()))
+        from ..train.loop import TrainConfig
+        from ..train.pretrain import PretrainSettings
+
+        resume = bool(list(run.glob("checkpoints/step-*")))
+        s = PretrainSettings(data=[str(r.out / "pretrain" / "data")], out=run, model=system, config=b.preset,
+                             resume=resume, overwrite=not resume, **(RECIPES[b.recipe] if system == "bert" else {}))
+        cfg = TrainConfig(steps=steps, batch_size=b.pretrain_batch, lr=b.pretrain_lr, warmup_steps=max(1, steps // 10),
+                          log_every=max(1, steps // 40), eval_every=max(1, steps // 4), save_every=max(1, steps // 4),
+                          keep=4, seed=seed, progress=False)
+        r.pretrain(f"pretrain {run.name}", s, cfg)
     m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
             "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
@@ -358,11 +334,15 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     else:
         if run.exists():
             shutil.rmtree(run)
-        r.run(run.name, "finetune", "--task", task_type, "--model", model, "--train",
-              data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}", "--dev", data / f"{task}.dev.{ext}",
-              "--out", run, "--epochs", b.epochs if size == "full" else b.low_epochs, "--lr", lr, "--max-length",
-              b.max_length, "--batch-size", b.batch_size, "--seed", seed, "--quiet")
-        r.run(f"{run.name} test", "evaluate", "--model", run, "--data", data / f"{task}.test.{ext}", "--out", result)
+        from ..train.finetune import FinetuneSettings, encoding_settings
+
+        s, cfg = FinetuneSettings(
+            task=task_type, model=model, train=data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}",
+            dev=data / f"{task}.dev.{ext}", out=run, epochs=b.epochs if size == "full" else b.low_epochs,
+            encoding=encoding_settings(max_length=b.max_length)).resolve(lr=lr, batch_size=b.batch_size, seed=seed,
+                                                                         progress=False)
+        r.finetune(run.name, s, cfg)
+        r.evaluate(f"{run.name} test", run, data / f"{task}.test.{ext}", result)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         metrics["seconds"] = r.times[run.name]
         atomic_write_text(done, json.dumps(metrics, indent=2) + "\n")
@@ -397,7 +377,7 @@ def stage_count(b: Budget, match: str) -> int:
     return 2 + 3 + (2 if match == "both" else 0) + len(TASKS) * 2 * runs * 2
 
 
-def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0,
+def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
                 seed: int = 0, log=print, on_pretrained: Callable[[], None] = lambda: None,
                 recipe: str = DEFAULT_RECIPE, match: str = "both") -> dict[str, Any]:
     if match not in MATCHES:
@@ -414,7 +394,7 @@ def run_compare(out: Path, main: Callable[[list[str]], int], quick: bool = False
     atomic_write_text(out / "settings.json", settings)
     started = time.perf_counter()
     data = out / "data"
-    r = Stages(out, main, log, total=stage_count(b, match))
+    r = Stages(out, log, total=stage_count(b, match))
     try:
         info = write_tasks(data, b)
         pretraining = pretrain_all(r, b, data, seed)

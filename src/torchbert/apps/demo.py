@@ -13,8 +13,9 @@ protocol, through the published subcommands.
      pretraining (gain.png), where the gain first clears the seeds' noise, and predictions on a few
      reviews from the model fine-tuned after all the pretraining.
 
-Every stage runs `torchbert.cli.main([...])`, exactly what the command line runs, so the demo is
-also an end-to-end test of the commands. `--budget X` pretrains X times longer (on a corpus with X
+Every stage is one of the commands, run through the library with its settings and printed as the
+command line that runs it from a shell (stages.py), so the demo is also an end-to-end test of what
+the commands run. `--budget X` pretrains X times longer (on a corpus with X
 times the reviews); `--quick` shrinks every stage to a smoke test. A stage's results stay on disk as
 soon as it finishes: an interrupted or failed demo keeps them, and `--resume` runs only the stages
 that are missing (settings.json holds the settings it must be resumed with).
@@ -31,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StudyInterrupted, UserError
-from .compare import Budget, Stages, bert_folder, cell, pretrain_all, write_tasks
+from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
 from .recipes import DEFAULT as DEFAULT_RECIPE
 from .recipes import TEXT as RECIPE_TEXT
+from .stages import Stages
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 TASKS = ("sentiment", "ner")
@@ -72,10 +74,10 @@ def stage_count(b: Budget) -> int:
     return 3 + cells * 2 * (len(b.grids["bert"]) + b.seeds - 1) + 1
 
 
-def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, budget: float = 1.0, seed: int = 0,
-             log=print, recipe: str = DEFAULT_RECIPE, on_done: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Every stage into `out`, each run as `main(argv)`, the CLI's entry point (passed in: cli imports demo);
-    stages whose results `out` holds are not run again (an earlier demo with the same settings, resumed).
+def run_demo(out: Path, quick: bool = False, budget: float = 1.0, seed: int = 0, log=print,
+             recipe: str = DEFAULT_RECIPE, on_done: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Every stage into `out`, each one of the commands run through the library (stages.py); stages
+    whose results `out` holds are not run again (an earlier demo with the same settings, resumed).
     `on_done()` after each stage. StudyInterrupted on a signal, RunFailed when a stage fails."""
     b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
@@ -87,7 +89,7 @@ def run_demo(out: Path, main: Callable[[list[str]], int], quick: bool = False, b
 
     (out / MARKER).write_text("a folder of `torchbert demo`; --resume continues it\n", encoding="utf-8")
     atomic_write_text(out / "settings.json", settings)
-    r = Stages(out, main, log, total=stage_count(b), on_done=on_done)
+    r = Stages(out, log, total=stage_count(b), on_done=on_done)
     try:
         return _stages(out, r, b, quick, budget, seed, log)
     except StudyInterrupted:
@@ -124,8 +126,7 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
                                                        b.grids["random" if n == 0 else "bert"], seed)}
     gains = {task: gain_table(cells, task, list(models)) for task in TASKS}
     best = cells[f"sentiment/{b.pretrain_steps}"]["run"]
-    r.run("predict", "predict", "--model", best, "--input", data / "examples.tsv", "--out",
-          out / "examples.predictions.jsonl", "--quiet")  # seconds: not worth keeping
+    r.predict("predict", Path(best), data / "examples.tsv", out / "examples.predictions.jsonl")  # seconds: not kept
     predictions = [json.loads(x) for x in (out / "examples.predictions.jsonl").read_text(encoding="utf-8").splitlines()]
 
     summary = {

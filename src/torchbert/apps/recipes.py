@@ -1,4 +1,5 @@
-"""BERT's pretraining recipes, by name: `pretrain` flags beside a budget's steps, batch and learning rate.
+"""BERT's pretraining recipes, by name: overrides of `pretrain`'s settings (train/pretrain.py PretrainSettings)
+beside a budget's steps, batch and learning rate.
 
   paper   Devlin et al.'s: learned absolute positions, post-LN, MLM + NSP, dropout 0.1.
   rotary  the same with RoFormer's rotary positions (Su et al., 2021): each head's queries and keys
@@ -10,7 +11,7 @@
 `demo` and `compare` take one with --recipe (the default: DEFAULT).
 """
 
-RECIPES: dict[str, tuple[str, ...]] = {"paper": (), "rotary": ("--positions", "rotary")}
+RECIPES: dict[str, dict[str, object]] = {"paper": {}, "rotary": {"positions": "rotary"}}
 TEXT = {"paper": "the paper's recipe: learned absolute positions, MLM + NSP",
         "rotary": "rotary positions (RoFormer), otherwise the paper's recipe (MLM + NSP)"}
 DEFAULT = "rotary"

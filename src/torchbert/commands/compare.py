@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..settings import add_flags, setting
-from .common import StudySettings, command, holds_files, settings_from, shared_flags, study_flags
+from .common import keep_memory, StudySettings, command, holds_files, settings_from, shared_flags, study_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
@@ -76,8 +76,9 @@ def run(args) -> None:
     # --overwrite: the earlier folder is put back if this compare fails before its pretraining is done
     folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs={}, log=print,
                        kept_until="has pretrained its models")
+    keep_memory(True)  # its stages train in this process, as pretrain and finetune do in theirs
     with folder.opened(Dist()):
         if not holds:  # nothing earlier to put back: a fresh compare keeps what it did, for --resume
             folder.commit()
-        run_compare(out, args.torchbert, quick=s.quick, budget=s.budget, seed=s.seed, log=print,
+        run_compare(out, quick=s.quick, budget=s.budget, seed=s.seed, log=print,
                     on_pretrained=folder.commit, recipe=s.recipe, match=s.match)

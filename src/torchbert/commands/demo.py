@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from .common import StudySettings, command, holds_files, settings_from, shared_flags, study_flags
+from .common import keep_memory, StudySettings, command, holds_files, settings_from, shared_flags, study_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
@@ -53,10 +53,11 @@ def run(args) -> None:
     # an earlier demo is put back if this one fails before it finishes its first stage
     folder = RunFolder(out, resume=args.resume and holds_files(out), overwrite=replace, inputs={}, log=print,
                        kept_until="has finished its first stage")
+    keep_memory(True)  # its stages train in this process, as pretrain and finetune do in theirs
     with folder.opened(Dist()):
         if not replace:  # nothing earlier to put back: every stage that finishes is kept, for --resume
             folder.commit()
-        run_demo(out, args.torchbert, quick=s.quick, budget=s.budget, seed=s.seed, log=print, recipe=s.recipe,
+        run_demo(out, quick=s.quick, budget=s.budget, seed=s.seed, log=print, recipe=s.recipe,
                  on_done=folder.commit)
 
 

@@ -5,10 +5,9 @@ Score a model fine-tuned by torchbert on a labelled file of its task."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..settings import Checked, add_flags, setting
+from ..settings import add_flags
 from .common import command, cpu_for_int8, resolve_model, settings_from, shared_flags
 
 COMPUTES = True
@@ -26,13 +25,6 @@ answer is ""), {"choice", "text", "probability"} for multiple choice.
 """
 
 
-@dataclass(kw_only=True)
-class EvaluateSettings(Checked):
-    data: str = setting(help="labelled file in the task's layout")
-    task: str | None = setting(None, "task type or preset (default: the one the model was fine-tuned for)")
-    out: str | None = setting(None, "also write the metrics to this JSON file")
-
-
 def finetuned_flags(p, settings) -> None:
     """The flags of the commands that run a fine-tuned model on a file (evaluate, predict)."""
     shared_flags(p, "model", model="fine-tuned run folder")
@@ -41,12 +33,14 @@ def finetuned_flags(p, settings) -> None:
 
 
 def add(sub) -> None:
+    from ..tasks.predict import EvaluateSettings
+
     finetuned_flags(command(sub, __name__), EvaluateSettings)
 
 
 def run(args) -> None:
     from ..io.files import atomic_write_text, check_output_file, model_inputs
-    from ..tasks.predict import run_evaluate
+    from ..tasks.predict import EvaluateSettings, run_evaluate
 
     s = settings_from(EvaluateSettings, args)
     if s.out:

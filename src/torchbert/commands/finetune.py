@@ -131,14 +131,6 @@ def run(args) -> None:
 
 
 def report(result: dict, out: str) -> None:
-    """The dev scores of the best epoch, on standard output."""
-    shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
-             ("epochs", "train_seconds", "eval_seconds", "tokens_per_second", "best_epoch")
-             and not k.endswith("total")}
-    scores = ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
-    what = f"trained a {result['tagger']['kind']} tagger on frozen features" if "tagger" in result else "fine-tuned"
-    print(f"{what} {result['steps']} steps in {result['train_seconds']:.0f}s "
-          f"({result['tokens_per_second']:,.0f} tokens/s; dev scoring {result['eval_seconds']:.0f}s more) "
-          f"-> {out}")
-    if scores:
-        print(f"dev (best epoch {result['best_epoch']}): {scores}")
+    from ..train.finetune import report_lines
+
+    print("\n".join(report_lines(result, out)))

@@ -5,10 +5,8 @@ Predict with a model fine-tuned by torchbert."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..settings import Checked, setting
 from .common import command, cpu_for_int8, resolve_model, settings_from
 from .evaluate import EPILOG, finetuned_flags
 
@@ -16,19 +14,15 @@ COMPUTES = True
 __all__ = ["EPILOG"]
 
 
-@dataclass(kw_only=True)
-class PredictSettings(Checked):
-    input: str = setting(help="file in the task's layout (labels optional)")
-    out: str = setting(help="output .jsonl")
-
-
 def add(sub) -> None:
+    from ..tasks.predict import PredictSettings
+
     finetuned_flags(command(sub, __name__), PredictSettings)
 
 
 def run(args) -> None:
     from ..io.files import atomic_write_text, check_output_file, model_inputs
-    from ..tasks.predict import run_predict
+    from ..tasks.predict import PredictSettings, run_predict
 
     s = settings_from(PredictSettings, args)
     check_output_file(Path(s.out), inputs=[("--input", s.input), *model_inputs(args.model)])

@@ -67,15 +67,6 @@ def run(args) -> None:
 
 
 def report(summary: dict, out: str) -> None:
-    """What a pretraining run bought, on standard output: its objective's held-out line."""
-    from ..train.objectives import PRETRAINING
+    from ..train.pretrain import report_lines
 
-    ev = summary.get("eval")
-    print(f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
-          f"({summary['tokens_per_second']:,.0f} tokens/s) -> {out}")
-    if ev:
-        print(PRETRAINING[summary["objective"]].held_out(ev))
-    if "yardsticks" in summary:
-        y = summary["yardsticks"]
-        print(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
-              f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")
+    print("\n".join(report_lines(summary, out)))

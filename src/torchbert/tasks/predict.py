@@ -8,6 +8,7 @@ settings stored in its config.json, so that a file is read and tokenized as in t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,27 @@ from torch import Tensor, nn
 from ..config import BertConfig, check_ids, load_config
 from ..fast import threads
 from ..io.record import read_record
+from ..settings import Checked, setting
 from ..tokenizer import BertTokenizer
 from . import formats
 from .batches import TaskData
 from .examples import LabelMap
 from .families import TaskSettings, family
 from .feature_tagger import TAGGER_FILE, FeatureTagger
+
+
+# what evaluate and predict read and write, beside the model and the shared flags (commands/common.py)
+@dataclass(kw_only=True)
+class EvaluateSettings(Checked):
+    data: str = setting(help="labelled file in the task's layout")
+    task: str | None = setting(None, "task type or preset (default: the one the model was fine-tuned for)")
+    out: str | None = setting(None, "also write the metrics to this JSON file")
+
+
+@dataclass(kw_only=True)
+class PredictSettings(Checked):
+    input: str = setting(help="file in the task's layout (labels optional)")
+    out: str = setting(help="output .jsonl")
 
 
 @torch.no_grad()

@@ -106,6 +106,26 @@ LOOP_DEFAULTS = {"seed": 42, "lr": None}
 LOOP_DERIVED = ("steps", "warmup_steps", "eval_every", "optimizer", "keep")
 
 
+def report_lines(result: dict[str, Any], out: Path | str) -> list[str]:
+    """A fine-tuning run in a line or two: its speed, and the dev scores of its best epoch."""
+    shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
+             ("epochs", "train_seconds", "eval_seconds", "tokens_per_second", "best_epoch")
+             and not k.endswith("total")}
+    what = f"trained a {result['tagger']['kind']} tagger on frozen features" if "tagger" in result else "fine-tuned"
+    lines = [f"{what} {result['steps']} steps in {result['train_seconds']:.0f}s "
+             f"({result['tokens_per_second']:,.0f} tokens/s; dev scoring {result['eval_seconds']:.0f}s more) -> {out}"]
+    if shown:
+        lines.append(f"dev (best epoch {result['best_epoch']}): " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+    return lines
+
+
+def encoding_settings(**given: Any) -> dict[str, Any]:
+    """FinetuneSettings.encoding as the command line gives it: every TaskSettings field it takes as a flag
+    (ENCODING_FLAGS), `given` or at its default (the windows' stride None: a third of max_length)."""
+    ts = TaskSettings(type="classification", **{"doc_stride": None, **given})
+    return {f: getattr(ts, f) for f in ENCODING_FLAGS}
+
+
 def _is_elmo(model: Path) -> bool:
     from ..io.texts import json_loads
 

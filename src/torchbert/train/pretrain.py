@@ -256,6 +256,20 @@ DROPOUTS = {BertConfig: ("hidden_dropout_prob", "attention_probs_dropout_prob"),
             GPTConfig: ("resid_pdrop", "embd_pdrop", "attn_pdrop"), ELMoConfig: ("dropout",)}
 
 
+def report_lines(summary: dict, out: Path | str) -> list[str]:
+    """What a pretraining run bought, in a few lines: its speed, its objective's held-out line, the count
+    tables' scores on the same masks."""
+    lines = [f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
+             f"({summary['tokens_per_second']:,.0f} tokens/s) -> {out}"]
+    if summary.get("eval"):
+        lines.append(PRETRAINING[summary["objective"]].held_out(summary["eval"]))
+    if "yardsticks" in summary:
+        y = summary["yardsticks"]
+        lines.append(f"count tables on the same {y['masked']:,} masked tokens: most frequent token {y['unigram']:.3f}, "
+                     f"given the left neighbour {y['left']:.3f}, given both neighbours {y['neighbours']:.3f}")
+    return lines
+
+
 def with_dropout(config, p: float):
     """The config with every dropout probability set to p."""
     return dataclasses.replace(config, **dict.fromkeys(DROPOUTS[type(config)], p))

@@ -1,0 +1,162 @@
+"""The stages of a study (demo, compare): each is one of torchbert's commands, run by calling the library
+with its settings objects, and announced by the command line that runs the same from a shell.
+
+    r = Stages(out, log=print, total=12)
+    r.pretrain("pretrain bert", PretrainSettings(data=[...], out=...), TrainConfig(steps=2000, ...))
+    # == pretrain bert: torchbert pretrain --data ... --out ... --steps 2000 ... --quiet
+
+The printed line is made from the same objects (settings.as_flags), and a test parses it back with the
+command line's parser into equal objects: what the study ran is what the line runs. `done` counts the
+stages finished, here or by an earlier run whose results are on disk (`found`); after each,
+`on_done()` (the study's folder commits: an earlier one set aside can go). A stage that was
+interrupted raises StudyInterrupted; one that failed on its input or its files, RunFailed: neither is
+a bug, and the stages before it stay on disk for --resume.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import Interrupted, RunFailed, StudyInterrupted, UserError
+from ..settings import SettingError, as_flags
+
+
+def note(text: str) -> None:
+    """What a stage says as it runs (the library's log), on standard error, as the command prints it."""
+    print(text, file=sys.stderr)
+
+
+class Stages:
+    def __init__(self, out: Path, log: Callable[[str], None] = print, total: int | None = None,
+                 on_done: Callable[[], None] = lambda: None, device: str = "auto"):
+        self.out, self.log, self.times = out, log, {}
+        self.total, self.done, self.on_done, self.device = total, 0, on_done, device
+        self.commands: dict[str, list[str]] = {}  # each stage's command line, as printed
+
+    def run(self, name: str, argv: list[str], call: Callable[[], Any]) -> Any:
+        """Stage `name`: `argv` (the command's words after `torchbert`) printed, `call()` run and timed."""
+        argv = [str(a) for a in argv]
+        self.commands[name] = argv
+        self.log(f"\n== {name}: {shlex.join(['torchbert', *argv])}")
+        start = time.perf_counter()
+        try:
+            result = call()
+        except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM; a training run saved its checkpoint first
+            raise StudyInterrupted(self.done, self.total) from None
+        except (UserError, RunFailed, SettingError, ValueError, OSError) as e:
+            text = " ".join(str(e).split()) or type(e).__name__
+            raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]}: {text}); the {self.done} stage(s) "
+                            f"before it are kept in {self.out}") from e
+        self.times[name] = round(time.perf_counter() - start, 1)
+        self.found()
+        return result
+
+    def found(self, stages: int = 1) -> None:
+        """`stages` more finished (run now, or their results found on disk)."""
+        self.done += stages
+        self.on_done()
+
+    # -- the commands --------------------------------------------------------------------------------
+
+    def vocab(self, name: str, s, overwrite: bool = False) -> None:
+        """`torchbert vocab` with data.vocabulary's VocabSettings."""
+        from ..data.vocabulary import train_vocabulary
+        from ..io.files import check_replaceable
+
+        def call():
+            if overwrite and Path(s.out).exists():
+                check_replaceable(Path(s.out))
+            tok = train_vocabulary(s, progress=False)
+            self.log(f"wrote {s.out}: vocab of {tok.vocab_size} tokens")
+
+        self.run(name, ["vocab", *as_flags(s), "--quiet", *(["--overwrite"] if overwrite else [])], call)
+
+    def prepare(self, name: str, corpus: list[Path], tokenizer: Path, out: Path, settings) -> None:
+        """`torchbert prepare` with data.pretraining's PrepareSettings."""
+        from ..data.pipeline import prepare
+
+        def call():
+            m = prepare([str(c) for c in corpus], tokenizer, out, settings, progress=False)
+            self.log(f"wrote {out}: {m['counts']['instances']:,} instances, {m['counts']['tokens']:,} tokens")
+
+        argv = ["prepare", "--corpus", *corpus, "--tokenizer", tokenizer, "--out", out, *as_flags(settings), "--quiet"]
+        self.run(name, argv, call)
+
+    def pretrain(self, name: str, s, cfg) -> dict[str, Any]:
+        """`torchbert pretrain`: train/pretrain.run_pretraining(s, cfg); its summary."""
+        from ..train import pretrain
+
+        return self._training(name, "pretrain", [*as_flags(s), *as_flags(cfg)], s, cfg, pretrain.run_pretraining,
+                              pretrain.report_lines)
+
+    def finetune(self, name: str, s, cfg) -> dict[str, Any]:
+        """`torchbert finetune`: train/finetune.run_finetuning(s, cfg), `s` and `cfg` as
+        FinetuneSettings.resolve gives them; its dev result."""
+        from ..tasks.families import TaskSettings
+        from ..train import finetune
+
+        encoding = TaskSettings(type="classification", **s.encoding)
+        flags = [*as_flags(s), *as_flags(encoding, only=finetune.ENCODING_FLAGS, defaults={"doc_stride": None}),
+                 *as_flags(cfg, skip=finetune.LOOP_DERIVED, defaults=finetune.LOOP_DEFAULTS)]
+        return self._training(name, "finetune", flags, s, cfg, finetune.run_finetuning, finetune.report_lines)
+
+    def evaluate(self, name: str, model: Path, data: Path, out: Path) -> dict[str, float]:
+        """`torchbert evaluate`: the model's scores on `data`, also written to `out`."""
+        import json
+
+        from ..io.files import atomic_write_text
+        from ..tasks.predict import EvaluateSettings, run_evaluate
+
+        s = EvaluateSettings(data=str(data), out=str(out))
+
+        def call():
+            scores, _ = run_evaluate(model, data, None, self._device(), progress=False)
+            atomic_write_text(out, json.dumps(scores, indent=2) + "\n")
+            return scores
+
+        return self.run(name, ["evaluate", "--model", model, *as_flags(s), "--quiet"], call)
+
+    def predict(self, name: str, model: Path, input: Path, out: Path) -> list[dict[str, Any]]:
+        """`torchbert predict`: the model's records on `input`, written to `out` as JSON lines."""
+        import json
+
+        from ..io.files import atomic_write_text
+        from ..tasks.predict import PredictSettings, run_predict
+
+        s = PredictSettings(input=str(input), out=str(out))
+
+        def call():
+            records = run_predict(model, input, self._device(), progress=False)
+            atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+            return records
+
+        return self.run(name, ["predict", "--model", model, *as_flags(s), "--quiet"], call)
+
+    def _device(self):
+        from ..train.distributed import init_distributed
+
+        return init_distributed(self.device)[1]
+
+    def _training(self, name: str, verb: str, flags: list[str], s, cfg, run: Callable[..., Any],
+                  report: Callable[[Any, Path], list[str]]) -> Any:
+        """A training run in this process (`run(s, cfg, device=, log=, dist=)`), on the study's device
+        (the command's --device auto); its command line also goes to the run record."""
+        from ..train.distributed import init_distributed
+
+        argv = [verb, *flags, *(["--quiet"] if not cfg.progress else []), *(["--resume"] if s.resume else []),
+                *(["--overwrite"] if s.overwrite else [])]
+        s.command_line = shlex.join(["torchbert", *map(str, argv)])
+
+        def call():
+            dist, device = init_distributed(self.device)
+            with dist:
+                result = run(s, cfg, device=device, log=note, dist=dist)
+            self.log("\n".join(report(result, s.out)))
+            return result
+
+        return self.run(name, argv, call)

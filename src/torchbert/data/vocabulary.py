@@ -1,0 +1,72 @@
+"""A WordPiece vocabulary trained on a corpus as users hold it: plain text files, folders, globs,
+JSON Lines and Parquet (their `text` field), gzip and zstd; what `torchbert vocab` runs."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..settings import Checked, setting
+from ..tokenizer import MAX_VOCAB, BertTokenizer
+
+
+@dataclass(kw_only=True)
+class VocabSettings(Checked):
+    corpus: list[str] = setting(help="UTF-8 corpus files, folders or globs, read as streams (.jsonl/.json and "
+                                     ".parquet: the `text` field of each line or row; .gz and .zst decompressed as "
+                                     "they are read)", metavar="PATH")
+    vocab_size: int = setting(help="tokens in the vocab, special tokens included: 5 and one more at least; the largest "
+                                   "vocabularies in use hold about 250,000 (more if the corpus has more distinct "
+                                   "characters than that, up to --limit-alphabet: each character is a token)",
+                              low=6, high=MAX_VOCAB)
+    out: str = setting(help="output tokenizer folder")
+    lowercase: bool = setting(True, "lowercase and strip accents (uncased BERT; default: on)")
+    min_frequency: int = setting(2, "drop pieces seen fewer times", low=1)
+    limit_alphabet: int = setting(10000, "keep at most this many distinct characters, the most frequent", low=1)
+
+
+def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
+    """The vocabulary of `s.corpus`, written whole to `s.out` (or nothing written); the corpus is checked
+    first (an empty file or a bad byte is an error naming the file and line)."""
+    from ..io.files import atomic_folder
+    from .pretraining import split_sentences
+    from .sources import _inner_suffix, compression, corpus_files, piece_documents, plan_pieces
+
+    check_corpus(s.corpus)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for k, path in enumerate(corpus_files(s.corpus)):
+            if compression(path) or _inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+                # the trainer reads raw lines: give it the text, a sentence a line, streamed to a file
+                # (not the JSON around it, nor compressed bytes); memory holds one part at a time
+                text_file = Path(tmp) / f"{k}.txt"
+                with open(text_file, "w", encoding="utf-8") as f:
+                    for piece in plan_pieces([path], "auto", 8 << 20, split_sentences):
+                        for docs, _ in piece_documents(piece, 8 << 20, split_sentences):
+                            f.write("".join(sent + "\n" for d in docs for sent in d))
+                path = text_file
+            files.append(path)
+        tok = BertTokenizer.train(files, vocab_size=s.vocab_size, lowercase=s.lowercase,
+                                  min_frequency=s.min_frequency, limit_alphabet=s.limit_alphabet,
+                                  show_progress=progress)
+    with atomic_folder(Path(s.out), marked=True) as tmp:  # the whole vocabulary folder or none
+        tok.save_pretrained(tmp)
+    return tok
+
+
+def check_corpus(paths: list[str]) -> None:
+    """Each plain corpus file exists, holds text, and is valid UTF-8 (the error names the file and
+    line), read as a stream; compressed, JSON Lines and Parquet files are checked as they are read."""
+    from .sources import _inner_suffix, compression, corpus_files
+    from ..io.texts import lines
+
+    for path in corpus_files(paths):
+        if compression(path) or _inner_suffix(path) in (".jsonl", ".json", ".parquet"):
+            continue
+        filled = False
+        for _, line in lines(path):  # to the end: a bad byte anywhere is named here, with its line
+            filled = filled or bool(line.strip())
+        if not filled:
+            raise UserError(f"{path}: the corpus file is empty")
