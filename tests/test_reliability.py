@@ -498,7 +498,7 @@ def test_an_api_key_on_the_command_line_is_warned_about(tmp_path, capsys, minilm
 def test_an_empty_squad_answer_is_named_as_empty(tmp_path):
     import json
 
-    from torchbert.tasks.formats import read_squad
+    from torchbert.tasks.qa import read_squad
 
     doc = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
         {"id": "a", "question": "Where is Paris?", "answers": [{"text": "", "answer_start": 0},

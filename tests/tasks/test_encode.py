@@ -9,9 +9,11 @@ import pytest
 import realdata
 from transformers import BertTokenizerFast
 
-from torchbert.tasks.encode import (IGNORE, encode_choices, encode_qa, encode_texts, encode_tokens, postprocess_qa,
-                                    words_from_tokens)
-from torchbert.tasks.examples import Answer, ChoiceExample, QAExample, TextExample, TokenExample
+from torchbert.losses import IGNORE
+from torchbert.tasks.choice import ChoiceExample, encode_choices
+from torchbert.tasks.qa import Answer, QAExample, encode_qa, postprocess_qa
+from torchbert.tasks.tagging import TokenExample, encode_tokens, words_from_tokens
+from torchbert.tasks.text import TextExample, encode_texts
 from torchbert.tokenizer import BertTokenizer
 
 

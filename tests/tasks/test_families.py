@@ -11,9 +11,16 @@ import torch
 from torchbert.heads import BertForSequenceClassification
 from torchbert.tasks import formats, hub
 from torchbert.tasks.batches import TaskData
-from torchbert.tasks.encode import IGNORE, Encoded
-from torchbert.tasks.examples import TASK_TYPES, Answer, ChoiceExample, LabelMap, QAExample, TextExample, TokenExample
-from torchbert.tasks.families import FAMILIES, TaskSettings, family
+from torchbert.losses import IGNORE
+from torchbert.tasks.choice import ChoiceExample
+from torchbert.tasks.encode import Encoded
+from torchbert.tasks.examples import LabelMap
+from torchbert.tasks.families import FAMILIES, TaskSettings, family, layouts
+from torchbert.tasks.qa import Answer, QAExample
+from torchbert.tasks.tagging import TokenExample
+from torchbert.tasks.text import TextExample
+
+TASK_TYPES = ("classification", "pair", "regression", "token", "qa", "qa-v2", "multiple-choice")  # the built-ins
 
 
 def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_read():
@@ -22,8 +29,8 @@ def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_rea
         fam = family(t)
         assert fam.type == t and fam.metrics
         assert fam.file_format in hub.FORMATS, t
-        assert set(fam.layouts) <= set(formats.LAYOUTS) and "auto" in fam.layouts, t
-    assert family("regression").model_class is BertForSequenceClassification
+        assert set(fam.layouts) <= set(layouts()) and "auto" in fam.layouts, t
+    assert family("regression").heads["bert"] is BertForSequenceClassification
     assert [t for t in TASK_TYPES if family(t).label_set] == ["classification", "pair", "token"]
     with pytest.raises(ValueError, match="unknown task type 'ner'"):
         family("ner")
@@ -68,12 +75,12 @@ def test_token_tasks_choose_their_scoring_by_the_tags():
     entities, pos = LabelMap(["B-PER", "I-PER", "O"]), LabelMap(["n", "v", "nr"])
     fam = family("token")
     assert (fam.scoring(entities), fam.scoring(pos)) == ("entities", "tags")
-    assert fam.best_metric(entities, formats.PRESETS["conll2003"]) == "f1"
+    assert fam.best_metric(entities, formats.TASK_PRESETS["conll2003"]) == "f1"
     assert fam.best_metric(pos, None) == "accuracy"  # per word: no preset can ask for span F1 of POS tags
     ex = [TokenExample("0", ["他", "来", "北京"], ["nr", "v", "ns"])]
     assert fam.score([{"tags": ["nr", "n", "ns"]}], ex, LabelMap(["n", "nr", "ns", "v"]))["accuracy"] == \
         pytest.approx(2 / 3)
-    assert family("pair").scoring(None) is None and family("pair").best_metric(None, formats.PRESETS["mrpc"]) == "f1"
+    assert family("pair").scoring(None) is None and family("pair").best_metric(None, formats.TASK_PRESETS["mrpc"]) == "f1"
 
 
 def test_batches_carry_each_familys_targets():

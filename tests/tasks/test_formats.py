@@ -13,11 +13,13 @@ import re
 import pytest
 import realdata
 
-from torchbert.tasks.examples import TASK_TYPES, Answer, TextExample
-from torchbert.tasks.families import read_examples
+from torchbert.tasks.choice import read_choices
 from torchbert.tasks.examples import LabelMap
-from torchbert.tasks.formats import (LAYOUTS, PRESETS, read_choices, read_conll, read_squad,
-                                     read_text_examples, resolve_task)
+from torchbert.tasks.families import FAMILIES, read_examples, resolve_task
+from torchbert.tasks.formats import TASK_PRESETS as PRESETS
+from torchbert.tasks.qa import Answer, read_squad
+from torchbert.tasks.tagging import read_conll
+from torchbert.tasks.text import TextExample, read_text_examples
 
 
 def write(path, text: str):
@@ -46,13 +48,13 @@ def zh():
 
 
 def test_resolve_task():
-    for t in TASK_TYPES:
+    for t in FAMILIES:
         assert resolve_task(t) == (t, None)
     assert resolve_task("mrpc") == ("pair", PRESETS["mrpc"])
     assert resolve_task("STSB") == ("regression", PRESETS["stsb"])
     assert resolve_task("squad_v2")[0] == "qa-v2"
     for p in PRESETS.values():
-        assert p.type in TASK_TYPES and p.layout in LAYOUTS
+        assert p.type in FAMILIES and p.layout in FAMILIES[p.type].layouts
     with pytest.raises(ValueError, match=r"unknown task 'mrcp'.*classification.*mrpc.*swag"):
         resolve_task("mrcp")
 

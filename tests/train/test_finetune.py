@@ -101,10 +101,10 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     """predict runs the last layer for the tokens that own a word; its tags equal those read from
     every token's logits, also when tweets are cut into overlapping windows (max_length 12)."""
     from torchbert.heads import BertForTokenClassification
-    from torchbert.tasks import encode
     from torchbert.tasks.batches import TaskData
     from torchbert.tasks.families import TaskSettings, family
     from torchbert.tasks.predict import predict
+    from torchbert.tasks.tagging import words_from_tokens
     from torchbert.tokenizer import BertTokenizer
 
     root, _, _ = wnut
@@ -123,7 +123,7 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
         logits = model(**batch.model_inputs()).logits  # [N, C]: every token
         for r, x in zip(batch.rows, logits.split(batch.cu_seqlens.diff().tolist())):
             rows[r] = x.argmax(-1).tolist()
-    words = encode.words_from_tokens(data.encoded, rows, len(examples), [len(x.words) for x in examples])
+    words = words_from_tokens(data.encoded, rows, len(examples), [len(x.words) for x in examples])
     assert [r["tags"] for r in records] == [[id2label[i] for i in w] for w in words]
     assert len({t for r in records for t in r["tags"]}) > 3
 

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from ..io.onnx import INPUTS, Graph, write_onnx
+from ..tasks.families import family
 from ..tokenizer import TOKENIZER_FILES
 
 TOLERANCE = 1e-4
-PER_TOKEN = ("last_hidden_state", "start_logits", "end_logits")  # and a tagger's logits
+PER_TOKEN = ("last_hidden_state",)  # the encoder's; a task model's: its family's export_per_token
 
 
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
@@ -43,8 +44,7 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
         model, _, ts, _ = load_finetuned(model_dir, None, torch.device("cpu"))
         if not hasattr(model, "bert"):
             raise ValueError(f"{model_dir}: a feature tagger (finetune --frozen) has no single graph to export")
-        outputs = ("start_logits", "end_logits") if ts.type in ("qa", "qa-v2") else ("logits",)
-        kind = ts.type
+        outputs, kind = family(ts.type).export_outputs, ts.type
     else:
         from ..model import BertModel
 
@@ -54,12 +54,13 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
 
 def sample_inputs(tokenizer, kind: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
     """Padded inputs of real text for tracing and checking; [B, C, T] for multiple choice."""
-    if kind == "multiple-choice":
+    sample = "text" if kind == "encoder" else family(kind).export_sample
+    if sample == "choices":
         n = len(texts) // 2 * 2
         enc = tokenizer(texts[:n], texts[1:n] + texts[:1], padding=True, truncation=True, max_length=max_length,
                         return_tensors="pt")
         return {k: enc[k].reshape(n // 2, 2, -1) for k in INPUTS}
-    pair = kind in ("pair", "qa", "qa-v2")
+    pair = sample == "pair"
     enc = tokenizer(texts, texts[::-1] if pair else None, padding=True, truncation=True, max_length=max_length,
                     return_tensors="pt")
     return {k: enc[k] for k in INPUTS}
@@ -92,7 +93,8 @@ def export_onnx(model_dir: Path, out: Path, *, int8: bool = False, opset: int = 
         feed = {k: check[k].numpy() for k in INPUTS}
         mask = check["attention_mask"].bool().numpy()
         got = ort.InferenceSession(str(tmp / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)
-        per_token = {n: n in PER_TOKEN or (n == "logits" and kind == "token") for n in outputs}
+        given = PER_TOKEN if kind == "encoder" else family(kind).export_per_token
+        per_token = {n: n in given for n in outputs}
         diffs = {name: _diff(g, w.numpy(), mask, per_token[name]) for name, g, w in zip(outputs, got, want)}
         worst = max(diffs.values())
         if not worst <= TOLERANCE:

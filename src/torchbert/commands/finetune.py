@@ -26,12 +26,7 @@ examples:
 
 --task is a task type or a preset that fixes the type, the file layout and the metric the best epoch
 is chosen by:
-  classification   one text -> a label     TSV/CSV with a header (sentence, label) or JSONL
-  pair             two texts -> a label    sentence1, sentence2, label (also premise/hypothesis, ...)
-  regression       two or one texts -> a number (label); MSE loss, Pearson/Spearman
-  token            a tag per word          CoNLL: token first, tag last, blank line between sentences
-  qa, qa-v2        extractive QA           SQuAD v1.1 / v2.0 JSON (v2: unanswerable questions)
-  multiple-choice  pick one of N endings   SWAG CSV, or JSONL {id, context, question, choices, label}
+{families}
   presets: cola sst2 mrpc stsb qqp mnli qnli rte wnli (GLUE TSVs), snli (JSONL), squad, squad_v2,
            conll2003, swag
 Labels come from the training file and are stored in config.json (id2label); a dev label that
@@ -82,7 +77,7 @@ def add(sub) -> None:
     from ..train.finetune import ENCODING_FLAGS, LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
     from ..train.loop import TrainConfig
 
-    p = command(sub, __name__)
+    p = command(sub, __name__, epilog=EPILOG.replace("{families}", family_lines()))
     add_flags(p, FinetuneSettings, helps={"task": "task type or preset (see below)"})
     add_flags(p, TaskSettings, only=ENCODING_FLAGS, defaults={"doc_stride": None},
               helps={"doc_stride": "qa and token: tokens between the starts of overlapping windows over long "
@@ -93,6 +88,16 @@ def add(sub) -> None:
                      "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
     shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
                  overwrite="delete an existing --out and start again")
+
+
+def family_lines() -> str:
+    """A line per registered task family (types that share one description share the line)."""
+    from ..tasks.families import FAMILIES
+
+    about: dict[str, list[str]] = {}
+    for t, fam in FAMILIES.items():
+        about.setdefault(fam.about, []).append(t)
+    return "\n".join(f"  {', '.join(types):<16} {text}" for text, types in about.items())
 
 
 def settings(args):

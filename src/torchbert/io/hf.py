@@ -81,7 +81,8 @@ _MLM = {
 _NSP = {"nsp.weight": ("cls.seq_relationship.weight",), "nsp.bias": ("cls.seq_relationship.bias",)}
 
 # Each task model's head tensors, by class name (ours are Hugging Face's); the backbone under `bert.`
-# comes from bert_key_map.
+# comes from bert_key_map. A task model no entry names (a new task family's head) keeps its head
+# tensors' names, as the task heads here do.
 HEAD_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "BertForPreTraining": {**_MLM, **_NSP},
     "BertForMaskedLM": _MLM,
@@ -113,17 +114,17 @@ def backbone_prefix(config: BertConfig) -> str:
 
 
 def key_map(model: nn.Module) -> dict[str, tuple[str, ...]]:
-    """Our parameter names -> Hugging Face's, for BertModel or a task model (one found in HEAD_KEYS
-    by its class or a base class's name)."""
+    """Our parameter names -> Hugging Face's, for BertModel or a task model (found in HEAD_KEYS by its
+    class or a base class's name; one not there keeps its head tensors' names)."""
     bert = getattr(model, "bert", None)
     if bert is None:  # a bare BertModel
         return bert_key_map(model.config, pooler=model.pooler is not None)
-    name = next((c.__name__ for c in type(model).__mro__ if c.__name__ in HEAD_KEYS), None)
-    if name is None:
-        raise TypeError(f"{type(model).__name__}: no Hugging Face key table (io/hf.py's HEAD_KEYS)")
+    name = next((c.__name__ for c in type(model).__mro__ if c.__name__ in HEAD_KEYS), type(model).__name__)
     prefix = backbone_prefix(model.config)
     backbone = bert_key_map(model.config, pooler=bert.pooler is not None)
-    head = ROFORMER_HEAD_KEYS.get(name, HEAD_KEYS[name]) if model.config.rotary else HEAD_KEYS[name]
+    # a task head that no table names (a new task family's) keeps its tensors' names, as ours above do
+    head = HEAD_KEYS.get(name) or {k: (k,) for k in model.state_dict() if not k.startswith("bert.")}
+    head = ROFORMER_HEAD_KEYS.get(name, head) if model.config.rotary else head
     return {**{f"bert.{k}": tuple(prefix + h for h in hs) for k, hs in backbone.items()}, **head}
 
 

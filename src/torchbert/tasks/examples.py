@@ -1,80 +1,27 @@
-"""Fine-tuning examples as read from the task files, before tokenization.
-
-One dataclass per task family. `id` is the example's id from the file when it has one, else its
-line number (or index) as a string; `where` is "FILE:LINE" (or "FILE: id ...") for error messages.
-Labels stay as read (strings, or floats for regression) until a label map (LabelMap, below) turns
-them into ids.
+"""What the examples of every task family share: an `id` (the example's id from the file when it has
+one, else its line number or index as a string), a `where` ("FILE:LINE", or "FILE: id ...") for error
+messages, and, in families with a label set (classification, tagging), their labels as read (strings)
+until a label map (LabelMap) turns them into ids. Each family's example type lives in its module
+(text.py, tagging.py, qa.py, choice.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
-# Task types of `torchbert finetune --task`.
-TASK_TYPES = ("classification", "pair", "regression", "token", "qa", "qa-v2", "multiple-choice")
+from typing import Protocol
 
 
-@dataclass
-class TextExample:
-    """Single sentence (text_b None) or sentence pair; classification or regression."""
+class Labelled(Protocol):
+    """An example with class labels or tags (text.py TextExample, tagging.py TokenExample)."""
 
-    id: str
-    text_a: str
-    text_b: str | None
-    label: str | float | None  # None in unlabelled (predict) inputs
-    where: str = ""
+    where: str
 
+    def label_names(self) -> list[str]:
+        """Its labels, for a label map; ValueError naming `where` when it has none to give."""
 
-@dataclass
-class TokenExample:
-    """A sentence as words, with one tag per word (CoNLL)."""
-
-    id: str
-    words: list[str]
-    tags: list[str] | None  # None in unlabelled inputs
-    where: str = ""
-
-
-@dataclass
-class Answer:
-    text: str
-    start: int  # character offset into the context
-
-
-@dataclass
-class QAExample:
-    """A SQuAD question on a context; no answers and is_impossible for v2's unanswerable ones."""
-
-    id: str
-    question: str
-    context: str
-    answers: list[Answer] = field(default_factory=list)
-    is_impossible: bool = False
-    where: str = ""
-
-
-@dataclass
-class ChoiceExample:
-    """A context (+ an optional question) and its candidate endings; label is an index into choices."""
-
-    id: str
-    context: str
-    question: str
-    choices: list[str]
-    label: int | None
-    where: str = ""
-
-
-# ----------------------------------------------------------------------------------------------
-# labels
-
-
-def _word_where(where: str, i: int) -> str:
-    """FILE:LINE of word i of a CoNLL example (see read_conll: word i is on the example's line + i)."""
-    file, _, line = where.rpartition(":")
-    return f"{file}:{int(line) + i}" if line.isdigit() else where
+    def label_places(self) -> list[tuple[str, str]]:
+        """(label, where) for each label it holds, to check against a label map; [] when unlabelled."""
 
 
 class LabelMap:
@@ -90,22 +37,14 @@ class LabelMap:
         self._ids = {label: i for i, label in enumerate(self.labels)}
 
     @classmethod
-    def from_examples(cls, examples: Iterable[TextExample | TokenExample]) -> LabelMap:
+    def from_examples(cls, examples: Iterable[Labelled]) -> LabelMap:
         """The labels (or tags) seen, sorted: numerically when all are integers ("2" before "10"), so the
         ids do not depend on the order of the training file."""
         seen: set[str] = set()
         for ex in examples:
-            if isinstance(ex, TokenExample):
-                if ex.tags is None:
-                    raise ValueError(f"{ex.where}: no tags; a label map is built from labelled examples")
-                seen.update(ex.tags)
-            elif isinstance(ex, TextExample):
-                if not isinstance(ex.label, str):
-                    what = "no label" if ex.label is None else f"label {ex.label!r} is a score, not a class"
-                    raise ValueError(f"{ex.where}: {what}; a label map is built from labelled classification examples")
-                seen.add(ex.label)
-            else:
-                raise TypeError(f"label maps are for text and token examples, not {type(ex).__name__}")
+            if not hasattr(ex, "label_names"):
+                raise TypeError(f"label maps are for examples with class labels or tags, not {type(ex).__name__}")
+            seen.update(ex.label_names())
         if not seen:
             raise ValueError("no examples to build a label map from")
         numeric = all(re.fullmatch(r"-?\d+", label) for label in seen)
@@ -139,12 +78,9 @@ class LabelMap:
                              f"training: {shown}")
         return i
 
-    def check(self, examples: Iterable[TextExample | TokenExample]) -> None:
+    def check(self, examples: Iterable[Labelled]) -> None:
         """Every label and tag is known, checked before training starts (an error names the line)."""
         for ex in examples:
-            if isinstance(ex, TokenExample):
-                for i, tag in enumerate(ex.tags or ()):
-                    if tag not in self._ids:
-                        self.encode(tag, _word_where(ex.where, i))
-            elif ex.label is not None:
-                self.encode(ex.label, ex.where)
+            for label, where in ex.label_places():
+                if label not in self._ids:
+                    self.encode(label, where)

@@ -20,10 +20,9 @@ from ..fast import threads
 from ..io.record import read_record
 from ..settings import Checked, setting
 from ..tokenizer import BertTokenizer
-from . import formats
 from .batches import TaskData
 from .examples import LabelMap
-from .families import TaskSettings, family
+from .families import TaskSettings, family, resolve_task
 from .feature_tagger import TAGGER_FILE, FeatureTagger
 
 
@@ -81,13 +80,13 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
     config = load_config(model_dir)
     record = read_record(model_dir)
     if task is not None and (record is None or not record.fine_tuned):
-        task_type, preset = formats.resolve_task(task)
+        task_type, preset = resolve_task(task)
         ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                           layout=preset.layout if preset else "auto")
     else:
         ts = TaskSettings.of(model_dir)
         if task is not None:
-            task_type, preset = formats.resolve_task(task)
+            task_type, preset = resolve_task(task)
             if task_type != ts.type:
                 raise ValueError(f"--task {task} is a {task_type} task, but {model_dir} was fine-tuned for {ts.type}")
             if preset is not None:

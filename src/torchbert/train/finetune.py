@@ -39,9 +39,8 @@ from ..io.record import RunRecord
 from ..io.record import read_record as read_run
 from ..io.record import write_record as write_run
 from ..settings import Checked, setting
-from ..tasks import formats
 from ..tasks.batches import TaskData
-from ..tasks.families import TaskSettings, TokenTask, family
+from ..tasks.families import TaskSettings, family, resolve_task
 from ..tasks.feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
@@ -57,8 +56,8 @@ class FinetuneSettings(Checked):
     """What `finetune` trains, declared once: its flags are made from these fields (and TrainConfig's,
     and TaskSettings' for `encoding`)."""
 
-    task: str = setting(help="task type or preset (see below): a task type (tasks/examples.py TASK_TYPES) or a "
-                             "preset name (tasks/formats.py PRESETS)")
+    task: str = setting(help="task type or preset (see below): a task type (tasks/families.py FAMILIES) or a "
+                             "preset name (tasks/formats.py TASK_PRESETS)")
     model: Path = setting(help="pretrained checkpoint folder, `minilm`, or a hub id")
     train: Path = setting(help="training file")
     out: Path = setting(help="run folder")
@@ -183,11 +182,11 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"],
                                 encoding={k: kept[k] for k in s.encoding})
     record = {**fixed(cfg, dist.world_size), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
-    task_type, preset = formats.resolve_task(s.task)
+    task_type, preset = resolve_task(s.task)
     fam = family(task_type)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                       layout=preset.layout if preset else "auto", **s.encoding)
-    if s.frozen is not None and not isinstance(fam, TokenTask):
+    if s.frozen is not None and not fam.per_word:
         raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
                          f"but --task {s.task} is {task_type}")
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev}, log=log)
