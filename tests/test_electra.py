@@ -107,7 +107,7 @@ def test_save_pretrained_writes_the_discriminator_as_a_bert(tmp_path):
     model = ElectraForPreTraining(tiny(), generator_size=0.5).eval()
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == "bert" and config["torchbert_objective"] == "electra"
+    assert config["model_type"] == "bert" and not any(k.startswith("torchbert_") for k in config)  # the model alone
     inputs, mask, types, _ = masked_batch()
     with torch.no_grad():
         want = model.bert(inputs, mask, types).last_hidden_state
@@ -133,7 +133,9 @@ def test_pretrain_electra_end_to_end_and_resume_is_bit_identical(prepared, tmp_p
     assert {"mlm_loss", "rtd_loss", "rtd_accuracy", "eval_rtd_accuracy"} <= set(rows[-1])
     assert rows[-1]["rtd_loss"] < rows[0]["rtd_loss"]
     config = json.loads((ref / "config.json").read_text())
-    assert config["torchbert_objective"] == "electra" and config["torchbert_generator_size"] == 0.5
+    assert not any(k.startswith("torchbert_") for k in config)  # the model alone; the run is the record's
+    record = json.loads((ref / "torchbert.json").read_text())
+    assert record["objective"] == "electra" and record["settings"] == {"generator_size": 0.5}
     transformers.BertModel.from_pretrained(ref)  # the run folder is a BERT
 
     # the same run with a checkpoint at step 6, cut back to it (as a kill after step 6 would leave it),
@@ -155,3 +157,18 @@ def test_pretrain_electra_end_to_end_and_resume_is_bit_identical(prepared, tmp_p
     code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", tmp_path / "x", "--config", "tiny",
                        "--generator-size", "0.5", "--steps", "1", "--quiet")
     assert code == 2 and "--generator-size sizes the generator of --objective electra; --objective mlm+nsp has none" in err
+
+
+def test_a_runs_generator_size_is_read_from_its_record_or_an_older_config(tmp_path):
+    from torchbert.io.record import RunRecord, write_record
+    from torchbert.train.objectives import PRETRAINING
+    from torchbert.train.pretrain import run_settings
+
+    spec, config = PRETRAINING["electra"], tiny()
+    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.25}  # nothing said: the default
+    config.extra = {"torchbert_generator_size": 0.5}  # a run of an older torchbert
+    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.5}
+    write_record(tmp_path, RunRecord("pretrain", objective="electra", settings={"generator_size": 0.75}))
+    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.75}  # the record's first
+    assert run_settings(tmp_path, config, PRETRAINING["mlm"]) == {}
+    assert ElectraForPreTraining(tiny(), **run_settings(tmp_path, config, spec)).generator_size == 0.75

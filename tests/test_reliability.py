@@ -306,7 +306,7 @@ def test_truncated_encoding_reads_only_a_head_and_equals_the_whole(minilm_dir):
     rng = random.Random(0)
     words = ["héllo", "world", "naïve", "tokenizers", "don't", "U.S.A.", "4,096", "\t", "中文", "字符", "ｆｕｌｌ",
              "a" * 150, "x.y.z", "  ", "\u0301", "emoji🙂", "北京", "天安门", "-", "é"]
-    for trial in range(40):
+    for trial in range(20):
         n = rng.choice([50, 500, 5000, 50000])
         sep = rng.choice([" ", "", "\n"])
         text = sep.join(rng.choice(words) for _ in range(n))
@@ -488,10 +488,10 @@ def test_an_api_key_on_the_command_line_is_warned_about(tmp_path, capsys, minilm
 
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
     monkeypatch.delenv("TORCHBERT_API_KEY", raising=False)
-    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "s3cret", "--int8")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "s3cret")
     assert "--api-key on the command line is shown to every user" in err and "s3cret" not in err
     monkeypatch.setenv("TORCHBERT_API_KEY", "s3cret")
-    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--int8")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir)
     assert "warning" not in err
 
 

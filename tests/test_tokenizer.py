@@ -562,11 +562,11 @@ def test_training_again_gives_the_same_vocabulary(trained, limit_alphabet):
     numbers (its vocabulary changed from run to run: 6,374 to 6,382 tokens on compare's corpus)."""
     folder = trained[3]
     files = [folder / "zh.txt", folder / "en.txt"]
-    runs = [BertTokenizer.train(files, vocab_size=8000, limit_alphabet=limit_alphabet, show_progress=False).vocab
-            for _ in range(3)]
+    earlier = [trained[0].vocab] if limit_alphabet == 3000 else []  # the module's, trained the same way
+    runs = earlier + [BertTokenizer.train(files, vocab_size=8000, limit_alphabet=limit_alphabet,
+                                          show_progress=False).vocab for _ in range(3 - len(earlier))]
     assert runs[0] == runs[1] == runs[2]
     if limit_alphabet == 3000:
-        assert runs[0] == trained[0].vocab  # the module's tokenizer, trained the same way
         assert sum(len(t) == 1 for t in runs[0]) == 3000  # the alphabet was cut there
 
 

@@ -102,10 +102,15 @@ class ElectraOutput:
     corrupted: Tensor | None = None  # the discriminator's input: the generator's samples at the masked positions
 
 
+# what an older torchbert kept in config.json, the run record's now (io/record.py)
+OLD_RECORD_KEYS = ("torchbert_objective", "torchbert_generator_size")
+
+
 class ElectraForPreTraining(HFCheckpoint, nn.Module):
     def __init__(self, config: BertConfig, generator_size: float | None = None):
-        """generator_size: the generator's width as a share of the discriminator's (default: the config's
-        torchbert_generator_size, else 1/4)."""
+        """generator_size: the generator's width as a share of the discriminator's (default: 1/4, or what
+        an older torchbert kept in config.json as torchbert_generator_size; a run's own is in its run
+        record, io/record.py)."""
         super().__init__()
         if generator_size is None:
             generator_size = float(config.extra.get("torchbert_generator_size", GENERATOR_SIZE))
@@ -153,10 +158,14 @@ class ElectraForPreTraining(HFCheckpoint, nn.Module):
 
     def save_pretrained(self, path) -> None:
         """The discriminator, as the BERT encoder that every torchbert command and transformers' BertModel
-        read (config.json keeps `torchbert_objective` and `torchbert_generator_size`)."""
-        self.bert.config.extra = {**self.bert.config.extra, "torchbert_objective": "electra",
-                                  "torchbert_generator_size": self.generator_size}
-        self.bert.save_pretrained(path)
+        read; config.json holds the model alone (the objective and the generator's size are the run
+        record's: train/pretrain.py writes it)."""
+        extra = self.bert.config.extra
+        self.bert.config.extra = {k: v for k, v in extra.items() if k not in OLD_RECORD_KEYS}  # an older run's
+        try:
+            self.bert.save_pretrained(path)
+        finally:
+            self.bert.config.extra = extra
 
     def to_hf(self) -> tuple[dict, dict, dict, dict]:
         """(discriminator state, its config, generator state, its config) in transformers' ELECTRA layout:

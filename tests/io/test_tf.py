@@ -166,7 +166,8 @@ def test_an_electra_checkpoint_gives_its_discriminators_encoder_as_transformers_
             input_ids=ids, attention_mask=mask, token_type_ids=types)
     assert torch.allclose(ours.last_hidden_state[real], want[real], atol=1e-5)
     assert torch.allclose(theirs.last_hidden_state[real], want[real], atol=1e-5)
-    assert json.loads((out / "config.json").read_text())["torchbert_objective"] == "electra"
+    assert json.loads((out / "torchbert.json").read_text())["objective"] == "electra"
+    assert not any(k.startswith("torchbert_") for k in json.loads((out / "config.json").read_text()))
     code, _, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra_small", "--out", tmp_path / "s",
                        "--vocab", FIXTURE / "vocab.txt")
     assert code == 2 and "projects its 16-wide embeddings to its hidden size 32" in err and not (tmp_path / "s").exists()

@@ -48,8 +48,6 @@ def convert_bert(checkpoint: str | Path, config: str | Path | None = None, vocab
     lowercase = guess_lowercase(words) if guessed else lowercase
     tokenizer = BertTokenizer(words, lowercase=lowercase, model_max_length=cfg.max_position_embeddings)
     state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in read_encoder(ckpt).items()}
-    if electra:
-        cfg.extra = {**cfg.extra, "torchbert_objective": "electra"}  # as `pretrain --objective electra` writes it
     model = BertModel(cfg, add_pooling_layer=False) if electra else BertForPreTraining(cfg)
     try:
         ours, missing, _ = convert_from_hf(model, state, source=str(ckpt.index))

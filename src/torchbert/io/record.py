@@ -34,6 +34,8 @@ MADE = ("pretrain", "finetune", "convert")
 class RunRecord:
     made: str
     objective: str | None = None
+    # the objective's settings that shape its model but not the saved one (ELECTRA: generator_size)
+    settings: dict[str, Any] = field(default_factory=dict)
     task: dict[str, Any] | None = None
     command: str | None = None
     versions: dict[str, str] = field(default_factory=dict)

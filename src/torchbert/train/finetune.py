@@ -140,7 +140,7 @@ def _is_elmo(model: Path) -> bool:
 def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
     config = load_config(model_dir)
     old = config.extra
-    for key in ("torchbert_task", "torchbert_objective"):  # an older torchbert's record, not this model's
+    for key in ("torchbert_task", "torchbert_objective", "torchbert_generator_size"):  # an older torchbert's record
         old.pop(key, None)
     fam = family(ts.type)
     if label_map is not None:

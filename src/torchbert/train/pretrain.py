@@ -178,9 +178,11 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         raise UserError(f"--data {data.folder}: prepared with --pairs none (sentences packed end to end, no sentence "
                         f"pairs), which {spec.flag} cannot learn from: pretrain it with {' or '.join(others)}, or "
                         "prepare the corpus again with --pairs nsp")
+    shaping = {}  # what the objective's model takes beside its config (ELECTRA: the generator's size)
     if s.resume:
         check_resumed(s, config, data)
-        model = spec.model_class(config)  # the checkpoint brings the weights
+        shaping = run_settings(s.out, config, spec)
+        model = spec.model_class(config, **shaping)  # the checkpoint brings the weights
     elif s.init is not None:
         data.check_vocab(s.init)
         model = spec.model_class.from_pretrained(s.init)
@@ -195,9 +197,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         if s.positions is not None:
             config = dataclasses.replace(config, position_embedding_type=s.positions)
         if spec.generator:
-            size = GENERATOR_SIZE if s.generator_size is None else s.generator_size
-            config.extra = {**config.extra, "torchbert_generator_size": size}
-        model = spec.model_class(config)
+            shaping = {"generator_size": GENERATOR_SIZE if s.generator_size is None else s.generator_size}
+        model = spec.model_class(config, **shaping)
     config = model.config
     evaluate = counts = None
     eval_specs = [(Path(s.eval_data), None)] if s.eval_data is not None else None
@@ -226,7 +227,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         record = fixed(cfg, dist.world_size)  # what --resume trains with
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
-            write_run(s.out, RunRecord("pretrain", objective=spec.name, command=s.command_line))  # and trains
+            write_run(s.out, RunRecord("pretrain", objective=spec.name, settings=shaping,  # and trains
+                                       command=s.command_line))
             write_record(s.out, record)  # a resumed run's, once it has saved
 
         def saved(checkpoint: Path) -> None:
@@ -307,6 +309,16 @@ def run_objective(out: Path, config) -> str:
     return next((n for n in objectives() if PRETRAINING[n].model_class.__name__ == head), objectives()[0])
 
 
+def run_settings(out: Path, config, spec: PretrainingObjective) -> dict:
+    """The settings a run's objective built its model with (its record; an older torchbert's config.json)."""
+    if not spec.generator:
+        return {}
+    run = read_run(out)
+    if run is not None and "generator_size" in run.settings:
+        return {"generator_size": run.settings["generator_size"]}
+    return {"generator_size": float(config.extra.get("torchbert_generator_size", GENERATOR_SIZE))}
+
+
 def check_options(s: PretrainSettings, spec: PretrainingObjective) -> None:
     """The settings that shape a model, against what the objective takes (its spec says)."""
     if s.positions is not None and s.positions not in spec.positions:
@@ -338,7 +350,7 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
                   data: PretrainingData | BlendedData) -> None:
     """A --config, --data or model setting that says otherwise than the resumed run is an error."""
     family = model_family(config)
-    size = config.extra.get("torchbert_generator_size")
+    size = run_settings(s.out, config, PRETRAINING[run_objective(s.out, config)]).get("generator_size")
     if s.generator_size is not None and size is not None and s.generator_size != size:
         raise UserError(f"--generator-size {s.generator_size} differs from the run's {size}; leave it out to resume")
     if s.dropout is not None and with_dropout(config, s.dropout) != config:
