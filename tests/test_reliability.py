@@ -136,6 +136,7 @@ def test_overwrite_replaces_torchbert_folders_and_empty_ones(tmp_path, corpus, c
 
 # -- SIGTERM cleans up as Ctrl-C does; a later run removes what a killed one left -----------------------
 
+@pytest.mark.e2e  # a signal to a whole command
 def test_sigterm_in_vocab_leaves_no_temporary_folder_and_says_so(tmp_path):
     big = tmp_path / "big.txt"
     words = " ".join(f"w{i}x{i * 7 % 1000}" for i in range(3000))
