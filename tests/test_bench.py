@@ -147,3 +147,13 @@ def test_bench_recipes_gpt_variants_are_what_they_say_and_leave_gpt_as_it_was():
     assert not torch.allclose(pre, plain) and not torch.allclose(rotary, plain)
     assert torch.equal(gpt(ids, cu_seqlens=cu, max_seqlen=7).last_hidden_state, plain)  # as it was
     assert m.Layer.forward.__name__ == "forward"
+
+
+def test_bench_retrieval_scores_every_model_on_the_chinese_set():
+    out = run_bench("bench_retrieval.py", "--queries", "40", "--max-length", "64")
+    assert "People's Daily ICT (zh): 40 queries, 40 passages" in out
+    rows = [r for r in table_rows(out) if r[0] != "model" and not r[0].startswith("---")]
+    assert {r[0] for r in rows} >= {"MiniLM-L6 (all-MiniLM-L6-v2)", "random weights, MiniLM's shape"}
+    for r in rows:
+        ndcg = float(r[2].split(" ± ")[0])
+        assert 0 <= ndcg <= 1 and float(r[6]) >= float(r[5]) >= float(r[4])  # recall grows with k

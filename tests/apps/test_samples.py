@@ -49,3 +49,25 @@ def test_bad_arguments(tmp_path, capsys):
     code, _, err = cli(capsys, "samples", "imdb", "--out", tmp_path / "x")
     assert code == 2 and "NAME must be one of wnut16, " in err and "got 'imdb'" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_peoples_daily_retrieval_is_the_inverse_cloze_task_with_apart_splits(tmp_path, capsys):
+    import json
+
+    from torchbert.apps.samples import RETRIEVAL_QUERIES, peoples_daily_paragraphs
+    from torchbert.eval.retrieval import read_retrieval_set
+
+    assert cli(capsys, "samples", "peoples-daily-retrieval", "--out", tmp_path)[0] == 0
+    paragraphs = set(peoples_daily_paragraphs())
+    seen = []
+    for split in ("dev", "test"):
+        rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+        assert len(rows) == RETRIEVAL_QUERIES
+        for r in rows[:200]:  # the query is a sentence of the passage's paragraph, taken out of it
+            q = r["query"].rstrip("”’」』）)")  # a whole sentence: to its end mark, or the paragraph's end
+            assert len(q) > 2 and (q[-1] in "。！？" or r["positive"] + r["query"] in paragraphs), r["query"]
+            whole = {r["positive"][:i] + r["query"] + r["positive"][i:] for i in range(len(r["positive"]) + 1)}
+            assert whole & paragraphs, r["query"]
+        seen.append({r["positive"] for r in rows})
+        assert len(read_retrieval_set(tmp_path / f"{split}.jsonl").corpus) == RETRIEVAL_QUERIES
+    assert not seen[0] & seen[1]  # no passage in both splits

