@@ -30,10 +30,9 @@ from torch import Tensor
 
 from .config import check_ids
 from .fast import threads
-from .packing import pack
+from .packing import POOLINGS, pack, pool_packed
 
 STRATEGIES = ("embeddings", "last", "second_to_last", "sum_all", "sum_last_four", "concat_last_four")
-POOLINGS = ("cls", "mean", "max")
 
 
 def parse_strategy(strategy: str | int) -> str | int:
@@ -118,22 +117,6 @@ def pool(features: Tensor, attention_mask: Tensor, pooling: str = "mean") -> Ten
         return (features * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
     if pooling == "max":
         return features.masked_fill(mask == 0, torch.finfo(features.dtype).min).amax(1)
-    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-
-
-def pool_packed(features: Tensor, cu_seqlens: Tensor, pooling: str = "mean") -> Tensor:
-    """Packed token features [N, F] with cu_seqlens [B+1] -> sentence embeddings [B, F]."""
-    B = cu_seqlens.numel() - 1
-    if pooling == "cls":
-        return features[cu_seqlens[:-1]]
-    lens = cu_seqlens.diff()
-    seq = torch.arange(B, device=features.device).repeat_interleave(lens, output_size=features.shape[0])  # [N]
-    if pooling == "mean":
-        sums = features.new_zeros(B, features.shape[-1]).index_add_(0, seq, features)
-        return sums / lens[:, None].to(features.dtype)
-    if pooling == "max":
-        out = features.new_full((B, features.shape[-1]), torch.finfo(features.dtype).min)
-        return out.scatter_reduce_(0, seq[:, None].expand_as(features), features, "amax")
     raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
 
 

@@ -18,6 +18,11 @@ Fine-tuning (section 4): a dropout and one linear layer on top, as in the paper 
     and end cross-entropies, gold positions outside the input clamped and ignored;
   * multiple choice: Linear(H, 1) on the pooled [CLS] of each (context, choice) pair, a softmax over choices.
 
+Sentence embeddings (Sentence-BERT, Reimers and Gurevych 2019): each text through BERT alone, its
+tokens pooled into one vector (mean, or [CLS]); trained with in-batch negatives (InfoNCE, van den Oord
+et al. 2018; sentence-transformers' MultipleNegativesRankingLoss): each query scores every passage of
+the batch by cosine similarity times a scale, and its own passage is the class to predict.
+
 Inputs come padded ([B, T] with attention_mask; MLM labels as a [B, T] `labels` tensor with -100
 where nothing is predicted, as in `transformers`) or packed ([N] with cu_seqlens; MLM targets as
 `mlm_positions` [M] into the N tokens and `mlm_labels` [M]).
@@ -33,9 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .io.hf import HFCheckpoint
+from .io.hf import HFCheckpoint, write_sentence_transformers
 from .losses import IGNORE, TaskOutput, choice_block, num_labels, sequence_loss, span_loss, total
 from .model import BertModel, BertOutput, activation, init_weights
+from .packing import pool_packed
 
 
 @dataclass
@@ -297,6 +303,63 @@ class BertForMultipleChoice(_TaskModel):
             logits = logits.masked_fill(~mask.bool(), torch.finfo(logits.dtype).min)
         loss = None if labels is None else F.cross_entropy(logits, labels.reshape(-1))
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+@dataclass
+class EmbeddingOutput:
+    loss: Tensor | None = None  # InfoNCE over the batch: mean over its queries
+    embeddings: Tensor | None = None  # [S, H] one per sequence, pooled (not normalized)
+    scores: Tensor | None = None  # [U, D] each query's scaled cosine with every passage of the batch
+    targets: Tensor | None = None  # [U] the column of each query's own passage in scores
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+SCALE = 20.0  # the cosine's scale in the loss (a temperature of 0.05), sentence-transformers' default
+
+
+class BertForEmbedding(_TaskModel):
+    """BertModel without its pooler; the token states pooled by config.extra["pooling"] (mean, the
+    default; or cls). With num_choices [U] (packed rows grouped per example: its query, then its
+    positive passage, then any hard negatives) the loss of in-batch negatives."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, pooler=False)
+        self.pooling = config.extra.get("pooling", "mean")
+        if self.pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be mean or cls, got {self.pooling!r}")
+
+    def save_pretrained(self, path) -> None:
+        """A BERT checkpoint that is a sentence-transformers model too (modules.json, its pooling)."""
+        super().save_pretrained(path)
+        write_sentence_transformers(path, self.config.hidden_size, self.pooling, self.config.max_position_embeddings)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                num_choices: Tensor | None = None, max_choices: int | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> EmbeddingOutput:
+        """Packed rows ([N] with cu_seqlens) or padded ([B, T] with attention_mask) -> one embedding each."""
+        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        h = out.last_hidden_state
+        if cu_seqlens is None:  # padded [B, T, H]: the real tokens only
+            mask = torch.ones(h.shape[:2], device=h.device) if attention_mask is None else attention_mask
+            mask = mask.to(h.dtype).unsqueeze(-1)
+            emb = h[:, 0] if self.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1)
+        else:
+            emb = pool_packed(h, cu_seqlens, self.pooling)  # [S, H]
+        result = EmbeddingOutput(embeddings=emb, hidden_states=out.hidden_states, attentions=out.attentions)
+        if num_choices is not None:
+            starts = torch.cumsum(num_choices, 0) - num_choices  # [U] each example's query row
+            is_query = torch.zeros(len(emb), dtype=torch.bool, device=emb.device)
+            is_query[starts] = True
+            unit = F.normalize(emb.float(), dim=-1)
+            scores = SCALE * unit[is_query] @ unit[~is_query].T  # [U, D]
+            targets = starts - torch.arange(len(starts), device=emb.device)  # its positive, with the queries out
+            result.scores, result.targets = scores, targets
+            result.loss = F.cross_entropy(scores, targets)
+        return result
 
 
 # -- shared pieces ---------------------------------------------------------------------------------

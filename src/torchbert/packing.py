@@ -107,3 +107,22 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int, causal: bo
     key_mask = torch.arange(T, device=device) < seqlens[:, None]  # [B, T]
     return Layout(B, T, key_mask.view(B, 1, 1, T), packed=True, index=seq * T + pos, causal=causal,
                   cu_seqlens=cu), pos
+
+
+POOLINGS = ("cls", "mean", "max")  # how the tokens of a sequence become one vector
+
+
+def pool_packed(features: Tensor, cu_seqlens: Tensor, pooling: str = "mean") -> Tensor:
+    """Packed token features [N, F] with cu_seqlens [B+1] -> sentence embeddings [B, F]."""
+    B = cu_seqlens.numel() - 1
+    if pooling == "cls":
+        return features[cu_seqlens[:-1]]
+    lens = cu_seqlens.diff()
+    seq = torch.arange(B, device=features.device).repeat_interleave(lens, output_size=features.shape[0])  # [N]
+    if pooling == "mean":
+        sums = features.new_zeros(B, features.shape[-1]).index_add_(0, seq, features)
+        return sums / lens[:, None].to(features.dtype)
+    if pooling == "max":
+        out = features.new_full((B, features.shape[-1]), torch.finfo(features.dtype).min)
+        return out.scatter_reduce_(0, seq[:, None].expand_as(features), features, "amax")
+    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")

@@ -20,11 +20,11 @@ from torchbert.tasks.qa import Answer, QAExample
 from torchbert.tasks.tagging import TokenExample
 from torchbert.tasks.text import TextExample
 
-TASK_TYPES = ("classification", "pair", "regression", "token", "qa", "qa-v2", "multiple-choice")  # the built-ins
+TASK_TYPES = ("classification", "pair", "regression", "token", "qa", "qa-v2", "multiple-choice")  # the paper's
 
 
 def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_read():
-    assert tuple(FAMILIES) == TASK_TYPES
+    assert tuple(FAMILIES) == (*TASK_TYPES, "embedding")  # in the order --help lists them
     for t in TASK_TYPES:
         fam = family(t)
         assert fam.type == t and fam.metrics
@@ -34,6 +34,8 @@ def test_every_task_type_has_a_family_that_the_hub_can_write_and_the_readers_rea
     assert [t for t in TASK_TYPES if family(t).label_set] == ["classification", "pair", "token"]
     with pytest.raises(ValueError, match="unknown task type 'ner'"):
         family("ner")
+    with pytest.raises(ValueError, match="embedding tasks read no hub splits"):  # a family without hub files
+        family("embedding").read("hf:some/pairs:train")
 
 
 def example_records():

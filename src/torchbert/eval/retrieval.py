@@ -71,6 +71,19 @@ def retrieval_scores(ranked: np.ndarray, relevant: Sequence[set[int]], ks: Seque
     return out
 
 
+def rank_scores(ranks: Sequence[int | None], ks: Sequence[int] = KS) -> dict[str, float]:
+    """retrieval_scores for queries with one relevant document each, given its rank (0: first; None:
+    not among those searched)."""
+    r = np.array([np.inf if x is None else x for x in ranks], dtype=np.float64)
+    if not len(r):
+        raise ValueError("no queries to score")
+    top10 = r < 10
+    out = {"ndcg@10": float(np.where(top10, 1.0 / np.log2(np.where(top10, r, 0) + 2), 0.0).mean()),
+           "mrr@10": float(np.where(top10, 1.0 / (np.where(top10, r, 0) + 1), 0.0).mean())}
+    out.update({f"recall@{k}": float((r < k).mean()) for k in ks})
+    return out
+
+
 def evaluate_retrieval(queries: np.ndarray, docs: np.ndarray, relevant: Sequence[set[int]],
                        ks: Sequence[int] = KS) -> dict[str, float]:
     """Exact search of every query over every document, and its scores."""

@@ -17,6 +17,7 @@ Loading rules (docs/architecture.md, principle 5):
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from ..config import BertConfig, ELMoConfig, GPTConfig
-from .files import atomic_write
+from .files import atomic_write, atomic_write_text
 from .checkpoint import safe_load
 from .texts import json_loads, not_a_file
 
@@ -453,6 +454,22 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     state = {GPTConfig: gpt_to_hf, ELMoConfig: elmo_to_state}.get(type(config), convert_to_hf)(model)
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     config.save(path)
+
+
+def write_sentence_transformers(path: str | os.PathLike, dimension: int, pooling: str, max_seq_length: int) -> None:
+    """The files that make a BERT folder a sentence-transformers model as well (`SentenceTransformer(path)`):
+    modules.json (the Transformer, then a Pooling of its tokens), 1_Pooling/config.json and
+    sentence_bert_config.json; each atomically."""
+    path = Path(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    pool = {"word_embedding_dimension": dimension, "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
+            "pooling_mode_mean_sqrt_len_tokens": False}
+    (path / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    for name, value in (("modules.json", modules), ("1_Pooling/config.json", pool),
+                        ("sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})):
+        atomic_write_text(path / name, json.dumps(value, indent=2) + "\n")
 
 
 class HFCheckpoint:

@@ -5,6 +5,7 @@ registered here by name (timm's pattern: a registry, and tests that run every en
     tagging.py  token                             words -> a tag each (NER, part of speech)
     qa.py       qa, qa-v2                         question + context window -> answer start and end
     choice.py   multiple-choice                   context + each ending -> which ending
+    embedding.py  embedding                       query, its passage (+ negatives) -> vectors, in-batch negatives
 
 A family module holds its example type, its file readers, its encoder, its `TaskFamily` subclass
 and a `register_family(...)` per task type. The family reads a task file into examples, encodes
@@ -109,6 +110,9 @@ class TaskFamily:
         """The examples of a file (or hf:NAME[:CONFIG]:SPLIT); labelled=False reads predict inputs."""
         if layout not in layouts():
             raise ValueError(f"{path}: unknown layout {layout!r}; expected one of {', '.join(layouts())}")
+        if hub.is_hub(path) and self.file_format is None:
+            raise ValueError(f"{path}: {self.type} tasks read no hub splits; write the split to a file in the "
+                             "task's layout and give that")
         if hub.is_hub(path):  # written out in our layout and read from there
             with tempfile.TemporaryDirectory(prefix="torchbert-hub.") as folder:
                 local = hub.export(str(path), self.file_format, Path(folder))

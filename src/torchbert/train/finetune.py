@@ -41,7 +41,7 @@ from ..io.record import write_record as write_run
 from ..settings import Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.families import TaskSettings, family, resolve_task
-from ..tasks.feature_tagger import TAGGER_FILE, FeatureTagger, TaggerSettings
+from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
 from .distributed import Dist, unwrap
@@ -286,10 +286,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         if not dist.is_main:
             return summary
         final_dir = best.folder if best.exists() else None
-        if final_dir is not None:
-            for name in ("config.json", "model.safetensors", "dev_predictions.jsonl") + (
-                    (TAGGER_FILE,) if s.frozen is not None else ()):
-                atomic_copy(final_dir / name, s.out / name)
+        if final_dir is not None:  # every file the best model saved (a tagger's, sentence-transformers')
+            for path in sorted(p for p in final_dir.rglob("*") if p.is_file()):
+                (s.out / path.relative_to(final_dir)).parent.mkdir(parents=True, exist_ok=True)
+                atomic_copy(path, s.out / path.relative_to(final_dir))
         else:  # no dev set: the last weights
             unwrap(model).save_pretrained(s.out)
         tokenizer.save_pretrained(s.out)

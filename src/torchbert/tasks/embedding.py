@@ -1,0 +1,177 @@
+"""The embedding family: a query and the passage that answers it (and, where the file has them, hard
+negatives) -> one vector per text, a query close to its own passage (Sentence-BERT's bi-encoder,
+Reimers and Gurevych 2019; trained with in-batch negatives, heads.BertForEmbedding).
+
+Files: JSON Lines {"query", "positive", "negative" (optional: a text or a list)}, or TSV with two or
+three columns in that order (query, positive, negative), its header optional. Model rows: each text
+alone, `[CLS] text [SEP]`; an example's rows stay together in a batch (query, positive, negatives),
+and every other example's passages in the batch are its negatives. Dev scores: each dev query
+searched over every passage of the dev file (eval/retrieval.py): nDCG@10, MRR@10, recall@k.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..eval.retrieval import rank_scores, search
+from ..heads import BertForEmbedding
+from ..io.texts import json_loads, lines
+from .encode import Encoded, check_room
+from .families import TaskFamily, register_family
+from .formats import PathLike, existing, no_examples, table_rows
+
+COLUMNS = ("query", "positive", "negative")
+
+
+@dataclass
+class PairExample:
+    """A query, the passage that answers it, and passages that do not (hard negatives, maybe none)."""
+
+    id: str
+    query: str
+    positive: str
+    negatives: list[str]
+    where: str = ""
+
+
+def _text(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: \"{key}\" is {json.dumps(value, ensure_ascii=False)[:60]}; expected a non-empty "
+                         "string")
+    return value
+
+
+def pair_from_record(row: Any, where: str, default_id: str) -> PairExample:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with \"query\" and \"positive\"")
+    negatives = row.get("negative")
+    negatives = [] if negatives is None else [negatives] if isinstance(negatives, str) else negatives
+    if not isinstance(negatives, list):
+        raise ValueError(f"{where}: \"negative\" is {json.dumps(negatives)[:60]}; expected a string or a list")
+    ident = row.get("id")
+    return PairExample(default_id if ident is None or ident == "" else str(ident), _text(row.get("query"), "query", where),
+                       _text(row.get("positive"), "positive", where),
+                       [_text(x, "negative", where) for x in negatives], where)
+
+
+def read_pairs(path: PathLike) -> list[PairExample]:
+    """The (query, positive[, negatives]) examples of a JSON Lines or TSV file; errors name FILE:LINE."""
+    path = existing(path)
+    out = []
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for n, line in lines(path):
+            if not line.strip():
+                continue
+            try:
+                row = json_loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            out.append(pair_from_record(row, f"{path}:{n}", str(n)))
+    else:
+        for n, cells in table_rows(path, tsv=path.suffix.lower() != ".csv"):
+            if not out and n == 1 and [c.strip().lower() for c in cells] == list(COLUMNS[:len(cells)]):
+                continue  # the header
+            if not 2 <= len(cells) <= 3:
+                raise ValueError(f"{path}:{n}: {len(cells)} columns; expected query, positive and an optional "
+                                 "negative")
+            where = f"{path}:{n}"
+            out.append(PairExample(str(n), _text(cells[0], "query", where), _text(cells[1], "positive", where),
+                                   [_text(cells[2], "negative", where)] if len(cells) == 3 else [], where))
+    if not out:
+        raise no_examples(path, "query and positive pairs")
+    return out
+
+
+def encode_pairs(tokenizer, examples: list[PairExample], max_length: int) -> Encoded:
+    """Each text alone, `[CLS] text [SEP]` cut to max_length; an example's rows in order: its query, its
+    positive, its negatives (num_choices holds how many)."""
+    check_room(max_length, pairs=False)
+    texts = [t for ex in examples for t in (ex.query, ex.positive, *ex.negatives)]
+    ids = tokenizer.encode_ids(texts, max_length=max_length, truncation=True)
+    counts = [2 + len(ex.negatives) for ex in examples]
+    return Encoded(ids, [[0] * len(r) for r in ids], [i for i, c in enumerate(counts) for _ in range(c)],
+                   labels=[0] * len(examples), num_choices=counts)
+
+
+class EmbeddingTask(TaskFamily):
+    heads = {"bert": BertForEmbedding}
+    gold = None  # a passage is part of the example
+    file_format = None  # no hub splits
+    layouts = ("auto",)
+    metrics = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100")
+    about = "a query -> its passage  JSONL {query, positive, negative} or TSV; in-batch negatives"
+    export_outputs = ("embeddings",)
+    example_file = ("pairs.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in (
+        {"query": "what is the capital of France?", "positive": "Paris is the capital and largest city of France."},
+        {"query": "中国的首都是哪里？", "positive": "北京是中华人民共和国的首都。", "negative": "上海是中国最大的城市。"},
+        {"query": "how do plants make food?", "positive": "Plants make sugar from light, water and CO2.",
+         "negative": ["Cats sleep most of the day."]},
+        {"query": "who wrote Hamlet?", "positive": "Hamlet is a tragedy written by William Shakespeare."})))
+
+    def _read(self, path, layout, labelled, warn):
+        return read_pairs(path)
+
+    def configure(self, config, label_map):
+        config.extra = {**config.extra, "pooling": config.extra.get("pooling", "mean")}  # saved with the model
+        return config
+
+    def from_record(self, record, where, default_id):
+        return pair_from_record(record, where, default_id)
+
+    def _encode(self, tokenizer, examples, ts, label2id, training):
+        return encode_pairs(tokenizer, examples, ts.max_length)
+
+    def batch_targets(self, encoded, rows, units):
+        return {}  # the targets are the batch's layout (num_choices): each query's own passage
+
+    def targets(self, batch):
+        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def count(self, batch):
+        return int(batch.num_choices.numel())
+
+    def total(self, data):
+        return len(data)
+
+    def correct(self, out, batch):
+        return (out.scores.argmax(-1) == out.targets).sum()
+
+    def predict_inputs(self, batch, encoded):
+        return {}
+
+    def outputs(self, out, batch, inputs):
+        emb = out.embeddings.float().cpu().numpy()
+        starts = np.concatenate([[0], np.cumsum(batch.num_choices.tolist())])
+        return [(u, emb[a:b]) for u, a, b in zip(batch.units.tolist(), starts[:-1], starts[1:])]
+
+    def records(self, examples, encoded, outputs, ts, id2label):
+        """Each query searched over every distinct passage of the file (positives and negatives): the
+        rank of its own passage (0: first; None: beyond 100) and their cosine similarity."""
+        ids: dict[str, int] = {}
+        rows = []
+        for ex, emb in zip(examples, outputs):
+            for text, vec in zip((ex.positive, *ex.negatives), emb[1:]):
+                if text not in ids:
+                    ids[text] = len(ids)
+                    rows.append(vec)
+        unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
+        docs = unit(np.stack(rows))
+        queries = unit(np.stack([emb[0] for emb in outputs]))
+        _, ranked = search(queries, docs, 100)
+        records = []
+        for ex, q, top in zip(examples, queries, ranked):
+            own = ids[ex.positive]
+            hit = np.flatnonzero(top == own)
+            records.append({"id": ex.id, "rank": int(hit[0]) if len(hit) else None,
+                            "score": round(float(q @ docs[own]), 6)})
+        return records
+
+    def score(self, records, examples, label_map):
+        return rank_scores([r["rank"] for r in records])
+
+
+register_family(EmbeddingTask("embedding"))
