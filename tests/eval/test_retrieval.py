@@ -43,7 +43,7 @@ def test_a_retrieval_file_is_read_with_one_document_per_text(tmp_path):
     assert r.queries == ["q1", "q2"] and r.corpus == ["a", "b", "c", "d"] and r.relevant == [{0}, {2, 3}]
     for bad, message in (('{"query": "q", "positive": ""}', r"r.jsonl:2: \"positive\" is \"\""),
                          ('{"query": "q"}', r"r.jsonl:2: \"positive\" is null"),
-                         ('[1]', r"r.jsonl:2: expected a JSON object"), ('{"query": ', r"r.jsonl:2: not JSON")):
+                         ('[1]', r"r.jsonl:2: expected a JSON object"), ('{"query": ', r"r.jsonl:2: not valid JSON")):
         path.write_text(json.dumps(rows[0]) + "\n" + bad + "\n")
         with pytest.raises(ValueError, match=message):
             read_retrieval_set(path)

@@ -30,7 +30,7 @@ def test_pairs_are_read_from_json_lines_and_tsv(tmp_path):
     ('{"query": "q"}\n', r"p.jsonl:1: \"positive\" is null"),
     ('{"query": "q", "positive": "p", "negative": 3}\n', r"p.jsonl:1: \"negative\" is 3"),
     ('["q", "p"]\n', r"p.jsonl:1: expected a JSON object"),
-    ('{"query": \n', r"p.jsonl:1: not JSON"),
+    ('{"query": \n', r"p.jsonl:1: not valid JSON"),
     ("\n", r"p.jsonl: no examples in the file; expected query and positive pairs"),
 ])
 def test_bad_pairs_are_named_by_file_and_line(tmp_path, text, message):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import json_loads, lines, not_a_file
+from ..io.texts import not_a_file
+from ..tasks.formats import json_records
 
 KS = (1, 10, 100)  # recall@k reported
 
@@ -119,16 +120,8 @@ def read_retrieval_set(path: str | Path) -> RetrievalSet:
     if not path.is_file():
         raise not_a_file(path, "file")
     queries, relevant, ids = [], [], {}
-    for n, line in lines(path):
-        if not line.strip():
-            continue
+    for n, row in json_records(path):
         where = f"{path}:{n}"
-        try:
-            row = json_loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object with \"query\" and \"positive\"")
         (query,) = _texts(row.get("query"), "query", where)[:1]
         positives = _texts(row.get("positive"), "positive", where)
         for text in positives + _texts(row.get("negative"), "negative", where, optional=True):

@@ -19,10 +19,9 @@ import numpy as np
 
 from ..eval.retrieval import rank_scores, search
 from ..heads import BertForEmbedding
-from ..io.texts import json_loads, lines
 from .encode import Encoded, check_room
 from .families import TaskFamily, register_family
-from .formats import PathLike, existing, no_examples, table_rows
+from .formats import PathLike, existing, json_records, no_examples, table_rows
 
 COLUMNS = ("query", "positive", "negative")
 
@@ -63,13 +62,7 @@ def read_pairs(path: PathLike) -> list[PairExample]:
     path = existing(path)
     out = []
     if path.suffix.lower() in (".jsonl", ".json"):
-        for n, line in lines(path):
-            if not line.strip():
-                continue
-            try:
-                row = json_loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        for n, row in json_records(path):
             out.append(pair_from_record(row, f"{path}:{n}", str(n)))
     else:
         for n, cells in table_rows(path, tsv=path.suffix.lower() != ".csv"):
