@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import not_a_file
-from ..tasks.formats import json_records
+from ..io.texts import json_records, not_a_file
 
 KS = (1, 10, 100)  # recall@k reported
 

@@ -107,3 +107,18 @@ def read_texts(path: str | os.PathLike, field: str = "text") -> list[str]:
     if not texts:
         raise ValueError(f"{path}: no texts in the file")
     return texts
+
+
+def json_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line, object) of each non-blank line of a JSON Lines file."""
+    for n, line in lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json_loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
+                             "expected one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, found {type(record).__name__}")
+        yield n, record

@@ -17,9 +17,10 @@ import torch
 from ..baselines.gpt import OpenAIGPTForMultipleChoice
 from ..eval import metrics
 from ..heads import BertForMultipleChoice
+from ..io.texts import json_records
 from .encode import Encoded, check_room, where_of
 from .families import TaskFamily, register_family
-from .formats import ID_KEYS, PathLike, existing, find_key, json_records, no_examples, read_table, text_field
+from .formats import ID_KEYS, PathLike, existing, find_key, no_examples, read_table, text_field
 
 
 @dataclass

@@ -19,9 +19,10 @@ import numpy as np
 
 from ..eval.retrieval import rank_scores, search
 from ..heads import BertForEmbedding
+from ..io.texts import json_records
 from .encode import Encoded, check_room
 from .families import TaskFamily, register_family
-from .formats import PathLike, existing, json_records, no_examples, table_rows
+from .formats import PathLike, existing, no_examples, table_rows
 
 COLUMNS = ("query", "positive", "negative")
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.texts import json_loads, lines, not_a_file
+from ..io.texts import lines, not_a_file
 
 Warn = Callable[[str], object]
 
@@ -97,21 +97,6 @@ def table_rows(path: Path, tsv: bool) -> Iterator[tuple[int, list[str]]]:
             raise ValueError(f"{path}:{reader.line_num}: not a valid {'TSV' if tsv else 'CSV'} row ({e})") from None
         if any(field.strip() for field in row):
             yield start, row
-
-
-def json_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line, object) of each non-blank line of a JSON Lines file."""
-    for n, line in lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json_loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); "
-                             "expected one JSON object per line") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{n}: expected a JSON object, found {type(record).__name__}")
-        yield n, record
 
 
 def read_table(path: Path, tsv: bool) -> tuple[int, list[str], Iterator[tuple[int, dict]]]:

@@ -20,9 +20,10 @@ from ..baselines.gpt import OpenAIGPTForSequenceClassification
 from ..config import GPTConfig
 from ..eval import metrics
 from ..heads import BertForSequenceClassification
+from ..io.texts import json_records
 from .encode import Encoded, check_room, label_id, where_of
 from .families import TaskFamily, register_family
-from .formats import (ID_KEYS, PathLike, Warn, existing, find_key, json_records, keyed_rows, no_examples, note,
+from .formats import (ID_KEYS, PathLike, Warn, existing, find_key, keyed_rows, no_examples, note,
                       read_table, table_format, table_rows, text_field)
 
 
