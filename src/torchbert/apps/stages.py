@@ -36,12 +36,10 @@ class Stages:
                  on_done: Callable[[], None] = lambda: None, device: str = "auto"):
         self.out, self.log, self.times = out, log, {}
         self.total, self.done, self.on_done, self.device = total, 0, on_done, device
-        self.commands: dict[str, list[str]] = {}  # each stage's command line, as printed
 
     def run(self, name: str, argv: list[str], call: Callable[[], Any]) -> Any:
         """Stage `name`: `argv` (the command's words after `torchbert`) printed, `call()` run and timed."""
         argv = [str(a) for a in argv]
-        self.commands[name] = argv
         self.log(f"\n== {name}: {shlex.join(['torchbert', *argv])}")
         start = time.perf_counter()
         try:

@@ -152,9 +152,8 @@ class EmbeddingTask(TaskFamily):
                 if text not in ids:
                     ids[text] = len(ids)
                     rows.append(vec)
-        unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
-        docs = unit(np.stack(rows))
-        queries = unit(np.stack([emb[0] for emb in outputs]))
+        docs = _unit(np.stack(rows))
+        queries = _unit(np.stack([emb[0] for emb in outputs]))
         _, ranked = search(queries, docs, 100)
         records = []
         for ex, q, top in zip(examples, queries, ranked):
@@ -166,6 +165,11 @@ class EmbeddingTask(TaskFamily):
 
     def score(self, records, examples, label_map):
         return rank_scores([r["rank"] for r in records])
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1 (cosine search)."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 register_family(EmbeddingTask("embedding"))
