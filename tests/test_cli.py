@@ -138,3 +138,24 @@ def test_cli_reference_is_up_to_date():
     script = Path(__file__).resolve().parent.parent / "scripts" / "cli_reference.py"
     done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_embed_pools_and_normalizes_as_the_model_folder_says(tmp_path, capsys, minilm_dir):
+    """MiniLM's sentence-transformers files say mean pooling, then Normalize: embed's defaults give
+    sentence-transformers' embeddings; a --pooling that contradicts the folder is a one-line error."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["one line", "另一行中文"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    code, out, _ = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
+                       str(tmp_path / "e.npy"), "--quiet")
+    assert code == 0 and "(mean pooling, layers last, normalized)" in out
+    want = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, convert_to_numpy=True)
+    assert abs(np.load(tmp_path / "e.npy") - want).max() < 1e-5
+    code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
+                       str(tmp_path / "f.npy"), "--pooling", "cls", "--quiet")
+    last = err.strip().splitlines()[-1]  # (sentence-transformers' loading bars come before it)
+    assert code == 2 and "--pooling cls:" in last
+    assert "was trained to pool by mean (its 1_Pooling/config.json); leave --pooling out" in last
+    assert not (tmp_path / "f.npy").exists()

@@ -30,6 +30,7 @@ where nothing is predicted, as in `transformers`) or packed ([N] with cu_seqlens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -212,6 +213,48 @@ class BertForSequenceClassification(_TaskModel):
         return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
+class BertForReranking(BertForSequenceClassification):
+    """A cross-encoder: BertForSequenceClassification with one output, the score of a (query, passage)
+    pair, and saved as that class (transformers and sentence-transformers' CrossEncoder load it; its
+    relevance is the sigmoid of the score). With num_choices [U] (each query's candidate pairs in a
+    row) and labels [S] (each pair's relevance, 0 to 1), the loss of config.extra["rerank_loss"]:
+    listwise, the cross-entropy of the softmax over a query's candidates against its labels (scaled
+    to sum to 1); pointwise, the binary cross-entropy of each pair."""
+
+    hf_architecture = "BertForSequenceClassification"
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.loss_kind = config.extra.get("rerank_loss", "listwise")
+        if self.loss_kind not in ("listwise", "pointwise") or num_labels(config) != 1:
+            raise ValueError(f"a reranker has one output and a listwise or pointwise loss, got {num_labels(config)} "
+                             f"and {self.loss_kind!r}")
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
+                num_choices: Tensor | None = None, max_choices: int | None = None, labels: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> TaskOutput:
+        """logits: [S] a score per pair; with num_choices, [U, C] each query's in a row (filler slots at
+        the dtype's lowest value)."""
+        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                          output_hidden_states=output_hidden_states, output_attentions=output_attentions, cls_only=True)
+        scores = self.classifier(self.dropout(out.pooler_output)).squeeze(-1)  # [S]
+        logits, loss = scores, None
+        if num_choices is not None:
+            block, mask = choice_block(scores, num_choices, max_choices)  # [U, C]
+            logits = block.masked_fill(~mask, torch.finfo(block.dtype).min)
+        if labels is not None and self.loss_kind == "pointwise":
+            loss = F.binary_cross_entropy_with_logits(scores.float(), labels.float())
+        elif labels is not None:
+            if num_choices is None:
+                raise ValueError("a listwise loss needs num_choices: the candidates of each query")
+            target = choice_block(labels.float(), num_choices, max_choices)[0]
+            target = target / target.sum(-1, keepdim=True)
+            loss = -(target * logits.float().log_softmax(-1)).sum(-1).mean()
+        return TaskOutput(loss, logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
 class BertForTokenClassification(_TaskModel):
     def __init__(self, config: BertConfig):
         super().__init__(config, pooler=False, classifier=num_labels(config))
@@ -315,19 +358,33 @@ class EmbeddingOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
-SCALE = 20.0  # the cosine's scale in the loss (a temperature of 0.05), sentence-transformers' default
+TEMPERATURE = 0.05  # of the softmax over cosine similarities: sentence-transformers' scale 20
+MAX_SCALE = 100.0  # a learned temperature stops at 0.01 (CLIP's clamp of its logit scale)
 
 
 class BertForEmbedding(_TaskModel):
     """BertModel without its pooler; the token states pooled by config.extra["pooling"] (mean, the
     default; or cls). With num_choices [U] (packed rows grouped per example: its query, then its
-    positive passage, then any hard negatives) the loss of in-batch negatives."""
+    positive passage, then any hard negatives) the loss of in-batch negatives, at the temperature
+    config.extra["temperature"] (learned from there with "learn_temperature"), summed over the full
+    vectors and their first D dimensions for each D of config.extra["matryoshka"] (Matryoshka
+    representation learning, Kusupati et al. 2022: sentence-transformers' MatryoshkaLoss, weights 1)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config, pooler=False)
-        self.pooling = config.extra.get("pooling", "mean")
+        extra = config.extra
+        self.pooling = extra.get("pooling", "mean")
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be mean or cls, got {self.pooling!r}")
+        self.dims = sorted({int(d) for d in extra.get("matryoshka") or ()}, reverse=True)
+        if any(not 1 <= d < config.hidden_size for d in self.dims):
+            raise ValueError(f"matryoshka dimensions must be from 1 to {config.hidden_size - 1} (the model's vectors "
+                             f"have {config.hidden_size}), got {self.dims}")
+        scale = math.log(1.0 / extra.get("temperature", TEMPERATURE))
+        if extra.get("learn_temperature"):
+            self.logit_scale = nn.Parameter(torch.tensor(scale))  # log(1 / temperature), as CLIP
+        else:
+            self.register_buffer("logit_scale", torch.tensor(scale), persistent=False)
 
     def save_pretrained(self, path) -> None:
         """A BERT checkpoint that is a sentence-transformers model too (modules.json, its pooling)."""
@@ -354,11 +411,16 @@ class BertForEmbedding(_TaskModel):
             starts = torch.cumsum(num_choices, 0) - num_choices  # [U] each example's query row
             is_query = torch.zeros(len(emb), dtype=torch.bool, device=emb.device)
             is_query[starts] = True
-            unit = F.normalize(emb.float(), dim=-1)
-            scores = SCALE * unit[is_query] @ unit[~is_query].T  # [U, D]
             targets = starts - torch.arange(len(starts), device=emb.device)  # its positive, with the queries out
-            result.scores, result.targets = scores, targets
-            result.loss = F.cross_entropy(scores, targets)
+            scale = self.logit_scale.exp().clamp(max=MAX_SCALE)
+            losses = []
+            for d in (emb.shape[-1], *self.dims):
+                unit = F.normalize(emb[:, :d].float(), dim=-1)
+                scores = scale * unit[is_query] @ unit[~is_query].T  # [U, D]
+                losses.append(F.cross_entropy(scores, targets))
+                if d == emb.shape[-1]:
+                    result.scores, result.targets = scores, targets
+            result.loss = sum(losses)
         return result
 
 

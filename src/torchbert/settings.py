@@ -63,6 +63,10 @@ def check_field(f: Field, value: Any) -> None:
     m = f.metadata
     if value is None or not m:
         return
+    if isinstance(value, list):  # each value of a list setting, against the field's bounds
+        for v in value:
+            check_field(f, v)
+        return
     choices = choices_of(f)
     if choices is not None and value not in choices:
         raise SettingError(f.name, f"must be one of {', '.join(map(str, choices))}, got {value!r}", m["flag"])
@@ -105,7 +109,7 @@ class Checked:
 
 def _type(f: Field) -> str:
     """The field's type by name ('int', 'float', 'bool', 'str', 'tuple' of floats, or 'list' of one or
-    more strings): annotations are strings here."""
+    more strings or whole numbers): annotations are strings here."""
     text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if text.startswith("tuple["):
         return "tuple"
@@ -158,8 +162,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             kw["type"] = int if kind == "int" else float
         if kind == "tuple":  # a fixed number of floats, one metavar each
             kw.update(type=float, nargs=len(m["metavar"]), metavar=tuple(m["metavar"]))
-        elif kind == "list":  # one value or more
-            kw.update(nargs="+", metavar=m["metavar"])
+        elif kind == "list":  # one value or more (whole numbers for a list[int])
+            kw.update(nargs="+", metavar=m["metavar"], **({"type": int} if "list[int]" in str(f.type) else {}))
         elif m["metavar"]:
             kw["metavar"] = m["metavar"]
         elif m["choices"] is not None:  # shown here, checked by the dataclass (a one-line error, not argparse's)

@@ -976,3 +976,120 @@ def test_a_fine_tuned_folder_of_an_older_torchbert_predicts_and_serves_alike(fin
     with TestClient(create_app(build(Spec(str(old), "m")), Limits())) as c:
         r = c.post("/predict", json={"inputs": inputs[:2]})
         assert r.status_code == 200 and r.json()["task"] == task, r.text
+
+
+def test_dimensions_shorten_the_vectors_of_a_matryoshka_model(minilm_dir, tmp_path):
+    """A model trained with --matryoshka (config.json says so) answers `dimensions` D with the first D
+    dimensions of its vectors, unit length again; larger than the model, or for a model not trained
+    so (the client fixture's MiniLM), a 400 naming the field."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
+    from torchbert.apps.serve import create_app
+
+    folder = tmp_path / "m"
+    shutil.copytree(minilm_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka": [64, 128]}))
+    texts = ["一个简单的句子。", "the second text"]
+    with TestClient(create_app(Embedder(folder, name="m", max_length=64), Limits())) as c:
+        r = c.post("/v1/embeddings", json={"input": texts, "dimensions": 64})
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        full = offline(minilm_dir, texts)[:, :64]
+        assert_parity(got, full / np.linalg.norm(full, axis=1, keepdims=True))
+        r = c.post("/v1/embeddings", json={"input": texts, "dimensions": 385})
+        assert r.status_code == 400 and "'dimensions' is 385: this model's embeddings have 384" in r.text
+        assert len(c.post("/v1/embeddings", json={"input": "x", "dimensions": 384}).json()["data"][0]["embedding"]) == 384
+
+
+@pytest.fixture(scope="module")
+def search_runs(minilm_dir, tmp_path_factory):
+    """A tiny BERT fine-tuned for an epoch as a reranker and as an embedding model (--matryoshka 16) on
+    inverse-cloze pairs of People's Daily: {task: run folder}, and the pairs."""
+    from clihelp import tiny_bert
+
+    from torchbert.apps.samples import inverse_cloze, jsonl_text, peoples_daily_paragraphs
+    from torchbert.cli import main
+
+    root = tmp_path_factory.mktemp("serve-search")
+    base = tiny_bert(root / "base", minilm_dir)
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)[:40]
+    (root / "pairs.jsonl").write_text(jsonl_text(pairs[:24]), encoding="utf-8")
+    runs = {}
+    for task, extra in (("reranker", []), ("embedding", ["--matryoshka", "16"])):
+        runs[task] = root / task
+        assert main(["finetune", "--task", task, "--model", str(base), "--train", str(root / "pairs.jsonl"),
+                     "--out", str(runs[task]), "--epochs", "1", "--batch-size", "8", "--max-length", "48",
+                     "--quiet", *extra]) == 0
+    return runs, pairs
+
+
+def test_rerank_answers_cohere_and_jinas_shape_with_cross_encoder_scores(search_runs):
+    """POST /v1/rerank: results best first, each document's relevance equal to CrossEncoder.predict on
+    the run folder; top_n and return_documents honoured; a reranker serves no embeddings and no
+    /predict; bad fields are 400s that name them."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.serve import create_app
+    from torchbert.apps.worker import Spec, build
+
+    runs, pairs = search_runs
+    query, docs = pairs[30]["query"], [p["positive"] for p in pairs[28:34]]
+    want = CrossEncoder(str(runs["reranker"]), device="cpu").predict([(query, d) for d in docs])
+    served = build(Spec(str(runs["reranker"]), "r"))
+    assert [x.endpoint for x in served] == ["rerank"]
+    with TestClient(create_app(served, Limits(max_texts=8, max_chars=2000, max_wait_ms=5))) as c:
+        r = c.post("/v1/rerank", json={"model": "r", "query": query, "documents": docs})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model"] == "r" and body["usage"]["total_tokens"] > len(docs)
+        got = {x["index"]: x["relevance_score"] for x in body["results"]}
+        assert [x["index"] for x in body["results"]] == list(np.argsort(-want, kind="stable"))
+        assert max(abs(got[i] - float(want[i])) for i in range(len(docs))) < 1e-5
+        assert "document" not in body["results"][0]
+        top = c.post("/v1/rerank", json={"query": query, "documents": [{"text": d} for d in docs], "top_n": 2,
+                                         "return_documents": True}).json()["results"]
+        assert [x["index"] for x in top] == [x["index"] for x in body["results"][:2]]
+        assert top[0]["document"] == {"text": docs[top[0]["index"]]}
+        for payload, status, words in [
+            ({"documents": docs}, 400, "field 'query' must be a non-empty string"),
+            ({"query": query, "documents": []}, 400, "field 'documents' must be a non-empty list"),
+            ({"query": query, "documents": ["a", 3]}, 400, "field 'documents[1]' must be a non-empty string"),
+            ({"query": query, "documents": docs, "top_n": 0}, 400, "field 'top_n' must be a positive integer"),
+            ({"query": query, "documents": docs, "return_documents": "yes"}, 400, "field 'return_documents'"),
+            ({"query": query, "documents": ["d"] * 9}, 413, "holds 9 documents; at most 8"),
+            ({"query": query, "documents": docs, "model": "other"}, 404, "is not served here"),
+        ]:
+            r = c.post("/v1/rerank", json=payload)
+            assert r.status_code == status and words in r.json()["error"]["message"], (payload, r.text)
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 404
+        assert c.post("/predict", json={"inputs": [{"text": "x"}]}).status_code == 404
+
+
+def test_an_embedding_run_serves_embeddings_with_dimensions_and_no_predict(search_runs):
+    from sentence_transformers import SentenceTransformer
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.serve import create_app
+    from torchbert.apps.worker import Spec, build
+
+    runs, pairs = search_runs
+    texts = [p["query"] for p in pairs[30:33]]
+    want = SentenceTransformer(str(runs["embedding"]), device="cpu").encode(texts, normalize_embeddings=True)
+    served = build(Spec(str(runs["embedding"]), "e"))
+    assert [x.endpoint for x in served] == ["embeddings"]
+    with TestClient(create_app(served, Limits())) as c:
+        full = np.array([d["embedding"] for d in c.post("/v1/embeddings", json={"input": texts}).json()["data"]])
+        assert abs(full - want).max() < 1e-5
+        short = np.array([d["embedding"] for d in c.post("/v1/embeddings", json={"input": texts, "dimensions": 16})
+                          .json()["data"]])
+        assert abs(short - want[:, :16] / np.linalg.norm(want[:, :16], axis=1, keepdims=True)).max() < 1e-5
+        assert c.post("/predict", json={"inputs": [{"query": "x", "positive": "y"}]}).status_code == 404
+        assert c.post("/v1/rerank", json={"query": "x", "documents": ["y"]}).status_code == 404

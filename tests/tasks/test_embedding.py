@@ -94,10 +94,11 @@ def test_finetune_an_embedding_model_and_score_its_retrieval(minilm_dir, tmp_pat
     run = tmp_path / "run"
     assert main(["finetune", "--task", "embedding", "--model", str(minilm_dir), "--train", str(tmp_path / "train.jsonl"),
                  "--dev", str(tmp_path / "dev.jsonl"), "--out", str(run), "--epochs", "1", "--batch-size", "16",
-                 "--max-length", "64", "--quiet"]) == 0
+                 "--max-length", "64", "--matryoshka", "64", "--learn-temperature", "--quiet"]) == 0
     metrics = json.loads((run / "metrics.json").read_text())
-    assert {"ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100"} <= set(metrics)
-    assert json.loads((run / "config.json").read_text())["pooling"] == "mean"
+    assert {"ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "ndcg@10_d64"} <= set(metrics)
+    config = json.loads((run / "config.json").read_text())
+    assert (config["pooling"], config["matryoshka"], config["learn_temperature"]) == ("mean", [64], True)
     capsys.readouterr()
     assert main(["evaluate", "--model", str(run), "--data", str(tmp_path / "dev.jsonl"), "--quiet"]) == 0
     scores = json.loads(capsys.readouterr().out)
@@ -120,3 +121,107 @@ def test_finetune_an_embedding_model_and_score_its_retrieval(minilm_dir, tmp_pat
     ours = embed(BertModel.from_pretrained(run).eval(), BertTokenizer.from_pretrained(run), texts, pooling="mean")
     theirs = SentenceTransformer(str(run), device="cpu").encode(texts, convert_to_numpy=True)
     assert abs(ours - theirs).max() < 1e-5
+
+
+def _minilm_batch(minilm_dir, extra, negatives=True):
+    from torchbert.config import BertConfig
+    from torchbert.heads import BertForEmbedding
+    from torchbert.tasks.batches import TaskData
+    from torchbert.tasks.families import family
+    from torchbert.tokenizer import BertTokenizer
+
+    examples = [PairExample("1", "what is the capital of France?", "Paris is the capital of France.", []),
+                PairExample("2", "中国的首都是哪里？", "北京是中国的首都。", ["上海是中国最大的城市。"] if negatives else []),
+                PairExample("3", "who wrote Hamlet?", "Hamlet was written by Shakespeare.", [])]
+    config = BertConfig.load(minilm_dir)
+    config.extra.update(extra)
+    model = BertForEmbedding.from_pretrained(minilm_dir, config=config).eval()
+    data = TaskData(encode_pairs(BertTokenizer.from_pretrained(minilm_dir), examples, 128), family("embedding"))
+    (batch,) = data.all_batches(16)
+    return model, batch, examples
+
+
+def test_matryoshka_and_temperature_equal_sentence_transformers_losses(minilm_dir):
+    """--matryoshka 128 32 --temperature 0.1: our loss equals MatryoshkaLoss(MultipleNegativesRankingLoss(scale
+    10), [384, 128, 32]) computed by sentence-transformers on its own forward of MiniLM."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+
+    model, batch, examples = _minilm_batch(minilm_dir, {"matryoshka": [32, 128], "temperature": 0.1}, negatives=False)
+    with torch.no_grad():
+        ours = model(**batch.model_inputs(), num_choices=batch.num_choices, max_choices=batch.max_choices)
+    st = SentenceTransformer(str(minilm_dir), device="cpu").eval()
+    del st[2]  # no Normalize module: the loss takes the pooled vectors, as ours does
+    features = [st.tokenize([e.query for e in examples]), st.tokenize([e.positive for e in examples])]
+    with torch.no_grad():
+        theirs = MatryoshkaLoss(st, MultipleNegativesRankingLoss(st, scale=10.0), [384, 128, 32])(features, None)
+        full = MultipleNegativesRankingLoss(st, scale=10.0)(features, None)
+    assert ours.loss.item() == pytest.approx(theirs.item(), abs=1e-4)
+    assert ours.loss.item() > full.item() + 1e-3  # the shorter vectors' losses are in it
+
+
+def test_a_learned_temperature_trains_and_is_saved(minilm_dir, tmp_path):
+    from torchbert.config import BertConfig
+    from torchbert.heads import BertForEmbedding
+
+    model, batch, _ = _minilm_batch(minilm_dir, {"learn_temperature": True, "temperature": 0.05})
+    assert model.logit_scale.requires_grad and model.logit_scale.item() == pytest.approx(2.995732, abs=1e-5)
+    model.train()
+    out = model(**batch.model_inputs(), num_choices=batch.num_choices, max_choices=batch.max_choices)
+    out.loss.backward()
+    assert model.logit_scale.grad is not None and model.logit_scale.grad.abs().item() > 0
+    with torch.no_grad():
+        model.logit_scale.fill_(3.5)
+    model.save_pretrained(tmp_path / "m")
+    again = BertForEmbedding.from_pretrained(tmp_path / "m", config=BertConfig.load(tmp_path / "m"))
+    assert again.logit_scale.item() == pytest.approx(3.5)
+    fixed, _, _ = _minilm_batch(minilm_dir, {"temperature": 0.05})
+    assert "logit_scale" not in dict(fixed.named_parameters()) and "logit_scale" not in fixed.state_dict()
+
+
+def test_the_pooling_is_the_model_folders_own_unless_given(minilm_dir, tmp_path):
+    """MiniLM's sentence-transformers files say mean; a folder whose files say cls trains with cls;
+    --pooling overrides; a pipeline torchbert cannot reproduce is refused, naming the file."""
+    import shutil
+
+    from torchbert.config import BertConfig
+    from torchbert.io.hf import read_sentence_transformers
+    from torchbert.tasks.families import TaskSettings, family
+
+    fam = family("embedding")
+    ts = TaskSettings(type="embedding")
+    assert fam.configure(BertConfig.load(minilm_dir), None, ts, minilm_dir).extra["pooling"] == "mean"
+    folder = tmp_path / "cls"
+    shutil.copytree(minilm_dir, folder)
+    pool = json.loads((folder / "1_Pooling/config.json").read_text())
+    pool.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
+    (folder / "1_Pooling/config.json").write_text(json.dumps(pool))
+    assert read_sentence_transformers(folder) == {"pooling": "cls", "normalize": True}
+    assert fam.configure(BertConfig.load(folder), None, ts, folder).extra["pooling"] == "cls"
+    given = TaskSettings(type="embedding", pooling="mean")
+    assert fam.configure(BertConfig.load(folder), None, given, folder).extra["pooling"] == "mean"
+    pool.update(pooling_mode_cls_token=False, pooling_mode_mean_sqrt_len_tokens=True)
+    (folder / "1_Pooling/config.json").write_text(json.dumps(pool))
+    with pytest.raises(ValueError, match=r"1_Pooling/config.json: pooling pooling_mode_mean_sqrt_len_tokens; "
+                                         r"torchbert pools by one of"):
+        read_sentence_transformers(folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match=r"modules.json: the modules Transformer -> Pooling -> Dense -> Normalize; "
+                                         r"torchbert runs"):
+        read_sentence_transformers(folder)
+    with pytest.raises(ValueError, match=r"--matryoshka 384: the model's vectors have 384 dimensions"):
+        fam.configure(BertConfig.load(minilm_dir), None, TaskSettings(type="embedding", matryoshka=[384, 64]),
+                      minilm_dir)
+
+
+def test_an_embedding_setting_for_another_task_is_an_error():
+    from torchbert.tasks.families import TaskSettings, family
+
+    with pytest.raises(ValueError, match=r"--pooling is a setting of embedding tasks; a classification task does "
+                                         r"not read it"):
+        family("classification").check_settings(TaskSettings(type="classification", pooling="cls"))
+    with pytest.raises(ValueError, match="matryoshka must be >= 1, got 0"):
+        TaskSettings(type="embedding", matryoshka=[64, 0])
+    family("embedding").check_settings(TaskSettings(type="embedding", pooling="cls", matryoshka=[64]))

@@ -5,11 +5,13 @@ from the server's Spec (`from_spec`: its request side in the server, the model i
 process), how a request body becomes items and their tokens (`decode`, a Rejected naming the field
 when it does not fit), how the model runs a batch of items from any requests (`__call__`, in the
 worker), and how a request's results become its response body (`encode`). The app (serve.py) gives
-every registered endpoint its route, its batcher and its metrics; adding `POST /v1/rerank` is one
-class here, and `register_endpoint` (docs/architecture.md works an example).
+every registered endpoint its route, its batcher and its metrics; a new route is one class here, and
+`register_endpoint` (docs/architecture.md works an example). Which of them a fine-tuned run offers,
+its task's family says (TaskFamily.endpoints).
 
     POST /v1/embeddings   Embedder: sentence embeddings, OpenAI's request and response
     POST /predict         Predictor: a fine-tuned model's predictions, the records of `torchbert predict`
+    POST /v1/rerank       Reranker: a reranker's relevance scores, Cohere's and Jina's request and response
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Embedder:
     endpoint = "embeddings"
     path = "/v1/embeddings"
 
-    def __init__(self, model_dir: Path | None, *, name: str, pooling: str = "mean", normalize: bool = True,
+    def __init__(self, model_dir: Path | None, *, name: str, pooling: str | None = None, normalize: bool = True,
                  max_length: int | None = None, limits: Limits | None = None, device: str = "cpu",
                  precision: str = "fp32", model=None, tokenizer=None, load: bool = True):
         import torch
@@ -73,7 +75,11 @@ class Embedder:
         from ..model import BertModel
         from ..tokenizer import BertTokenizer
 
-        self.name, self.pooling, self.normalize = name, pooling, normalize
+        from ..io.hf import folder_pooling
+
+        # None: the folder's own (its sentence-transformers files), else mean
+        self.pooling = pooling or (folder_pooling(model_dir) if model_dir is not None else "mean")
+        self.name, self.normalize = name, normalize
         self.limits, self.precision = limits or Limits(), precision
         self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
         self.model = model
@@ -90,15 +96,18 @@ class Embedder:
 
     @classmethod
     def serves(cls, folder: Path, config) -> bool:
-        """A BERT's folder, fine-tuned or not (GPT and ELMo have no BERT encoder to embed with)."""
+        """A BERT's folder, fine-tuned for a task whose family offers embeddings or not fine-tuned (GPT
+        and ELMo have no BERT encoder to embed with)."""
         from ..config import BertConfig
 
-        return isinstance(config, BertConfig)
+        return isinstance(config, BertConfig) and offered(folder, cls.endpoint, plain=True)
 
     @classmethod
     def from_spec(cls, spec, load: bool, loaded: dict) -> Embedder:
-        kw = dict(name=spec.name, pooling=spec.pooling, normalize=spec.normalize, max_length=spec.max_length,
-                  limits=spec.limits, precision=spec.precision)
+        from ..io.hf import folder_pooling
+
+        kw = dict(name=spec.name, pooling=folder_pooling(spec.model_dir, spec.pooling), normalize=spec.normalize,
+                  max_length=spec.max_length, limits=spec.limits, precision=spec.precision)
         task_model = loaded.get("task_model")
         if load and task_model is not None:  # a fine-tuned BERT: its encoder, loaded once
             return cls(None, model=task_model.bert, tokenizer=loaded["tokenizer"], **kw)
@@ -114,9 +123,9 @@ class Embedder:
 
     def decode(self, body: dict, limits: Limits) -> Call:
         texts = _texts(body, limits)
-        _check_dimensions(body, self.config.hidden_size)
+        dims = _dimensions(body, self.config.hidden_size, bool(self.config.extra.get("matryoshka")))
         ids, cut = self.tokenize(texts)
-        return Call(ids, [len(x) for x in ids], (cut, body.get("encoding_format", "float")))
+        return Call(ids, [len(x) for x in ids], (cut, body.get("encoding_format", "float"), dims))
 
     def __call__(self, ids: list[list[int]]) -> np.ndarray:
         from ..features import embed_ids
@@ -129,7 +138,10 @@ class Embedder:
         return out
 
     def encode(self, vectors: list, call: Call) -> dict:
-        cut, fmt = call.context
+        cut, fmt, dims = call.context
+        if dims is not None:  # Matryoshka: the first dims, then unit length again
+            vectors = [v[:dims] / max(float(np.linalg.norm(v[:dims])), 1e-12) if self.normalize else v[:dims]
+                       for v in vectors]
         if fmt == "base64":
             data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in vectors]
         else:
@@ -176,11 +188,9 @@ class Predictor:
 
     @classmethod
     def serves(cls, folder: Path, config) -> bool:
-        """A folder written by `torchbert finetune` (its run record names the task)."""
-        from ..io.record import read_record
-
-        record = read_record(folder)
-        return record is not None and record.fine_tuned
+        """A folder written by `torchbert finetune` (its run record names the task) for a task whose
+        family offers predictions."""
+        return offered(folder, cls.endpoint)
 
     @classmethod
     def from_spec(cls, spec, load: bool, loaded: dict) -> Predictor:
@@ -235,7 +245,116 @@ class Predictor:
         return {"model": self.name, "task": self.ts.type, "predictions": records}
 
 
-ENDPOINTS: list[type[Endpoint]] = [Predictor, Embedder]  # a fine-tuned model loads first: Embedder shares it
+class Reranker:
+    """A reranker fine-tuned by torchbert (finetune --task reranker): a query and its documents ->
+    each document's relevance (the sigmoid of the cross-encoder's score, as sentence-transformers'
+    CrossEncoder.predict), best first. The request and response of Cohere's and Jina's rerank APIs,
+    which text-embeddings-inference and infinity also take: {query, documents, top_n,
+    return_documents} -> {results: [{index, relevance_score, document}], usage}. Each (query,
+    document) pair is one item of the batcher: a request's documents share batches with others'."""
+
+    endpoint = "rerank"
+    path = "/v1/rerank"
+
+    def __init__(self, model_dir: Path, *, name: str, max_length: int | None = None, device: str = "cpu",
+                 precision: str = "fp32", load: bool = True):
+        import torch
+
+        from ..config import load_config
+        from ..tasks.families import TaskSettings, family
+        from ..tasks.predict import load_finetuned
+        from ..tokenizer import BertTokenizer
+
+        self.name, self.precision, self.device = name, precision, torch.device(device)
+        if load:
+            self.model, self.tokenizer, ts, _ = load_finetuned(model_dir, None, self.device, precision == "int8")
+            self.config = self.model.config
+        else:
+            self.model, self.config = None, load_config(model_dir)
+            self.tokenizer, ts = BertTokenizer.from_pretrained(model_dir), TaskSettings.of(model_dir)
+        limit = self.config.max_position_embeddings
+        self.ts = replace(ts, max_length=min(max_length or limit, limit))  # serve's --max-length, else the model's
+        self.family = family(self.ts.type)
+        self.serial = itertools.count()
+
+    @classmethod
+    def serves(cls, folder: Path, config) -> bool:
+        return offered(folder, cls.endpoint)
+
+    @classmethod
+    def from_spec(cls, spec, load: bool, loaded: dict) -> Reranker:
+        return cls(Path(spec.model_dir), name=spec.name, max_length=spec.max_length, device=spec.device,
+                   precision=spec.precision, load=load)
+
+    def decode(self, body: dict, limits: Limits) -> Call:
+        from ..tasks.reranker import RerankExample
+
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise Rejected(400, "field 'query' must be a non-empty string")
+        docs = body.get("documents")
+        if not isinstance(docs, list) or not docs:
+            raise Rejected(400, "field 'documents' must be a non-empty list of strings (or of {\"text\": ...} "
+                                "objects)")
+        if len(docs) > limits.max_texts:
+            raise Rejected(413, f"field 'documents' holds {len(docs)} documents; at most {limits.max_texts} per "
+                                "request")
+        texts = []
+        for i, d in enumerate(docs):
+            text = d.get("text") if isinstance(d, dict) else d
+            if not isinstance(text, str) or not text.strip():
+                raise Rejected(400, f"field 'documents[{i}]' must be a non-empty string or an object with a "
+                                    "non-empty 'text'")
+            texts.append(text)
+        for where, text in (("query", query), *((f"documents[{i}]", t) for i, t in enumerate(texts))):
+            if len(text) > limits.max_chars:
+                raise Rejected(413, f"field '{where}' is {len(text)} characters; at most {limits.max_chars}")
+            _check_unicode(text, where)
+        top_n = body.get("top_n", len(texts))
+        if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
+            raise Rejected(400, f"field 'top_n' must be a positive integer, got {json.dumps(top_n)[:40]}")
+        back = body.get("return_documents", False)
+        if not isinstance(back, bool):
+            raise Rejected(400, f"field 'return_documents' must be true or false, got {json.dumps(back)[:40]}")
+        pairs = [RerankExample(f"#{next(self.serial)}", query, [t], None) for t in texts]
+        encoded = self.family.encode(self.tokenizer, pairs, self.ts, None, training=False, use_labels=False)
+        return Call(pairs, [len(r) for r in encoded.input_ids], (texts, min(top_n, len(texts)), back))
+
+    def __call__(self, pairs: list) -> list[float]:
+        from ..tasks.batches import TaskData
+        from ..tasks.predict import predict
+
+        encoded = self.family.encode(self.tokenizer, pairs, self.ts, None, training=False, use_labels=False)
+        data = TaskData(encoded, self.family)
+        with _autocast(self.precision, self.model), _fast(self.model):  # the batcher sized it: one pass
+            records = predict(self.model, data, pairs, self.ts, None, len(data), self.device)
+        return [r["scores"][0] for r in records]
+
+    def encode(self, scores: list, call: Call) -> dict:
+        texts, top_n, back = call.context
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+        tokens = sum(call.tokens)
+        return {"object": "list", "model": self.name,
+                "results": [{"index": i, "relevance_score": scores[i], **({"document": {"text": texts[i]}} if back
+                                                                              else {})} for i in order],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def offered(folder: Path, endpoint: str, plain: bool = False) -> bool:
+    """Whether `serve` offers `endpoint` for a folder: for a run `torchbert finetune` wrote, when its
+    task's family lists it (TaskFamily.endpoints); for any other folder, when `plain`."""
+    from ..io.record import read_record
+    from ..tasks.families import FAMILIES
+
+    record = read_record(folder)
+    if record is None or not record.fine_tuned:
+        return plain
+    kind = (record.task or {}).get("type")
+    return kind in FAMILIES and endpoint in FAMILIES[kind].endpoints
+
+
+# a fine-tuned model loads first: Embedder shares its encoder
+ENDPOINTS: list[type[Endpoint]] = [Predictor, Reranker, Embedder]
 
 
 def register_endpoint(cls: type[Endpoint]) -> type[Endpoint]:
@@ -313,14 +432,18 @@ def _texts(body: dict, limits: Limits) -> list[str]:
     return texts
 
 
-def _check_dimensions(body: dict, size: int) -> None:
-    """OpenAI's `dimensions` shortens the vectors of models trained for it (Matryoshka); a BERT's are
-    not, so only its own size is accepted."""
+def _dimensions(body: dict, size: int, shortens: bool) -> int | None:
+    """OpenAI's `dimensions`: a model trained with Matryoshka (finetune --task embedding --matryoshka)
+    gives the first D dimensions of its vectors (unit length again when normalized); another one's
+    vectors have their own size only. None: the full vectors."""
     if "dimensions" not in body:
-        return
+        return None
     d = body["dimensions"]
     if not isinstance(d, int) or isinstance(d, bool) or d < 1:
         raise Rejected(400, f"field 'dimensions' must be a positive integer, got {json.dumps(d)[:40]}")
-    if d != size:
+    if d > size:
+        raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions")
+    if d != size and not shortens:
         raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions and it was "
                             "not trained to shorten them (leave 'dimensions' out)")
+    return None if d == size else d

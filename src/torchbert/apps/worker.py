@@ -28,7 +28,7 @@ class Spec:
 
     model_dir: str
     name: str
-    pooling: str = "mean"
+    pooling: str | None = None  # None: the folder's own (io/hf.folder_pooling)
     normalize: bool = True
     max_length: int | None = None
     limits: Limits = field(default_factory=Limits)  # the server's, the one carrier of each limit

@@ -33,11 +33,13 @@ sum_all, sum_last_four, concat_last_four (4H wide), or a layer index (0 = embedd
 class EmbedSettings(Checked):
     input: str = setting(help=".txt (one text per line) or .jsonl (a `text` field)")
     out: str = setting(help="output .npy or .safetensors (tensor `embeddings`)")
-    pooling: str = setting("mean", "how tokens become one vector: the [CLS] token, the mean or the max over real "
-                                   "tokens (default: mean)", choices=("cls", "mean", "max"))
+    pooling: str | None = setting(None, "how tokens become one vector: the [CLS] token, the mean or the max over "
+                                        "real tokens (default: the model folder's own, as its sentence-transformers "
+                                        "files say, else mean)", choices=("cls", "mean", "max"))
     layers: str = setting("last", "which hidden states: last (default), second_to_last, sum_all, sum_last_four, "
                                   "concat_last_four, embeddings, or a layer index", metavar="STRATEGY")
-    normalize: bool = setting(False, "scale each row to unit length (for cosine search)")
+    normalize: bool | None = setting(None, "scale each row to unit length, for cosine search (default: as the model "
+                                           "folder's sentence-transformers files say, else off)")
     max_length: int | None = setting(None, "truncate texts to this many tokens (default: the model's limit, 512 for "
                                            "BERT)", low=2)
     show_neighbours: int = setting(0, "after writing, print the nearest other text for each of the first K texts",
@@ -58,6 +60,7 @@ def run(args) -> None:
 
     from ..features import embed, parse_strategy
     from ..io.files import atomic_write, check_output_file, model_inputs
+    from ..io.hf import folder_pooling, read_sentence_transformers
     from ..io.texts import read_texts
     from ..model import BertModel
     from ..tokenizer import BertTokenizer
@@ -69,6 +72,13 @@ def run(args) -> None:
     check_output_file(out, inputs=[("--input", s.input), *model_inputs(args.model)])
     parse_strategy(s.layers)
     model_dir = resolve_model(args.model)
+    try:
+        # the last layer pooled is the model's sentence embedding: its own pooling; other layers are features
+        s.pooling = folder_pooling(model_dir, s.pooling) if s.layers == "last" or s.pooling is None else s.pooling
+        if s.normalize is None:
+            s.normalize = bool((read_sentence_transformers(model_dir) or {}).get("normalize"))
+    except ValueError as e:
+        raise UserError(str(e)) from None
     texts = read_texts(s.input)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     device = cpu_for_int8(args)

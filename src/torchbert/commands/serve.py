@@ -1,8 +1,8 @@
-"""serve a model over HTTP: OpenAI-style /v1/embeddings and /predict, batched across clients
+"""serve a model over HTTP: OpenAI-style /v1/embeddings, /v1/rerank and /predict, batched across clients
 
-Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), and a fine-tuned model's
-predictions (POST /predict). Requests from concurrent clients are batched together under a token
-budget."""
+Serve a model over HTTP: a BERT's sentence embeddings (POST /v1/embeddings), a reranker's relevance
+scores (POST /v1/rerank), and a fine-tuned model's predictions (POST /predict). Requests from
+concurrent clients are batched together under a token budget."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ examples:
   python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); \\
 print(len(c.embeddings.create(model='minilm', input='hello').data[0].embedding))"
 
-A folder written by `torchbert finetune` also answers POST /predict: {"inputs": [...]}, each
+A run of `finetune --task embedding` serves its embeddings; with --matryoshka, `dimensions` gives
+their first D dimensions (unit length again). A run of `finetune --task reranker` answers POST
+/v1/rerank, Cohere's and Jina's shape (top_n and return_documents optional), results best first:
+  curl -s localhost:8000/v1/rerank -H 'Content-Type: application/json' \\
+       -d '{"query": "北京是哪国的首都？", "documents": ["北京是中国的首都。", "猫喜欢睡觉。"], "top_n": 1}'
+
+Another folder written by `torchbert finetune` answers POST /predict: {"inputs": [...]}, each
 example a JSON object as a line of the task's JSON Lines file ({"text"} or {"sentence1",
 "sentence2"}; {"tokens": [words]} for tagging; {"question", "context"} for QA; {"context",
 "choices"} for multiple choice), answered with the records `torchbert predict` writes:
@@ -35,9 +41,9 @@ Embeddings responses: OpenAI's embeddings object (data[i].embedding, usage.promp
 encoding_format "float" or "base64" (little-endian float32); a text over --max-length tokens is cut
 and the response's `truncated` names it. Errors: 400 for malformed JSON or a wrong field (the
 message names it), 413 over --max-texts, --max-chars or the body size, 503 with Retry-After when
---max-queue texts are waiting. The embeddings equal `torchbert embed --pooling mean --normalize`
-on the same model. GET /metrics: Prometheus text (requests by status, latency histogram, texts
-and tokens per batch, queue depth).
+--max-queue texts are waiting. The embeddings equal `torchbert embed --normalize` on the same
+model (the same pooling: the folder's own). GET /metrics: Prometheus text (requests by status,
+latency histogram, texts and tokens per batch, queue depth).
 """
 
 
@@ -52,8 +58,8 @@ class ServeSettings(Checked):
                                         "/health and /metrics stay open (default: $TORCHBERT_API_KEY, else none: "
                                         "anyone who can reach the port may use the model). Prefer the variable: a "
                                         "key on the command line is shown to every user of the machine by `ps`")
-    pooling: str = setting("mean", "how tokens become one vector (default: mean, as sentence-transformers' MiniLM)",
-                           choices=("cls", "mean", "max"))
+    pooling: str | None = setting(None, "how tokens become one vector (default: the model folder's own, as its "
+                                        "sentence-transformers files say, else mean)", choices=("cls", "mean", "max"))
     normalize: bool = setting(True, "unit-length embeddings, as OpenAI's (default: on)")
     max_length: int | None = setting(None, "tokens kept per text; longer texts are cut and the response says which "
                                            "(default: the model's limit)", low=2)
@@ -101,7 +107,12 @@ def run(args) -> None:
             raise UserError(f"--precision bf16: this {device.type.upper()} has no fast bf16 (it needs a CUDA GPU "
                             "with bf16, or a CPU with AVX512 or AMX); serve in fp32, or --int8 on the CPU")
     from ..config import load_config
+    from ..io.hf import folder_pooling
 
+    try:
+        s.pooling = folder_pooling(model_dir, s.pooling)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     limit = load_config(model_dir).max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
@@ -116,7 +127,7 @@ def run(args) -> None:
     else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
         served = build(spec, load=False)  # the request side
         workers = worker_pool(spec)
-    task = "".join(f", a {x.ts.type} model" for x in served if hasattr(x, "ts"))
+    task = next((f", a {x.ts.type} model" for x in served if hasattr(x, "ts")), "")
     print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} "
           f"({', '.join(f'POST {x.path}' for x in served)}, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "
           "answering what is in flight", file=sys.stderr)

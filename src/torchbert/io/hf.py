@@ -21,6 +21,7 @@ import json
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -33,7 +34,8 @@ from .texts import json_loads, not_a_file
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
-HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.", "sequence_summary.")
+# task-head tensors (an embedding model's learned temperature is its logit_scale)
+HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.", "sequence_summary.", "logit_scale")
 BACKBONES = ("bert.", "roformer.")  # the encoder's prefix inside a task model: BERT's, or RoFormer's (rotary)
 # Buffers some versions of transformers saved; they hold no learned state.
 HF_IGNORED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -237,7 +239,7 @@ def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source:
             missing.extend(absent)
             continue
         want = params[ours].shape
-        part = (want[0] // len(theirs), *want[1:])  # fused tensors stack equal parts along rows
+        part = (want[0] // len(theirs), *want[1:]) if len(theirs) > 1 else tuple(want)  # fused: equal parts by rows
         for h in theirs:
             if hf_state[h].shape != part:
                 raise ValueError(f"{source}: {h} has shape {tuple(hf_state[h].shape)}, "
@@ -443,7 +445,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
-    arch = type(model).__name__  # our class names are Hugging Face's
+    arch = getattr(model, "hf_architecture", type(model).__name__)  # our class names are Hugging Face's
     if getattr(config, "rotary", False):
         arch = arch.replace("Bert", "RoFormer", 1)
         if arch == "RoFormerForMultipleChoice":  # its sequence_summary as our pooler: dense, activation, dropout
@@ -470,6 +472,58 @@ def write_sentence_transformers(path: str | os.PathLike, dimension: int, pooling
     for name, value in (("modules.json", modules), ("1_Pooling/config.json", pool),
                         ("sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})):
         atomic_write_text(path / name, json.dumps(value, indent=2) + "\n")
+
+
+ST_POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                    "pooling_mode_max_tokens": "max"}
+
+
+def read_sentence_transformers(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A sentence-transformers folder's pipeline as torchbert runs it: {"pooling": cls/mean/max,
+    "normalize": bool}; None for a folder without modules.json. A pipeline torchbert would not
+    reproduce (a Dense layer, mean_sqrt_len or weighted pooling, two modes at once) is a ValueError
+    naming the file, never embeddings that differ from the model's."""
+    path = Path(path)
+    file = path / "modules.json"
+    if not file.is_file():
+        return None
+    try:
+        modules = json.loads(file.read_text(encoding="utf-8"))
+        kinds = [(m["type"].rsplit(".", 1)[-1], m.get("path", "")) for m in modules]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{file}: not a sentence-transformers modules list ({e})") from None
+    names = [k for k, _ in kinds]
+    if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise ValueError(f"{file}: the modules {' -> '.join(names)}; torchbert runs Transformer -> Pooling "
+                         "(-> Normalize) only")
+    pool_file = path / kinds[1][1] / "config.json"
+    try:
+        pool = json.loads(pool_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{pool_file}: cannot read the pooling settings ({e})") from None
+    on = [k for k, v in pool.items() if k.startswith("pooling_mode_") and v is True]
+    if len(on) != 1 or on[0] not in ST_POOLING_MODES:
+        raise ValueError(f"{pool_file}: pooling {' + '.join(on) or 'none'}; torchbert pools by one of "
+                         f"{', '.join(ST_POOLING_MODES)}")
+    return {"pooling": ST_POOLING_MODES[on[0]], "normalize": len(names) == 3}
+
+
+def folder_pooling(path: str | os.PathLike, given: str | None = None) -> str:
+    """How a model folder's token states become one vector: `given` (a flag), checked against the
+    folder's own (its sentence-transformers files, else an embedding run's config.json), which is
+    the default; mean for a folder that says nothing. A flag that contradicts what the model was
+    trained with is a ValueError: its vectors would be silently worse."""
+    own = read_sentence_transformers(path)
+    pooling = own["pooling"] if own is not None else None
+    if pooling is None:
+        try:
+            pooling = json_loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("pooling")
+        except (OSError, ValueError, AttributeError):
+            pooling = None
+    if given is not None and pooling is not None and given != pooling:
+        raise ValueError(f"--pooling {given}: {path} was trained to pool by {pooling} (its "
+                         f"{'1_Pooling/config.json' if own is not None else 'config.json'}); leave --pooling out")
+    return given or pooling or "mean"
 
 
 class HFCheckpoint:

@@ -19,9 +19,10 @@ import numpy as np
 
 from ..eval.retrieval import rank_scores, search
 from ..heads import BertForEmbedding
+from ..io.hf import read_sentence_transformers
 from ..io.texts import json_records
 from .encode import Encoded, check_room
-from .families import TaskFamily, register_family
+from .families import TaskFamily, TaskSettings, register_family
 from .formats import PathLike, existing, no_examples, table_rows
 
 COLUMNS = ("query", "positive", "negative")
@@ -109,8 +110,23 @@ class EmbeddingTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         return read_pairs(path)
 
-    def configure(self, config, label_map):
-        config.extra = {**config.extra, "pooling": config.extra.get("pooling", "mean")}  # saved with the model
+    settings = ("pooling", "temperature", "learn_temperature", "matryoshka")
+    endpoints = ("embeddings",)  # its vectors (the ranks of `predict` are a dev file's, not a request's)
+
+    def configure(self, config, label_map, ts=None, model_dir=None):
+        """The head's settings in config.extra, saved with the model: the pooling given, else the
+        model folder's own (its sentence-transformers files, or an embedding run's config), else mean."""
+        ts = ts or TaskSettings(type=self.type)
+        own = read_sentence_transformers(model_dir) if model_dir is not None else None
+        pooling = ts.pooling or (own or {}).get("pooling") or config.extra.get("pooling") or "mean"
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"--model {model_dir}: it pools by {pooling}; train it with --pooling mean or cls")
+        dims = sorted(set(ts.matryoshka or ()), reverse=True)
+        if dims and dims[0] >= config.hidden_size:
+            raise ValueError(f"--matryoshka {dims[0]}: the model's vectors have {config.hidden_size} dimensions; "
+                             "give smaller ones (the full vector is always trained)")
+        config.extra = {**config.extra, "pooling": pooling, "temperature": ts.temperature,
+                        "learn_temperature": ts.learn_temperature, "matryoshka": dims or None}
         return config
 
     def from_record(self, record, where, default_id):
@@ -144,7 +160,8 @@ class EmbeddingTask(TaskFamily):
 
     def records(self, examples, encoded, outputs, ts, id2label):
         """Each query searched over every distinct passage of the file (positives and negatives): the
-        rank of its own passage (0: first; None: beyond 100) and their cosine similarity."""
+        rank of its own passage (0: first; None: beyond 100) and their cosine similarity; a model
+        trained with --matryoshka also ranks by each vector's first D dimensions (ranks: {D: rank})."""
         ids: dict[str, int] = {}
         rows = []
         for ex, emb in zip(examples, outputs):
@@ -152,19 +169,26 @@ class EmbeddingTask(TaskFamily):
                 if text not in ids:
                     ids[text] = len(ids)
                     rows.append(vec)
-        docs = _unit(np.stack(rows))
-        queries = _unit(np.stack([emb[0] for emb in outputs]))
-        _, ranked = search(queries, docs, 100)
-        records = []
-        for ex, q, top in zip(examples, queries, ranked):
-            own = ids[ex.positive]
-            hit = np.flatnonzero(top == own)
-            records.append({"id": ex.id, "rank": int(hit[0]) if len(hit) else None,
-                            "score": round(float(q @ docs[own]), 6)})
+        docs, queries = np.stack(rows), np.stack([emb[0] for emb in outputs])
+        own = np.array([ids[ex.positive] for ex in examples])
+        records = [{"id": ex.id} for ex in examples]
+        for d in (docs.shape[1], *sorted(set(ts.matryoshka or ()), reverse=True)):
+            q, p = _unit(queries[:, :d]), _unit(docs[:, :d])
+            _, ranked = search(q, p, 100)
+            for r, top, k, vec in zip(records, ranked, own, q):
+                hit = np.flatnonzero(top == k)
+                rank = int(hit[0]) if len(hit) else None
+                if d == docs.shape[1]:
+                    r.update(rank=rank, score=round(float(vec @ p[k]), 6))
+                else:
+                    r.setdefault("ranks", {})[str(d)] = rank
         return records
 
     def score(self, records, examples, label_map):
-        return rank_scores([r["rank"] for r in records])
+        scores = rank_scores([r["rank"] for r in records])
+        for d in records[0].get("ranks", {}) if records else ():
+            scores[f"ndcg@10_d{d}"] = rank_scores([r["ranks"][d] for r in records])["ndcg@10"]
+        return scores
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

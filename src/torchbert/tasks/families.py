@@ -6,6 +6,7 @@ registered here by name (timm's pattern: a registry, and tests that run every en
     qa.py       qa, qa-v2                         question + context window -> answer start and end
     choice.py   multiple-choice                   context + each ending -> which ending
     embedding.py  embedding                       query, its passage (+ negatives) -> vectors, in-batch negatives
+    reranker.py   reranker                        query + passage -> relevance score (a cross-encoder)
 
 A family module holds its example type, its file readers, its encoder, its `TaskFamily` subclass
 and a `register_family(...)` per task type. The family reads a task file into examples, encodes
@@ -55,6 +56,21 @@ class TaskSettings(Checked):
     max_answer_length: int = setting(30, "QA: longest answer in tokens", low=1)
     null_threshold: float = setting(0.0, "qa-v2: answer nothing when the null score beats the best span by more; "
                                          "dev scoring reports best_f1_threshold, the value that scored best on dev")
+    pooling: str | None = setting(None, "embedding: how a text's tokens become its vector (default: the model "
+                                        "folder's own, as its sentence-transformers files say, else mean); saved "
+                                        "with the model", choices=("mean", "cls"))
+    temperature: float = setting(0.05, "embedding: the softmax temperature of in-batch negatives over cosine "
+                                       "similarities (0.05: sentence-transformers' scale 20)", above=0, high=1)
+    learn_temperature: bool = setting(False, "embedding: learn the temperature with the model (CLIP's logit scale), "
+                                             "starting at --temperature")
+    matryoshka: list[int] | None = setting(None, "embedding: also train each vector's first D dimensions as an "
+                                                 "embedding of its own, for each D given (Matryoshka representation "
+                                                 "learning; `serve` then honours `dimensions`)", low=1, metavar="D")
+    rerank_loss: str = setting("listwise", "reranker: listwise, a softmax over each query's passages (each query "
+                                           "needs a relevant one), or pointwise, binary cross-entropy per pair",
+                               choices=("listwise", "pointwise"))
+    sampled_negatives: int = setting(3, "reranker: passages of other queries added to each query's as negatives "
+                                        "(drawn once, seeded; 0: only the file's)", low=0)
 
     @classmethod
     def of(cls, folder: str | Path) -> TaskSettings:
@@ -93,6 +109,11 @@ class TaskFamily:
     example_file: tuple[str, str] = ("", "")
     # export (apps/export.py): the head's outputs, those given per token, and the shape of the inputs
     # it is traced on: text (one sequence), pair (two), choices ([batch, choices, sequence])
+    # what `serve` offers for a run of this family (apps/endpoints.py, by endpoint name): its
+    # predictions, and sentence embeddings from its BERT encoder
+    endpoints: tuple[str, ...] = ("predict", "embeddings")
+    # the TaskSettings fields only this family reads (finetune refuses them, set, for another task)
+    settings: tuple[str, ...] = ()
     export_outputs: tuple[str, ...] = ("logits",)
     export_per_token: tuple[str, ...] = ()
     export_sample = "text"
@@ -203,9 +224,19 @@ class TaskFamily:
                              f"{' or a '.join(a.upper() if a != 'bert' else 'BERT' for a in self.heads)} for them")
         return self.heads[arch]
 
-    def configure(self, config: BertConfig, label_map: LabelMap | None) -> BertConfig:
-        """The model config with the head's labels."""
+    def configure(self, config: BertConfig, label_map: LabelMap | None, ts: TaskSettings | None = None,
+                  model_dir: Path | None = None) -> BertConfig:
+        """The model config with the head's labels (and whatever else of the task settings `ts` the
+        head reads) for the pretrained model in `model_dir`."""
         return with_labels(config, label_map.labels) if label_map is not None else config
+
+    def check_settings(self, ts: TaskSettings) -> None:
+        """A setting that only another family reads, set for this one, is an error, not ignored."""
+        for fam in FAMILIES.values():
+            for name in set(fam.settings) - set(self.settings):
+                if getattr(ts, name) != TaskSettings.__dataclass_fields__[name].default:
+                    raise ValueError(f"--{name.replace('_', '-')} is a setting of {fam.type} tasks; a "
+                                     f"{self.type} task does not read it")
 
     def scoring(self, label_map: LabelMap | None) -> str | None:
         """How dev is scored when it depends on the labels (token tasks), else None."""

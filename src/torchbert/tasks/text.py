@@ -329,7 +329,7 @@ class TextTask(TaskFamily):
         return metrics.classification_scores([l2i[r["label"]] for r in records],
                                              [l2i[str(x.label)] for x in examples], len(l2i))
 
-    def configure(self, config, label_map):
+    def configure(self, config, label_map, ts=None, model_dir=None):
         if self.regression:
             config.extra.update(id2label={"0": "score"}, label2id={"score": 0}, problem_type="regression")
             if isinstance(config, GPTConfig):  # similarity, as the GPT paper: pairs read in both orders

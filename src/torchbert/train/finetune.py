@@ -97,7 +97,8 @@ class FinetuneSettings(Checked):
 
 # the TaskSettings fields `finetune` takes as flags (the others come from the task and its preset)
 ENCODING_FLAGS = ("max_length", "doc_stride", "max_query_length", "label_all_subtokens", "n_best", "max_answer_length",
-                  "null_threshold")
+                  "null_threshold", "pooling", "temperature", "learn_temperature", "matryoshka", "rerank_loss",
+                  "sampled_negatives")
 # fine-tuning's own defaults of the loop's settings (FinetuneSettings.resolve: lr None is decided there)
 LOOP_DEFAULTS = {"seed": 42, "lr": None}
 # the loop's settings that fine-tuning derives (steps and warmup from epochs and warmup_ratio,
@@ -152,7 +153,7 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
             if have != label_map.labels:
                 raise ValueError(f"--model {model_dir}: it was fine-tuned for the labels {have}, but the training "
                                  f"data has {label_map.labels}; start from the pretrained model instead")
-    return fam.configure(config, label_map)
+    return fam.configure(config, label_map, ts, model_dir)
 
 
 def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print) -> nn.Module:
@@ -186,6 +187,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     fam = family(task_type)
     ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
                       layout=preset.layout if preset else "auto", **s.encoding)
+    fam.check_settings(ts)
     if s.frozen is not None and not fam.per_word:
         raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
                          f"but --task {s.task} is {task_type}")

@@ -24,12 +24,14 @@ OPTIMIZERS = ("adamw", "lamb")
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed (weights of Linear layers and embeddings) and not (biases, LayerNorm)."""
+    """Two groups: decayed (weights of Linear layers and embeddings) and not (biases, LayerNorm, and
+    scalars such as a learned temperature)."""
     no_decay: set[int] = set()
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             # LSTMs name their biases bias_ih_l0, bias_hh_l0_reverse, ...
-            if isinstance(module, nn.LayerNorm) or name == "bias" or name.endswith("_bias") or name.startswith("bias_"):
+            if isinstance(module, nn.LayerNorm) or name == "bias" or name.endswith("_bias") or name.startswith("bias_") \
+                    or p.ndim == 0:
                 no_decay.add(id(p))
     params = [p for p in model.parameters() if p.requires_grad]
     return [

@@ -1,0 +1,269 @@
+"""The reranker family: a query and candidate passages -> a relevance score for each pair, read from the
+pooled [CLS] of `[CLS] query [SEP] passage [SEP]` (a cross-encoder: monoBERT, Nogueira and Cho 2019;
+sentence-transformers' CrossEncoder). It reorders the top hits of a first-stage search (BM25, or a
+bi-encoder from the embedding family).
+
+Files: the embedding family's (JSON Lines {"query", "positive", "negative"}, or TSV with two or three
+columns in that order, its header optional): the positive relevant (1), each negative not (0); or
+labelled pairs, JSON Lines {"query", "passage", "label"} or TSV with the header `query passage label`
+(a label from 0 to 1), a query's pairs gathered into one example. Prediction inputs may also be
+{"query", "documents": [...]}. `sampled_negatives` passages of other examples are added to each
+labelled example as negatives (drawn once, seeded: the in-batch negatives of a cross-encoder, which
+sees a query and a passage together and so cannot score the batch's other passages for free).
+
+Losses (TaskSettings.rerank_loss): listwise, the softmax over an example's candidates against its
+labels (for one positive, the cross-entropy of picking it: Localized Contrastive Estimation, Gao et
+al. 2021); pointwise, binary cross-entropy of each pair's score against its label (monoBERT; the
+sentence-transformers CrossEncoder's BinaryCrossEntropyLoss). Scores: each query's candidates
+ranked: nDCG@10, MRR@10, recall@1 (eval/retrieval.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..eval.retrieval import retrieval_scores
+from ..heads import BertForReranking
+from ..losses import choice_block
+from ..io.texts import json_records
+from .embedding import PairExample, pair_from_record, read_pairs
+from .encode import Encoded, check_room, where_of
+from .families import TaskFamily, register_family
+from .formats import PathLike, existing, no_examples, table_rows
+
+LABELLED = ("query", "passage", "label")
+
+
+@dataclass
+class RerankExample:
+    """A query and its candidate passages, each with its relevance (1 relevant, 0 not; None unlabelled)."""
+
+    id: str
+    query: str
+    passages: list[str]
+    labels: list[float] | None
+    where: str = ""
+
+
+def from_pair(pair: PairExample) -> RerankExample:
+    return RerankExample(pair.id, pair.query, [pair.positive, *pair.negatives], [1.0] + [0.0] * len(pair.negatives),
+                         pair.where)
+
+
+def _label(value: Any, where: str) -> float:
+    try:
+        label = float(value)
+    except (TypeError, ValueError):
+        label = math.nan
+    if isinstance(value, bool) or not 0.0 <= label <= 1.0:
+        raise ValueError(f"{where}: \"label\" is {json.dumps(value, ensure_ascii=False)[:40]}; expected a number "
+                         "from 0 (not relevant) to 1 (relevant)")
+    return label
+
+
+def _text(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: \"{key}\" is {json.dumps(value, ensure_ascii=False)[:60]}; expected a non-empty "
+                         "string")
+    return value
+
+
+def example_from_record(row: Any, where: str, default_id: str) -> RerankExample:
+    """One JSON object: {query, positive, negative} (labelled), or {query, documents} (to score)."""
+    if isinstance(row, dict) and "documents" in row:
+        docs = row["documents"]
+        if not isinstance(docs, list) or not docs:
+            raise ValueError(f"{where}: \"documents\" is {json.dumps(docs, ensure_ascii=False)[:60]}; expected a "
+                             "non-empty list of passages")
+        ident = row.get("id")
+        return RerankExample(default_id if ident in (None, "") else str(ident), _text(row.get("query"), "query", where),
+                             [_text(d, f"documents[{i}]", where) for i, d in enumerate(docs)], None, where)
+    return from_pair(pair_from_record(row, where, default_id))
+
+
+class _Grouped:
+    """Labelled pairs gathered by query, in the order each query first appears."""
+
+    def __init__(self):
+        self.examples: dict[str, RerankExample] = {}
+
+    def add(self, query: str, passage: str, label: float, where: str) -> None:
+        ex = self.examples.get(query)
+        if ex is None:
+            self.examples[query] = RerankExample(where.rsplit(":", 1)[-1], query, [passage], [label], where)
+        else:
+            ex.passages.append(passage)
+            ex.labels.append(label)
+
+
+def read_reranking(path: PathLike, labelled: bool = True) -> list[RerankExample]:
+    """The examples of a JSON Lines or TSV file (see the module's doc); errors name FILE:LINE."""
+    path = existing(path)
+    if path.suffix.lower() in (".jsonl", ".json"):
+        records = list(json_records(path))
+        if records and isinstance(records[0][1], dict) and "passage" in records[0][1]:
+            grouped = _Grouped()
+            for n, row in records:
+                where = f"{path}:{n}"
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: expected a JSON object with \"query\", \"passage\" and \"label\"")
+                grouped.add(_text(row.get("query"), "query", where), _text(row.get("passage"), "passage", where),
+                            _label(row.get("label"), where), where)
+            out = list(grouped.examples.values())
+        else:
+            out = [example_from_record(row, f"{path}:{n}", str(n)) for n, row in records]
+    else:
+        rows = table_rows(path, tsv=path.suffix.lower() != ".csv")
+        first = next(rows, None)
+        if first is not None and [c.strip().lower() for c in first[1]] == list(LABELLED):
+            grouped = _Grouped()
+            for n, cells in rows:
+                where = f"{path}:{n}"
+                if len(cells) != 3:
+                    raise ValueError(f"{where}: {len(cells)} columns; expected query, passage and label")
+                grouped.add(_text(cells[0], "query", where), _text(cells[1], "passage", where),
+                            _label(cells[2], where), where)
+            out = list(grouped.examples.values())
+        else:
+            out = [from_pair(p) for p in read_pairs(path)] if first is not None else []
+    if not out:
+        raise no_examples(path, "query and positive pairs, or a header `query passage label` and labelled pairs")
+    return out
+
+
+def with_sampled_negatives(examples: list[RerankExample], k: int, seed: int = 0) -> list[RerankExample]:
+    """Each labelled example with k passages of other examples added as negatives (label 0), drawn
+    without its own passages; the same draw for the same examples."""
+    if k == 0 or len(examples) < 2:
+        return examples
+    rng = np.random.default_rng(seed)
+    pool = [p for ex in examples for p, y in zip(ex.passages, ex.labels) if y > 0] or \
+        [p for ex in examples for p in ex.passages]
+    out = []
+    for ex in examples:
+        own, extra = set(ex.passages), []
+        for i in rng.integers(len(pool), size=8 * (k + len(ex.passages)) + 16):  # draws of its own are skipped
+            if len(extra) == k:
+                break
+            if pool[i] not in own:
+                extra.append(pool[i])
+                own.add(pool[i])
+        out.append(RerankExample(ex.id, ex.query, ex.passages + extra, ex.labels + [0.0] * len(extra), ex.where))
+    return out
+
+
+def encode_reranking(tokenizer, examples: list[RerankExample], max_length: int) -> Encoded:
+    """`[CLS] query [SEP] passage [SEP]` per candidate, cut "longest_first" (CrossEncoder's order and
+    cut); an example's rows in a row, num_choices of them; labels: each row's relevance."""
+    check_room(max_length, pairs=True)
+    firsts = [ex.query for ex in examples for _ in ex.passages]
+    seconds = [p for ex in examples for p in ex.passages]
+    enc = tokenizer(firsts, seconds, truncation="longest_first", max_length=max_length)
+    labelled = all(ex.labels is not None for ex in examples)
+    return Encoded(enc["input_ids"], enc["token_type_ids"],
+                   [e for e, ex in enumerate(examples) for _ in ex.passages],
+                   labels=[y for ex in examples for y in ex.labels] if labelled else None,
+                   num_choices=[len(ex.passages) for ex in examples])
+
+
+class RerankerTask(TaskFamily):
+    heads = {"bert": BertForReranking}
+    gold = "labels"
+    file_format = None  # no hub splits
+    metrics = ("ndcg@10", "mrr@10", "recall@1")
+    settings = ("rerank_loss", "sampled_negatives")
+    endpoints = ("rerank",)  # its encoder reads pairs: its pooled vectors of one text are no embeddings
+    about = "a query + passage -> relevance  the embedding files, or {query, passage, label}; a cross-encoder"
+    export_sample = "pair"
+    example_file = ("rerank.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in (
+        {"query": "what is the capital of France?", "positive": "Paris is the capital and largest city of France.",
+         "negative": "Lyon is a city in France."},
+        {"query": "中国的首都是哪里？", "positive": "北京是中华人民共和国的首都。", "negative": "上海是中国最大的城市。"},
+        {"query": "how do plants make food?", "positive": "Plants make sugar from light, water and CO2.",
+         "negative": ["Cats sleep most of the day."]},
+        {"query": "who wrote Hamlet?", "positive": "Hamlet is a tragedy written by William Shakespeare."})))
+
+    def _read(self, path, layout, labelled, warn):
+        return read_reranking(path, labelled)
+
+    def from_record(self, record, where, default_id):
+        return example_from_record(record, where, default_id)
+
+    def configure(self, config, label_map, ts=None, model_dir=None):
+        """One score per pair; the loss kind saved with the model (config.json)."""
+        loss = ts.rerank_loss if ts is not None else "listwise"
+        config.extra = {**config.extra, "id2label": {"0": "relevance"}, "label2id": {"relevance": 0},
+                        "rerank_loss": loss}
+        config.extra.pop("problem_type", None)
+        return config
+
+    def _encode(self, tokenizer, examples, ts, label2id, training):
+        labelled = all(ex.labels is not None for ex in examples)
+        if labelled and ts.rerank_loss == "listwise":
+            for e, ex in enumerate(examples):
+                if max(ex.labels) <= 0:
+                    raise ValueError(f"{where_of(ex, e)}: the query {ex.query[:40]!r} has no relevant passage (every "
+                                     "label is 0); a listwise loss needs one: add its positive, or train with "
+                                     "--rerank-loss pointwise")
+        if labelled:
+            examples = with_sampled_negatives(examples, ts.sampled_negatives)
+        return encode_reranking(tokenizer, examples, ts.max_length)
+
+    def batch_targets(self, encoded, rows, units):
+        return {"labels": torch.tensor([encoded.labels[r] for r in rows], dtype=torch.float32)}
+
+    def targets(self, batch):
+        return {"labels": batch.labels, "num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def count(self, batch):
+        return int(batch.num_choices.numel())
+
+    def total(self, data):
+        return len(data)
+
+    def correct(self, out, batch):
+        """Queries whose best-scored passage is a relevant one."""
+        labels, _ = choice_block(batch.labels, batch.num_choices, batch.max_choices)
+        return (labels.gather(1, out.logits.argmax(-1, keepdim=True)) >= 0.5).sum()
+
+    def predict_inputs(self, batch, encoded):
+        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def outputs(self, out, batch, inputs):
+        scores = out.logits.float().sigmoid().cpu()
+        return [(u, scores[k, :n].tolist()) for k, (u, n) in enumerate(zip(batch.units.tolist(),
+                                                                          batch.num_choices.tolist()))]
+
+    def records(self, examples, encoded, outputs, ts, id2label):
+        """Each example's passages ranked by score (CrossEncoder's: the sigmoid of the logit); for a
+        labelled one, the ranks of its relevant passages (label >= 0.5) among every candidate scored,
+        the sampled negatives of evaluation included (rank: the best of them; 0 is first)."""
+        records = []
+        for ex, scores in zip(examples, outputs):
+            order = np.argsort(-np.asarray(scores), kind="stable")
+            own = len(ex.passages)
+            record = {"id": ex.id, "scores": [round(s, 6) for s in scores[:own]],
+                      "ranking": [int(i) for i in order if i < own]}
+            if ex.labels is not None:
+                place = np.argsort(order)  # candidate -> its rank
+                ranks = sorted(int(place[i]) for i, y in enumerate(ex.labels) if y >= 0.5)
+                record.update(rank=ranks[0] if ranks else None, relevant_ranks=ranks, candidates=len(scores))
+            records.append(record)
+        return records
+
+    def score(self, records, examples, label_map):
+        """Ranking scores over the queries with a relevant passage."""
+        scored = [r for r in records if r.get("relevant_ranks")]
+        if not scored:
+            raise ValueError("no query has a relevant passage (label >= 0.5) to rank")
+        return retrieval_scores([np.arange(r["candidates"]) for r in scored],
+                                [set(r["relevant_ranks"]) for r in scored], ks=(1,))
+
+
+register_family(RerankerTask("reranker"))

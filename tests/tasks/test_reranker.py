@@ -1,0 +1,177 @@
+"""The reranker family (issue 50): pairs and labelled pairs read with file:line errors, negatives sampled
+from other queries, the listwise and pointwise losses, and a run folder that sentence-transformers'
+CrossEncoder loads with the same scores; `finetune --task reranker` end to end."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchbert.tasks.reranker import RerankExample, read_reranking, with_sampled_negatives
+
+
+def test_pairs_and_labelled_pairs_are_read(tmp_path):
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"query": "q1", "positive": "p1", "negative": ["n1", "n2"]}\n{"query": "q2", "positive": "p2"}\n')
+    got = read_reranking(j)
+    assert [(e.query, e.passages, e.labels) for e in got] == [("q1", ["p1", "n1", "n2"], [1, 0, 0]),
+                                                            ("q2", ["p2"], [1])]
+    j.write_text('{"query": "q1", "passage": "a", "label": 1}\n{"query": "q2", "passage": "b", "label": 0}\n'
+                 '{"query": "q1", "passage": "c", "label": 0.5}\n')
+    got = read_reranking(j)  # a query's pairs gathered, where it first appears
+    assert [(e.query, e.passages, e.labels, e.where[-2:]) for e in got] == [("q1", ["a", "c"], [1, 0.5], ":1"),
+                                                                          ("q2", ["b"], [0], ":2")]
+    t = tmp_path / "p.tsv"
+    t.write_text("query\tpassage\tlabel\nq1\ta\t1\nq1\tb\t0\n")
+    assert [(e.passages, e.labels) for e in read_reranking(t)] == [(["a", "b"], [1, 0])]
+    t.write_text("q1\tp1\tn1\n")  # no header: the embedding family's columns
+    assert [(e.passages, e.labels) for e in read_reranking(t)] == [(["p1", "n1"], [1, 0])]
+    j.write_text('{"query": "q", "documents": ["a", "b"]}\n')  # to score: no labels
+    assert [(e.passages, e.labels) for e in read_reranking(j)] == [(["a", "b"], None)]
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": 2}\n', r"p.jsonl:1: \"label\" is 2; expected a number from 0"),
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": "yes"}\n', r"p.jsonl:1: \"label\" is \"yes\""),
+    ("p.jsonl", '{"query": "q", "passage": "", "label": 1}\n', r"p.jsonl:1: \"passage\" is \"\""),
+    ("p.jsonl", '{"query": "q", "documents": []}\n', r"p.jsonl:1: \"documents\" is \[\]; expected a non-empty list"),
+    ("p.tsv", "query\tpassage\tlabel\nq\ta\n", r"p.tsv:2: 2 columns; expected query, passage and label"),
+    ("p.tsv", "query\tpassage\tlabel\n", r"p.tsv: no examples in the file"),
+])
+def test_bad_files_are_named_by_file_and_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_reranking(path)
+
+
+def test_a_query_with_no_relevant_passage_is_an_error_for_the_listwise_loss(tmp_path, minilm_dir):
+    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tokenizer import BertTokenizer
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"query": "q1", "passage": "a", "label": 1}\n{"query": "q2", "passage": "b", "label": 0}\n'
+                    '{"query": "q3", "passage": "c", "label": 1}\n')
+    examples = read_reranking(path)
+    fam = family("reranker")
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    with pytest.raises(ValueError, match=r"p.jsonl:2: the query 'q2' has no relevant passage \(every label is 0\); "
+                                         r"a listwise loss needs one"):
+        fam.encode(tok, examples, TaskSettings(type="reranker"), None, training=True)
+    ts = TaskSettings(type="reranker", rerank_loss="pointwise", sampled_negatives=1)
+    enc = fam.encode(tok, examples, ts, None, training=True)
+    assert enc.num_choices == [2, 2, 2] and enc.labels == [1, 0, 0, 0, 1, 0]  # each with one sampled negative
+
+
+def test_sampled_negatives_come_from_other_queries_and_are_drawn_the_same_each_time():
+    examples = [RerankExample(str(i), f"q{i}", [f"p{i}", f"n{i}"], [1.0, 0.0]) for i in range(20)]
+    got = with_sampled_negatives(examples, 3)
+    assert got == with_sampled_negatives(examples, 3)
+    for ex, new in zip(examples, got):
+        extra = new.passages[2:]
+        assert len(extra) == 3 and len(set(extra)) == 3 and new.labels == [1, 0, 0, 0, 0]
+        assert all(p.startswith("p") and p != ex.passages[0] for p in extra)  # others' positives
+    assert with_sampled_negatives(examples, 0) == examples
+
+
+def _reranker(minilm_dir, tmp_path, loss):
+    """MiniLM's encoder under a seeded fresh score head, saved as a reranker folder."""
+    from torchbert.config import BertConfig
+    from torchbert.heads import BertForReranking
+    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tokenizer import BertTokenizer
+
+    config = family("reranker").configure(BertConfig.load(minilm_dir), None,
+                                          TaskSettings(type="reranker", rerank_loss=loss), minilm_dir)
+    torch.manual_seed(0)
+    model = BertForReranking.from_pretrained(minilm_dir, config=config).eval()
+    folder = tmp_path / "reranker"
+    model.save_pretrained(folder)
+    BertTokenizer.from_pretrained(minilm_dir).save_pretrained(folder)
+    return model, folder
+
+
+EXAMPLES = [RerankExample("1", "what is the capital of France?", ["Paris is the capital of France.",
+                                                                  "Lyon is a French city.", "Cats sleep a lot."],
+                          [1.0, 0.0, 0.0]),
+            RerankExample("2", "中国的首都是哪里？", ["上海是中国最大的城市。", "北京是中国的首都。"], [0.0, 1.0]),
+            RerankExample("3", "who wrote Hamlet?", ["Hamlet was written by Shakespeare."], [1.0])]
+
+
+def test_a_reranker_is_a_cross_encoder_with_the_same_scores_and_losses(minilm_dir, tmp_path):
+    """Saved as BertForSequenceClassification with one label: CrossEncoder(folder).predict gives the
+    sigmoid of our scores; the pointwise loss equals its BinaryCrossEntropyLoss; the listwise loss is
+    the cross-entropy of each query's softmax over its candidates."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    from torchbert.tasks.batches import TaskData
+    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.reranker import encode_reranking
+    from torchbert.tokenizer import BertTokenizer
+
+    model, folder = _reranker(minilm_dir, tmp_path, "pointwise")
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    fam = family("reranker")
+    data = TaskData(encode_reranking(BertTokenizer.from_pretrained(folder), EXAMPLES, 128), fam)
+    (batch,) = data.all_batches(16)
+    with torch.no_grad():
+        out = model(**batch.model_inputs(), **fam.targets(batch))
+    ce = CrossEncoder(str(folder), device="cpu")
+    pairs = [(e.query, p) for e in EXAMPLES for p in e.passages]
+    theirs = ce.predict(pairs, convert_to_numpy=True)
+    records = fam.records(EXAMPLES, data.encoded, [o for _, o in sorted(fam.outputs(out, batch, {}))],
+                          TaskSettings(type="reranker"), None)
+    ours = np.array([s for r in records for s in r["scores"]])
+    assert abs(ours - theirs).max() < 1e-5
+    labels = torch.tensor([y for e in EXAMPLES for y in e.labels])
+    ce.model.eval()
+    with torch.no_grad():  # their loss, on their own forward of the same pairs
+        want = BinaryCrossEntropyLoss(ce)([[q for q, _ in pairs], [p for _, p in pairs]], labels)
+    assert out.loss.item() == pytest.approx(want.item(), abs=1e-5)
+    assert [r["rank"] for r in records] == [sorted(np.argsort(np.argsort(-np.array(r["scores"]), kind="stable"))[
+        [i for i, y in enumerate(e.labels) if y == 1.0]])[0] for r, e in zip(records, EXAMPLES)]
+    listwise, _ = _reranker(minilm_dir, tmp_path / "l", "listwise")
+    with torch.no_grad():
+        lout = listwise(**batch.model_inputs(), **fam.targets(batch))
+    starts = np.cumsum([0] + [len(e.passages) for e in EXAMPLES])
+    flat = torch.tensor(theirs).logit().double()  # the same weights: their scores, as logits
+    want = np.mean([-torch.log_softmax(flat[a:b], 0)[e.labels.index(1.0)].item()
+                    for e, a, b in zip(EXAMPLES, starts[:-1], starts[1:])])
+    assert lout.loss.item() == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.e2e
+def test_finetune_a_reranker_and_load_it_in_sentence_transformers(minilm_dir, tmp_path, capsys):
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from torchbert.apps.samples import inverse_cloze, jsonl_text, peoples_daily_paragraphs
+    from torchbert.cli import main
+
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
+    (tmp_path / "train.jsonl").write_text(jsonl_text(pairs[:32]), encoding="utf-8")
+    (tmp_path / "dev.jsonl").write_text(jsonl_text(pairs[32:56]), encoding="utf-8")
+    run = tmp_path / "run"
+    args = ["finetune", "--task", "reranker", "--model", str(minilm_dir), "--train", str(tmp_path / "train.jsonl"),
+            "--dev", str(tmp_path / "dev.jsonl"), "--out", str(run), "--epochs", "1", "--batch-size", "8",
+            "--max-length", "64", "--quiet"]
+    assert main(args + ["--pooling", "cls"]) == 2
+    assert "--pooling is a setting of embedding tasks; a reranker task does not read it" in capsys.readouterr().err
+    assert main(args) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert {"ndcg@10", "mrr@10", "recall@1"} <= set(metrics) and 0 < metrics["mrr@10"] <= 1
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(run), "--data", str(tmp_path / "dev.jsonl"), "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrr@10"] == pytest.approx(metrics["mrr@10"], abs=1e-6)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"query": p["query"], "documents": [p["positive"], "无关的句子。"]},
+                                                          ensure_ascii=False) + "\n" for p in pairs[60:66]))
+    out = tmp_path / "scores.jsonl"
+    assert main(["predict", "--model", str(run), "--input", str(tmp_path / "in.jsonl"), "--out", str(out),
+                 "--quiet"]) == 0
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [sorted(r["ranking"]) for r in records] == [[0, 1]] * 6 and "rank" not in records[0]
+    texts = [(p["query"], d) for p in pairs[60:66] for d in (p["positive"], "无关的句子。")]
+    theirs = CrossEncoder(str(run), device="cpu", max_length=64).predict(texts)  # as trained: 64 tokens
+    assert abs(np.array([s for r in records for s in r["scores"]]) - theirs).max() < 1e-5
