@@ -157,3 +157,26 @@ def test_bench_retrieval_scores_every_model_on_the_chinese_set():
     for r in rows:
         ndcg = float(r[2].split(" ± ")[0])
         assert 0 <= ndcg <= 1 and float(r[6]) >= float(r[5]) >= float(r[4])  # recall grows with k
+
+
+def test_bench_embedding_training_runs_both_trainers_and_judges_the_target():
+    out = run_bench("bench_embedding_training.py", "--pairs", "64", "--queries", "24", "--seeds", "0",
+                    "--max-length", "48")
+    rows = [r for r in table_rows(out) if r[0] in ("torchbert", "sentence-transformers")]
+    assert [r[0] for r in rows[:2]] == ["torchbert", "sentence-transformers"]  # seed 0: torchbert first
+    for r in rows[:2]:
+        assert float(r[2]) > 0 and 0 <= float(r[3]) <= 1
+    assert re.search(r"torchbert's time / sentence-transformers': \d+\.\d\dx \(target <= 0\.5x\)", out)
+
+
+def test_bench_simcse_trains_on_raw_sentences_and_reports_the_gain_in_standard_errors(tmp_path):
+    from clihelp import tiny_bert
+
+    import realdata
+
+    base = tiny_bert(tmp_path / "base", realdata.minilm_dir())
+    out = run_bench("bench_simcse.py", "--model", str(base), "--seeds", "0", "--sentences", "200", "--batch-size", "16",
+                    "--max-length", "32")
+    assert re.search(r"raw \(mean pooling\): nDCG@10 0\.\d{3} ± 0\.\d{3} \(SE\)", out)
+    rows = [r for r in table_rows(out) if r[0] == "0.0001"]
+    assert [r[1] for r in rows] == ["0", "mean ± std"] and re.fullmatch(r"[+-]\d+\.\d", rows[0][4])

@@ -707,3 +707,33 @@ def test_word_over_100_chars_is_unk(tok, hf, tok_cased, hf_cased):
     assert tok.tokenize("x " + "ab" * 60 + " y") == ["x", "[UNK]", "y"]
     first = tok.tokenize(realdata.EDGE_CASES[9])
     assert first[0] == "[UNK]" and first[1:4] == ["is", "longer", "than"]
+
+
+def test_a_folder_with_only_tokenizer_json_loads_with_the_same_ids(tmp_path, minilm_dir):
+    """transformers 5 (so sentence-transformers' save) writes tokenizer.json and no vocab.txt: the
+    tokenizer reads its WordPiece vocabulary and normalizer and gives transformers' ids; a tokenizer.json
+    of another kind is a one-line error naming it."""
+    import json
+    import shutil
+
+    import realdata
+    from transformers import AutoTokenizer
+
+    from torchbert.io.vocab import VocabError
+    from torchbert.tokenizer import BertTokenizer
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copy(minilm_dir / name, folder / name)
+    texts = list(realdata.english_texts()[:20]) + list(realdata.peoples_daily_sentences()[:20]) + ["Café ÀÉ naïve"]
+    ours = BertTokenizer.from_pretrained(folder)
+    assert ours.encode_ids(texts) == AutoTokenizer.from_pretrained(minilm_dir)(texts)["input_ids"]
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["model"]["type"] = "BPE"
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(VocabError, match=r"tokenizer.json: a BPE tokenizer; BERT's tokenizer is WordPiece"):
+        BertTokenizer.from_pretrained(folder)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no vocab.txt \(or tokenizer.json\) in this folder"):
+        BertTokenizer.from_pretrained(folder)

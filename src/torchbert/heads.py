@@ -37,12 +37,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import BertConfig
 from .io.hf import HFCheckpoint, write_sentence_transformers
 from .losses import IGNORE, TaskOutput, choice_block, num_labels, sequence_loss, span_loss, total
 from .model import BertModel, BertOutput, activation, init_weights
-from .packing import pool_packed
+from .packing import length_groups, pool_packed
 
 
 @dataclass
@@ -380,11 +381,44 @@ class BertForEmbedding(_TaskModel):
         if any(not 1 <= d < config.hidden_size for d in self.dims):
             raise ValueError(f"matryoshka dimensions must be from 1 to {config.hidden_size - 1} (the model's vectors "
                              f"have {config.hidden_size}), got {self.dims}")
+        self.mini_batch = extra.get("mini_batch")  # texts encoded at a time in training, activations recomputed
         scale = math.log(1.0 / extra.get("temperature", TEMPERATURE))
         if extra.get("learn_temperature"):
             self.logit_scale = nn.Parameter(torch.tensor(scale))  # log(1 / temperature), as CLIP
         else:
             self.register_buffer("logit_scale", torch.tensor(scale), persistent=False)
+
+    def _grouped(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor | None,
+                 cu_seqlens: Tensor) -> Tensor:
+        """The pooled vectors [S, H] of packed sequences, encoded a group of similar lengths at a time;
+        with mini_batch, in training, at most that many at a time, each chunk under activation
+        checkpointing: its activations are recomputed in the backward from its inputs, so that the
+        batch's memory is the vectors and one chunk's activations (GradCache's, Gao et al. 2021,
+        whose two passes this is: the gradients are the same as one pass's; the dropout masks are
+        drawn again from the same saved random state)."""
+        lengths = cu_seqlens.diff().tolist()
+        starts = cu_seqlens[:-1].tolist()
+        chunk = self.mini_batch if self.training and torch.is_grad_enabled() and self.mini_batch else None
+        groups = [g[i:i + chunk] for g in length_groups(lengths) for i in range(0, len(g), chunk)] if chunk else \
+            length_groups(lengths)
+        parts, order = [], []
+        for group in groups:
+            rows = torch.cat([torch.arange(starts[s], starts[s] + lengths[s], device=input_ids.device) for s in group])
+            sub = F.pad(torch.tensor([lengths[s] for s in group], device=cu_seqlens.device).cumsum(0), (1, 0))
+            inputs = (input_ids[rows], None if token_type_ids is None else token_type_ids[rows],
+                      None if position_ids is None else position_ids[rows], sub.to(cu_seqlens.dtype),
+                      max(lengths[s] for s in group))
+            parts.append(checkpoint(self._pooled, *inputs, use_reentrant=False) if chunk else self._pooled(*inputs))
+            order += group
+        back = torch.empty(len(order), dtype=torch.long, device=input_ids.device)
+        back[torch.tensor(order, device=input_ids.device)] = torch.arange(len(order), device=input_ids.device)
+        return torch.cat(parts)[back]  # in the batch's order
+
+    def _pooled(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor | None,
+                cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        h = self.encode(input_ids, token_type_ids=token_type_ids, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                        max_seqlen=max_seqlen).last_hidden_state
+        return pool_packed(h, cu_seqlens, self.pooling)
 
     def save_pretrained(self, path) -> None:
         """A BERT checkpoint that is a sentence-transformers model too (modules.json, its pooling)."""
@@ -395,18 +429,25 @@ class BertForEmbedding(_TaskModel):
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,
                 num_choices: Tensor | None = None, max_choices: int | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> EmbeddingOutput:
-        """Packed rows ([N] with cu_seqlens) or padded ([B, T] with attention_mask) -> one embedding each."""
-        out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                          position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                          output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        h = out.last_hidden_state
-        if cu_seqlens is None:  # padded [B, T, H]: the real tokens only
-            mask = torch.ones(h.shape[:2], device=h.device) if attention_mask is None else attention_mask
-            mask = mask.to(h.dtype).unsqueeze(-1)
-            emb = h[:, 0] if self.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1)
+        """Packed rows ([N] with cu_seqlens) or padded ([B, T] with attention_mask) -> one embedding each.
+        Packed rows run in groups of similar length (packing.length_groups), as each text is encoded
+        alone: the queries' attention is not padded to the passages' length."""
+        if cu_seqlens is not None and not (output_hidden_states or output_attentions):
+            emb = self._grouped(input_ids, token_type_ids, position_ids, cu_seqlens)  # [S, H]
+            out = None
         else:
-            emb = pool_packed(h, cu_seqlens, self.pooling)  # [S, H]
-        result = EmbeddingOutput(embeddings=emb, hidden_states=out.hidden_states, attentions=out.attentions)
+            out = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                              position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+            h = out.last_hidden_state
+            if cu_seqlens is None:  # padded [B, T, H]: the real tokens only
+                mask = torch.ones(h.shape[:2], device=h.device) if attention_mask is None else attention_mask
+                mask = mask.to(h.dtype).unsqueeze(-1)
+                emb = h[:, 0] if self.pooling == "cls" else (h * mask).sum(1) / mask.sum(1).clamp(min=1)
+            else:
+                emb = pool_packed(h, cu_seqlens, self.pooling)  # [S, H]
+        result = EmbeddingOutput(embeddings=emb, hidden_states=out and out.hidden_states,
+                                 attentions=out and out.attentions)
         if num_choices is not None:
             starts = torch.cumsum(num_choices, 0) - num_choices  # [U] each example's query row
             is_query = torch.zeros(len(emb), dtype=torch.bool, device=emb.device)

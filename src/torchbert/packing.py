@@ -109,6 +109,38 @@ def packed_layout(cu_seqlens: Tensor, max_seqlen: int | None, n: int, causal: bo
                   cu_seqlens=cu), pos
 
 
+def length_groups(lengths: list[int], most: int = 4) -> list[list[int]]:
+    """The sequences of a packed batch (their indexes) grouped by length, short to long, into at most
+    `most` groups, chosen to minimize the attention work of padding each group to its longest
+    (sum of size x longest^2; dynamic programming over the sorted lengths). A batch of queries of 15
+    tokens and passages of 100 to 256 attends over about a third of the padded block it would as one
+    group (bench/README.md: training embeddings)."""
+    import numpy as np
+
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    sizes = np.array([lengths[i] for i in order], dtype=np.float64)
+    n = len(sizes)
+    if n == 0:
+        return []
+    # best[k, j]: the least work for the first j sequences in k groups; cut[k, j]: where its last group starts
+    best = np.full((most + 1, n + 1), np.inf)
+    best[0, 0] = 0.0
+    cut = np.zeros((most + 1, n + 1), dtype=np.int64)
+    starts = np.arange(n + 1)
+    for k in range(1, most + 1):
+        for j in range(1, n + 1):
+            work = best[k - 1, :j] + (j - starts[:j]) * sizes[j - 1] ** 2
+            cut[k, j] = int(np.argmin(work))
+            best[k, j] = work[cut[k, j]]
+    k = int(np.argmin(best[1:, n])) + 1  # the fewest groups among equals
+    groups, j = [], n
+    while k > 0:
+        i = int(cut[k, j])
+        groups.append(order[i:j])
+        j, k = i, k - 1
+    return [g for g in reversed(groups) if g]
+
+
 POOLINGS = ("cls", "mean", "max")  # how the tokens of a sequence become one vector
 
 

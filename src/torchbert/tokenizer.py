@@ -38,8 +38,9 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from torchbert.io.files import atomic_write_text
+from torchbert.io.texts import json_loads
 from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model, check_vocab,
-                                 read_tokenizer_config, read_vocab)
+                                 read_tokenizer_config, read_tokenizer_json, read_vocab)
 
 MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the process (issue 46)
 # The trainer holds a line whole, and its word counting costs about 170 bytes per byte of one long
@@ -241,10 +242,12 @@ class BertTokenizer:
         tokenize_chinese_chars and model_max_length; without one, BERT's uncased defaults apply.
         """
         path = Path(path)
+        if path.is_dir() and not (path / "vocab.txt").is_file() and (path / "tokenizer.json").is_file():
+            return cls._from_tokenizer_json(path)
         if path.is_dir():
             vocab_path = path / "vocab.txt"
             if not vocab_path.is_file():
-                raise FileNotFoundError(f"{path}: no vocab.txt in this folder")
+                raise FileNotFoundError(f"{path}: no vocab.txt (or tokenizer.json) in this folder")
         elif path.is_file():
             vocab_path = path
         else:
@@ -254,6 +257,22 @@ class BertTokenizer:
         config_path = vocab_path.parent / "tokenizer_config.json"
         settings = read_tokenizer_config(config_path) if config_path.is_file() else {}
         return cls(vocab, **settings)
+
+    @classmethod
+    def _from_tokenizer_json(cls, path: Path) -> "BertTokenizer":
+        """A folder with a BERT tokenizer.json and no vocab.txt (transformers 5 writes only the former)."""
+        vocab, settings = read_tokenizer_json(path / "tokenizer.json")
+        config = path / "config.json"
+        try:
+            size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size") if config.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            size = None  # the model's loading says what is wrong with it
+        if isinstance(size, int) and not isinstance(size, bool) and len(vocab) > size > 0:
+            raise ValueError(f"{path / 'tokenizer.json'}: {len(vocab):,} tokens, more than the {size:,} of {config}'s "
+                             "vocab_size; the vocabulary does not belong to this model")
+        limit = read_tokenizer_config(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() \
+            else {}
+        return cls(vocab, **settings, **{k: v for k, v in limit.items() if k == "model_max_length"})
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json.

@@ -1093,3 +1093,34 @@ def test_an_embedding_run_serves_embeddings_with_dimensions_and_no_predict(searc
         assert abs(short - want[:, :16] / np.linalg.norm(want[:, :16], axis=1, keepdims=True)).max() < 1e-5
         assert c.post("/predict", json={"inputs": [{"query": "x", "positive": "y"}]}).status_code == 404
         assert c.post("/v1/rerank", json={"query": "x", "documents": ["y"]}).status_code == 404
+
+
+@pytest.mark.e2e
+def test_the_openai_client_and_plain_http_query_a_trained_search_pair(search_runs):
+    """The README's search flow over real HTTP: the embedding run answers OpenAI's client with
+    `dimensions` (Matryoshka), the reranker answers a plain POST /v1/rerank; both as offline."""
+    import httpx
+
+    openai = pytest.importorskip("openai")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.worker import Spec, build
+
+    runs, pairs = search_runs
+    texts = [p["query"] for p in pairs[30:34]]
+    with serving(build(Spec(str(runs["embedding"]), "emb")), Limits(max_wait_ms=2)) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        got = np.array([d.embedding for d in c.embeddings.create(model="emb", input=texts, dimensions=16).data])
+        with pytest.raises(openai.BadRequestError, match="'dimensions' is 400"):
+            c.embeddings.create(model="emb", input=texts, dimensions=400)
+    want = SentenceTransformer(str(runs["embedding"]), device="cpu").encode(texts)[:, :16]
+    assert abs(got - want / np.linalg.norm(want, axis=1, keepdims=True)).max() < 1e-5
+    docs = [p["positive"] for p in pairs[30:34]]
+    with serving(build(Spec(str(runs["reranker"]), "rr")), Limits(max_wait_ms=2)) as url:
+        body = httpx.post(url + "/v1/rerank", json={"query": texts[0], "documents": docs, "top_n": 3},
+                          timeout=60).json()
+    scores = CrossEncoder(str(runs["reranker"]), device="cpu").predict([(texts[0], d) for d in docs])
+    assert [r["index"] for r in body["results"]] == list(np.argsort(-scores, kind="stable")[:3])
+    assert max(abs(r["relevance_score"] - scores[r["index"]]) for r in body["results"]) < 1e-5

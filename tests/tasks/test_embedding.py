@@ -225,3 +225,137 @@ def test_an_embedding_setting_for_another_task_is_an_error():
     with pytest.raises(ValueError, match="matryoshka must be >= 1, got 0"):
         TaskSettings(type="embedding", matryoshka=[64, 0])
     family("embedding").check_settings(TaskSettings(type="embedding", pooling="cls", matryoshka=[64]))
+
+
+def test_length_groups_are_the_least_padded_attention_work():
+    """Against every way of cutting the sorted lengths into at most 3 groups, on random batches."""
+    import itertools
+    import random
+
+    from torchbert.packing import length_groups
+
+    rng = random.Random(0)
+    for _ in range(30):
+        lengths = [rng.choice([rng.randint(3, 20), rng.randint(60, 256)]) for _ in range(rng.randint(1, 9))]
+        groups = length_groups(lengths, most=3)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and len(groups) <= 3
+        work = sum(len(g) * max(lengths[i] for i in g) ** 2 for g in groups)
+        s = sorted(lengths)
+        best = min(sum((b - a) * s[b - 1] ** 2 for a, b in zip((0, *cuts), (*cuts, len(s))))
+                   for k in range(3) for cuts in itertools.combinations(range(1, len(s)), k))
+        assert work == best
+
+
+def test_grouped_encoding_equals_one_pass_in_values_and_gradients(minilm_dir):
+    """The packed forward encodes the queries and the passages in groups of similar length: the same
+    embeddings, loss and gradients as one pass over the whole batch (eval mode: no dropout)."""
+    model, batch, _ = _minilm_batch(minilm_dir, {})
+    inputs, targets = batch.model_inputs(), {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
+    grouped = model(**inputs, **targets)
+    grouped.loss.backward()
+    g1 = model.bert.layers[0].attention.qkv.weight.grad.clone()
+    model.zero_grad()
+    whole = model(**inputs, **targets, output_hidden_states=True)  # this path runs one pass
+    whole.loss.backward()
+    g2 = model.bert.layers[0].attention.qkv.weight.grad
+    assert torch.allclose(grouped.embeddings, whole.embeddings, atol=1e-5)
+    assert grouped.loss.item() == pytest.approx(whole.loss.item(), abs=1e-6)
+    assert torch.allclose(g1, g2, atol=1e-6, rtol=1e-4)
+
+
+def test_raw_text_is_read_for_unsupervised_simcse(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("第一句话。\n\n  second line \n")
+    got = read_pairs(path)
+    assert [(e.query, e.positive, e.negatives, e.where.rsplit(":", 1)[1]) for e in got] == [
+        ("第一句话。", "第一句话。", [], "1"), ("second line", "second line", [], "3")]
+    path.write_text("\n \n")
+    with pytest.raises(ValueError, match=r"corpus.txt: no examples in the file; expected one text a line"):
+        read_pairs(path)
+
+
+def test_an_nli_file_becomes_premise_entailment_contradiction_triplets(tmp_path):
+    """Sentence-BERT's recipe: the premise the query, each entailed hypothesis a positive, the
+    contradicted ones its hard negatives; neutral pairs and premises that entail nothing left out."""
+    path = tmp_path / "nli.tsv"
+    path.write_text("sentence1\tsentence2\tlabel\n"
+                    "A man plays a guitar.\tA man makes music.\tentailment\n"
+                    "A man plays a guitar.\tNobody is playing.\tcontradiction\n"
+                    "A man plays a guitar.\tThe man is famous.\tneutral\n"
+                    "Two dogs run.\tAnimals are asleep.\tcontradiction\n"
+                    "A man plays a guitar.\tSomeone plays an instrument.\tentailment\n")
+    got = read_pairs(path)
+    assert [(e.query, e.positive, e.negatives) for e in got] == [
+        ("A man plays a guitar.", "A man makes music.", ["Nobody is playing."]),
+        ("A man plays a guitar.", "Someone plays an instrument.", ["Nobody is playing."])]
+    assert got[0].where.endswith("nli.tsv:2") and got[0].id != got[1].id
+    path.write_text("sentence1\tsentence2\tlabel\nA\tB\tyes\n")
+    with pytest.raises(ValueError, match=r"nli.tsv:2: label 'yes'; an NLI file's labels are entailment, neutral, "
+                                         r"contradiction"):
+        read_pairs(path)
+    j = tmp_path / "snli.jsonl"
+    j.write_text(json.dumps({"sentence1": "P", "sentence2": "H", "gold_label": "entailment"}) + "\n")
+    assert [(e.query, e.positive) for e in read_pairs(j)] == [("P", "H")]
+
+
+@pytest.mark.e2e
+def test_simcse_on_raw_text_trains_an_embedding_run(minilm_dir, tmp_path):
+    """finetune --task embedding --train corpus.txt: a tiny BERT trained on raw sentences alone, scored
+    on retrieval pairs; the run is an embedding run like any other."""
+    from clihelp import tiny_bert
+
+    from torchbert.apps.samples import SENTENCE, inverse_cloze, jsonl_text, peoples_daily_paragraphs
+    from torchbert.cli import main
+
+    base = tiny_bert(tmp_path / "base", minilm_dir)
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
+    sentences = [s for p in pairs[100:140] for s in SENTENCE.findall(p["positive"])]
+    (tmp_path / "corpus.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (tmp_path / "dev.jsonl").write_text(jsonl_text(pairs[:32]), encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["finetune", "--task", "embedding", "--model", str(base), "--train", str(tmp_path / "corpus.txt"),
+                 "--dev", str(tmp_path / "dev.jsonl"), "--out", str(run), "--epochs", "1", "--batch-size", "16",
+                 "--max-length", "32", "--quiet"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["train_examples"] == len(sentences) and 0 <= metrics["ndcg@10"] <= 1
+    assert metrics["steps"] == -(-len(sentences) // 16)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_mini_batches_recompute_the_same_activations_and_gradients(minilm_dir, monkeypatch, fast):
+    """--mini-batch 2 in training: each chunk's activations are recomputed in the backward, dropout
+    masks included (torch's and torchbert.fast's, both drawn from torch's saved random state): the
+    loss and gradients equal the same chunks kept in memory; without dropout, equal to one pass."""
+    import contextlib
+
+    import torchbert.heads as heads
+    from torchbert import fast as fast_pieces
+
+    model, batch, _ = _minilm_batch(minilm_dir, {"mini_batch": 2})
+    model.train()
+    inputs, targets = batch.model_inputs(), {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def step():
+        model.zero_grad()
+        torch.manual_seed(0)
+        with fast_pieces.training(model) if fast else contextlib.nullcontext():
+            out = model(**inputs, **targets)
+            out.loss.backward()
+        return out.loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    loss1, grads1 = step()
+    with monkeypatch.context() as m:  # the same chunks, kept in memory
+        m.setattr(heads, "checkpoint", lambda f, *a, use_reentrant: f(*a))
+        loss2, grads2 = step()
+    assert loss1 == pytest.approx(loss2, abs=1e-6) and len(grads1) == len(grads2) > 50
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(grads1, grads2))
+    for module in model.modules():  # no dropout: the chunks' gradients are one pass's
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_p"):  # attention's
+            module.dropout_p = 0.0
+    loss3, grads3 = step()
+    model.mini_batch = None
+    loss4, grads4 = step()
+    assert loss3 == pytest.approx(loss4, rel=1e-4)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-3) for a, b in zip(grads3, grads4))

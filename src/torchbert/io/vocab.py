@@ -1,5 +1,6 @@
 """vocab.txt and tokenizer_config.json, read with errors that name the file and line: the files of a
-BERT tokenizer (tokenizer.py builds the tokenizer from them)."""
+BERT tokenizer (tokenizer.py builds the tokenizer from them); or a tokenizer.json alone, which is all
+that transformers 5 (and so sentence-transformers) writes for a BERT."""
 
 from __future__ import annotations
 
@@ -113,3 +114,28 @@ def read_tokenizer_config(path: Path) -> dict[str, Any]:
         out["model_max_length"] = int(limit)
     # None, int(1e30) ("unknown") or nonsense: keep BERT's 512.
     return out
+
+
+def read_tokenizer_json(path: Path) -> tuple[dict[str, int], dict[str, Any]]:
+    """The vocabulary and the normalizer's settings of a BERT tokenizer.json (model WordPiece with
+    `##` pieces, BertNormalizer, BertPreTokenizer); anything else is a VocabError naming what it is,
+    never a tokenizer that splits text differently."""
+    try:
+        cfg = json_loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VocabError(f"{path}: not a valid JSON file ({e})") from None
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    norm = (cfg.get("normalizer") if isinstance(cfg, dict) else None) or {}
+    pre = (cfg.get("pre_tokenizer") if isinstance(cfg, dict) else None) or {}
+    if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise VocabError(f"{path}: a {kind or 'unknown'} tokenizer; BERT's tokenizer is WordPiece")
+    if model.get("continuing_subword_prefix", "##") != "##" or norm.get("type") != "BertNormalizer" \
+            or pre.get("type") != "BertPreTokenizer":
+        raise VocabError(f"{path}: normalizer {norm.get('type')}, pre-tokenizer {pre.get('type')}, pieces "
+                         f"{model.get('continuing_subword_prefix')!r}; torchbert reproduces BERT's (BertNormalizer, "
+                         "BertPreTokenizer, ##) only")
+    vocab = model["vocab"]
+    check_vocab(vocab, where=str(path))
+    return vocab, {"lowercase": bool(norm.get("lowercase", True)), "strip_accents": norm.get("strip_accents"),
+                   "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True))}

@@ -3,7 +3,9 @@ negatives) -> one vector per text, a query close to its own passage (Sentence-BE
 Reimers and Gurevych 2019; trained with in-batch negatives, heads.BertForEmbedding).
 
 Files: JSON Lines {"query", "positive", "negative" (optional: a text or a list)}, or TSV with two or
-three columns in that order (query, positive, negative), its header optional. Model rows: each text
+three columns in that order (query, positive, negative), its header optional; an NLI file (columns
+sentence1, sentence2, label) as premise -> entailed hypothesis, contradictions the hard negatives
+(Sentence-BERT's recipe); or raw text, one text a line (.txt), for unsupervised SimCSE. Model rows: each text
 alone, `[CLS] text [SEP]`; an example's rows stay together in a batch (query, positive, negatives),
 and every other example's passages in the batch are its negatives. Dev scores: each dev query
 searched over every passage of the dev file (eval/retrieval.py): nDCG@10, MRR@10, recall@k.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,7 @@ import numpy as np
 from ..eval.retrieval import rank_scores, search
 from ..heads import BertForEmbedding
 from ..io.hf import read_sentence_transformers
-from ..io.texts import json_records
+from ..io.texts import json_records, lines
 from .encode import Encoded, check_room
 from .families import TaskFamily, TaskSettings, register_family
 from .formats import PathLike, existing, no_examples, table_rows
@@ -60,8 +63,13 @@ def pair_from_record(row: Any, where: str, default_id: str) -> PairExample:
 
 
 def read_pairs(path: PathLike) -> list[PairExample]:
-    """The (query, positive[, negatives]) examples of a JSON Lines or TSV file; errors name FILE:LINE."""
+    """The (query, positive[, negatives]) examples of a JSON Lines or TSV file, of an NLI file, or of
+    raw text (.txt); errors name FILE:LINE."""
     path = existing(path)
+    if path.suffix.lower() == ".txt":
+        return simcse_pairs(path)
+    if is_nli(path):
+        return nli_triplets(path)
     out = []
     if path.suffix.lower() in (".jsonl", ".json"):
         for n, row in json_records(path):
@@ -78,6 +86,55 @@ def read_pairs(path: PathLike) -> list[PairExample]:
                                    [_text(cells[2], "negative", where)] if len(cells) == 3 else [], where))
     if not out:
         raise no_examples(path, "query and positive pairs")
+    return out
+
+
+def simcse_pairs(path: Path) -> list[PairExample]:
+    """Unsupervised SimCSE (Gao et al., 2021): each non-blank line of a text file both the query and
+    its positive; the two encodings differ by dropout alone, and the batch's other lines are the
+    negatives. Embeddings for a user who has only a corpus."""
+    out = [PairExample(str(n), text.strip(), text.strip(), [], f"{path}:{n}") for n, text in lines(path)
+           if text.strip()]
+    if not out:
+        raise no_examples(path, "one text a line (unsupervised SimCSE)")
+    return out
+
+
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+
+
+def is_nli(path: Path) -> bool:
+    """A sentence-pair file with NLI labels (columns or fields sentence1, sentence2, label or gold_label)."""
+    first = next((text for _, text in lines(path) if text.strip()), "")
+    if path.suffix.lower() in (".jsonl", ".json"):
+        try:
+            keys = set(json.loads(first))
+        except (ValueError, TypeError):
+            return False
+    else:
+        keys = {c.strip().lower() for c in first.split("\t" if path.suffix.lower() != ".csv" else ",")}
+    return {"sentence1", "sentence2"} <= keys and bool(keys & {"label", "gold_label"})
+
+
+def nli_triplets(path: Path) -> list[PairExample]:
+    """An NLI file as Sentence-BERT trains on it: each premise the query, each hypothesis it entails a
+    positive, the hypotheses that contradict it its hard negatives (neutral ones are left out, as is a
+    premise that entails nothing). Read by the pair family's reader (TSV or CSV with a header, SNLI /
+    MultiNLI JSON Lines)."""
+    from .families import family
+
+    premises: dict[str, dict[str, list]] = {}
+    for ex in family("pair").read(path):
+        label = str(ex.label).strip().lower()
+        if label not in NLI_LABELS:
+            raise ValueError(f"{ex.where}: label {ex.label!r}; an NLI file's labels are {', '.join(NLI_LABELS)}")
+        p = premises.setdefault(ex.text_a, {"entailment": [], "contradiction": [], "where": ex.where})
+        if label != "neutral":
+            p[label].append(ex.text_b)
+    out = [PairExample(f"{p['where'].rsplit(':', 1)[-1]}.{k}", premise, positive, p["contradiction"], p["where"])
+           for premise, p in premises.items() for k, positive in enumerate(p["entailment"])]
+    if not out:
+        raise no_examples(path, "premises with an entailed hypothesis (NLI labels entailment, contradiction)")
     return out
 
 
@@ -98,7 +155,7 @@ class EmbeddingTask(TaskFamily):
     file_format = None  # no hub splits
     layouts = ("auto",)
     metrics = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100")
-    about = "a query -> its passage  JSONL {query, positive, negative} or TSV; in-batch negatives"
+    about = "a query -> its passage  JSONL {query, positive, negative}, TSV, NLI, or raw text (SimCSE)"
     export_outputs = ("embeddings",)
     example_file = ("pairs.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in (
         {"query": "what is the capital of France?", "positive": "Paris is the capital and largest city of France."},
@@ -110,7 +167,7 @@ class EmbeddingTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         return read_pairs(path)
 
-    settings = ("pooling", "temperature", "learn_temperature", "matryoshka")
+    settings = ("pooling", "temperature", "learn_temperature", "matryoshka", "mini_batch")
     endpoints = ("embeddings",)  # its vectors (the ranks of `predict` are a dev file's, not a request's)
 
     def configure(self, config, label_map, ts=None, model_dir=None):
@@ -126,7 +183,8 @@ class EmbeddingTask(TaskFamily):
             raise ValueError(f"--matryoshka {dims[0]}: the model's vectors have {config.hidden_size} dimensions; "
                              "give smaller ones (the full vector is always trained)")
         config.extra = {**config.extra, "pooling": pooling, "temperature": ts.temperature,
-                        "learn_temperature": ts.learn_temperature, "matryoshka": dims or None}
+                        "learn_temperature": ts.learn_temperature, "matryoshka": dims or None,
+                        "mini_batch": ts.mini_batch}
         return config
 
     def from_record(self, record, where, default_id):

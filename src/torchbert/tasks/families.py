@@ -66,6 +66,10 @@ class TaskSettings(Checked):
     matryoshka: list[int] | None = setting(None, "embedding: also train each vector's first D dimensions as an "
                                                  "embedding of its own, for each D given (Matryoshka representation "
                                                  "learning; `serve` then honours `dimensions`)", low=1, metavar="D")
+    mini_batch: int | None = setting(None, "embedding: encode a training batch this many texts at a time and keep "
+                                           "only each one's inputs, recomputing its activations in the backward "
+                                           "(GradCache's memory: in-batch negatives over a batch of any size in the "
+                                           "memory of MINI texts; about 1.3x the time)", low=1, metavar="MINI")
     rerank_loss: str = setting("listwise", "reranker: listwise, a softmax over each query's passages (each query "
                                            "needs a relevant one), or pointwise, binary cross-entropy per pair",
                                choices=("listwise", "pointwise"))

@@ -97,7 +97,7 @@ class FinetuneSettings(Checked):
 
 # the TaskSettings fields `finetune` takes as flags (the others come from the task and its preset)
 ENCODING_FLAGS = ("max_length", "doc_stride", "max_query_length", "label_all_subtokens", "n_best", "max_answer_length",
-                  "null_threshold", "pooling", "temperature", "learn_temperature", "matryoshka", "rerank_loss",
+                  "null_threshold", "pooling", "temperature", "learn_temperature", "matryoshka", "mini_batch", "rerank_loss",
                   "sampled_negatives")
 # fine-tuning's own defaults of the loop's settings (FinetuneSettings.resolve: lr None is decided there)
 LOOP_DEFAULTS = {"seed": 42, "lr": None}
