@@ -180,3 +180,15 @@ def test_bench_simcse_trains_on_raw_sentences_and_reports_the_gain_in_standard_e
     assert re.search(r"raw \(mean pooling\): nDCG@10 0\.\d{3} ± 0\.\d{3} \(SE\)", out)
     rows = [r for r in table_rows(out) if r[0] == "0.0001"]
     assert [r[1] for r in rows] == ["0", "mean ± std"] and re.fullmatch(r"[+-]\d+\.\d", rows[0][4])
+
+
+def test_bench_sparse_scores_the_mlm_heads_vectors_and_a_bag_of_words(tmp_path):
+    from clihelp import tiny_bert
+
+    import realdata
+
+    base = tiny_bert(tmp_path / "base", realdata.minilm_dir())
+    out = run_bench("bench_sparse.py", "--model", str(base), "--queries", "30")
+    rows = [r for r in table_rows(out) if r[0] == str(base)]
+    assert [r[1] for r in rows] == ["MLM head, max log(1+ReLU)", "idf-weighted bag of its tokens"]
+    assert all(0 <= float(r[2].split(" ± ")[0]) <= 1 for r in rows)

@@ -61,7 +61,7 @@ def test_int8_keeps_the_feed_forward_down_projections_in_fp32(minilm_onnx):
     assert len(quantized) == 6 * 3 + 1  # q/k/v (one product), attention output, up projection; the pooler
 
 
-@pytest.mark.parametrize("task", ["classification", "token", "qa", "multiple-choice"])
+@pytest.mark.parametrize("task", ["classification", "token", "qa", "multiple-choice", "embedding", "reranker"])
 def test_each_task_head_exports_and_matches(task, minilm_dir, tmp_path):
     """A tiny BERT under each head, fine-tuned for a few steps, exported and checked."""
     from clihelp import squad_file, tiny_bert, write_conll
@@ -80,6 +80,10 @@ def test_each_task_head_exports_and_matches(task, minilm_dir, tmp_path):
         path = tmp_path / "t.jsonl"
         path.write_text("".join(json.dumps({"context": a, "choices": [b, "no"], "label": i % 2}) + "\n"
                                 for i, (a, b) in enumerate(zip(en, en[1:]))), encoding="utf-8")
+    elif task in ("embedding", "reranker"):
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps({"query": a, "positive": b}) + "\n" for a, b in zip(en, en[1:])),
+                        encoding="utf-8")
     else:
         path = tmp_path / "t.jsonl"
         path.write_text("".join(json.dumps({"text": t, "label": str(i % 2)}) + "\n" for i, t in enumerate(en)),
@@ -90,7 +94,7 @@ def test_each_task_head_exports_and_matches(task, minilm_dir, tmp_path):
     assert main(["export", "--model", str(run), "--out", str(tmp_path / "onnx")]) == 0
     report = json.loads((tmp_path / "onnx" / "export.json").read_text())
     assert report["kind"] == task and max(report["max_abs_diff_fp32"].values()) < 1e-4
-    want = ["start_logits", "end_logits"] if task == "qa" else ["logits"]
+    want = {"qa": ["start_logits", "end_logits"], "embedding": ["embeddings"]}.get(task, ["logits"])
     assert report["outputs"] == want
     assert [o.name for o in ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx")).get_outputs()] == want
 
