@@ -192,3 +192,16 @@ def test_bench_sparse_scores_the_mlm_heads_vectors_and_a_bag_of_words(tmp_path):
     rows = [r for r in table_rows(out) if r[0] == str(base)]
     assert [r[1] for r in rows] == ["MLM head, max log(1+ReLU)", "idf-weighted bag of its tokens"]
     assert all(0 <= float(r[2].split(" ± ")[0]) <= 1 for r in rows)
+
+
+def test_bench_rerank_trains_a_reranker_and_reorders_the_first_stage(tmp_path):
+    from clihelp import tiny_bert
+
+    import realdata
+
+    base = tiny_bert(tmp_path / "base", realdata.minilm_dir())
+    out = run_bench("bench_rerank.py", "--model", str(base), "--queries", "30", "--pairs", "48", "--top", "5",
+                    "--hard", "1")
+    rows = table_rows(out)
+    assert [r[0].split(" (")[0] for r in rows if r[0] != "search"] == ["idf-weighted bag of tokens", "+ reranker"]
+    assert re.search(r"the passage is among the top 5 for \d+\.\d% of the queries", out)
