@@ -359,3 +359,53 @@ def test_mini_batches_recompute_the_same_activations_and_gradients(minilm_dir, m
     loss4, grads4 = step()
     assert loss3 == pytest.approx(loss4, rel=1e-4)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-3) for a, b in zip(grads3, grads4))
+
+
+@pytest.mark.e2e
+def test_scored_pairs_are_evaluated_by_spearman_as_sentence_transformers_does(minilm_dir, tmp_path, capsys):
+    """STS's layout (sentence1, sentence2, score): `evaluate` gives the Spearman correlation of the
+    pairs' cosine with their scores, equal to sentence-transformers' EmbeddingSimilarityEvaluator on the
+    same model; a scored file cannot train (it holds no positives), and as --dev it picks epochs by it."""
+    import realdata
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+
+    from torchbert.apps.samples import inverse_cloze, jsonl_text, peoples_daily_paragraphs
+    from torchbert.cli import main
+
+    en = list(realdata.english_texts()[:24])
+    rows = [(a, b, float(i % 6)) for i, (a, b) in enumerate(zip(en, en[1:] + en[:1]))]
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)[:32]
+    (tmp_path / "train.jsonl").write_text(jsonl_text(pairs), encoding="utf-8")
+    run = tmp_path / "run"
+    args = ["finetune", "--task", "embedding", "--model", str(minilm_dir), "--out", str(run), "--epochs", "1",
+            "--batch-size", "16", "--max-length", "64", "--quiet"]
+    assert main(args + ["--train", str(sts)]) == 2
+    assert "sts.tsv:2: scored pairs (sentence1, sentence2, score) are for evaluation" in capsys.readouterr().err
+    assert main(args + ["--train", str(tmp_path / "train.jsonl"), "--dev", str(sts)]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert set(metrics) >= {"spearman", "pearson"} and "ndcg@10" not in metrics
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(run), "--data", str(sts), "--quiet"]) == 0
+    ours = json.loads(capsys.readouterr().out)["spearman"]
+    st = SentenceTransformer(str(run), device="cpu")
+    st.max_seq_length = 64  # as the run encodes (its --max-length)
+    theirs = EmbeddingSimilarityEvaluator([a for a, _, _ in rows], [b for _, b, _ in rows], [y for *_, y in rows],
+                                          main_similarity="cosine")(st)
+    assert ours == pytest.approx(next(v for k, v in theirs.items() if k.endswith("spearman_cosine")), abs=1e-6)
+
+
+def test_scored_pairs_are_read_with_file_and_line_errors(tmp_path):
+    path = tmp_path / "sts.tsv"
+    path.write_text("id\tsentence1\tsentence2\tscore\n7\tA cat.\tA dog.\t1.5\n")
+    (got,) = read_pairs(path)
+    assert (got.query, got.positive, got.score, got.where[-2:]) == ("A cat.", "A dog.", 1.5, ":2")
+    path.write_text("sentence1\tsentence2\tscore\nA\tB\thigh\n")
+    with pytest.raises(ValueError, match=r"sts.tsv:2: \"score\" is \"high\"; expected a number"):
+        read_pairs(path)
+    j = tmp_path / "sts.jsonl"
+    j.write_text(json.dumps({"sentence1": "A", "sentence2": "", "score": 2}) + "\n")
+    with pytest.raises(ValueError, match=r"sts.jsonl:1: \"sentence2\" is \"\""):
+        read_pairs(j)

@@ -5,7 +5,8 @@ Reimers and Gurevych 2019; trained with in-batch negatives, heads.BertForEmbeddi
 Files: JSON Lines {"query", "positive", "negative" (optional: a text or a list)}, or TSV with two or
 three columns in that order (query, positive, negative), its header optional; an NLI file (columns
 sentence1, sentence2, label) as premise -> entailed hypothesis, contradictions the hard negatives
-(Sentence-BERT's recipe); or raw text, one text a line (.txt), for unsupervised SimCSE. Model rows: each text
+(Sentence-BERT's recipe); or raw text, one text a line (.txt), for unsupervised SimCSE. Scored pairs
+(sentence1, sentence2, score: STS) are evaluated by Spearman's correlation of their cosine. Model rows: each text
 alone, `[CLS] text [SEP]`; an example's rows stay together in a batch (query, positive, negatives),
 and every other example's passages in the batch are its negatives. Dev scores: each dev query
 searched over every passage of the dev file (eval/retrieval.py): nDCG@10, MRR@10, recall@k.
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..eval import metrics
 from ..eval.retrieval import rank_scores, search
 from ..heads import BertForEmbedding
 from ..io.hf import read_sentence_transformers
@@ -40,6 +42,7 @@ class PairExample:
     positive: str
     negatives: list[str]
     where: str = ""
+    score: float | None = None  # a scored pair's similarity (STS: sentence1, sentence2, score), for evaluation
 
 
 def _text(value: Any, key: str, where: str) -> str:
@@ -70,6 +73,8 @@ def read_pairs(path: PathLike) -> list[PairExample]:
         return simcse_pairs(path)
     if is_nli(path):
         return nli_triplets(path)
+    if is_nli(path, label=("score",)):
+        return scored_pairs(path)
     out = []
     if path.suffix.lower() in (".jsonl", ".json"):
         for n, row in json_records(path):
@@ -103,8 +108,9 @@ def simcse_pairs(path: Path) -> list[PairExample]:
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 
 
-def is_nli(path: Path) -> bool:
-    """A sentence-pair file with NLI labels (columns or fields sentence1, sentence2, label or gold_label)."""
+def is_nli(path: Path, label: tuple[str, ...] = ("label", "gold_label")) -> bool:
+    """A sentence-pair file with NLI labels (columns or fields sentence1, sentence2, label or gold_label),
+    or with another `label` column (STS: score)."""
     first = next((text for _, text in lines(path) if text.strip()), "")
     if path.suffix.lower() in (".jsonl", ".json"):
         try:
@@ -113,7 +119,7 @@ def is_nli(path: Path) -> bool:
             return False
     else:
         keys = {c.strip().lower() for c in first.split("\t" if path.suffix.lower() != ".csv" else ",")}
-    return {"sentence1", "sentence2"} <= keys and bool(keys & {"label", "gold_label"})
+    return {"sentence1", "sentence2"} <= keys and bool(keys & set(label))
 
 
 def nli_triplets(path: Path) -> list[PairExample]:
@@ -135,6 +141,37 @@ def nli_triplets(path: Path) -> list[PairExample]:
            for premise, p in premises.items() for k, positive in enumerate(p["entailment"])]
     if not out:
         raise no_examples(path, "premises with an entailed hypothesis (NLI labels entailment, contradiction)")
+    return out
+
+
+def scored_pairs(path: Path) -> list[PairExample]:
+    """Sentence pairs with a similarity score (STS: columns or fields sentence1, sentence2, score), for
+    evaluation: Spearman's correlation of their cosine with the score."""
+    def example(n: int, a: Any, b: Any, score: Any) -> PairExample:
+        where = f"{path}:{n}"
+        try:
+            value = float(score)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if isinstance(score, bool) or value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{where}: \"score\" is {json.dumps(score, ensure_ascii=False)[:40]}; expected a number")
+        return PairExample(str(n), _text(a, "sentence1", where), _text(b, "sentence2", where), [], where, score=value)
+
+    if path.suffix.lower() in (".jsonl", ".json"):
+        out = [example(n, row.get("sentence1"), row.get("sentence2"), row.get("score")) if isinstance(row, dict)
+               else example(n, None, None, None) for n, row in json_records(path)]
+    else:
+        rows = table_rows(path, tsv=path.suffix.lower() != ".csv")
+        _, header = next(rows)
+        at = {c.strip().lower(): i for i, c in enumerate(header)}
+        cols = [at["sentence1"], at["sentence2"], at["score"]]
+        out = []
+        for n, cells in rows:
+            if len(cells) <= max(cols):
+                raise ValueError(f"{path}:{n}: {len(cells)} columns; the header names {len(header)}")
+            out.append(example(n, *(cells[i] for i in cols)))
+    if not out:
+        raise no_examples(path, "sentence pairs with a score")
     return out
 
 
@@ -191,7 +228,13 @@ class EmbeddingTask(TaskFamily):
         return pair_from_record(record, where, default_id)
 
     def _encode(self, tokenizer, examples, ts, label2id, training):
+        if training and examples and examples[0].score is not None:
+            raise ValueError(f"{examples[0].where}: scored pairs (sentence1, sentence2, score) are for evaluation "
+                             "(Spearman's correlation); train on query and positive pairs, NLI or raw text")
         return encode_pairs(tokenizer, examples, ts.max_length)
+
+    def best_metric(self, label_map, preset, dev=None):
+        return "spearman" if dev and dev[0].score is not None else self.metrics[0]
 
     def batch_targets(self, encoded, rows, units):
         return {}  # the targets are the batch's layout (num_choices): each query's own passage
@@ -219,7 +262,11 @@ class EmbeddingTask(TaskFamily):
     def records(self, examples, encoded, outputs, ts, id2label):
         """Each query searched over every distinct passage of the file (positives and negatives): the
         rank of its own passage (0: first; None: beyond 100) and their cosine similarity; a model
-        trained with --matryoshka also ranks by each vector's first D dimensions (ranks: {D: rank})."""
+        trained with --matryoshka also ranks by each vector's first D dimensions (ranks: {D: rank}).
+        Scored pairs (STS): each pair's cosine similarity."""
+        if examples and examples[0].score is not None:
+            return [{"id": ex.id, "cosine": round((_unit(e[:1]) @ _unit(e[1:2]).T).item(), 6)}
+                    for ex, e in zip(examples, outputs)]
         ids: dict[str, int] = {}
         rows = []
         for ex, emb in zip(examples, outputs):
@@ -243,6 +290,9 @@ class EmbeddingTask(TaskFamily):
         return records
 
     def score(self, records, examples, label_map):
+        if examples and examples[0].score is not None:
+            found = metrics.regression_scores([r["cosine"] for r in records], [ex.score for ex in examples])
+            return {"spearman": found["spearman"], "pearson": found["pearson"]}
         scores = rank_scores([r["rank"] for r in records])
         for d in records[0].get("ranks", {}) if records else ():
             scores[f"ndcg@10_d{d}"] = rank_scores([r["ranks"][d] for r in records])["ndcg@10"]

@@ -247,7 +247,10 @@ class TaskFamily:
         """How dev is scored when it depends on the labels (token tasks), else None."""
         return None
 
-    def best_metric(self, label_map: LabelMap | None, preset: formats.TaskPreset | None) -> str:
+    def best_metric(self, label_map: LabelMap | None, preset: formats.TaskPreset | None,
+                    dev: list | None = None) -> str:
+        """The dev score that picks the best epoch (dev: the dev examples, for families whose score
+        depends on what the dev file holds)."""
         return preset.metric if preset is not None else self.metrics[0]
 
 

@@ -319,7 +319,7 @@ class TokenTask(TaskFamily):
     def scoring(self, label_map):
         return metrics.token_scoring(label_map.labels)
 
-    def best_metric(self, label_map, preset):
+    def best_metric(self, label_map, preset, dev=None):
         return metrics.TAG_METRICS[0] if self.scoring(label_map) == "tags" else super().best_metric(label_map, preset)
 
 

@@ -263,7 +263,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             write_record(s.out, record)
             folder.commit(checkpoint)
         scoring = fam.scoring(label_map)
-        best = _Best(s.out, fam.best_metric(label_map, preset), dist)
+        best = _Best(s.out, fam.best_metric(label_map, preset, dev_examples), dist)
         evaluations = {"step": 0}
         if s.resume:
             ckpt = latest_checkpoint(s.out)
