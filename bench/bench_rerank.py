@@ -22,6 +22,7 @@ import math
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_simcse import heldout_and_sentences  # noqa: E402
+from bench_sparse import bag as bag_of_tokens  # noqa: E402
 
 from torchbert.apps.samples import RETRIEVAL_QUERIES, inverse_cloze, jsonl_text, peoples_daily_paragraphs  # noqa: E402
 from torchbert.eval.retrieval import retrieval_scores, search  # noqa: E402
@@ -67,12 +69,7 @@ def main() -> None:
     relevant = [{ids[p["positive"]]} for p in test]
     tok = BertTokenizer.from_pretrained(args.model)
 
-    def bag(texts: list[str]) -> np.ndarray:
-        m = np.zeros((len(texts), len(tok.vocab)), np.float32)
-        for i, row in enumerate(tok.encode_ids(texts)):
-            m[i, row[1:-1]] = 1.0
-        return m
-
+    bag = partial(bag_of_tokens, tok)
     db = bag(corpus)
     idf = np.log(len(corpus) / (1.0 + (db > 0).sum(0))).astype(np.float32)
     _, first = search(bag([p["query"] for p in test]) * idf, db * idf, args.top)

@@ -28,6 +28,14 @@ from bench_simcse import heldout_and_sentences  # noqa: E402
 from torchbert.eval.retrieval import retrieval_scores, search  # noqa: E402
 
 
+def bag(tok, texts: list[str]) -> np.ndarray:
+    """1 for each WordPiece token of each text (its specials left out): [texts, vocabulary]."""
+    m = np.zeros((len(texts), len(tok.vocab)), np.float32)
+    for i, row in enumerate(tok.encode_ids(texts)):
+        m[i, row[1:-1]] = 1.0
+    return m
+
+
 def ndcg(queries: np.ndarray, docs: np.ndarray, relevant: list[set[int]]) -> tuple[float, float]:
     _, ranked = search(queries.astype(np.float32), docs.astype(np.float32), 100)
     per = [retrieval_scores(ranked[i:i + 1], relevant[i:i + 1])["ndcg@10"] for i in range(len(relevant))]
@@ -69,19 +77,13 @@ def main() -> None:
                 out.append(weights.max(1).values.numpy())
             return np.concatenate(out)
 
-        def bag(texts: list[str]) -> np.ndarray:
-            m = np.zeros((len(texts), len(tok.vocab)), np.float32)
-            for i, row in enumerate(tok.encode_ids(texts)):
-                m[i, row[1:-1]] = 1.0
-            return m
-
         d = sparse(corpus)
         value, se = ndcg(sparse([p["query"] for p in test]), d, relevant)
         print(f"| {folder} | MLM head, max log(1+ReLU) | {value:.3f} ± {se:.3f} | {(d > 0).sum(1).mean():,.0f} "
               f"of {d.shape[1]:,} |")
-        db = bag(corpus)
+        db = bag(tok, corpus)
         idf = np.log(len(corpus) / (1.0 + (db > 0).sum(0))).astype(np.float32)
-        value, se = ndcg(bag([p["query"] for p in test]) * idf, db * idf, relevant)
+        value, se = ndcg(bag(tok, [p["query"] for p in test]) * idf, db * idf, relevant)
         print(f"| {folder} | idf-weighted bag of its tokens | {value:.3f} ± {se:.3f} | {(db > 0).sum(1).mean():,.0f} |")
 
 

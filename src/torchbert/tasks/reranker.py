@@ -32,7 +32,7 @@ from ..eval.retrieval import retrieval_scores
 from ..heads import BertForReranking
 from ..losses import choice_block
 from ..io.texts import json_records
-from .embedding import PairExample, pair_from_record, read_pairs
+from .embedding import PairExample, _text, pair_from_record, read_pairs
 from .encode import Encoded, check_room, where_of
 from .families import TaskFamily, register_family
 from .formats import PathLike, existing, no_examples, table_rows
@@ -65,13 +65,6 @@ def _label(value: Any, where: str) -> float:
         raise ValueError(f"{where}: \"label\" is {json.dumps(value, ensure_ascii=False)[:40]}; expected a number "
                          "from 0 (not relevant) to 1 (relevant)")
     return label
-
-
-def _text(value: Any, key: str, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: \"{key}\" is {json.dumps(value, ensure_ascii=False)[:60]}; expected a non-empty "
-                         "string")
-    return value
 
 
 def example_from_record(row: Any, where: str, default_id: str) -> RerankExample:
