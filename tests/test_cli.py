@@ -32,7 +32,8 @@ def test_embed_txt_to_npy(tmp_path, capsys, minilm_dir, expected):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     code, out, _ = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
-                       str(tmp_path / "e.npy"), "--normalize", "--batch-size", "7", "--quiet", "--show-neighbours", "2")
+                       str(tmp_path / "e.npy"), "--normalize", "--batch-size", "7", "--quiet", "--show-neighbours", "2",
+                       "--precision", "fp32")
     assert code == 0
     got = np.load(tmp_path / "e.npy")
     assert got.shape == (60, 384)
@@ -45,7 +46,7 @@ def test_embed_jsonl_to_safetensors_with_minilm_alias(tmp_path, capsys, expected
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(TEXTS)))
     code, _, _ = run(capsys, "embed", "--model", "minilm", "--input", str(src), "--out", str(tmp_path / "e.safetensors"),
-                     "--normalize", "--quiet")
+                     "--normalize", "--quiet", "--precision", "fp32")
     assert code == 0
     got = load_file(tmp_path / "e.safetensors")["embeddings"]
     assert_parity(got, expected)
@@ -149,8 +150,8 @@ def test_embed_pools_and_normalizes_as_the_model_folder_says(tmp_path, capsys, m
     src = tmp_path / "in.txt"
     src.write_text("\n".join(texts) + "\n")
     code, out, _ = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",
-                       str(tmp_path / "e.npy"), "--quiet")
-    assert code == 0 and "(mean pooling, layers last, normalized)" in out
+                       str(tmp_path / "e.npy"), "--quiet", "--precision", "fp32")
+    assert code == 0 and "(mean pooling, layers last, normalized; computed in fp32)" in out
     want = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, convert_to_numpy=True)
     assert abs(np.load(tmp_path / "e.npy") - want).max() < 1e-5
     code, _, err = run(capsys, "embed", "--model", str(minilm_dir), "--input", str(src), "--out",

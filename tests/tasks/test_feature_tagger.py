@@ -283,14 +283,15 @@ def test_transformers_reads_the_encoder_of_a_run(runs):
 def test_evaluate_and_predict_read_the_run_folder(runs, wnut, tmp_path, capsys, kind):
     root, _, dev = wnut
     run = runs[kind]
-    code, out, err = cli(capsys, "evaluate", "--model", run, "--data", root / "dev.conll", "--quiet")
+    code, out, err = cli(capsys, "evaluate", "--model", run, "--data", root / "dev.conll", "--quiet",
+                         "--precision", "fp32")
     assert code == 0, err
     best = json.loads((run / "metrics.json").read_text())
     assert json.loads(out)["f1"] == pytest.approx(best["f1"], abs=1e-9)
     assert json.loads(out)["token_accuracy"] == pytest.approx(best["token_accuracy"], abs=1e-9)
     (tmp_path / "words.txt").write_text("".join("\n".join(w) + "\n\n" for w, _ in dev), encoding="utf-8")
     code, _, err = cli(capsys, "predict", "--model", run, "--input", tmp_path / "words.txt", "--out",
-                       tmp_path / "p.jsonl", "--quiet")
+                       tmp_path / "p.jsonl", "--quiet", "--precision", "fp32")
     assert code == 0, err
     preds = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     reference = [json.loads(x) for x in (run / "dev_predictions.jsonl").read_text().splitlines()]

@@ -17,7 +17,6 @@ its task's family says (TaskFamily.endpoints).
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 from dataclasses import dataclass, replace
@@ -72,10 +71,10 @@ class Embedder:
         import torch
 
         from ..config import load_config
+        from ..fast import at_precision
+        from ..io.hf import folder_pooling
         from ..model import BertModel
         from ..tokenizer import BertTokenizer
-
-        from ..io.hf import folder_pooling
 
         # None: the folder's own (its sentence-transformers files), else mean
         self.pooling = pooling or (folder_pooling(model_dir) if model_dir is not None else "mean")
@@ -83,12 +82,8 @@ class Embedder:
         self.limits, self.precision = limits or Limits(), precision
         self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
         self.model = model
-        if model is None and load:
-            self.model = BertModel.from_pretrained(model_dir).eval().to(torch.device(device))
-            if precision == "int8":
-                from ..fast.int8 import int8
-
-                self.model = int8(self.model)
+        if model is None and load:  # a model given (a fine-tuned one's encoder) is in `precision` already
+            self.model = at_precision(BertModel.from_pretrained(model_dir).eval().to(torch.device(device)), precision)
         self.config = model.config if model is not None else load_config(model_dir)
         limit = self.config.max_position_embeddings
         self.max_length = min(max_length or limit, limit)
@@ -131,7 +126,7 @@ class Embedder:
         from ..features import embed_ids
 
         out = np.empty((len(ids), self.config.hidden_size), dtype=np.float32)
-        with _autocast(self.precision, self.model), _fast(self.model):
+        with _fast(self.model):
             for idx in budget_batches([len(x) for x in ids], self.limits.max_batch_tokens):
                 out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling,
                                      normalize=self.normalize, batch_size=len(idx))
@@ -176,7 +171,7 @@ class Predictor:
         self.name, self.precision = name, precision  # fp32, bf16 or int8
         if load:
             self.model, self.tokenizer, self.ts, _ = load_finetuned(model_dir, None, torch.device(device),
-                                                                    self.precision == "int8")
+                                                                    self.precision)
             self.config = self.model.config
         else:  # the task's settings and the tokenizer, to read requests; the model runs elsewhere
             self.model, self.config = None, load_config(model_dir)
@@ -236,7 +231,7 @@ class Predictor:
 
         encoded = self.family.encode(self.tokenizer, examples, self.ts, None, training=False, use_labels=False)
         data = TaskData(encoded, self.family)
-        with _autocast(self.precision, self.model), _fast(self.model):  # the batcher sized it: one pass
+        with _fast(self.model):  # the batcher sized it: one pass
             return predict(self.model, data, examples, self.ts, self.id2label, len(data), self.device)
 
     def encode(self, records: list, call: Call) -> dict:
@@ -267,7 +262,7 @@ class Reranker:
 
         self.name, self.precision, self.device = name, precision, torch.device(device)
         if load:
-            self.model, self.tokenizer, ts, _ = load_finetuned(model_dir, None, self.device, precision == "int8")
+            self.model, self.tokenizer, ts, _ = load_finetuned(model_dir, None, self.device, precision)
             self.config = self.model.config
         else:
             self.model, self.config = None, load_config(model_dir)
@@ -326,7 +321,7 @@ class Reranker:
 
         encoded = self.family.encode(self.tokenizer, pairs, self.ts, None, training=False, use_labels=False)
         data = TaskData(encoded, self.family)
-        with _autocast(self.precision, self.model), _fast(self.model):  # the batcher sized it: one pass
+        with _fast(self.model):  # the batcher sized it: one pass
             records = predict(self.model, data, pairs, self.ts, None, len(data), self.device)
         return [r["scores"][0] for r in records]
 
@@ -372,16 +367,6 @@ def _fast(model):
     from .. import fast
 
     return fast.inference(model)
-
-
-def _autocast(precision: str, model):
-    """bf16: the model's matrix products in bfloat16 (torch.autocast; its weights stay fp32). fp32
-    and int8 (an encoder that is already 8-bit) run as they are."""
-    from ..train.loop import autocast
-
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return autocast(precision, next(itertools.chain(model.parameters(), model.buffers())).device)
 
 
 # -- what a request may hold ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..apps.recipes import DEFAULT, RECIPES
 from ..errors import UserError
+from ..hardware import PRECISIONS
 from ..settings import Checked, SettingError, add_flags, check_field, from_args, setting
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
@@ -34,7 +35,12 @@ class Common(Checked):
     resume: bool = setting(False, "continue the run in --out from its newest checkpoint")
     overwrite: bool = setting(False, "replace a non-empty --out")
     int8: bool = setting(False, INT8_HELP)
-    precision: str = setting("fp32", "fp32 or bf16 (default: fp32)", choices=("fp32", "bf16"))
+    precision: str = setting("auto", "auto (default): bf16 where the device multiplies it natively (a CPU with AMX or "
+                                     "AVX512-BF16, a GPU with bf16), else fp32; fp32: exact, what the parity tests "
+                                     "use; bf16: the encoder's weights in bfloat16, outputs in fp32 (MiniLM: 1.9x "
+                                     "fp32's texts/s on AVX512-BF16, embeddings within cosine 0.9998 of fp32's; "
+                                     "bench/README.md). `torchbert env` says what this machine picks",
+                             choices=PRECISIONS)
 
 
 def shared_flags(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
@@ -126,21 +132,6 @@ def pick_device(name: str):
     return device
 
 
-def fast_bf16(device) -> bool:
-    """Whether the device has fast bf16 matrix products: a CUDA GPU that supports bf16, or a CPU on
-    which oneDNN runs bf16 natively (AVX512 or AMX)."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            return False
-    return False
-
-
 def cpu_for_int8(args: argparse.Namespace):
     """The device; --int8 runs on the CPU only."""
     device = pick_device(args.device)
@@ -151,6 +142,32 @@ def cpu_for_int8(args: argparse.Namespace):
 
         device = torch.device("cpu")
     return device
+
+
+def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> str:
+    """fp32, bf16 or int8: what --precision (and --int8, where the command has it) ask for on `device`
+    for the model in `model_dir`; a note on stderr says when bf16 was picked, and why. bf16 runs BERT
+    encoders: for a GPT or ELMo folder, auto is fp32 and bf16 an error."""
+    from .. import hardware
+    from ..config import BertConfig, load_config
+
+    if getattr(args, "int8", False):
+        if args.precision == "bf16":
+            raise UserError("--precision bf16 and --int8 exclude each other: pick one")
+        return "int8"
+    try:
+        precision, why = hardware.inference_precision(args.precision, device)
+        bert = isinstance(load_config(model_dir), BertConfig)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if precision == "bf16" and not bert:
+        if args.precision == "bf16":
+            raise UserError(f"--precision bf16: runs BERT encoders, and {model_dir} holds another model; use fp32")
+        return "fp32"
+    if precision == "bf16":
+        print(f"note: computing in bf16 (--precision {args.precision}: {why}); --precision fp32 for fp32's exact "
+              "numbers", file=sys.stderr)
+    return precision
 
 
 def int8_note() -> None:

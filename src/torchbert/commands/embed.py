@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..errors import RunFailed, UserError
 from ..settings import Checked, add_flags, setting
-from .common import command, cpu_for_int8, int8_model, resolve_model, settings_from, shared_flags
+from .common import (command, cpu_for_int8, inference_precision, int8_model, resolve_model, settings_from,
+                     shared_flags)
 
 COMPUTES = True
 EPILOG = """\
@@ -52,7 +53,7 @@ def add(sub) -> None:
     add_flags(p, EmbedSettings, only=("input", "out", "pooling", "layers", "normalize"))
     shared_flags(p, "batch_size", batch_size="texts per batch (default: 64)")
     add_flags(p, EmbedSettings, only=("max_length", "show_neighbours"))
-    shared_flags(p, "device", "threads", "int8", "quiet")
+    shared_flags(p, "device", "threads", "precision", "int8", "quiet")
 
 
 def run(args) -> None:
@@ -86,8 +87,13 @@ def run(args) -> None:
     limit = model.config.max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
-    if args.int8:
+    precision = inference_precision(args, device, model_dir)
+    if precision == "int8":
         model = int8_model(model, s.layers)
+    elif precision == "bf16":
+        from ..fast.bf16 import bf16
+
+        model = bf16(model)
     empty = sum(1 for t in texts if not t.strip())
     if empty:
         print(f"note: {empty} empty line(s) in {s.input} embed as the empty text", file=sys.stderr)
@@ -113,7 +119,7 @@ def run(args) -> None:
 
         atomic_write(out, lambda tmp: save_file({"embeddings": torch.from_numpy(emb)}, tmp))
     print(f"wrote {out}: {emb.shape[0]} x {emb.shape[1]} float32 ({s.pooling} pooling, layers {s.layers}"
-          f"{', normalized' if s.normalize else ''}) in {seconds:.1f}s, {len(texts) / seconds:.0f} texts/s")
+          f"{', normalized' if s.normalize else ''}; computed in {precision}) in {seconds:.1f}s, {len(texts) / seconds:.0f} texts/s")
     if s.show_neighbours:
         show_neighbours(texts, emb, s.show_neighbours)
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..settings import add_flags
-from .common import command, cpu_for_int8, resolve_model, settings_from, shared_flags
+from .common import command, cpu_for_int8, inference_precision, resolve_model, settings_from, shared_flags
 
 COMPUTES = True
 EPILOG = """\
@@ -29,7 +29,8 @@ def finetuned_flags(p, settings) -> None:
     """The flags of the commands that run a fine-tuned model on a file (evaluate, predict)."""
     shared_flags(p, "model", model="fine-tuned run folder")
     add_flags(p, settings)
-    shared_flags(p, "batch_size", "device", "threads", "quiet", "int8", batch_size="sequences per batch (default: 64)")
+    shared_flags(p, "batch_size", "device", "threads", "quiet", "precision", "int8",
+                 batch_size="sequences per batch (default: 64)")
 
 
 def add(sub) -> None:
@@ -45,8 +46,11 @@ def run(args) -> None:
     s = settings_from(EvaluateSettings, args)
     if s.out:
         check_output_file(Path(s.out), inputs=[("--data", s.data), *model_inputs(args.model)])
-    scores, _ = run_evaluate(resolve_model(args.model), Path(s.data), s.task, cpu_for_int8(args),
-                             args.batch_size, progress=not args.quiet, int8=args.int8)
+    device = cpu_for_int8(args)
+    model_dir = resolve_model(args.model)
+    precision = inference_precision(args, device, model_dir)
+    scores, _ = run_evaluate(model_dir, Path(s.data), s.task, device,
+                             args.batch_size, progress=not args.quiet, precision=precision)
     text = json.dumps(scores, indent=2)
     if s.out:
         atomic_write_text(Path(s.out), text + "\n")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import command, cpu_for_int8, resolve_model, settings_from
+from .common import command, cpu_for_int8, inference_precision, resolve_model, settings_from
 from .evaluate import EPILOG, finetuned_flags
 
 COMPUTES = True
@@ -26,7 +26,10 @@ def run(args) -> None:
 
     s = settings_from(PredictSettings, args)
     check_output_file(Path(s.out), inputs=[("--input", s.input), *model_inputs(args.model)])
-    records = run_predict(resolve_model(args.model), Path(s.input), cpu_for_int8(args), args.batch_size,
-                          progress=not args.quiet, int8=args.int8)
+    device = cpu_for_int8(args)
+    model_dir = resolve_model(args.model)
+    precision = inference_precision(args, device, model_dir)
+    records = run_predict(model_dir, Path(s.input), device, args.batch_size,
+                          progress=not args.quiet, precision=precision)
     atomic_write_text(Path(s.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     print(f"wrote {s.out}: {len(records)} predictions")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..settings import Checked, add_flags, setting
-from .common import command, cpu_for_int8, fast_bf16, int8_note, resolve_model, settings_from, shared_flags
+from .common import command, cpu_for_int8, inference_precision, int8_note, resolve_model, settings_from, shared_flags
 
 COMPUTES = True
 EPILOG = """\
@@ -75,10 +75,7 @@ def add(sub) -> None:
     add_flags(p, ServeSettings, skip=("log_level",))
     add_flags(p, Limits)
     add_flags(p, ServeSettings, only=("log_level",))
-    shared_flags(p, "device", "threads", "precision", "int8",
-                 precision="fp32 (default; answers equal offline embed/predict within 1e-5) or bf16: matrix products "
-                           "in bfloat16 under autocast, where the device has fast bf16 (a CUDA GPU, or a CPU with "
-                           "AVX512 or AMX; refused elsewhere)")
+    shared_flags(p, "device", "threads", "precision", "int8")
 
 
 def run(args) -> None:
@@ -100,12 +97,7 @@ def run(args) -> None:
         raise UserError("torchbert serve needs uvicorn and starlette: pip install uvicorn starlette") from None
     model_dir = resolve_model(args.model)
     device = cpu_for_int8(args)
-    if args.precision == "bf16":
-        if args.int8:
-            raise UserError("--precision bf16 and --int8 exclude each other: pick one")
-        if not fast_bf16(device):
-            raise UserError(f"--precision bf16: this {device.type.upper()} has no fast bf16 (it needs a CUDA GPU "
-                            "with bf16, or a CPU with AVX512 or AMX); serve in fp32, or --int8 on the CPU")
+    precision = inference_precision(args, device, model_dir)
     from ..config import load_config
     from ..io.hf import folder_pooling
 
@@ -118,7 +110,7 @@ def run(args) -> None:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
     name = s.name or Path(args.model).name
     spec = Spec(str(model_dir), name, pooling=s.pooling, normalize=s.normalize, max_length=s.max_length,
-                limits=limits, device=str(device), precision="int8" if args.int8 else args.precision,
+                limits=limits, device=str(device), precision=precision,
                 threads=args.threads)
     if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
         int8_note()

@@ -37,7 +37,7 @@ from .dropout import Dropout
 from .memory import keep_freed_memory
 from .rows import SparseRows
 
-__all__ = ["SparseRows", "inference", "keep_freed_memory", "training"]
+__all__ = ["SparseRows", "at_precision", "inference", "keep_freed_memory", "training"]
 
 
 def _flash_fits(model: nn.Module) -> bool:
@@ -46,6 +46,22 @@ def _flash_fits(model: nn.Module) -> bool:
     so that nothing the compiler traces queries the device."""
     p = next(itertools.chain(model.parameters(), model.buffers()), None)
     return p is None or p.device.type != "cuda" or torch.cuda.get_device_capability(p.device) >= (8, 0)
+
+
+def at_precision(model: nn.Module, precision: str) -> nn.Module:
+    """`model` for inference in fp32 (as it is), bf16 (its BERT encoders' weights in bfloat16,
+    fast/bf16.py) or int8 (its encoder run by onnxruntime in 8 bits, fast/int8.py); changed in place."""
+    if precision == "bf16":
+        from .bf16 import bf16
+
+        return bf16(model)
+    if precision == "int8":
+        from .int8 import int8
+
+        return int8(model)
+    if precision != "fp32":
+        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+    return model
 
 
 @contextlib.contextmanager

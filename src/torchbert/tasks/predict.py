@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BertConfig, check_ids, load_config
+from .. import fast
 from ..fast import threads
 from ..io.record import read_record
 from ..settings import Checked, setting
@@ -72,10 +73,13 @@ def id2label(config: BertConfig) -> dict[int, str] | None:
     return {int(k): v for k, v in saved.items()} if saved else None
 
 
-def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8: bool = False):
-    """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None); int8: its
-    encoder run by onnxruntime with 8-bit weights (CPU only)."""
-    if int8 and device.type != "cpu":
+def load_finetuned(model_dir: Path, task: str | None, device: torch.device, precision: str = "fp32"):
+    """A model fine-tuned by torchbert: (model, tokenizer, TaskSettings, LabelMap or None), in
+    `precision`: fp32; bf16, its encoder's weights in bfloat16 (fast/bf16.py); or int8, its encoder
+    run by onnxruntime with 8-bit weights (CPU only, fast/int8.py)."""
+    if precision not in ("fp32", "bf16", "int8"):
+        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+    if precision == "int8" and device.type != "cpu":
         raise ValueError(f"--int8 runs on the CPU; got --device {device}")
     config = load_config(model_dir)
     record = read_record(model_dir)
@@ -103,18 +107,15 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, int8
         model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
         if any(not k.startswith(("bert.", "roformer.")) for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
-    if int8:
-        from ..fast.int8 import int8 as to_int8
-
-        model = to_int8(model)
+    model = fast.at_precision(model, precision)
     return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
 
 
 def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.device, batch_size: int = 64,
-                 progress: bool = True, int8: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The metrics of a fine-tuned model on a labelled file, and its predictions (int8: the encoder
-    in 8 bits on CPU, fast/int8.py)."""
-    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, int8)
+                 progress: bool = True, precision: str = "fp32") -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The metrics of a fine-tuned model on a labelled file, and its predictions (precision: fp32, bf16
+    or int8, as load_finetuned)."""
+    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, precision)
     fam = family(ts.type)
     examples = fam.read(data, ts.layout)
     if label_map is not None:
@@ -126,9 +127,9 @@ def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.de
 
 
 def run_predict(model_dir: Path, data: Path, device: torch.device, batch_size: int = 64,
-                progress: bool = True, int8: bool = False) -> list[dict[str, Any]]:
+                progress: bool = True, precision: str = "fp32") -> list[dict[str, Any]]:
     """Predictions for an unlabelled (or labelled) file, one record per example in input order."""
-    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, int8)
+    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, precision)
     fam = family(ts.type)
     examples = fam.read(data, ts.layout, labelled=False)
     encoded = fam.encode(tokenizer, examples, ts, None, training=False, use_labels=False)

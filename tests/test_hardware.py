@@ -1,0 +1,80 @@
+"""The hardware decision: what /proc/cpuinfo says, and the precision `--precision auto` picks from it,
+with the CPU mocked as one with AMX, one with AVX512-BF16 and one without native bf16."""
+
+import pytest
+import torch
+
+from torchbert import hardware
+from torchbert.hardware import CPU, inference_precision, read_cpuinfo
+
+SAPPHIRE = CPU("Intel(R) Xeon(R) Platinum 8480+", frozenset("avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_int8 "
+                                                             "amx_tile".split()))
+ZEN4 = CPU("AMD EPYC 9654", frozenset("avx2 avx512f avx512_bf16 avx512_vnni".split()))
+SKYLAKE = CPU("Intel(R) Xeon(R) Gold 6148", frozenset("avx2 avx512f avx512bw".split()))
+ZEN2 = CPU("AMD EPYC 7R32", frozenset("avx2 fma".split()))
+
+
+def test_read_cpuinfo_takes_the_first_processors_name_and_flags():
+    text = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+            "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_vnni\n\n"
+            "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+    c = read_cpuinfo(text)
+    assert c.name == "Intel(R) Xeon(R) Platinum 8480+"
+    assert c.amx and c.native_bf16 and c.native_int8
+    assert c.units() == "AMX bf16, AMX int8, AVX512-BF16, AVX512-VNNI, AVX512, AVX2"
+    empty = read_cpuinfo("")
+    assert not empty.native_bf16 and not empty.native_int8 and empty.units() == "none known"
+
+
+@pytest.mark.parametrize("machine, picked", [(SAPPHIRE, "bf16"), (ZEN4, "bf16"), (SKYLAKE, "fp32"), (ZEN2, "fp32")])
+def test_auto_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch, machine, picked):
+    monkeypatch.setattr(hardware, "cpu", lambda: machine)
+    precision, why = inference_precision("auto", torch.device("cpu"))
+    assert precision == picked
+    assert ("natively" in why) if picked == "bf16" else ("no native bf16" in why and "slower" in why)
+    # fp32 and bf16 are what was asked, whatever the CPU; bf16 without native support says its cost
+    assert inference_precision("fp32", torch.device("cpu"))[0] == "fp32"
+    precision, why = inference_precision("bf16", torch.device("cpu"))
+    assert precision == "bf16" and (("emulates" in why) == (picked == "fp32"))
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16"):
+        inference_precision("fp16", torch.device("cpu"))
+
+
+def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_dir):
+    """embed --precision auto computes in bf16 on a CPU with native bf16, in fp32 on one without;
+    `torchbert env` says which and why."""
+    from clihelp import cli
+
+    src = tmp_path / "in.txt"
+    src.write_text("one line\n另一行中文\n", encoding="utf-8")
+    for machine, precision in ((ZEN2, "fp32"), (SAPPHIRE, "bf16")):
+        monkeypatch.setattr(hardware, "cpu", lambda machine=machine: machine)
+        code, out, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "e.npy",
+                             "--quiet", "--device", "cpu")
+        assert code == 0, err
+        assert f"computed in {precision})" in out
+        assert ("note: computing in bf16 (--precision auto: this CPU multiplies bf16 natively" in err) == \
+               (precision == "bf16")
+        code, out, _ = cli(capsys, "env")
+        assert code == 0 and f"cpu: {machine.name}" in out
+        assert f"inference on the cpu (--precision auto): {precision}:" in out
+    code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
+                       "--precision", "bf16", "--int8")
+    assert code == 2 and "--precision bf16 and --int8 exclude each other" in err
+    assert not (tmp_path / "f.npy").exists()
+
+
+def test_bf16_runs_bert_encoders_only(monkeypatch, tmp_path):
+    """A GPT folder on a CPU with native bf16: auto computes in fp32, an explicit bf16 is refused."""
+    import argparse
+
+    from torchbert.commands.common import inference_precision as for_command
+    from torchbert.config import GPTConfig
+    from torchbert.errors import UserError
+
+    monkeypatch.setattr(hardware, "cpu", lambda: SAPPHIRE)
+    GPTConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2).save(tmp_path)
+    auto = argparse.Namespace(precision="auto", int8=False)
+    assert for_command(auto, torch.device("cpu"), tmp_path) == "fp32"
+    with pytest.raises(UserError, match="--precision bf16: runs BERT encoders"):
+        for_command(argparse.Namespace(precision="bf16", int8=False), torch.device("cpu"), tmp_path)
