@@ -56,12 +56,19 @@ def tok(work, corpus):
     return out
 
 
-def same_folders(a: Path, b: Path) -> None:
-    """Every file of data folder a is in b with the same bytes, and b holds no other."""
+def same_folders(a: Path, b: Path, other_corpus: bool = False) -> None:
+    """Every file of data folder a is in b with the same bytes, and b holds no other; other_corpus:
+    the manifests may name other corpus files (the same text in another file), and nothing else."""
     files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     assert files_a == files_b
     for f in files_a:
+        if other_corpus and f.name == "manifest.json":
+            ma, mb = (json.loads((x / f).read_text()) for x in (a, b))
+            for m in (ma, mb):
+                m["settings"].pop("corpus")
+            assert ma == mb, f
+            continue
         assert filecmp.cmp(a / f, b / f, shallow=False), f
 
 
@@ -207,6 +214,102 @@ def test_every_input_layout_gives_the_same_data(work, docs, corpus, tok):
     out = work / "layouts-parquet"
     prepare([inputs / "zh.parquet"], tok, out, PrepareSettings(seed=5, dupe_factor=1, text_field="content"))
     same_folders(want / "shard-00000", out / "shard-00000")
+
+
+@pytest.mark.parametrize("layout", ["text", "lines", "jsonl"])
+def test_a_compressed_file_is_cut_where_its_text_is(work, docs, layout):
+    """A .gz or .zst file's pieces are the plain file's: the same offsets into the same text (found in
+    one pass over the stream), with their first lines counted."""
+    import zstandard
+
+    from torchbert.data.pretraining import split_sentences
+    from torchbert.data.sources import plan_pieces
+
+    folder = work / f"cuts-{layout}"
+    folder.mkdir()
+    if layout == "jsonl":
+        text = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs)
+    else:
+        text = ("\n\n" if layout == "text" else "\n").join(d.replace("\n", "") if layout == "lines" else d
+                                                          for d in docs) + "\n"
+    name = "c.jsonl" if layout == "jsonl" else "c.txt"
+    plain = folder / name
+    plain.write_text(text, encoding="utf-8")
+    (folder / (name + ".gz")).write_bytes(gzip.compress(text.encode()))
+    (folder / (name + ".zst")).write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    for piece_bytes in (10_000, 50_000):
+        want = plan_pieces([plain], "auto", piece_bytes, split_sentences)
+        assert len(want) > 5
+        for suffix in (".gz", ".zst"):
+            got = plan_pieces([folder / (name + suffix)], "auto", piece_bytes, split_sentences)
+            assert [(p.layout, p.start, p.stop, p.size) for p in got] == \
+                   [(p.layout, p.start, p.stop, p.size) for p in want]
+            assert [p.line for p in got] == [text.encode()[:p.start].count(b"\n") + 1 for p in want]
+
+
+def test_one_compressed_file_is_read_on_every_core_into_the_plain_files_shards(work, corpus, tok, monkeypatch):
+    """One .gz / .zst file in many pieces and blocks: its text staged piece by piece for the workers,
+    the same shards as the plain file with 1 or 2 workers, and no staged text left behind."""
+    import zstandard
+
+    import torchbert.data.pipeline as pipeline
+    from torchbert.data.pretraining import split_sentences
+    from torchbert.data.sources import plan_pieces
+
+    gz, zst = work / "one.txt.gz", work / "one.txt.zst"
+    gz.write_bytes(gzip.compress(corpus.read_bytes()))
+    zst.write_bytes(zstandard.ZstdCompressor().compress(corpus.read_bytes()))
+    settings = dict(block_mb=0.05, dupe_factor=1, heldout_docs=10, shard_size=400, seed=6)
+    want = work / "one-plain"
+    m = prepare([corpus], tok, want, PrepareSettings(workers=1, **settings))
+    assert m["counts"]["shards"] > 5
+    staged = []
+    original = pipeline.Stager.stage
+    monkeypatch.setattr(pipeline.Stager, "stage", lambda self, piece, target: (staged.append(target),
+                                                                                original(self, piece, target))[1])
+    for path in (gz, zst):
+        for workers in (1, 2):
+            out = work / f"one-{path.suffix[1:]}-{workers}"
+            prepare([path], tok, out, PrepareSettings(workers=workers, **settings))
+            same_folders(want, out, other_corpus=True)
+    pieces = plan_pieces([corpus], "auto", int(0.05 * (1 << 20)), split_sentences)
+    assert len(pieces) > 5 and len(staged) == 4 * len(pieces)  # each piece staged once a run
+    assert not any(p.exists() for p in staged)
+
+
+def test_the_stager_writes_each_pieces_text_in_any_order(work, corpus):
+    """Pieces asked for in plan order are read in one pass (skipping those left out, as after a
+    resume); an earlier one starts the stream again; a file shorter than planned is an error."""
+    import zstandard
+
+    from torchbert.data.pretraining import split_sentences
+    from torchbert.data.sources import Stager, plan_pieces
+
+    text = corpus.read_bytes()
+    path = work / "stage.txt.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(text))
+    pieces = plan_pieces([path], "auto", 40_000, split_sentences)
+    assert len(pieces) > 6
+    with Stager() as stager:
+        for i in (1, 2, 5, 0, 6):
+            stager.stage(pieces[i], work / "staged" / f"{i}.txt")
+            assert (work / "staged" / f"{i}.txt").read_bytes() == text[pieces[i].start:pieces[i].stop]
+        path.write_bytes(zstandard.ZstdCompressor().compress(text[:pieces[3].stop - 10]))
+        with pytest.raises(ValueError, match=r"stage\.txt\.zst: the text ends 10 bytes early"):
+            stager.stage(pieces[3], work / "staged" / "3.txt")
+
+
+def test_a_documents_block_is_its_tokens_own():
+    """prepare deals a document by a hash of its tokens: the same wherever it lies (issue 58)."""
+    from torchbert.data.masking import document_uniforms
+
+    tokens = np.array([5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 3], dtype=np.int32)
+    u = document_uniforms(1, tokens, np.array([0, 3, 5, 8, 11]))  # [5 6 7] [8 9] [5 6 7] [1 2 3]
+    assert u[0] == u[2] and len(set(u.tolist())) == 3 and ((0 <= u) & (u < 1)).all()
+    moved = document_uniforms(1, np.r_[tokens[8:], tokens[:8]], np.array([0, 3, 6, 8, 11]))
+    assert moved[0] == u[3] and moved[1] == u[0] and moved[2] == u[1]
+    assert document_uniforms(2, tokens, np.array([0, 3, 5, 8, 11]))[0] != u[0]
+    assert document_uniforms(1, np.array([6, 5, 7], dtype=np.int32), np.array([0, 3]))[0] != u[0]  # order counts
 
 
 def test_bad_inputs_name_the_file_and_line_and_leave_nothing(work, tok):

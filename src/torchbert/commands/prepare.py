@@ -25,7 +25,9 @@ examples:
   torchbert prepare ... --cluster tcp://HOST:8786     # the blocks as tasks on a Dask cluster
 
 Corpus (--corpus): files, folders (every file under them) and globs, each read as a stream;
-gzip (.gz) and zstd (.zst) are decompressed as they are read. Layouts (--format):
+gzip (.gz) and zstd (.zst) are decompressed as they are read: once to find where to cut their text,
+then once more, piece by piece, for every worker (one big .gz is read on every core, and gives the
+shards its text gives plain). Layouts (--format):
   bert     one sentence per line, a blank line between documents (Google's BERT layout)
   text     each non-empty line is a paragraph, cut into sentences after . ! ? (before a space) and
            after 。！？；… (closing quotes and brackets stay with the sentence); blank lines

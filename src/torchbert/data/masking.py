@@ -34,6 +34,21 @@ def uniforms(seed: int, epoch: int, instance: np.ndarray, position: np.ndarray, 
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def document_uniforms(seed: int, tokens: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
+    """[D] uniform [0, 1) floats, each a pure function of the seed and one document's tokens
+    (tokens[doc_starts[d]:doc_starts[d + 1]]): where prepare deals the document, the same wherever
+    it lies in the corpus and however the files were cut (issue 58)."""
+    if len(doc_starts) < 2:
+        return np.zeros(0)
+    lengths = np.diff(doc_starts)
+    with np.errstate(over="ignore"):
+        position = np.arange(len(tokens), dtype=np.uint64) - np.repeat(doc_starts[:-1], lengths).astype(np.uint64)
+        x = _mix(tokens.astype(np.uint64) * _GOLDEN + position)  # each token at its place in its document
+        h = np.add.reduceat(x, doc_starts[:-1].astype(np.int64)) if len(tokens) else np.zeros(len(lengths), np.uint64)
+        h = _mix(_mix(h ^ lengths.astype(np.uint64) * _GOLDEN) + np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN)
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 def _greedy_fit(s_len: np.ndarray, s_inst: np.ndarray, budget: np.ndarray, n: int) -> np.ndarray:
     """[W] which words to take: in their (shuffled) order, each instance takes every word that still
     fits its budget and skips one that does not (Google's rule).  Each numpy round drops the words

@@ -3,12 +3,13 @@
 The corpus is never in memory whole. Two rounds of tasks, each independent of the others, so any
 number of worker processes (or a Dask cluster) runs them with the same result:
 
-1. **Pieces** (read + tokenize). Each piece of the input (data/sources.py: ~8 MB of a plain file,
-   a compressed file, a Parquet row group) is read as a stream in parts of ~8 MB; each part's
-   documents are tokenized (with whole-word masking, cut into words by rjieba first) and dealt at
-   random into B blocks, B = corpus bytes / --block-mb. A document's block is a hash of (seed,
-   piece, part, document): the deal is a global shuffle (LDDL's), fixed by the corpus and the seed.
-   A part is written grouped by block (`pieces/P/part-K/*.npy`).
+1. **Pieces** (read + tokenize). Each piece of the input (data/sources.py: ~8 MB of a plain file's
+   text or of a compressed file's, decompressed once and staged for the workers; a Parquet row
+   group) is read as a stream in parts of ~8 MB; each part's documents are tokenized (with
+   whole-word masking, cut into words by rjieba first) and dealt at random into B blocks, B = corpus
+   bytes / --block-mb. A document's block is a hash of the seed and the document's tokens: the deal
+   is a global shuffle (LDDL's), fixed by the corpus and the seed, whatever the files' cuts or
+   compression. A part is written grouped by block (`pieces/P/part-K/*.npy`).
 2. **Blocks** (pair + mask + write). Block b gathers its documents from every part, in corpus order,
    and runs the paper's recipe on them (pretraining.py: create_pairs, masking, dupe_factor passes),
    a batch of instances at a time, writing shards `shard-BBBBB-KKKKK` as they fill. A NotNext
@@ -47,12 +48,12 @@ import numpy as np
 from ..io.files import mark
 from .pretraining import (Corpus, PrepareSettings, ShardWriter, Tokens, create_pairs, pack_sentences, split_sentences,
                           tokenize_corpus)
-from .runner import Runner, cores
+from .runner import Runner, cores, run_round
+from .sources import Piece, Stager, compression
 
 PLAN = "plan.json"
-PLAN_VERSION = 2
-PIECE_BYTES = 8 << 20     # a piece of a plain file, and a part of any piece: a worker's text at a time
-COMPRESSED_RATIO = 4      # a compressed file's text, for sizing the blocks: about 4x its bytes
+PLAN_VERSION = 3          # 3: compressed files in pieces of their text; blocks by the documents' tokens
+PIECE_BYTES = 8 << 20     # a piece of a file's text, and a part of any piece: a worker's text at a time
 BATCH_INSTANCES = 4_000   # instances assembled and masked at a time (masking holds ~120 bytes a token)
 BLOCK_ID = 1 << 36        # block b's instances are numbered from b * BLOCK_ID (for static masks)
 ARRAYS = ("tokens", "word_starts", "sent_lens", "doc_sents", "doc_ids", "blocks")
@@ -68,14 +69,14 @@ def partial_folder(out: Path) -> Path:
 
 def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256: str) -> dict:
     """What the run will do, from the corpus files alone (never from the worker count)."""
-    from .sources import compression, corpus_files, plan_pieces
+    from .sources import corpus_files, plan_pieces
 
     files = corpus_files(corpus)
     block_bytes = max(1, int(s.block_mb * (1 << 20)))
     pieces = plan_pieces(files, s.format, min(PIECE_BYTES, block_bytes), split_sentences)
     if not pieces:
         raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
-    text_bytes = sum(p.size * (COMPRESSED_RATIO if compression(Path(p.file)) else 1) for p in pieces)
+    text_bytes = sum(p.size for p in pieces)
     data = {k: v for k, v in asdict(s).items() if k not in PrepareSettings.RUN_ONLY}
     return json.loads(json.dumps({  # as it reads back from plan.json (tuples as lists)
         "version": PLAN_VERSION,
@@ -160,11 +161,16 @@ def _write_json(path: Path, value) -> None:
 # round 1: pieces
 
 
+def staged(work: Path, index: int) -> Path:
+    """Where the Stager writes the text of piece `index` of a compressed file."""
+    return work / "stream" / f"{index:06d}.txt"
+
+
 def run_piece(work: str, index: int) -> dict:
     """Read, tokenize and deal piece `index` into blocks; returns its counts. Does nothing if done."""
-    from ..data.masking import uniforms
+    from ..data.masking import document_uniforms
     from ..data.shards import token_dtype
-    from .sources import Piece, piece_documents
+    from .sources import piece_documents
 
     work = Path(work)
     final = work / "pieces" / f"{index:06d}"
@@ -178,11 +184,13 @@ def run_piece(work: str, index: int) -> dict:
     piece = Piece(**plan["pieces"][index])
     parts, t0 = [], time.perf_counter()
     final.parent.mkdir(exist_ok=True)
+    text = staged(work, index) if compression(Path(piece.file)) else None
     with _into(final) as tmp:
-        for k, (docs, size) in enumerate(piece_documents(piece, plan["piece_bytes"], split_sentences, s.text_field)):
+        for k, (docs, size) in enumerate(piece_documents(piece, plan["piece_bytes"], split_sentences, s.text_field,
+                                                         text)):
             corpus = tokenize_corpus(docs, tok, whole_word=s.whole_word)
             D = corpus.num_documents
-            u = uniforms(s.seed, index, np.full(D, k, dtype=np.int64), corpus.doc_ids, stream=11)
+            u = document_uniforms(s.seed, corpus.tokens, corpus.sent_starts[corpus.doc_sents])
             block = np.minimum((u * B).astype(np.int64), B - 1)
             order = np.argsort(block, kind="stable")  # grouped by block, corpus order within each
             from .pretraining import ranges
@@ -210,6 +218,8 @@ def run_piece(work: str, index: int) -> dict:
         info = {"parts": parts, "bytes": piece.size, "tokens": sum(p["tokens"] for p in parts),
                 "seconds": time.perf_counter() - t0}
         _write_json(tmp / "piece.json", info)
+    if text is not None:
+        text.unlink(missing_ok=True)
     return info
 
 
@@ -452,10 +462,15 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     try:
         with Runner(workers, s.cluster) as runner:
             t0 = time.perf_counter()
-            pieces = range(len(plan["pieces"]))
-            _round(runner, [(run_piece, (str(work), i)) for i in pieces],
-                   [work / "pieces" / f"{i:06d}" / "piece.json" for i in pieces],
-                   [p["size"] for p in plan["pieces"]], progress)
+            pieces = [Piece(**p) for p in plan["pieces"]]
+            with Stager() as stager:  # a compressed file's pieces: its text, decompressed once, for the workers
+                def before(i: int) -> None:
+                    if compression(Path(pieces[i].file)):
+                        stager.stage(pieces[i], staged(work, i))
+
+                run_round(runner, [(run_piece, (str(work), i)) for i in range(len(pieces))],
+                          [work / "pieces" / f"{i:06d}" / "piece.json" for i in range(len(pieces))],
+                          [p.size for p in pieces], progress, before)
             timings["read_tokenize"] = time.perf_counter() - t0
             index_path = work / "index.json"
             if not index_path.is_file():
@@ -463,9 +478,9 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
             index = json.loads(index_path.read_text(encoding="utf-8"))
             t0 = time.perf_counter()
             blocks = list(range(plan["blocks"])) + ([None] if index["heldout"] else [])
-            _round(runner, [(run_block, (str(work), b)) for b in blocks],
-                   [work / "blocks" / ("heldout" if b is None else f"{b:05d}") / "block.json" for b in blocks],
-                   None, progress)
+            run_round(runner, [(run_block, (str(work), b)) for b in blocks],
+                      [work / "blocks" / ("heldout" if b is None else f"{b:05d}") / "block.json" for b in blocks],
+                      None, progress)
             timings["instances"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
@@ -487,30 +502,6 @@ def _swapped_in(work: Path, out: Path) -> bool:
         if shards:
             return not (info.parent / shards[0]["name"]).exists()
     return False
-
-
-def _round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[int] | None, progress: bool) -> None:
-    """Run the tasks whose done file is missing, with a progress bar: bytes of the corpus read, with
-    tokens/s (sizes given), or blocks made."""
-    from tqdm.auto import tqdm
-
-    todo = [t for t, f in zip(tasks, done_files) if not f.is_file()]
-    if sizes is not None:
-        finished = sum(size for size, f in zip(sizes, done_files) if f.is_file())
-        bar = tqdm(total=sum(sizes), initial=finished, unit="B", unit_scale=True, desc="read + tokenize",
-                   disable=not progress, smoothing=0.1)
-    else:
-        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), unit="block", desc="pairs + masks",
-                   disable=not progress)
-    tokens, start = 0, time.perf_counter()
-    with bar:
-        for info in runner.run(todo):
-            if sizes is not None:
-                bar.update(info["bytes"])
-                tokens += info["tokens"]
-                bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - start):,.0f} tokens/s", refresh=False)
-            else:
-                bar.update(1)
 
 
 def _finish(work: Path, out: Path, plan: dict, index: dict, tokenizer, tokenizer_dir, s: PrepareSettings,

@@ -1,13 +1,17 @@
 """Running prepare's tasks (a function and its arguments): here, in worker processes, or on a Dask
-cluster (`Runner`), their results yielded as they finish. A worker process gets a share of the
-cores for its thread pools (`_worker_init`) and gives each task's memory back to the system when
-it ends (`_call`)."""
+cluster (`Runner`), their results yielded as they finish; `run_round` runs a round of them that are
+not done yet, with a progress bar. A worker process gets a share of the cores for its thread pools
+(`_worker_init`) and gives each task's memory back to the system when it ends (`_call`). Tasks are
+handed out a few ahead of the workers, not all at once, so that what makes a task's input (the
+Stager, which decompresses a compressed file for its pieces) stays just ahead of them."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 
 def cores() -> int:
@@ -95,29 +99,88 @@ class Runner:
         if self._client is not None:
             self._client.close()
 
-    def run(self, tasks: list) -> Iterator:
-        if not tasks:
+    def run(self, tasks: Iterable, count: int) -> Iterator:
+        """The results of `count` tasks, as they finish; a task is taken from `tasks` only when a
+        worker is about to be free (one more than the workers are in flight)."""
+        if count == 0:
             return
+        tasks = iter(tasks)
         if self._client is not None:
             from distributed import as_completed
 
-            futures = [self._client.submit(fn, *args, pure=False) for fn, args in tasks]
+            ahead = sum(self._client.nthreads().values()) + 1
+            running = as_completed()
+            futures = []
+
+            def submit() -> None:
+                task = next(tasks, None)
+                if task is not None:
+                    futures.append(self._client.submit(task[0], *task[1], pure=False))
+                    running.add(futures[-1])
+
             try:
-                for future in as_completed(futures):
+                for _ in range(ahead):
+                    submit()
+                for future in running:
                     yield future.result()
+                    submit()
             finally:
                 self._client.cancel(futures)
-        elif self.workers > 1 and len(tasks) > 1:
-            from concurrent.futures import as_completed
+        elif self.workers > 1 and count > 1:
+            from concurrent.futures import FIRST_COMPLETED, wait
             from concurrent.futures.process import BrokenProcessPool
 
-            futures = [self._start_pool().submit(_call, task) for task in tasks]
+            pool, running = self._start_pool(), set()
+
+            def fill() -> None:
+                while len(running) < self.workers + 1:
+                    task = next(tasks, None)
+                    if task is None:
+                        return
+                    running.add(pool.submit(_call, task))
+
             try:
-                for future in as_completed(futures):
-                    yield future.result()
+                fill()
+                while running:
+                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        yield future.result()
+                    fill()
             except BrokenProcessPool:
                 raise RuntimeError("a worker process of prepare died (out of memory? lower --workers or "
                                    "--block-mb); the finished pieces and blocks are kept for --resume") from None
         else:  # one task (or one worker): here, with this process's thread pools
             for task in tasks:
                 yield _call(task)
+
+
+def run_round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[int] | None, progress: bool,
+              before: Callable[[int], None] | None = None) -> None:
+    """Run the tasks whose done file is missing, with a progress bar: bytes of the corpus read, with
+    tokens/s (sizes given), or blocks made. before(i): called just before task i is handed out."""
+    from tqdm.auto import tqdm
+
+    todo = [i for i, f in enumerate(done_files) if not f.is_file()]
+    if sizes is not None:
+        finished = sum(size for size, f in zip(sizes, done_files) if f.is_file())
+        bar = tqdm(total=sum(sizes), initial=finished, unit="B", unit_scale=True, desc="read + tokenize",
+                   disable=not progress, smoothing=0.1)
+    else:
+        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), unit="block", desc="pairs + masks",
+                   disable=not progress)
+
+    def handed_out() -> Iterator:
+        for i in todo:
+            if before is not None:
+                before(i)
+            yield tasks[i]
+
+    tokens, start = 0, time.perf_counter()
+    with bar:
+        for info in runner.run(handed_out(), len(todo)):
+            if sizes is not None:
+                bar.update(info["bytes"])
+                tokens += info["tokens"]
+                bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - start):,.0f} tokens/s", refresh=False)
+            else:
+                bar.update(1)

@@ -6,9 +6,13 @@ Parquet; read as streams of documents, in pieces that workers can take in any or
 - `plan_pieces(files, fmt, piece_bytes)`: each file's layout (see below) and its pieces. A plain file
   is cut into pieces of about piece_bytes at document boundaries (a blank line, or a line break where
   each line is a document), found by seeking, so planning reads a few lines per piece, never the
-  file. A compressed file is one piece (a stream cannot be entered in the middle), and a Parquet
-  file has a piece per row group. A piece depends only on the file and piece_bytes: never on how
-  many workers read it.
+  file. A compressed file is cut at the same places of its text, found in one pass over the stream
+  (a stream cannot be entered in the middle, so its pieces are offsets into the text), and a
+  Parquet file has a piece per row group. A piece depends only on the text and piece_bytes: never on
+  how many workers read it, nor on whether the text came plain, gzip'd or zstd'd.
+- `Stager`: the pieces of compressed files, decompressed once, in order, each into a plain file of
+  its own just before a worker takes it (issue 58: one .gz or .zst is then read on every core, not
+  on one).
 - `piece_documents(piece, ...)`: the documents of a piece as lists of sentences, in parts of about
   part_bytes, each read as a stream: a worker's memory is set by part_bytes, not by the file.
 
@@ -154,14 +158,16 @@ def detect_layout(path: Path, fmt: str, split_sentences) -> str:
 
 @dataclass(frozen=True)
 class Piece:
-    """A part of one file that a worker reads alone: bytes [start, stop) of a plain file, row groups
-    [start, stop) of a Parquet file, or a whole compressed file (start 0, stop -1)."""
+    """A part of one file that a worker reads alone: bytes [start, stop) of a plain file or of a
+    compressed file's text (decompressed: staged for the worker by a Stager), or row groups
+    [start, stop) of a Parquet file."""
 
     file: str
     layout: str
     start: int
     stop: int
-    size: int  # bytes on disk, for progress
+    size: int  # bytes of text (of a Parquet file: of its row group), for progress
+    line: int = 0  # the line number `start` begins, where planning counted it (0: counted when needed)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -195,8 +201,10 @@ def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentenc
         size = path.stat().st_size
         if layout == "parquet":
             pieces += _parquet_pieces(path)
-        elif compression(path) or size <= piece_bytes:
-            pieces.append(Piece(str(path), layout, 0, -1 if compression(path) else size, size))
+        elif compression(path):
+            pieces += _stream_pieces(path, layout, piece_bytes)
+        elif size <= piece_bytes:
+            pieces.append(Piece(str(path), layout, 0, size, size, 1))
         else:
             cuts = [0]
             with open(path, "rb") as f:
@@ -210,6 +218,55 @@ def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentenc
             cuts.append(size)
             pieces += [Piece(str(path), layout, a, b, b - a) for a, b in zip(cuts, cuts[1:])]
     return pieces
+
+
+def _stream_pieces(path: Path, layout: str, piece_bytes: int) -> list[Piece]:
+    """A compressed file's pieces: its text cut where plan_pieces cuts the same text plain (_boundary
+    at each multiple of piece_bytes), found in one pass over the stream; each with its first line."""
+    blank_separated = layout in ("bert", "text")
+    pos, lines = 0, 1
+    cuts = [(0, 1)]  # (offset into the text, its line number)
+    with open_binary(path) as f:
+
+        def read(n: int) -> bytes:  # the next n bytes (fewer at the end), their lines counted
+            nonlocal pos, lines
+            last = b""
+            while n > 0:
+                block = f.read(min(n, 1 << 24))
+                if not block:
+                    break
+                last, n = block, n - len(block)
+                pos += len(block)
+                lines += block.count(b"\n")
+            return last[-1:]
+
+        def readline() -> bytes:
+            nonlocal pos, lines
+            line = f.readline()
+            pos += len(line)
+            lines += line.count(b"\n")
+            return line
+
+        k = 1
+        while True:
+            at = max(k * piece_bytes, cuts[-1][0] + 1)
+            k += 1
+            read(at - 1 - pos)
+            last = read(1)  # byte at - 1
+            if not last or not f.peek(1):
+                break  # the text ends at or before `at`
+            if not (last == b"\n" and not blank_separated):  # _boundary: the rest of the line, and ...
+                readline()
+                while blank_separated:  # ... up to and with the next blank line
+                    line = readline()
+                    if not line or not line.strip():
+                        break
+            if not f.peek(1):
+                break  # the boundary is the end of the text
+            cuts.append((pos, lines))
+        read(1 << 62)  # the rest: the text's size
+    cuts.append((pos, lines))
+    return [Piece(str(path), layout, a, b, b - a, line) for (a, line), (b, _) in zip(cuts, cuts[1:])]
 
 
 def _parquet_pieces(path: Path) -> list[Piece]:
@@ -241,23 +298,26 @@ def _line_of(path: Path, offset: int) -> int:
     return n
 
 
-def _byte_parts(piece: Piece, part_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """(first line number, bytes) of a plain or compressed piece, cut after whole lines every
-    ~part_bytes. Line numbers of a plain piece that starts inside its file are counted on demand."""
+def _byte_parts(piece: Piece, part_bytes: int, staged: Path | None = None) -> Iterator[tuple[int, bytes]]:
+    """(first line number, bytes) of a piece, cut after whole lines every ~part_bytes: of a plain
+    file, or of a compressed file's text as `staged` holds it (Stager). Line numbers of a plain piece
+    that starts inside its file are counted on demand."""
     path = Path(piece.file)
-    with open_binary(path) as f:
-        if compression(path):
-            left = None
-        else:
-            f.seek(piece.start)
-            left = piece.stop - piece.start
-        line = 1 if piece.start == 0 else None
+    if compression(path):
+        if staged is None:
+            raise ValueError(f"{path}: a piece of a compressed file is read from its staged text (Stager)")
+        source, offset = staged, 0
+    else:
+        source, offset = path, piece.start
+    with open(source, "rb") as f:
+        f.seek(offset)
+        left = piece.stop - piece.start
+        line = piece.line or (1 if piece.start == 0 else None)
         rest = b""
         while True:
-            want = part_bytes if left is None else min(part_bytes, left)
+            want = min(part_bytes, left)
             block = f.read(want) if want > 0 else b""
-            if left is not None:
-                left -= len(block)
+            left -= len(block)
             if not block:
                 if rest:
                     yield (line if line is not None else _line_of(path, piece.start)), rest
@@ -273,17 +333,17 @@ def _byte_parts(piece: Piece, part_bytes: int) -> Iterator[tuple[int, bytes]]:
             line = first + part.count(b"\n")
 
 
-def piece_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str = "text"
-                    ) -> Iterator[tuple[list[list[str]], int]]:
+def piece_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str = "text",
+                    staged: Path | None = None) -> Iterator[tuple[list[list[str]], int]]:
     """(documents, bytes) of a piece in parts of about part_bytes; a document never spans two parts.
-    Documents without a sentence are dropped."""
+    Documents without a sentence are dropped. staged: a compressed file's piece as Stager wrote it."""
     path = Path(piece.file)
     if piece.layout == "parquet":
         yield from _parquet_documents(piece, part_bytes, split_sentences, text_field)
         return
     doc: list[str] = []  # a blank-line document may run on into the next part: it goes with that one
     pending: tuple[list[list[str]], int] | None = None
-    for first_line, raw in _byte_parts(piece, part_bytes):
+    for first_line, raw in _byte_parts(piece, part_bytes, staged):
         text = _decode(path, raw, first_line)
         if first_line == 1:
             text = text.removeprefix("\ufeff")
@@ -341,3 +401,50 @@ def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_fiel
             docs.append(split_text_field(text, split_sentences))
         row += len(texts)
         yield [d for d in docs if d], int(column.nbytes)
+
+
+class Stager:
+    """The pieces of compressed files as plain files of their own, for workers: each file is
+    decompressed once, front to back, and a piece's text written (atomically) just before a worker
+    takes it; the worker removes it when the piece is done. Asked for pieces in plan order (those
+    done already left out), it skips what lies between them; asked for an earlier one, it starts the
+    file again."""
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.stream = None
+        self.pos = 0
+
+    def __enter__(self) -> "Stager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+        self.stream, self.path, self.pos = None, None, 0
+
+    def stage(self, piece: Piece, target: Path) -> None:
+        path = Path(piece.file)
+        if self.path != path or piece.start < self.pos:
+            self._close()
+            self.stream, self.path = open_binary(path), path
+        self._copy(piece.start - self.pos, None)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with open(tmp, "wb") as out:
+            self._copy(piece.stop - piece.start, out)
+        os.replace(tmp, target)
+
+    def _copy(self, n: int, out) -> None:
+        while n > 0:
+            block = self.stream.read(min(n, 1 << 23))
+            if not block:
+                raise ValueError(f"{self.path}: the text ends {n} bytes early (did the file change while it "
+                                 "was read?)")
+            if out is not None:
+                out.write(block)
+            n -= len(block)
+            self.pos += len(block)
