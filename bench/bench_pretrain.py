@@ -76,6 +76,7 @@ from torchbert.train.optim import clipped_step, make_optimizer  # noqa: E402
 
 MAX_GRAD_NORM = 1.0  # train/loop.py's default
 ROWS: dict[int, fast.SparseRows] = {}  # id(model) -> its SparseRows, for the torchbert models the loop would give them
+BF16: dict[int, object] = {}  # id(model) -> how it trains in bf16: fast.BF16Weights (torchbert) or torch.autocast
 APPLIED: list = []  # fast.training(model) in force for the rest of the run, as in train/loop.py
 
 
@@ -90,17 +91,19 @@ PEAK_SHAPES = (((4096, 512), 2048), ((4096, 2048), 512))  # the feed-forward's t
 
 
 class MatmulPeak:
-    """fp32 GFLOP/s of the feed-forward's two matrix products at 4096 tokens, H 512, I 2048.
+    """GFLOP/s of the feed-forward's two matrix products at 4096 tokens, H 512, I 2048, in fp32 (or
+    `dtype`).
 
     `best(repeats)`: the best single product of several, the machine's top speed. `now()`: the
     better of one product of each shape, taken right before and right after each timed step: on a
     shared VM the speed of the same product moves between about 70 and 150 GFLOP/s from one few
     seconds to the next, so a step is compared with the speed the machine gave at that time."""
 
-    def __init__(self):
+    def __init__(self, dtype: torch.dtype = torch.float32):
         # each product writes into an output kept from the first: the peak is the product's speed,
         # without the page faults of a fresh 32 MB output
-        self.operands = [(torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)) for (m, k), n in PEAK_SHAPES]
+        self.operands = [(torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype), torch.empty(m, n, dtype=dtype))
+                         for (m, k), n in PEAK_SHAPES]
         for a, b, c in self.operands:
             torch.mm(a, b, out=c)
 
@@ -169,8 +172,11 @@ def train_step(model, optimizer, inputs: dict) -> float:
     as its loop does in one process: the embeddings' gradients as rows (fast.SparseRows) and
     the clipping scale riding in the fused AdamW (clipped_step); transformers as its Trainer does
     (clip_grad_norm_, then step)."""
-    loss = model(**inputs).loss
-    loss.backward()
+    with BF16.get(id(model), contextlib.nullcontext()) as weights:  # --bf16: as the loop's --precision bf16
+        loss = model(**inputs).loss
+        loss.backward()
+        if isinstance(weights, fast.BF16Weights):
+            weights.collect()
     if isinstance(model, BertForPreTraining):
         clipped_step(optimizer, model.parameters(), MAX_GRAD_NORM, ROWS.get(id(model)))
     else:
@@ -188,15 +194,17 @@ def eval_loss(model, inputs: dict) -> float:
     return loss
 
 
-def time_interleaved(systems, warmup: int, peak: MatmulPeak, flops: list[float]) -> dict[str, tuple[float, float]]:
-    """Per system: (seconds, share of the local matmul peak) over the steps after the first `warmup`
-    (run untimed). Step k of every system runs before step k + 1 of any, so a change in the
-    machine's load hits all alike. The local peak of a step is the better of MatmulPeak.now() just
-    before and just after it; the share is the useful FLOPs over the sum of step time x local peak."""
+def time_interleaved(systems, warmup: int, peaks: dict, flops: list[float]) -> dict[str, tuple[float, float]]:
+    """Per system: (seconds, share of the local matmul peak of its precision) over the steps after the
+    first `warmup` (run untimed). Step k of every system runs before step k + 1 of any, so a change
+    in the machine's load hits all alike. The local peak of a step is the better of MatmulPeak.now()
+    just before and just after it; the share is the useful FLOPs over the sum of step time x local
+    peak."""
     seconds = {name: 0.0 for name, *_ in systems}
     available = {name: 0.0 for name, *_ in systems}  # GFLOP the machine's best product would have done
     for k in range(len(systems[0][3])):
         for name, model, optimizer, inputs in systems:
+            peak = peaks["bf16" if id(model) in BF16 else "fp32"]
             before = peak.now() if k >= warmup else 0.0
             start = time.perf_counter()
             train_step(model, optimizer, inputs[k])
@@ -228,6 +236,9 @@ def main() -> None:
     ap.add_argument("--regime", choices=("variable", "fixed"), nargs="+", default=["variable", "fixed"])
     ap.add_argument("--compile", action="store_true",
                     help="also time torchbert under torch.compile (model.compile(dynamic=True), as pretrain --compile)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also time torchbert's --precision bf16 (the loop's step under fast.BF16Weights) and "
+                         "transformers under torch.autocast(bf16), each with the bf16 matmul peak")
     ap.add_argument("--plain", action="store_true",
                     help="also time torchbert's plain model, without torchbert.fast (as pretrain --no-fast, "
                          "except that the process keeps freed memory for every system)")
@@ -270,6 +281,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         ours = BertForPreTraining.from_pretrained(init).train()
         ROWS.clear()
         ROWS[id(ours)] = fast.SparseRows(ours).__enter__()  # for the rest of the run
+        for applied in reversed(APPLIED):
+            applied.__exit__(None, None, None)
         APPLIED.clear()
         APPLIED.append(fast.training(ours))  # torchbert.fast's pieces, as train/loop.py applies them
         APPLIED[-1].__enter__()
@@ -279,8 +292,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    meter = MatmulPeak()
-    peak = meter.best()
+    meters = {"fp32": MatmulPeak(), "bf16": MatmulPeak(torch.bfloat16)}
+    peaks = {k: m.best() for k, m in meters.items()}
     c = config
     print(f"# {time.strftime('%Y-%m-%d')}; {cpu_name()}; torch {torch.__version__}, transformers "
           f"{transformers.__version__}; {args.threads} threads, fp32; load average {load_before}")
@@ -298,6 +311,17 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         if args.plain:
             plain = BertForPreTraining.from_pretrained(init).train()
             extra.append(("torchbert, packed, plain model (--no-fast)", plain, make_optimizer(plain)))
+        if args.bf16:  # torchbert's --precision bf16 (one process: BF16Weights), transformers' autocast
+            half = BertForPreTraining.from_pretrained(init).train()
+            ROWS[id(half)] = fast.SparseRows(half).__enter__()
+            APPLIED.append(fast.training(half))
+            APPLIED[-1].__enter__()
+            BF16[id(half)] = fast.BF16Weights(half)
+            extra.append(("torchbert bf16, packed (--precision bf16)", half, make_optimizer(half)))
+            theirs16 = transformers.BertForPreTraining.from_pretrained(init, attn_implementation="sdpa",
+                                                                       dtype=torch.float32).train()
+            BF16[id(theirs16)] = torch.autocast("cpu", dtype=torch.bfloat16)
+            opt16 = make_optimizer(theirs16)
         if args.compile:
             compiled = BertForPreTraining.from_pretrained(init).train()
             compiled.compile(dynamic=True)
@@ -316,6 +340,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
                 *[(name, m, opt, [packed_inputs(b) for b in batches]) for name, m, opt in extra],
                 (f"transformers sdpa, padded to {args.seq_len}", theirs, opt_theirs,
                  [b.padded(pad_to=args.seq_len) for b in batches]),
+                *([(f"transformers sdpa, padded to {args.seq_len}, autocast bf16", theirs16, opt16,
+                    [b.padded(pad_to=args.seq_len) for b in batches])] if args.bf16 else []),
             ]
             dynamic = [b.padded() for b in batches]
             if all(b.max_seqlen == args.seq_len for b in batches):
@@ -329,16 +355,18 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
                 ("torchbert, packed (all full: dense)", ours, opt_ours, [packed_inputs(b) for b in batches]),
                 *[(name, m, opt, [packed_inputs(b) for b in batches]) for name, m, opt in extra],
                 ("transformers sdpa, padded (no padding)", theirs, opt_theirs, [b.padded() for b in batches]),
+                *([("transformers sdpa, padded (no padding), autocast bf16", theirs16, opt16,
+                    [b.padded() for b in batches])] if args.bf16 else []),
             ]
 
-        # equal losses on an equal batch, before any step moves the weights apart
+        # equal losses on an equal batch, before any step moves the weights apart (fp32 systems)
         reference = eval_loss(ours, systems[0][3][0])
-        diffs = [abs(eval_loss(m, x[0]) - reference) for _, m, _, x in systems[1:]]
+        diffs = [abs(eval_loss(m, x[0]) - reference) for _, m, _, x in systems[1:] if id(m) not in BF16]
         if regime == "variable":
             diffs.append(abs(eval_loss(theirs, dynamic[0]) - reference))
         worst = max(worst, *diffs)
 
-        timed_share = time_interleaved(systems, warmup, meter, [useful_flops(config, b) for b in batches])
+        timed_share = time_interleaved(systems, warmup, meters, [useful_flops(config, b) for b in batches])
         seconds = {name: t for name, (t, _) in timed_share.items()}
         local = {name: share for name, (_, share) in timed_share.items()}
         timed = batches[warmup:]
@@ -348,8 +376,10 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
             ref = next(s for s in systems if s[0].startswith("transformers"))
             profiles = [(name, m, opt, x[-1]) for name, m, opt, x in (mine, ref)]
 
-    peak = max(peak, meter.best())  # before and after, the best: the machine may be shared
-    print(f"# fp32 matmul peak (best of [4096x512]x[512x2048] and [4096x2048]x[2048x512]): {peak:.1f} GFLOP/s")
+    peaks = {k: max(peaks[k], m.best()) for k, m in meters.items()}  # before and after, the best: the machine may be shared
+    print(f"# fp32 matmul peak (best of [4096x512]x[512x2048] and [4096x2048]x[2048x512]): {peaks['fp32']:.1f} GFLOP/s"
+          f"; bf16 {peaks['bf16']:.1f} GFLOP/s ({peaks['bf16'] / peaks['fp32']:.2f}x); % of peak: of the row's "
+          "precision")
     for regime, systems, seconds, local, timed, diff, notes in results:
         real = sum(b.num_tokens for b in timed)
         masked = sum(b.mlm_labels.numel() for b in timed)
@@ -362,9 +392,10 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         print("| system | tokens in batch (real + padding) | s/step | real tokens/s | torchbert speed-up "
               "| useful GFLOP/s | % of peak | % of local peak |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for name, _, _, xs in systems:
+        for name, m, _, xs in systems:
             t = seconds[name]
             slots = sum(int(x["input_ids"].numel()) for x in xs[warmup:])
+            peak = peaks["bf16" if id(m) in BF16 else "fp32"]
             print(f"| {name} | {slots / len(timed):.0f} | {t / len(timed):.2f} | {real / t:,.0f} "
                   f"| {t / t_ours:.2f}x | {flops / t / 1e9:.1f} | {flops / t / 1e9 / peak:.0%} | {local[name]:.0%} |")
         for note in notes:
@@ -374,6 +405,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         for name, model, optimizer, inputs in profiles:
             profile_step(name, model, optimizer, inputs, args.profile)
 
+    for applied in reversed(APPLIED):  # the models as they were (else at exit, with the interpreter half gone)
+        applied.__exit__(None, None, None)
     print(f"\n# load average after: {load_average()}")
     if worst > 1e-4:
         print(f"WARNING: losses differ by {worst:.1e} > 1e-4")

@@ -8,10 +8,10 @@ core) on uvicorn, `transformers.BertModel`, one forward per request in the threa
 handler. torchbert's batches what arrives together (serve.py). All servers start at once and take
 turns, one round at a time, so a slow moment of a shared host does not fall on one of them; each
 is reported by its median round. Every fp32 answer must agree with offline embeddings within 1e-5
-(the last column; --int8 answers move by about 0.05).
+(the last column; bf16 answers move by about 1e-3, --int8 answers by about 0.05).
 
     python bench/bench_serve.py                          # 1, 8 and 32 clients, 400 requests, 3 rounds
-    python bench/bench_serve.py --clients 32 --requests 800 --systems torchbert int8 naive
+    python bench/bench_serve.py --clients 32 --requests 800 --systems torchbert bf16 naive
 
 Fairness (`--fairness`): one client sends a huge request (--huge-texts texts cut at the model's 512
 tokens) while --small-clients others send one short text each, one request after another, until the
@@ -74,8 +74,9 @@ app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"]), R
 '''
 
 
-LABELS = {"torchbert": "torchbert serve", "int8": "torchbert serve --int8",
-          "naive": "naive (transformers, a forward per request)"}
+LABELS = {"torchbert": "torchbert serve (fp32)", "bf16": "torchbert serve --precision bf16",
+          "int8": "torchbert serve --int8", "naive": "naive (transformers, a forward per request)"}
+FLAGS = {"torchbert": ("--precision", "fp32"), "bf16": ("--precision", "bf16"), "int8": ("--int8",)}
 
 
 def free_port() -> int:
@@ -84,7 +85,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, threads: int, int8: bool, folder: Path,
+def start(name: str, threads: int, flags: tuple[str, ...], folder: Path,
           extra: tuple[str, ...] = (), src: Path | None = None) -> tuple[subprocess.Popen, str]:
     """A server subprocess (torchbert's from `src` when given, another checkout's) and its URL, once healthy."""
     import httpx
@@ -96,7 +97,7 @@ def start(name: str, threads: int, int8: bool, folder: Path,
     model = str(realdata.minilm_dir())
     if name == "torchbert":
         cmd = [sys.executable, "-m", "torchbert", "serve", "--model", model, "--port", str(port), "--log-level",
-               "warning", *(["--int8"] if int8 else []), *extra]
+               "warning", *flags, *extra]
     else:
         (folder / "naive.py").write_text(NAIVE, encoding="utf-8")
         cmd = [sys.executable, "-c", f"import sys; sys.argv = ['naive', {model!r}, '{threads}']; "
@@ -178,7 +179,7 @@ def fairness_main(args) -> None:
     with tempfile.TemporaryDirectory() as folder:
         try:
             for name, src in systems.items():
-                servers[name] = start("torchbert", args.threads, False, Path(folder), src=src)
+                servers[name] = start("torchbert", args.threads, FLAGS["torchbert"], Path(folder), src=src)
             for _ in range(args.repeats):
                 for name, (_, url) in servers.items():
                     time.sleep(0.5)
@@ -209,7 +210,7 @@ def main() -> None:
                                                           "taking turns; the median round is reported (default 3)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
     p.add_argument("--systems", nargs="+", choices=tuple(LABELS), default=["torchbert", "naive"],
-                   help="int8: torchbert serve --int8")
+                   help="bf16: torchbert serve --precision bf16; int8: torchbert serve --int8 (torchbert: fp32)")
     p.add_argument("--serve-args", default="", help="more options for torchbert serve, e.g. '--max-wait-ms 2'")
     p.add_argument("--fairness", action="store_true", help="the fairness case instead (see above)")
     p.add_argument("--huge-texts", type=int, default=256, help="--fairness: texts of the huge request (default 256)")
@@ -237,7 +238,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         try:
             for name in args.systems:  # all up at once, idle but for their turn
-                servers[name] = start("naive" if name == "naive" else "torchbert", args.threads, name == "int8",
+                servers[name] = start("naive" if name == "naive" else "torchbert", args.threads, FLAGS.get(name, ()),
                                       Path(folder), tuple(args.serve_args.split()) if name != "naive" else ())
             for _ in range(args.repeats):
                 for clients in args.clients:

@@ -61,6 +61,11 @@ def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
                        "--precision", "bf16", "--int8")
     assert code == 2 and "--precision bf16 and --int8 exclude each other" in err
+    for machine in (SAPPHIRE, ZEN4):  # INT8 is refused where bf16 is native: bf16 is faster and closer there
+        monkeypatch.setattr(hardware, "cpu", lambda machine=machine: machine)
+        code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
+                           "--int8", "--device", "cpu")
+        assert code == 2 and "--int8: this CPU multiplies bf16 natively" in err and "leave --int8 out" in err
     assert not (tmp_path / "f.npy").exists()
 
 

@@ -154,9 +154,13 @@ def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_position
     assert (a * b).sum(1).min() > 0.97  # cosine of the sentence embeddings
 
 
-def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys):
+def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):
+    """On a CPU without native bf16 (mocked: --int8 is refused where bf16 is native, tests/test_hardware.py)."""
     from clihelp import cli, tiny_bert
 
+    from torchbert import hardware
+
+    monkeypatch.setattr(hardware, "cpu", lambda: hardware.CPU("AVX2 only", frozenset({"avx2", "fma"})))
     (tmp_path / "in.txt").write_text("\n".join(realdata.peoples_daily_sentences()[:6]) + "\n", encoding="utf-8")
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                        tmp_path / "q.npy", "--int8", "--normalize", "--quiet")

@@ -1,9 +1,12 @@
-"""Inference in bf16 (fast/bf16.py) held to fp32 on real weights and real text.
+"""bf16 (fast/bf16.py) held to fp32 on real weights and real text: inference (the encoder's weights in
+bf16, its outputs in fp32) and training (BF16Weights: the weights in bf16 for a step, fp32 gradients
+for the optimizer, the fast pieces running in bf16).
 
 The bounds are the ones bench/README.md measures against ("Precision on the CPU"): embeddings within
 cosine 0.999 of fp32's. bf16 runs (emulated, slower) on a CPU without native bf16 too, so these
 tests hold on every machine."""
 
+import contextlib
 import copy
 
 import numpy as np
@@ -11,11 +14,12 @@ import pytest
 import realdata
 import torch
 
-from torchbert import BertConfig, BertModel, BertTokenizer
+from torchbert import BertConfig, BertModel, BertTokenizer, fast
 from torchbert.fast import at_precision
 from torchbert.fast.bf16 import bf16, encoders
 from torchbert.features import embed
-from torchbert.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from torchbert.heads import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+                             BertForTokenClassification)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +96,79 @@ def test_a_model_without_a_bert_encoder_is_refused():
         bf16(gpt)
     with pytest.raises(ValueError, match="precision must be fp32, bf16 or int8"):
         at_precision(gpt, "fp16")
+
+
+# -- training: the weights held in bf16 for a step, fp32 for the optimizer ----------------------------
+
+def step_gradients(model, inputs, labels, nsp, bf16: bool, micro: int = 1):
+    """Loss and fp32 gradients of one step of `micro` micro-batches (each the whole batch at 1/micro),
+    through the fast pieces and the embeddings' rows, as the loop runs it; with bf16, under
+    BF16Weights."""
+    model.zero_grad(set_to_none=True)
+    weights = fast.BF16Weights(model) if bf16 else None
+    losses = []
+    with fast.SparseRows(model) as rows, fast.training(model), weights or contextlib.nullcontext():
+        for _ in range(micro):
+            out = model(**inputs, labels=labels, next_sentence_label=nsp)
+            loss = (out.mlm_loss + out.nsp_loss) / micro
+            loss.backward()
+            losses.append(loss.detach())
+            if weights is not None:
+                weights.collect()
+    rows.densify()
+    return sum(losses), {n: p.grad.to_dense().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_a_bf16_step_gives_fp32_gradients_close_to_fp32s_and_leaves_the_fp32_weights(minilm_with_heads,
+                                                                                       real_batch, micro):
+    model = BertForPreTraining.from_pretrained(minilm_with_heads[BertForPreTraining]).eval()  # dropout off
+    inputs, labels, nsp = real_batch
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    loss32, grads32 = step_gradients(model, inputs, labels, nsp, bf16=False)
+    loss16, grads16 = step_gradients(model, inputs, labels, nsp, bf16=True, micro=micro)
+    assert loss16.dtype == torch.float32 and abs(float(loss16 - loss32)) < 0.02 * float(loss32)
+    for n, p in model.named_parameters():  # the same fp32 parameters, untouched, with fp32 gradients
+        assert id(p) == ids[n] and p.dtype == torch.float32 and torch.equal(p.detach(), before[n])
+        assert p.grad.dtype == torch.float32
+    # each gradient at its own scale, those of a hundredth of the largest and more (the NSP biases' are
+    # sums of 12 nearly cancelling terms, 1e-3 of the others: bf16's rounding of each term shows there)
+    largest = max(g.norm() for g in grads32.values())
+    for n, g in grads32.items():
+        if g.norm() > 0.01 * largest:
+            cos = torch.nn.functional.cosine_similarity(g.flatten(), grads16[n].flatten(), dim=0)
+            assert cos > 0.99, (n, float(cos))
+    every = torch.cat([g.flatten() for g in grads32.values()])
+    assert (torch.cat([grads16[n].flatten() for n in grads32]) - every).norm() < 0.02 * every.norm()
+    assert grads16["bert.embeddings.word.weight"].abs().sum() > 0
+
+
+def test_the_fast_pieces_run_in_bf16_as_the_plain_path_does():
+    """Under BF16Weights the fast attention (its hand-written backward), dropout and fused decoder run
+    in bf16: the same dropout masks give gradients close to the plain model's in bf16."""
+    cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg).train()
+    ids = torch.randint(5, 300, (4, 16))
+    labels = torch.where(torch.rand(ids.shape) < 0.3, ids, -100)
+    labels[0, 2] = ids[0, 2]
+    nsp = torch.tensor([0, 1, 1, 0])
+
+    def run(use_fast: bool):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with fast.training(model) if use_fast else contextlib.nullcontext(), fast.BF16Weights(model) as w:
+            out = model(ids, labels=labels, next_sentence_label=nsp)
+            assert model.bert.layers[0].attention.qkv.weight.dtype == torch.bfloat16
+            out.loss.backward()
+            w.collect()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fast_loss, fast_grads = run(True)
+    plain_loss, plain_grads = run(False)  # other dropout masks: compared in distribution, not element-wise
+    assert abs(float(fast_loss - plain_loss)) < 0.05 * float(plain_loss)
+    for n, g in plain_grads.items():
+        assert fast_grads[n].dtype == torch.float32 and fast_grads[n].isfinite().all(), n
+        if g.norm() > 1e-4:
+            assert 0.5 < fast_grads[n].norm() / g.norm() < 2, n

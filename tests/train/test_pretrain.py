@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,13 +149,29 @@ def test_sigkill_and_resume_is_bit_identical(prepared, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_bf16_autocast_trains(prepared, tmp_path, capsys):
+def test_bf16_trains_with_bf16_weights_and_fp32_masters_and_resumes_exactly(prepared, tmp_path, capsys, monkeypatch):
+    """--precision bf16 in one CPU process: each step under fast.BF16Weights (the weights in bf16, the
+    gradients back in fp32); finite, sensible losses; fp32 weights saved; a resume from the step-2
+    checkpoint gives the uninterrupted run's weights bit for bit."""
+    from torchbert import fast
+
+    steps = []
+    enter = fast.BF16Weights.__enter__
+    monkeypatch.setattr(fast.BF16Weights, "__enter__", lambda self: steps.append(1) or enter(self))
     run = tmp_path / "bf16"
-    code, out, err = cli(capsys, *pretrain_args(prepared, run, "--steps", "3", "--precision", "bf16"))
+    args = pretrain_args(prepared, run, "--steps", "4", "--save-every", "2", "--log-every", "1", "--precision", "bf16")
+    code, out, err = cli(capsys, *args)
     assert code == 0, err
+    assert len(steps) == 4
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows and all(r["loss"] == r["loss"] and r["loss"] < 20 for r in rows)  # finite, sensible
-    assert load_file(run / "model.safetensors")["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
+    assert len(rows) == 4 and all(r["loss"] == r["loss"] and r["loss"] < 20 for r in rows)  # finite, sensible
+    want = load_file(run / "model.safetensors")
+    assert want["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    code, out, err = cli(capsys, *args, "--resume")
+    assert code == 0, err
+    got = load_file(run / "model.safetensors")
+    assert all(torch.equal(want[k], got[k]) for k in want)
 
 
 def test_heldout_documents_are_prepared_apart_and_evaluated(prepared, tmp_path, capsys):

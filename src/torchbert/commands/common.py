@@ -16,8 +16,9 @@ from ..settings import Checked, SettingError, add_flags, check_field, from_args,
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
              "Runtime, feed-forward down projections kept in fp32. Outputs move slightly (MiniLM embeddings: cosine "
-             "0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts (36 tokens) and 1.15x on "
-             "longer ones (74) (bench/README.md)")
+             "0.97-0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts (36 tokens) and 1.15x "
+             "on longer ones (74). Refused on a CPU with native bf16 (AMX, AVX512-BF16), where bf16 is both faster "
+             "and closer to fp32 (bench/README.md)")
 
 
 @dataclass(kw_only=True)
@@ -154,6 +155,11 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
     if getattr(args, "int8", False):
         if args.precision == "bf16":
             raise UserError("--precision bf16 and --int8 exclude each other: pick one")
+        c = hardware.cpu()
+        if c.native_bf16:  # measured on AMX and on AVX512-BF16: bench/README.md, "Precision on the CPU"
+            raise UserError(f"--int8: this CPU multiplies bf16 natively ({c.units()}), and there bf16 is faster than "
+                            "INT8 and closer to fp32 (MiniLM embed on AVX512-BF16: bf16 1.7-1.9x fp32's texts/s at "
+                            "cosine 0.9998, --int8 1.2x at 0.974): leave --int8 out, --precision auto computes in bf16")
         return "int8"
     try:
         precision, why = hardware.inference_precision(args.precision, device)

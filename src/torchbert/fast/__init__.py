@@ -11,9 +11,11 @@ its block runs, and puts the model back as it was afterwards (the state dict nev
     its [M, V] buffer kept from step to step, and the word embeddings tied so that their two
     gradients meet in place.
 Each piece falls back to the plain path where it does not pay: off CPU, under autocast or the
-compiler, in eval. The training loop applies it when TrainConfig.fast is on (the default; the
-CLI's --no-fast turns it off). Two more pieces work around the model, not in it:
+compiler, in eval; with bf16 weights they run in bf16. The training loop applies it when
+TrainConfig.fast is on (the default; the CLI's --no-fast turns it off). Three more pieces work
+around the model, not in it:
   * fast.rows.SparseRows: the embeddings' gradients as rows, in the loop of one plain CPU process;
+  * fast.bf16.BF16Weights: `--precision bf16` there, each step's weights held in bf16 (fp32 masters);
   * fast.memory.keep_freed_memory: glibc's allocator set to keep freed memory. It changes the whole
     process, so no library call makes it: the CLI's training commands do (not with --no-fast).
 Each piece earned its place by a measured gain (bench/README.md), and a test holds it to the plain
@@ -32,12 +34,13 @@ from torch import nn
 from ..heads import MaskedLMHead
 from ..model import SelfAttention
 from .attention import RowsSelfAttention  # and model.ATTENTION["fast"]
+from .bf16 import BF16Weights
 from .decoder import FusedMaskedLMHead, tie_first
 from .dropout import Dropout
 from .memory import keep_freed_memory
 from .rows import SparseRows
 
-__all__ = ["SparseRows", "at_precision", "inference", "keep_freed_memory", "training"]
+__all__ = ["BF16Weights", "SparseRows", "at_precision", "inference", "keep_freed_memory", "training"]
 
 
 def _flash_fits(model: nn.Module) -> bool:

@@ -133,8 +133,8 @@ class _Attention(torch.autograd.Function):
         ctx.scale = 1 / math.sqrt(D)
         scores = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
         probs = scores.softmax(dim=-1)
-        mask = scaled_mask(probs.shape, p, probs.dtype)
-        dropped = probs * mask
+        mask = scaled_mask(probs.shape, p, probs.dtype)  # fp32 under bf16: 1 / (1 - p) in full
+        dropped = (probs * mask).to(probs.dtype)
         ctx.save_for_backward(blocks, q, probs, mask, dropped)
         return torch.bmm(dropped, v).view(B, A, -1, D)
 
@@ -154,7 +154,7 @@ class _Attention(torch.autograd.Function):
         d_blocks = torch.empty_like(blocks)
         dq, dk, dv = _Attention.operands(d_blocks, None if q is None else torch.empty_like(q))
         torch.bmm(dropped.transpose(1, 2), g, out=dv)
-        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T]
+        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T] (in place: in g's dtype)
         d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
         torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
         torch.baddbmm(dk, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale, out=dk)

@@ -57,3 +57,46 @@ def bf16(model: nn.Module) -> nn.Module:
                 p.data = p.data.to(torch.bfloat16)
         encoder.register_forward_hook(_outputs_to_fp32)
     return model
+
+
+class BF16Weights:
+    """Training in bf16 with fp32 master weights, in one plain CPU process (the training loop's
+    `--precision bf16` there; elsewhere it is torch.autocast). While the block runs, every trainable
+    fp32 parameter holds a bf16 copy of itself (refreshed from the fp32 weights on entry), so the
+    forward and the backward run every product and every elementwise step in bf16 with no cast per
+    call, and torchbert.fast's pieces with them; `collect()` after each backward moves the bf16
+    gradients into fp32 sums; on exit each parameter holds its fp32 weights again, with the fp32
+    gradient, for clipping, the optimizer and checkpoints, which never see bf16. Under autocast the
+    fast pieces step aside and every call casts its operands (bench/README.md, "Precision on the
+    CPU", measures both)."""
+
+    def __init__(self, model: nn.Module):
+        self.params = [p for p in model.parameters() if p.requires_grad and p.dtype == torch.float32]
+        self.copies: dict[nn.Parameter, Tensor] = {}
+        self.masters: dict[nn.Parameter, Tensor] = {}
+        self.grads: dict[nn.Parameter, Tensor] = {}
+
+    def __enter__(self) -> "BF16Weights":
+        with torch.no_grad():
+            for p in self.params:
+                copy = self.copies.get(p)
+                if copy is None:
+                    copy = self.copies[p] = torch.empty_like(p.data, dtype=torch.bfloat16)
+                copy.copy_(p.data)
+                self.masters[p], p.data = p.data, copy
+        return self
+
+    def collect(self) -> None:
+        """The bf16 gradients of the backward just run, added into the fp32 ones of the step."""
+        for p in self.params:
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            self.grads[p] = g if p not in self.grads else self.grads[p] + g
+            p.grad = None
+
+    def __exit__(self, *exc) -> None:
+        self.collect()
+        for p in self.params:
+            p.data = self.masters.pop(p)
+            p.grad = self.grads.pop(p, None)

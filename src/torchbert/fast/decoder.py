@@ -24,15 +24,18 @@ class _DecoderCrossEntropy(torch.autograd.Function):
     to the logits, softmax - one_hot, from the log-probabilities the loss needs anyway (one pass over
     the [M, V] logits, in place). Autograd's own backward makes a zero [M, V] tensor for the loss,
     then runs the log-softmax backward over two more: about 1.5% of a pretraining step. The backward
-    scales by the incoming gradient inside the products (alpha). Used in training in fp32; under
-    autocast and the compiler the plain head runs; a test holds the two to the same loss and
-    gradients."""
+    scales by the incoming gradient inside the products (alpha). Used in training with fp32 or bf16
+    weights (fast/bf16.py: the products in bf16, the loss and its gradient in fp32); under autocast
+    and the compiler the plain head runs; a test holds the two to the same loss and gradients."""
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        logits = torch.addmm(bias, h, weight.t())  # [M, V]
-        ctx.buffer = _take_buffer(logits)
-        logp = torch.log_softmax(logits, dim=-1, out=ctx.buffer[:logits.numel()].view_as(logits))
+        logits = torch.addmm(bias, h, weight.t())  # [M, V], in the weights' dtype
+        # the log-probabilities and the loss's gradient in fp32 whatever the weights' dtype (under
+        # bf16 weights the logits are cast once, as autocast casts them for its fp32 loss)
+        ctx.buffer = _take_buffer(logits, torch.float32)
+        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32,
+                                 out=ctx.buffer[:logits.numel()].view(logits.shape))
         scored = targets != IGNORE  # [M]
         rows = torch.where(scored, targets, 0)[:, None]  # [M, 1]
         count = scored.sum()
@@ -52,10 +55,11 @@ class _DecoderCrossEntropy(torch.autograd.Function):
         scale = float(g_loss / count) if g_loss is not None and count > 0 else 0.0
         if g_logits is not None:  # the logits were used on their own too
             grad, scale = torch.add(g_logits, grad, alpha=scale), 1.0
+        db = grad.sum(0).mul_(scale).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        grad = grad.to(weight.dtype)  # the products in the weights' dtype
         dh = torch.mm(grad, weight).mul_(scale) if ctx.needs_input_grad[0] else None
         # addmm with beta 0 reads nothing from its first argument and scales the product in place
         dw = torch.addmm(weight, grad.t(), h, beta=0, alpha=scale) if ctx.needs_input_grad[1] else None
-        db = grad.sum(0).mul_(scale) if ctx.needs_input_grad[2] else None
         buffer, ctx.buffer = ctx.buffer, None  # given back once, also when a retained graph runs twice
         if buffer is not None:
             _give_buffer(buffer)
@@ -72,16 +76,16 @@ class _DecoderCrossEntropy(torch.autograd.Function):
 _FREE: list[Tensor] = []
 
 
-def _take_buffer(like: Tensor) -> Tensor:
-    """A 1-D buffer of at least like.numel() elements of like's dtype: from _FREE when one fits; a new
-    one on CPU with a quarter to spare, for the next batches' counts of masked tokens."""
+def _take_buffer(like: Tensor, dtype: torch.dtype) -> Tensor:
+    """A 1-D buffer of `dtype` with at least like.numel() elements: from _FREE when one fits; a new one
+    on CPU with a quarter to spare, for the next batches' counts of masked tokens."""
     n = like.numel()
     if like.device.type != "cpu":
-        return torch.empty(n, dtype=like.dtype, device=like.device)
+        return torch.empty(n, dtype=dtype, device=like.device)
     for i, buf in enumerate(_FREE):
-        if buf.dtype == like.dtype and buf.numel() >= n:
+        if buf.dtype == dtype and buf.numel() >= n:
             return _FREE.pop(i)
-    return torch.empty(n + n // 4, dtype=like.dtype)
+    return torch.empty(n + n // 4, dtype=dtype)
 
 
 def _give_buffer(buf: Tensor) -> None:

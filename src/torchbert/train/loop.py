@@ -98,8 +98,11 @@ class TrainConfig(Checked):
     keep: int = setting(2, "checkpoints to keep", low=1)
     log_every: int = setting(10, "a metrics.jsonl line every N steps", low=1)
     eval_every: int = setting(0, "held-out evaluation every N steps (default: only at the end)", low=0)
-    precision: str = setting("fp32", "bf16: the matrix products in bfloat16 (torch.autocast; weights and optimizer "
-                                     "stay fp32), for GPUs; with it, attention over the packed batch runs "
+    precision: str = setting("fp32", "bf16: the forward and backward in bfloat16, the optimizer and the saved "
+                                     "weights in fp32. In one CPU process the weights are held in bf16 for each step "
+                                     "(fast/bf16.py; a CPU with AMX or AVX512-BF16 multiplies bf16 2.7-4x faster "
+                                     "than fp32, `torchbert env` says); under torchrun, on a GPU or with --no-fast, "
+                                     "torch.autocast, and on a GPU attention over the packed batch runs "
                                      "FlashAttention's varlen kernel", choices=PRECISIONS)
     max_bad_steps: int = setting(20, "consecutive steps with a non-finite loss before the run stops", low=1,
                                  cli=False)
@@ -355,6 +358,9 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
     rows = fast.SparseRows(model) if plain and cfg.fast else None
+    # bf16 there: the weights held in bf16 for each step, fp32 for the optimizer (fast.BF16Weights)
+    bf16 = fast.BF16Weights(model) if plain and cfg.fast and cfg.precision == "bf16" else None
+    precision = "fp32" if bf16 is not None else cfg.precision  # what autocast is asked for
     deferred = _deferred_reads(device)
     signalled = None  # deferred under torchrun: the previous step's all-reduced signal flag, read a step late
     unsettled = state.step  # deferred: the steps after this one await their verdicts (Window.settle)
@@ -399,11 +405,14 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
             micro = [b.to(device) for b in micro]  # without a host sync (non_blocking)
             totals = step_totals(task, micro, dist, device, deferred)
             step_loss = torch.zeros((), dtype=torch.float64, device=device)
-            for i, b in enumerate(micro):
-                loss, parts = forward_backward(model, task, b, totals, cfg.precision, device, dist,
-                                               sync=i == len(micro) - 1)
-                step_loss += loss
-                window.add(parts, task.counts(b), b.num_tokens)
+            with bf16 or contextlib.nullcontext():
+                for i, b in enumerate(micro):
+                    loss, parts = forward_backward(model, task, b, totals, precision, device, dist,
+                                                   sync=i == len(micro) - 1)
+                    if bf16 is not None:
+                        bf16.collect()
+                    step_loss += loss
+                    window.add(parts, task.counts(b), b.num_tokens)
             # the one value all processes share each step also carries whether any was signalled
             shared = torch.stack([step_loss, torch.full_like(step_loss, signals.caught is not None)])
             step_loss, stopping = dist.all_reduce_tensor(shared).unbind()
