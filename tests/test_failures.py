@@ -930,3 +930,45 @@ def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_pa
     assert not results["traceback"] and not results["unclear"], results
     assert (snapshot(p) | snapshot(ft / "ner")) == inputs  # no input touched, no output left
     assert not (p / "out").exists()
+
+
+# -- issue 59, class 2: outputs that overflow reach no file, score or answer --------------------------
+
+def test_outputs_that_overflow_reach_no_file_score_or_answer(minilm_dir, tmp_path, capsys):
+    """A fine-tuned classifier whose weights are finite but whose outputs are not (word embeddings x
+    1e30): predict and evaluate stop with the file and line and write nothing; serve answers 500 with
+    a message of its own for /predict and for embeddings in every encoding."""
+    from safetensors.torch import save_file
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder, Predictor
+    from torchbert.apps.serve import NON_FINITE, create_app
+
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": str(i % 2)}) + "\n"
+                            for i, t in enumerate(realdata.english_texts()[:8])), encoding="utf-8")
+    base = tiny_bert(tmp_path / "base", minilm_dir)
+    assert cli(capsys, "finetune", "--task", "classification", "--model", base, "--train", data,
+               "--out", tmp_path / "run", "--epochs", "1", "--quiet")[0] == 0
+    weights = load_file(tmp_path / "run" / "model.safetensors")
+    key = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[key] = weights[key] * 1e30
+    assert torch.isfinite(weights[key]).all()
+    save_file(weights, tmp_path / "run" / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "p.jsonl"
+    for argv in (["predict", "--input", data, "--out", out], ["evaluate", "--data", data]):
+        code, stdout, err = cli(capsys, argv[0], "--model", tmp_path / "run", *argv[1:], "--precision", "fp32",
+                                "--quiet")
+        assert code == 1 and f"{data}:1: the model's outputs hold NaN or inf" in err and err.count("\n") == 1, err
+        assert stdout == ""
+    assert not out.exists()
+    predictor = Predictor(tmp_path / "run", name="m")
+    with TestClient(create_app(predictor, Limits())) as c:
+        r = c.post("/predict", json={"inputs": [{"text": "hello"}]})
+    assert r.status_code == 500 and r.json()["error"]["message"] == NON_FINITE
+    embedder = Embedder(None, name="m", model=predictor.model.bert, tokenizer=predictor.tokenizer)
+    with TestClient(create_app(embedder, Limits())) as c:
+        for encoding in ("float", "base64"):
+            r = c.post("/v1/embeddings", json={"input": ["hello"], "encoding_format": encoding})
+            assert r.status_code == 500 and r.json()["error"]["message"] == NON_FINITE, encoding

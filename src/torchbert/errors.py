@@ -4,6 +4,8 @@ UserError    the input is wrong (a file, an argument): exit status 2, fix the in
 RunFailed    the input was fine but the run could not finish (the loss diverged, the disk filled):
              exit status 1; what was saved before stays.
 OutOfSpace   a RunFailed for a full disk, naming the folder that could not be written.
+NonFiniteOutput  a RunFailed: the model's outputs hold NaN or inf (finite weights can overflow); nothing
+             is written, scored or served from them.
 Interrupted  SIGINT or SIGTERM stopped a run after it saved a checkpoint: exit status 130.
 Terminated   SIGTERM anywhere in a command (what `timeout`, systemd, docker and Kubernetes send): raised
              as a KeyboardInterrupt, so every command cleans up on it as on Ctrl-C.
@@ -26,6 +28,10 @@ class OutOfSpace(RunFailed):
         super().__init__(f"no space left on {folder}: free some space there, or write to another disk, "
                          "and run again")
         self.folder = folder
+
+
+class NonFiniteOutput(RunFailed):
+    """The model gave NaN or inf (its weights are finite: checked when loaded), for `where`."""
 
 
 class Interrupted(Exception):

@@ -85,6 +85,73 @@ def test_a_busy_job_is_seen_by_another_process(registry):
         g.close()
 
 
+def test_a_planted_link_is_never_followed_and_nothing_outside_is_deleted(tmp_path, monkeypatch, capsys):
+    """Issue 59: the folder a symlink to another (here with files named like dead jobs' pids): not
+    used, one warning, the job computes alone, the target's files stay."""
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("99999990", "4000000", "12"):
+        (victim / name).write_text("keep me")
+    (tmp_path / "jobs").symlink_to(victim)
+    threads._warned.clear()
+    g = Governor(where=tmp_path / "jobs")
+    try:
+        with g.busy():
+            assert g.busy_jobs() == 1 and g.threads == 4
+            g.tick(force=True)
+    finally:
+        g.close()
+    assert sorted(p.name for p in victim.iterdir()) == ["12", "4000000", "99999990"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "jobs is a link or not a folder: not used; this job computes as if alone" in err
+
+
+def test_hostile_entries_in_the_folder_neither_fail_hang_nor_count(registry, tmp_path, monkeypatch):
+    """Names too long for a pid, a pipe named like a pid (opening it would wait), a link named like a
+    dead pid, a folder: passed over; a real dead job's file is cleared; the folder is made 0700."""
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    registry.mkdir(mode=0o755)
+    registry.chmod(0o755)
+    (registry / "99999999999999999999").write_text("")
+    os.mkfifo(registry / "4000001")
+    target = tmp_path / "target"
+    target.write_text("keep me")
+    (registry / "4000002").symlink_to(target)
+    (registry / "4000003").mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (registry / dead.stdout.strip()).write_text("")  # a job that ended without removing its file
+    g = Governor(where=registry)
+    try:
+        with g.busy():
+            assert g.busy_jobs() == 1 and g.threads == 4
+    finally:
+        g.close()
+    assert target.read_text() == "keep me" and (registry / "4000002").is_symlink()
+    assert (registry / "4000001").exists() and (registry / "99999999999999999999").exists()
+    assert not (registry / dead.stdout.strip()).exists()
+    assert registry.stat().st_mode & 0o777 == 0o700
+    assert threads.job_pid("0123") is None and threads.job_pid(str(threads.PID_MAX + 1)) is None
+    assert threads.job_pid("4194304") == 4194304
+
+
+def test_another_users_folder_is_not_used(registry, monkeypatch, capsys):
+    registry.mkdir(mode=0o700)
+    monkeypatch.setattr(threads.os, "getuid", lambda: os.stat(registry).st_uid + 1)
+    threads._warned.clear()
+    assert threads.private_folder(registry) is None
+    assert "owned by another user" in capsys.readouterr().err
+
+
+def test_the_folder_is_the_users_runtime_folder_where_there_is_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert threads.folder() == tmp_path / "torchbert-jobs"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert threads.folder().name.startswith("torchbert-jobs-")
+
+
 def test_library_calls_change_no_threads_without_a_command():
     assert threads._governor is None
     before = torch.get_num_threads()

@@ -130,6 +130,10 @@ class Embedder:
             for idx in budget_batches([len(x) for x in ids], self.limits.max_batch_tokens):
                 out[idx] = embed_ids(self.model, [ids[i] for i in idx], pooling=self.pooling,
                                      normalize=self.normalize, batch_size=len(idx))
+        if not np.isfinite(out).all():  # whatever the encoding asked (base64 would carry them)
+            from ..errors import NonFiniteOutput
+
+            raise NonFiniteOutput("the model's output for this request holds NaN or inf")
         return out
 
     def encode(self, vectors: list, call: Call) -> dict:

@@ -32,9 +32,12 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from ..errors import NonFiniteOutput
 from .batcher import Batcher, Limits, Metrics, Rejected
 from .endpoints import ENDPOINTS, Endpoint
 from .worker import run_in_worker
+
+NON_FINITE = "the model's output for this request holds NaN or inf, which no answer can carry"
 
 
 def _check_model(body: dict, served: str) -> None:
@@ -125,9 +128,8 @@ def create_app(served: Endpoint | Sequence[Endpoint], limits: Limits, workers: E
             response = JSONResponse(content, status_code=status, headers=headers)
         except ValueError:  # JSON has no NaN or inf: the model gave them (weights are checked when loaded)
             log.error("%s: the model's output holds NaN or inf", endpoint)
-            status, response = 500, JSONResponse({"error": {
-                "message": "the model's output for this request holds NaN or inf, which JSON cannot carry",
-                "type": "server_error"}}, status_code=500)
+            status, response = 500, JSONResponse({"error": {"message": NON_FINITE, "type": "server_error"}},
+                                                 status_code=500)
         metrics.requests.labels(endpoint, str(status)).inc()
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
@@ -140,6 +142,9 @@ def create_app(served: Endpoint | Sequence[Endpoint], limits: Limits, workers: E
             kind = ("invalid_request_error" if e.status < 500 else "unavailable") if e.status != 401 else \
                 "authentication_error"
             return answer(endpoint, start, e.status, {"error": {"message": e.message, "type": kind}}, e.headers)
+        if isinstance(e, NonFiniteOutput):  # the model's numbers, not the client's request nor a bug
+            log.error("%s: the model's output holds NaN or inf", endpoint)
+            return answer(endpoint, start, 500, {"error": {"message": NON_FINITE, "type": "server_error"}})
         # the server failed on this request (its batch, most likely); it stays up. The client learns
         # that, and no more: the detail is for the operator
         log.error("%s: a request failed", endpoint, exc_info=e)

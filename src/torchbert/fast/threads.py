@@ -16,6 +16,13 @@ alone and gives each job a share of the cores when others compute beside it:
   worker only while a batch runs, so an idle server takes nothing); the kernel drops the lock when a
   process dies, so a killed job never counts.
 
+The folder is this user's own: $XDG_RUNTIME_DIR/torchbert-jobs where the system gives one, else
+torchbert-jobs-UID in the temporary folder, which others can write to (issue 59). It is used only as
+a real directory owned by this user (made, or set, 0700), opened without following a link, and every
+entry through that handle: regular files named as a process id only, opened without following a
+link or waiting on them. Anything else there is passed over, and a folder that fails these checks
+(a link, another user's) is not used: the job computes as if alone, after a one-line warning.
+
 A job looks again every half second, between steps or batches (`tick`), and changes its pool with
 torch.set_num_threads. PyTorch splits sums among its threads, so the last bits of a result follow
 the count: a run that must repeat bit for bit beside other jobs takes a fixed --threads. Nothing here runs unless a command started it (`governed`, in cli.main): the
@@ -26,12 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 EVERY = 0.5  # seconds between two looks at the other jobs
+PID_MAX = 1 << 22  # Linux's largest process id (pid_max at most 2^22): longer names are not a job's
 
 
 def cores() -> int:
@@ -49,7 +59,55 @@ def user_cap() -> int | None:
 
 
 def folder() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        return Path(runtime) / "torchbert-jobs"
     return Path(tempfile.gettempdir()) / f"torchbert-jobs-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+_warned: set[str] = set()
+
+
+def private_folder(path: Path) -> int | None:
+    """A handle (a directory fd) on `path` as a folder of this user's alone: made 0700 when missing,
+    set 0700 when it is this user's and open to others; None, after a one-line warning, when it is a
+    link, not a folder, or another user's."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None  # no folder can be made there (read-only, missing parent): this job computes alone
+    why = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # a link (followed, it could point anywhere) or no folder
+        fd, why = None, "a link or not a folder"
+    if fd is not None:
+        st = os.fstat(fd)
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            why = f"owned by another user (uid {st.st_uid})"
+        elif stat.S_IMODE(st.st_mode) & 0o077:
+            try:
+                os.fchmod(fd, 0o700)
+            except OSError:
+                why = "open to other users"
+        if why is not None:
+            os.close(fd)
+            fd = None
+    if why is not None and str(path) not in _warned:
+        _warned.add(str(path))
+        print(f"torchbert: warning: {path} is {why}: not used; this job computes as if alone (it does not share "
+              "the cores with other torchbert jobs)", file=sys.stderr)
+    return fd
+
+
+def job_pid(name: str) -> int | None:
+    """The process id a file of the folder is named for, or None when the name is not one."""
+    if not (name.isdigit() and len(name) <= 7 and name[0] != "0"):
+        return None
+    pid = int(name)
+    return pid if pid <= PID_MAX else None
 
 
 class Governor:
@@ -64,17 +122,25 @@ class Governor:
         self.where = where or folder()
         self.before = torch.get_num_threads()
         self.threads = self.before
+        self.dir: int | None = None  # the folder's handle (private_folder); None: not (yet) used
+        self.looked = False  # whether private_folder was asked (once: a folder it refused stays refused)
         self.fd: int | None = None
         self.held = 0  # busy() nesting
         self.next = 0.0
 
     # -- this job's lock file ---------------------------------------------------------------------
+    def _folder(self) -> int | None:
+        if not self.looked:
+            self.looked, self.dir = True, private_folder(self.where)
+        return self.dir
+
     def _open(self) -> int | None:
         if self.fd is None:
+            if self._folder() is None:
+                return None
             try:
-                self.where.mkdir(mode=0o700, exist_ok=True)
-                self.fd = os.open(self.where / str(os.getpid()), os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError:  # no shared folder: this job computes as if alone
+                self.fd = os.open(str(os.getpid()), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=self.dir)
+            except OSError:  # this job computes as if alone
                 return None
         return self.fd
 
@@ -100,26 +166,34 @@ class Governor:
         import fcntl
 
         count = 1 if self.held else 0
+        if self._folder() is None:
+            return max(count, 1)
         try:
-            names = os.listdir(self.where)
+            names = os.listdir(self.dir)
         except OSError:
             return max(count, 1)
         for name in names:
-            if name == str(os.getpid()):
+            pid = job_pid(name)
+            if pid is None or pid == os.getpid():
                 continue
-            try:
-                fd = os.open(self.where / name, os.O_RDONLY)
+            try:  # never through a link, never waiting on a pipe
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dir)
             except OSError:
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                count += 1  # held: that job is computing
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                if name.isdigit() and not _alive(int(name)):
-                    with contextlib.suppress(OSError):
-                        os.unlink(self.where / name)  # a job that ended without removing its file
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    count += 1  # held: that job is computing
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    if not _alive(pid):
+                        with contextlib.suppress(OSError):
+                            os.unlink(name, dir_fd=self.dir)  # a job that ended without removing its file
+            except OSError:
+                continue
             finally:
                 os.close(fd)
         return max(count, 1)
@@ -145,8 +219,11 @@ class Governor:
         if self.fd is not None:
             os.close(self.fd)
             with contextlib.suppress(OSError):
-                os.unlink(self.where / str(os.getpid()))
+                os.unlink(str(os.getpid()), dir_fd=self.dir)
             self.fd = None
+        if self.dir is not None:
+            os.close(self.dir)
+            self.dir = None
 
 
 def _alive(pid: int) -> bool:
@@ -154,7 +231,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return True
 

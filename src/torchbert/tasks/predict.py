@@ -61,11 +61,31 @@ def predict(model: nn.Module, data: TaskData, examples: list, ts: TaskSettings, 
             extra = fam.predict_inputs(batch, data.encoded)
             out = model(**batch.to(device).model_inputs(),
                         **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in extra.items()})
+            check_finite(out, batch, data, examples)
             for unit, value in fam.outputs(out, batch, extra):
                 outputs[unit] = value
     if was_training:
         model.train()
     return fam.records(examples, data.encoded, outputs, ts, id2label)
+
+
+def check_finite(out, batch, data: TaskData, examples: list) -> None:
+    """NonFiniteOutput when any of the model's outputs holds NaN or inf, naming the batch's first example:
+    no record, score or answer is made from them (finite weights can still overflow)."""
+    import dataclasses
+
+    values = ([getattr(out, f.name) for f in dataclasses.fields(out) if f.name != "loss"]  # no labels: loss NaN
+              if dataclasses.is_dataclass(out) else [out])
+    if all(bool(torch.isfinite(v).all()) for v in values if isinstance(v, Tensor) and v.is_floating_point()):
+        return
+    from ..errors import NonFiniteOutput
+    from .encode import where_of
+
+    first = int(data.encoded.example_index[int(batch.rows[0])])
+    others = len({data.encoded.example_index[int(r)] for r in batch.rows}) - 1
+    raise NonFiniteOutput(f"{where_of(examples[first], first)}: the model's outputs hold NaN or inf for this example"
+                          + (f" or one of the {others} others of its batch" if others else "")
+                          + "; nothing was written (the weights are finite: something overflows)")
 
 
 def id2label(config: BertConfig) -> dict[int, str] | None:
