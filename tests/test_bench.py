@@ -78,6 +78,24 @@ def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
     assert all(0 <= float(r[3]) <= 1 and 0 <= float(r[4]) <= 1 for r in quality)
 
 
+def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path):
+    out = run_bench("bench_precision.py", "--part", "speed", "training", "quality", "--n", "8", "--repeats", "1",
+                    "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "16",
+                    "--dev-size", "8", "--test-size", "8", "--pairs", "16", "--queries", "8", "--no-qa",
+                    "--work", str(tmp_path))
+    rows = {r[0]: r for r in table_rows(out)}
+    assert [n for n in rows if n.startswith(("sentence", "torchbert"))] == [
+        "sentence-transformers fp32", "sentence-transformers bf16 weights", "torchbert fp32",
+        "torchbert bf16 under autocast", "torchbert bf16 (--precision bf16)", "torchbert --int8"], out
+    assert float(rows["torchbert fp32"][5]) == 1.0 and float(rows["sentence-transformers fp32"][5]) > 0.9999
+    assert float(rows["torchbert bf16 (--precision bf16)"][5]) > 0.999  # the bound of bf16 inference
+    assert rows["ner"][2] == "f1" and rows["sentiment"][2] == "accuracy", out
+    assert {r[0] for r in table_rows(out)} >= {"fp32", "bf16", "int8"}  # the retrieval rows
+    training = [r for r in table_rows(out) if r[1] in ("fp32", "bf16") and r[0].startswith(("sentiment", "embedding"))]
+    assert [(r[0].split()[0], r[1]) for r in training] == [("sentiment", "fp32"), ("sentiment", "bf16"),
+                                                           ("embedding", "fp32"), ("embedding", "bf16")], out
+
+
 def test_bench_learning_scores_both_systems_on_the_same_heldout_masks(tmp_path):
     out = run_bench("bench_learning.py", "--budget", "quick", "--work", str(tmp_path), "--steps", "4", "--batch-size",
                     "4", "--warmup", "1", "--eval-every", "2", "--eval-batches", "2")

@@ -1,6 +1,8 @@
 """A tiny BERT and learnable synthetic batches for the training-loop tests (train/test_loop.py,
 test_failures.py, test_gpu.py): small enough to train in a second, structured enough to learn."""
 
+import signal
+
 import numpy as np
 import torch
 
@@ -18,8 +20,9 @@ class RepeatData:
     recover from the others); the NSP label is that id's parity. Instance i of epoch e is fixed by (seed, e, i),
     like the real loader, and global batch g holds order[g*bs:(g+1)*bs]."""
 
-    def __init__(self, n=64, seed=0, fail_after=None):
+    def __init__(self, n=64, seed=0, fail_after=None, signal_at=None):
         self.n, self.seed, self.fail_after, self.served = n, seed, fail_after, 0
+        self.signal_at = signal_at  # (signal, batches served): the process signals itself as that batch is served
 
     def batches(self, batch_size, *, epoch=0, start=0):
         order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
@@ -27,6 +30,8 @@ class RepeatData:
             if self.fail_after is not None and self.served >= self.fail_after:
                 raise KeyboardInterrupt("simulated kill")
             self.served += 1
+            if self.signal_at is not None and self.served == self.signal_at[1]:
+                signal.raise_signal(self.signal_at[0])
             yield self.batch(order[g * batch_size:(g + 1) * batch_size], epoch)
 
     def batch(self, indices, epoch):

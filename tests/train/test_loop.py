@@ -69,6 +69,25 @@ def test_interrupted_run_resumes_bit_identically(tmp_path):
     assert strip(ref_log) == strip(run_log)
 
 
+def test_a_signal_in_the_last_step_still_stops_the_process_once_the_run_is_saved(tmp_path):
+    import signal
+
+    from torchbert.errors import Interrupted
+
+    # in an earlier step: a checkpoint of that step, then Interrupted
+    with pytest.raises(Interrupted):
+        train(tiny_model(), RepeatData(signal_at=(signal.SIGINT, 2)), PretrainingTask(), cfg(steps=3),
+              tmp_path / "early", log=lambda s: None)
+    assert [p.name for p in list_checkpoints(tmp_path / "early")] == ["step-00000002"]
+    # in the last: the whole run saved, and the signal still reaches the process (it was swallowed: a demo
+    # stopped by SIGTERM in a short pretraining went on to its next stage)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model(), RepeatData(signal_at=(signal.SIGINT, 3)), PretrainingTask(), cfg(steps=3),
+              tmp_path / "last", log=lambda s: None)
+    assert [p.name for p in list_checkpoints(tmp_path / "last")] == ["step-00000003"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler before is back
+
+
 def test_damaged_checkpoint_falls_back_with_a_warning(tmp_path):
     train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=6, save_every=2), tmp_path, log=lambda s: None)
     newest = list_checkpoints(tmp_path)[-1]

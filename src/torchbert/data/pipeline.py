@@ -67,13 +67,14 @@ def partial_folder(out: Path) -> Path:
 # the plan
 
 
-def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256: str) -> dict:
+def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256: str,
+              announce: Callable[[str], None] | None = None) -> dict:
     """What the run will do, from the corpus files alone (never from the worker count)."""
     from .sources import corpus_files, plan_pieces
 
     files = corpus_files(corpus)
     block_bytes = max(1, int(s.block_mb * (1 << 20)))
-    pieces = plan_pieces(files, s.format, min(PIECE_BYTES, block_bytes), split_sentences)
+    pieces = plan_pieces(files, s.format, min(PIECE_BYTES, block_bytes), split_sentences, announce)
     if not pieces:
         raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
     text_bytes = sum(p.size for p in pieces)
@@ -450,7 +451,7 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{tokenizer_dir}: the vocab has no {MASK} token, which masked LM needs")
     names = ", ".join(str(p) for p in corpus_paths)
-    plan = make_plan(corpus_paths, tokenizer_dir, s, vocab_sha256(tokenizer))
+    plan = make_plan(corpus_paths, tokenizer_dir, s, vocab_sha256(tokenizer), note if progress else None)
     work = partial_folder(out)
     _start(work, plan, out, overwrite, resume)
     plan = load_plan(work)

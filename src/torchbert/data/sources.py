@@ -30,7 +30,7 @@ from __future__ import annotations
 import glob
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -191,8 +191,10 @@ def _boundary(f, offset: int, blank_separated: bool, size: int) -> int:
             return f.tell()
 
 
-def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentences) -> list[Piece]:
-    """Every file's pieces, in file order (see the module's docstring)."""
+def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentences,
+                announce: Callable[[str], None] | None = None) -> list[Piece]:
+    """Every file's pieces, in file order (see the module's docstring); announce(message) before a
+    compressed file's pass."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     pieces: list[Piece] = []
@@ -202,6 +204,8 @@ def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentenc
         if layout == "parquet":
             pieces += _parquet_pieces(path)
         elif compression(path):
+            if announce is not None:
+                announce(f"{path}: reading its text once, to cut it into pieces for the workers")
             pieces += _stream_pieces(path, layout, piece_bytes)
         elif size <= piece_bytes:
             pieces.append(Piece(str(path), layout, 0, size, size, 1))

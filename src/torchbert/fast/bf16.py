@@ -1,4 +1,7 @@
-"""Inference in bfloat16: every BERT encoder of a model held in bf16, its outputs given back in fp32.
+"""bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), for inference and for training.
+
+Inference (`bf16`, what --precision bf16 and auto run): every BERT encoder of a model held in bf16,
+its outputs given back in fp32.
 
 Measured against torch.autocast on the same weights (bench/README.md, "Precision on the CPU"): weights
 held in bf16 run every product and every elementwise step in bf16 with no cast per call, 1.91x fp32's
@@ -8,7 +11,9 @@ adds in fp32: pooled in bf16, MiniLM's embeddings fell to cosine 0.996 against f
 the worst of 1,500 real texts is 0.9998. The heads stay fp32 (a few small products), so logits are
 not rounded to bf16's 8 bits. The rotary tables (buffers) stay fp32.
 
-For inference only: the model is changed in place (no gradients are meant to flow through it).
+`bf16` is for inference only: the model is changed in place (no gradients are meant to flow through
+it). Training (`BF16Weights`, what the loop's --precision bf16 runs in one CPU process) holds the
+weights in bf16 for a step only, and gives clipping, the optimizer and checkpoints fp32.
 """
 
 from __future__ import annotations
@@ -61,8 +66,8 @@ def bf16(model: nn.Module) -> nn.Module:
 
 class BF16Weights:
     """Training in bf16 with fp32 master weights, in one plain CPU process (the training loop's
-    `--precision bf16` there; elsewhere it is torch.autocast). While the block runs, every trainable
-    fp32 parameter holds a bf16 copy of itself (refreshed from the fp32 weights on entry), so the
+    `--precision bf16` there; elsewhere it is torch.autocast). While the block runs, every fp32
+    parameter holds a bf16 copy of itself (a trained one's refreshed from its fp32 weights on entry), so the
     forward and the backward run every product and every elementwise step in bf16 with no cast per
     call, and torchbert.fast's pieces with them; `collect()` after each backward moves the bf16
     gradients into fp32 sums; on exit each parameter holds its fp32 weights again, with the fp32
@@ -71,7 +76,9 @@ class BF16Weights:
     CPU", measures both)."""
 
     def __init__(self, model: nn.Module):
-        self.params = [p for p in model.parameters() if p.requires_grad and p.dtype == torch.float32]
+        # every fp32 parameter, frozen ones too (a frozen encoder under a trained tagger: one dtype
+        # throughout); only the trained ones change from step to step, so only theirs are refreshed
+        self.params = [p for p in model.parameters() if p.dtype == torch.float32]
         self.copies: dict[nn.Parameter, Tensor] = {}
         self.masters: dict[nn.Parameter, Tensor] = {}
         self.grads: dict[nn.Parameter, Tensor] = {}
@@ -81,15 +88,16 @@ class BF16Weights:
             for p in self.params:
                 copy = self.copies.get(p)
                 if copy is None:
-                    copy = self.copies[p] = torch.empty_like(p.data, dtype=torch.bfloat16)
-                copy.copy_(p.data)
+                    copy = self.copies[p] = p.data.to(torch.bfloat16)
+                elif p.requires_grad:
+                    copy.copy_(p.data)
                 self.masters[p], p.data = p.data, copy
         return self
 
     def collect(self) -> None:
         """The bf16 gradients of the backward just run, added into the fp32 ones of the step."""
         for p in self.params:
-            if p.grad is None:
+            if p.grad is None or p.grad.dtype != torch.bfloat16:
                 continue
             g = p.grad.float()
             self.grads[p] = g if p not in self.grads else self.grads[p] + g

@@ -470,6 +470,8 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     if bar is not None:
         bar.close()
     checkpoint()
+    if signals.caught is not None:  # it came during the last step: the run is whole and saved, and still stops
+        signal.raise_signal(next(s for s, name in SIGNALS.items() if name == signals.caught))
     summary = {"steps": state.step, "tokens": state.tokens, "train_seconds": round(state.seconds, 3),
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
