@@ -793,6 +793,8 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         # issue 46: config fields of every type and size, deep JSON, weights and vocab that do not match
         ("embed: hidden_size 10^9", [e[0], "--model", p / "huge-config", *e[3:]], 2,
          "hidden_size must be in [1, 65536], got 1000000000"),
+        ("embed: vocab_size 10^9 (bounds as people read them)", [e[0], "--model", p / "huge-vocab", *e[3:]], 2,
+         "vocab_size must be in [1, 16,777,216], got 1000000000"),
         ("embed: 2.5 layers", [e[0], "--model", p / "float-layers", *e[3:]], 2,
          "num_hidden_layers must be a whole number, got 2.5"),
         ("embed: a size as a string", [e[0], "--model", p / "string-size", *e[3:]], 2,
@@ -816,6 +818,7 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("evaluate: --out is a FIFO", ["evaluate", "--model", ner, "--data", ft / "dev.conll", "--out", p / "pipe"],
          2, "is a named pipe (FIFO), not a regular file"),
         ("embed: --out links to a FIFO", [*e[:-1], p / "link-to-pipe.npy"], 2, "not a regular file"),
+        ("embed: --out links to its input", [*e[:-1], p / "link-to-input.npy"], 2, f"is the input --input {text}"),
         ("embed: input is a link that loops", [*e[:4], p / "loop", *e[5:]], 2, "a symbolic link that loops"),
         ("vocab: --overwrite a folder of the user's", [*v[:-1], p / "users", "--overwrite"], 2,
          "which torchbert did not write"),
@@ -852,7 +855,7 @@ def edited_models(p: Path, tiny: Path) -> None:
     config = json.loads((tiny / "config.json").read_text())
     for name, change in (("huge-config", {"hidden_size": 10**9}), ("float-layers", {"num_hidden_layers": 2.5}),
                          ("string-size", {"hidden_size": "128"}), ("nan-eps", {"layer_norm_eps": float("nan")}),
-                         ("many-layers", {"num_hidden_layers": 1000})):
+                         ("many-layers", {"num_hidden_layers": 1000}), ("huge-vocab", {"vocab_size": 10**9})):
         shutil.copytree(tiny, p / name)
         (p / name / "config.json").write_text(json.dumps({**config, **change}))
     shutil.copytree(tiny, p / "nan-weights")
@@ -902,6 +905,7 @@ def test_sweep_every_command_with_broken_inputs(prepared, ft, minilm_dir, tmp_pa
     (p / "huge-data" / "manifest.json").write_text(json.dumps({**manifest, "vocab_size": 10**9}))
     os.mkfifo(p / "fifo.npy")
     (p / "link-to-pipe.npy").symlink_to(p / "fifo.npy")
+    (p / "link-to-input.npy").symlink_to(p / "text.txt")
     (p / "loop").symlink_to(p / "loop")
     (p / "users").mkdir()
     (p / "users" / "precious.txt").write_text("mine")
@@ -972,3 +976,147 @@ def test_outputs_that_overflow_reach_no_file_score_or_answer(minilm_dir, tmp_pat
         for encoding in ("float", "base64"):
             r = c.post("/v1/embeddings", json={"input": ["hello"], "encoding_format": encoding})
             assert r.status_code == 500 and r.json()["error"]["message"] == NON_FINITE, encoding
+
+
+# -- streams with bounds: a line, a record or a document can be any length; a compressed file cut short -------
+
+def _compressed(path: Path, kind: str) -> Path:
+    """`path` as .gz or .zst beside it (several zstd frames: a cut can fall inside any)."""
+    import gzip
+
+    import zstandard
+
+    raw = path.read_bytes()
+    target = path.with_name(path.name + "." + kind)
+    if kind == "gz":
+        target.write_bytes(gzip.compress(raw))
+    else:
+        half = len(raw) // 2
+        c = zstandard.ZstdCompressor()
+        target.write_bytes(c.compress(raw[:half]) + c.compress(raw[half:]))
+    return target
+
+
+@pytest.fixture
+def small_bounds(monkeypatch):
+    """sources.py's bounds made small, so that a test's long line is a few hundred kB (prepare runs
+    with --workers 1: in this process, where the bounds are patched)."""
+    from torchbert.data import sources
+
+    monkeypatch.setattr(sources, "LINE_BYTES", 4096)
+    monkeypatch.setattr(sources, "RECORD_BYTES", 60_000)
+    monkeypatch.setattr(sources, "DOCUMENT_CHARS", 50_000)
+    return sources
+
+
+def test_a_line_longer_than_the_bounds_is_read_in_parts_with_a_note(prepared, tmp_path, capsys, small_bounds):
+    """A line of 300,000 characters among ordinary ones, plain, .gz and .zst: prepare reads it in parts
+    (memory holds a part and LINE_BYTES), cuts its document every DOCUMENT_CHARS with one note naming the
+    file and line, keeps the other documents whole, and writes the same shards from all three."""
+    from torchbert.data.sources import Piece, piece_documents
+
+    paragraphs = list(realdata.peoples_daily_lines()[:40])
+    long_line = "".join(paragraphs) * (300_000 // len("".join(paragraphs)) + 1)
+    long_line = long_line[:300_000]
+    lines = paragraphs[:20] + [long_line] + paragraphs[20:]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # the reader: every character of the long line kept, in documents of at most DOCUMENT_CHARS
+    notes = []
+    size = corpus.stat().st_size
+    docs = [d for part, _ in piece_documents(Piece(str(corpus), "lines", 0, size, size, 1), 1 << 16,
+                                             lambda t: [t] if t else [], note=notes.append) for d in part]
+    assert docs[:20] == [[p] for p in paragraphs[:20]] and docs[-20:] == [[p] for p in paragraphs[20:]]
+    middle = docs[20:-20]
+    assert "".join(s for d in middle for s in d) == long_line
+    assert len(middle) == 6 and all(sum(map(len, d)) <= 50_000 + 4096 for d in middle)
+    assert max(len(s) for d in middle for s in d) <= 4096
+    assert notes == [f"{corpus}:21: a document longer than 50,000 characters: cut into documents of that length"]
+    # prepare, plain and compressed: the same shards, the note on stderr
+    outs = []
+    for source in (corpus, _compressed(corpus, "gz"), _compressed(corpus, "zst")):
+        out = tmp_path / f"data-{source.suffix}"
+        code, _, err = cli(capsys, "prepare", "--corpus", source, "--tokenizer", prepared / "tok", "--out", out,
+                           "--max-seq-len", "64", "--workers", "1", "--quiet")
+        assert code == 0, err
+        assert f"note: {source}:21: a document longer than 50,000 characters" in err, err
+        outs.append(out)
+    shards = [{p.relative_to(o): p.read_bytes() for p in sorted(o.glob("shard-*/*.npy"))} for o in outs]
+    assert shards[0] and shards[0] == shards[1] == shards[2]
+
+
+def test_a_json_lines_record_past_the_bound_is_skipped_with_a_note(prepared, tmp_path, capsys, small_bounds):
+    texts = list(realdata.peoples_daily_lines()[:30])
+    records = [{"text": t} for t in texts]
+    records.insert(10, {"text": "很长" * 40_000})  # 240 kB of UTF-8: past RECORD_BYTES (60,000)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    for source in (corpus, _compressed(corpus, "gz")):
+        code, _, err = cli(capsys, "prepare", "--corpus", source, "--tokenizer", prepared / "tok", "--out",
+                           tmp_path / f"d{source.suffix}", "--max-seq-len", "64", "--workers", "1", "--quiet")
+        assert code == 0, err
+        assert f"note: {source}:11: a JSON Lines record longer than" in err and "skipped" in err, err
+        manifest = json.loads((tmp_path / f"d{source.suffix}" / "manifest.json").read_text())
+        assert manifest["counts"]["documents"] == 30, manifest  # the other 30 records, every one
+    # vocab reads the same files through the same reader: the note as a one-line warning
+    code, _, err = cli(capsys, "vocab", "--corpus", corpus, "--vocab-size", "300",
+                       "--out", tmp_path / "tok", "--quiet")
+    assert code == 0 and f"{corpus}:11: a JSON Lines record longer than" in err, err
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_a_compressed_corpus_cut_short_is_one_line_naming_the_file_and_line(prepared, tmp_path, capsys, kind):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(realdata.peoples_daily_lines()[:400]) + "\n", encoding="utf-8")
+    packed = _compressed(corpus, kind)
+    cut = tmp_path / f"cut.txt.{kind}"
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size * 3 // 4])
+    line = fails(capsys, "prepare", "--corpus", cut, "--tokenizer", prepared / "tok", "--out", tmp_path / "d",
+                 "--workers", "1", "--quiet", code=2, message=f"{cut}: the compressed text is damaged or cut short "
+                                                                 "after line ")
+    assert int(line.split("after line ")[1].split()[0]) > 100
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.partial").exists()
+    fails(capsys, "vocab", "--corpus", cut, "--vocab-size", "300", "--out", tmp_path / "tok", "--quiet", code=2,
+          message=f"{cut}: the compressed text is damaged or cut short")
+    assert not (tmp_path / "tok").exists()
+
+
+def test_prepare_on_a_full_disk_names_the_folder_and_keeps_its_work(prepared, tmp_path, capsys, monkeypatch):
+    """numpy reports a short write in words ('1839677 requested and 1566656 written'), without errno."""
+    import numpy as np
+
+    def short(*a, **k):
+        raise OSError("1839677 requested and 1566656 written")
+
+    monkeypatch.setattr(np, "save", short)
+    out = tmp_path / "d"
+    fails(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok", "--out", out,
+          "--workers", "1", "--quiet", code=1, message=f"no space left on {tmp_path / 'd.partial'}")
+    assert (tmp_path / "d.partial").is_dir()  # kept for --resume once there is room
+    monkeypatch.undo()
+    assert cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok", "--out", out,
+               "--workers", "1", "--quiet", "--resume")[0] == 0
+
+
+def test_parquet_rows_without_text_are_noted(prepared, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = list(realdata.peoples_daily_lines()[:20])
+    pq.write_table(pa.table({"text": texts[:5] + [None, None] + texts[5:]}), tmp_path / "c.parquet")
+    code, _, err = cli(capsys, "prepare", "--corpus", tmp_path / "c.parquet", "--tokenizer", prepared / "tok",
+                       "--out", tmp_path / "d", "--workers", "1", "--quiet")
+    assert code == 0, err
+    assert f"note: {tmp_path / 'c.parquet'}: 2 row(s) with no text (null in column 'text') skipped, the first row 6" \
+        in err, err
+
+
+def test_a_block_size_that_would_make_a_folder_per_few_bytes_is_refused(prepared, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    paragraphs = "\n\n".join(realdata.peoples_daily_lines()[:300]) + "\n\n"
+    corpus.write_text(paragraphs * (11_000_000 // len(paragraphs.encode()) + 1), encoding="utf-8")  # 11 MB
+    args = ["prepare", "--corpus", corpus, "--tokenizer", prepared / "tok", "--out", tmp_path / "d", "--quiet"]
+    fails(capsys, *args, "--block-mb", "0.0001", code=2, message="--block-mb must be in [0.001, 1,048,576], got 0.0001")
+    line = fails(capsys, *args, "--block-mb", "0.001", code=2, message="--block-mb 0.001: cuts this corpus")
+    assert "blocks, a folder each; at most 10,000: give --block-mb 0.002 or more" in line, line
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.partial").exists()

@@ -242,7 +242,42 @@ def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(t
     assert other.returncode == 2 and "other settings" in other.stderr
 
 
+@pytest.mark.e2e
+def test_a_resumed_demo_runs_again_the_stages_whose_outputs_are_gone(tmp_path):
+    """Issue 59: a finished demo whose weights were deleted resumed with exit 0 and no weights, and its
+    summary said "Total: 4 s". Each finished stage's outputs are checked; the earlier seconds are kept."""
+    import json
+
+    out = tmp_path / "demo"
+    argv = [sys.executable, "-m", "torchbert", "demo", "--quick", "--out", str(out)]
+    done = subprocess.run(argv, env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before = json.loads((out / "summary.json").read_text())
+    (out / "pretrain" / "bert" / "model.safetensors").unlink()
+    run = Path(before["cells"][next(iter(before["cells"]))]["run"])
+    (run / "model.safetensors").unlink()
+    resumed = subprocess.run([*argv, "--resume"], env=ENV, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (out / "pretrain" / "bert" / "model.safetensors").is_file() and (run / "model.safetensors").is_file()
+    assert "model.safetensors missing; its stage runs again" in resumed.stdout, resumed.stdout
+    assert resumed.stdout.count("\n== ") == 4, resumed.stdout  # pretrain; the run's finetune and test; predict
+    after = json.loads((out / "summary.json").read_text())
+    assert after["seconds"] > before["seconds"] and set(after["stage_seconds"]) == set(before["stage_seconds"])
+    assert without_timing(after) == without_timing(before)  # the same weights, every score the same
+
+
 # -- a resumed run keeps the settings it started with ----------------------------------------------------
+
+def test_a_resume_refusal_names_a_setting_the_run_started_without(tmp_path):
+    from torchbert.errors import UserError
+    from torchbert.train.rundir import resumed, write_record
+
+    write_record(tmp_path, {"pooling": None, "lr": 1e-4})
+    with pytest.raises(UserError) as e:
+        resumed(tmp_path, {"pooling": "cls", "lr": 1e-4}, ("pooling",))
+    assert "--pooling cls: the run in" in str(e.value) and "started without --pooling" in str(e.value), e.value
+    assert "None" not in str(e.value)
+
 
 def test_a_resumed_pretraining_keeps_its_settings_and_refuses_others(prepared, tmp_path, capsys):
     import json

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .io.texts import json_loads
+from .settings import readable_number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -64,7 +65,7 @@ def check_fields(config) -> None:
             raise ValueError(f"{f.name} must be {want}, got {value!r}")
         if f.name in BOUNDS and not BOUNDS[f.name][0] <= value <= BOUNDS[f.name][1]:
             low, high = BOUNDS[f.name]
-            raise ValueError(f"{f.name} must be in [{low:g}, {high:g}], got {value!r}")
+            raise ValueError(f"{f.name} must be in [{readable_number(low)}, {readable_number(high)}], got {value!r}")
 
 
 def parameter_estimate(config) -> int:

@@ -81,15 +81,15 @@ def check_field(f: Field, value: Any) -> None:
     if low_ok and high_ok:
         return
     if lower is not None and upper is not None:
-        want = f"in {lower[0]}{_number(lower[1])}, {_number(upper[1])}{upper[0]}"
+        want = f"in {lower[0]}{readable_number(lower[1])}, {readable_number(upper[1])}{upper[0]}"
     elif lower is not None:
-        want = f"{'>=' if lower[0] == '[' else '>'} {_number(lower[1])}"
+        want = f"{'>=' if lower[0] == '[' else '>'} {readable_number(lower[1])}"
     else:
-        want = f"{'<=' if upper[0] == ']' else '<'} {_number(upper[1])}"
-    raise SettingError(f.name, f"must be {want}, got {_number(value)}", m["flag"])
+        want = f"{'<=' if upper[0] == ']' else '<'} {readable_number(upper[1])}"
+    raise SettingError(f.name, f"must be {want}, got {readable_number(value)}", m["flag"])
 
 
-def _number(value: float) -> str:
+def readable_number(value: float) -> str:
     """A bound or value as people read it: 0.5, 65535, 1,048,576 (a whole number of a million or more
     with its thousands marked, not 1.04858e+06)."""
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10**6 else f"{value:g}"

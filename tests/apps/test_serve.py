@@ -978,8 +978,8 @@ def test_a_fine_tuned_folder_of_an_older_torchbert_predicts_and_serves_alike(fin
 
 def test_dimensions_shorten_the_vectors_of_a_matryoshka_model(minilm_dir, tmp_path):
     """A model trained with --matryoshka (config.json says so) answers `dimensions` D with the first D
-    dimensions of its vectors, unit length again; larger than the model, or for a model not trained
-    so (the client fixture's MiniLM), a 400 naming the field."""
+    dimensions of its vectors, unit length again, for each D it was trained at; another D, one larger than
+    the model, or any for a model not trained so (the client fixture's MiniLM), a 400 naming the field."""
     import shutil
 
     from starlette.testclient import TestClient
@@ -1001,6 +1001,9 @@ def test_dimensions_shorten_the_vectors_of_a_matryoshka_model(minilm_dir, tmp_pa
         assert_parity(got, full / np.linalg.norm(full, axis=1, keepdims=True))
         r = c.post("/v1/embeddings", json={"input": texts, "dimensions": 385})
         assert r.status_code == 400 and "'dimensions' is 385: this model's embeddings have 384" in r.text
+        r = c.post("/v1/embeddings", json={"input": texts, "dimensions": 32})  # never trained at 32
+        assert r.status_code == 400 and "'dimensions' is 32: this model was trained for 64, 128, 384 dimensions" \
+            in r.text
         assert len(c.post("/v1/embeddings", json={"input": "x", "dimensions": 384}).json()["data"][0]["embedding"]) == 384
 
 

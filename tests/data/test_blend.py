@@ -41,6 +41,14 @@ def test_parse_data():
             parse_data(bad)
 
 
+def test_weights_out_of_the_ordinary(prepared, monkeypatch):
+    monkeypatch.chdir(prepared)  # data/ is a folder here: data:abc means a weight, mistyped
+    with pytest.raises(ValueError, match="--data data:abc: the weight after ':' must be a number > 0, got 'abc'"):
+        parse_data(["data:abc", "eval:1"])
+    huge = blend(prepared, (1e308, 1e308), seed=4)  # their sum overflows; their ratio is 1
+    assert huge.draws.tolist() == blend(prepared, (0.5, 0.5), seed=4).draws.tolist()
+
+
 def test_each_folder_is_drawn_at_its_weight_and_whole_before_it_repeats(prepared):
     data = blend(prepared, (0.5, 0.5), seed=4)
     sizes = [len(p) for p in data.parts]

@@ -214,6 +214,9 @@ def test_the_pooling_is_the_model_folders_own_unless_given(minilm_dir, tmp_path)
     with pytest.raises(ValueError, match=r"--matryoshka 384: the model's vectors have 384 dimensions"):
         fam.configure(BertConfig.load(minilm_dir), None, TaskSettings(type="embedding", matryoshka=[384, 64]),
                       minilm_dir)
+    with pytest.raises(ValueError, match=r"--matryoshka 64 32 64: 64 given twice"):
+        fam.configure(BertConfig.load(minilm_dir), None, TaskSettings(type="embedding", matryoshka=[64, 32, 64]),
+                      minilm_dir)
 
 
 def test_an_embedding_setting_for_another_task_is_an_error():

@@ -29,7 +29,6 @@ import json
 import random
 import shutil
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -222,7 +221,7 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
     """Each system pretrained on the same prepared instances, a checkpoint and a held-out score at each
     quarter of the steps; and `random`, BERT's architecture with fresh weights."""
     out = r.out / "pretrain"
-    if (out / "data" / "manifest.json").is_file():
+    if r.complete(out / "data", "manifest.json", *_shards(out / "data")) and r.complete(out / "vocab", "vocab.txt"):
         r.found(2)
     else:
         from ..data.pretraining import PrepareSettings
@@ -232,16 +231,25 @@ def pretrain_all(r: Stages, b: Budget, data: Path, seed: int,
         r.vocab("vocab", VocabSettings(corpus=[str(corpus)], vocab_size=b.vocab_size, out=str(out / "vocab")),
                 overwrite=True)  # an interrupted earlier try may have left one
         r.prepare("prepare", [corpus], out / "vocab", out / "data",
-                  PrepareSettings(whole_word=True, max_seq_len=b.max_seq_len, heldout_docs=b.heldout_docs, seed=seed))
+                  PrepareSettings(whole_word=True, max_seq_len=b.max_seq_len, heldout_docs=b.heldout_docs, seed=seed),
+                  overwrite=True)  # data an earlier try left incomplete
     results = {system: pretrain_one(r, b, system, out / system, b.pretrain_steps, seed) for system in systems}
     random_init(out / "bert", out / "random", seed)
     results["random"] = {"train_seconds": 0.0, "tokens": 0, "parameters": results["bert"]["parameters"]}
     return results
 
 
+def _shards(data: Path) -> list[str]:
+    """The shard folders a prepared folder's manifest names ([] without a readable manifest)."""
+    try:
+        return [str(x["name"]) for x in json.loads((data / "manifest.json").read_text(encoding="utf-8"))["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
     """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
-    if (run / "metrics.json").is_file():
+    if r.complete(run, "metrics.json", "model.safetensors", "config.json"):
         r.found()
     else:  # an interrupted pretraining continues from its checkpoint
         from ..train.loop import TrainConfig
@@ -329,7 +337,7 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     ext = {"sentiment": "tsv", "pair": "jsonl", "ner": "conll"}[task]
     run = r.out / "runs" / f"{task}-{size}-{name}-lr{lr:g}-seed{seed}"
     result, done = run / "test_metrics.json", run / "dev_metrics.json"  # done: written last
-    if done.is_file():
+    if r.complete(run, done.name, result.name, "model.safetensors", "config.json"):
         r.found(2)
     else:
         if run.exists():
@@ -392,7 +400,6 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
     atomic_write_text(out / "settings.json", settings)
-    started = time.perf_counter()
     data = out / "data"
     r = Stages(out, log, total=stage_count(b, match))
     try:
@@ -415,7 +422,7 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
         raise StudyInterrupted(r.done, r.total) from None
     summary = {"quick": quick, "budget": budget, "match": match, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
-               "seconds": round(time.perf_counter() - started, 1),  # this process's, so after --resume a part
+               "seconds": r.seconds(),  # the runs' before --resume included
                "compute_seconds": {"pretraining": round(sum(x["train_seconds"] for x in pretraining.values()), 1),
                                    "fine-tuning": round(sum(c["seconds"] for c in cells.values()), 1)}}
     summary["order"] = paper_order(cells)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -101,7 +100,6 @@ def run_demo(out: Path, quick: bool = False, budget: float = 1.0, seed: int = 0,
 def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: int, log) -> dict[str, Any]:
     from ..io.files import atomic_write_text
 
-    started = time.perf_counter()
     data = out / "data"
     info = write_tasks(data, b)
     atomic_write_text(data / "examples.tsv", "sentence\n" + "".join(t + "\n" for t in EXAMPLES))
@@ -138,7 +136,7 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
         "examples": [{"text": t, "label": p["label"], "probability": p["probability"]}
                      for t, p in zip(EXAMPLES, predictions)],
     }
-    summary["seconds"] = round(time.perf_counter() - started, 1)  # this process's, so after --resume a part
+    summary["seconds"] = r.seconds()  # the runs' before --resume included
     plot_gain(out, summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))

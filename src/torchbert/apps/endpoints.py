@@ -118,7 +118,7 @@ class Embedder:
 
     def decode(self, body: dict, limits: Limits) -> Call:
         texts = _texts(body, limits)
-        dims = _dimensions(body, self.config.hidden_size, bool(self.config.extra.get("matryoshka")))
+        dims = _dimensions(body, self.config.hidden_size, self.config.extra.get("matryoshka") or ())
         ids, cut = self.tokenize(texts)
         return Call(ids, [len(x) for x in ids], (cut, body.get("encoding_format", "float"), dims))
 
@@ -421,10 +421,10 @@ def _texts(body: dict, limits: Limits) -> list[str]:
     return texts
 
 
-def _dimensions(body: dict, size: int, shortens: bool) -> int | None:
+def _dimensions(body: dict, size: int, trained: list[int]) -> int | None:
     """OpenAI's `dimensions`: a model trained with Matryoshka (finetune --task embedding --matryoshka)
-    gives the first D dimensions of its vectors (unit length again when normalized); another one's
-    vectors have their own size only. None: the full vectors."""
+    gives the first D dimensions of its vectors for each D it was trained at (`trained`; unit length
+    again when normalized); another one's vectors have their own size only. None: the full vectors."""
     if "dimensions" not in body:
         return None
     d = body["dimensions"]
@@ -432,7 +432,11 @@ def _dimensions(body: dict, size: int, shortens: bool) -> int | None:
         raise Rejected(400, f"field 'dimensions' must be a positive integer, got {json.dumps(d)[:40]}")
     if d > size:
         raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions")
-    if d != size and not shortens:
+    if d != size and not trained:
         raise Rejected(400, f"field 'dimensions' is {d}: this model's embeddings have {size} dimensions and it was "
                             "not trained to shorten them (leave 'dimensions' out)")
+    if d != size and d not in trained:
+        sizes = ", ".join(map(str, sorted({*trained, size})))
+        raise Rejected(400, f"field 'dimensions' is {d}: this model was trained for {sizes} dimensions only "
+                            "(its first D dimensions at another D were never trained to stand alone)")
     return None if d == size else d

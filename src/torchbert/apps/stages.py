@@ -15,6 +15,7 @@ a bug, and the stages before it stay on disk for --resume.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -31,11 +32,21 @@ def note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+RECORD = "stage_seconds.json"  # each stage's seconds and the study's so far, kept for --resume
+
+
 class Stages:
     def __init__(self, out: Path, log: Callable[[str], None] = print, total: int | None = None,
                  on_done: Callable[[], None] = lambda: None, device: str = "auto"):
-        self.out, self.log, self.times = out, log, {}
+        self.out, self.log = out, log
         self.total, self.done, self.on_done, self.device = total, 0, on_done, device
+        saved = _read_record(out / RECORD)  # a resumed study's earlier stages keep their seconds
+        self.times: dict[str, float] = saved.get("stages", {})
+        self._earlier, self._started = float(saved.get("seconds", 0.0)), time.perf_counter()
+
+    def seconds(self) -> float:
+        """The study's seconds so far, those of the runs before --resume included."""
+        return round(self._earlier + time.perf_counter() - self._started, 1)
 
     def run(self, name: str, argv: list[str], call: Callable[[], Any]) -> Any:
         """Stage `name`: `argv` (the command's words after `torchbert`) printed, `call()` run and timed."""
@@ -51,8 +62,21 @@ class Stages:
             raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]}: {text}); the {self.done} stage(s) "
                             f"before it are kept in {self.out}") from e
         self.times[name] = round(time.perf_counter() - start, 1)
+        from ..io.files import atomic_write_text
+
+        atomic_write_text(self.out / RECORD, json.dumps({"stages": self.times, "seconds": self.seconds()}, indent=1))
         self.found()
         return result
+
+    def complete(self, folder: Path, *names: str) -> bool:
+        """Whether a stage's outputs are all in `folder` (`names`; the first is the one it writes last):
+        on --resume, a stage is run again when any is missing (deleted since, or never written)."""
+        if not (folder / names[0]).is_file():
+            return False
+        missing = [n for n in names[1:] if not (folder / n).exists()]
+        if missing:
+            self.log(f"{folder}: {', '.join(missing)} missing; its stage runs again")
+        return not missing
 
     def found(self, stages: int = 1) -> None:
         """`stages` more finished (run now, or their results found on disk)."""
@@ -74,15 +98,17 @@ class Stages:
 
         self.run(name, ["vocab", *as_flags(s), "--quiet", *(["--overwrite"] if overwrite else [])], call)
 
-    def prepare(self, name: str, corpus: list[Path], tokenizer: Path, out: Path, settings) -> None:
+    def prepare(self, name: str, corpus: list[Path], tokenizer: Path, out: Path, settings,
+                overwrite: bool = False) -> None:
         """`torchbert prepare` with data.pretraining's PrepareSettings."""
         from ..data.pipeline import prepare
 
         def call():
-            m = prepare([str(c) for c in corpus], tokenizer, out, settings, progress=False)
+            m = prepare([str(c) for c in corpus], tokenizer, out, settings, progress=False, overwrite=overwrite)
             self.log(f"wrote {out}: {m['counts']['instances']:,} instances, {m['counts']['tokens']:,} tokens")
 
-        argv = ["prepare", "--corpus", *corpus, "--tokenizer", tokenizer, "--out", out, *as_flags(settings), "--quiet"]
+        argv = ["prepare", "--corpus", *corpus, "--tokenizer", tokenizer, "--out", out, *as_flags(settings), "--quiet",
+                *(["--overwrite"] if overwrite else [])]
         self.run(name, argv, call)
 
     def pretrain(self, name: str, s, cfg) -> dict[str, Any]:
@@ -158,3 +184,13 @@ class Stages:
             return result
 
         return self.run(name, argv, call)
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(saved, dict) and isinstance(saved.get("stages"), dict) and \
+        isinstance(saved.get("seconds"), (int, float))
+    return saved if ok else {}

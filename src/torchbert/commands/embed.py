@@ -68,9 +68,9 @@ def run(args) -> None:
 
     s = settings_from(EmbedSettings, args)
     out = Path(s.out)
+    check_output_file(out, inputs=[("--input", s.input), *model_inputs(args.model)])  # first: a link to the input
     if out.suffix not in (".npy", ".safetensors"):
         raise UserError(f"--out {out}: must end in .npy or .safetensors")
-    check_output_file(out, inputs=[("--input", s.input), *model_inputs(args.model)])
     parse_strategy(s.layers)
     model_dir = resolve_model(args.model)
     try:

@@ -86,6 +86,16 @@ def add(sub) -> None:
                  resume="continue an interrupted prepare from OUT.partial: finished pieces and blocks are kept")
 
 
+def rates(counts: dict, timings: dict, seconds: float, resumed: bool) -> str:
+    """The speeds of this run: a resumed one's of what it read and made itself."""
+    read = timings.get("read_tokens", 0 if resumed else counts["corpus_tokens"])
+    if resumed:
+        return (f"this run read {read:,} of the corpus tokens ({read / max(timings.get('read_tokenize', 0), 1e-9):,.0f}"
+                " tokens/s), the rest was read before --resume")
+    return (f"{read / max(timings['read_tokenize'], 1e-9):,.0f} corpus tokens/s read, "
+            f"{counts['tokens'] / seconds:,.0f} instance tokens/s overall")
+
+
 def run(args) -> None:
     from ..data.pipeline import partial_folder, prepare
     from ..data.pretraining import PrepareSettings
@@ -113,8 +123,7 @@ def run(args) -> None:
     print(f"wrote {s.out}: {c['instances']:,} instances, {c['tokens']:,} tokens in {c['shards']} shard(s) from "
           f"{c['documents']:,} documents, {c['corpus_tokens']:,} corpus tokens ({settings.masking} masking"
           f"{', whole word' if settings.whole_word else ''}{', packed sentences' if settings.pairs == 'none' else ''}) "
-          f"in {seconds:.1f}s: {c['corpus_tokens'] / max(t['read_tokenize'], 1e-9):,.0f} corpus tokens/s read, "
-          f"{c['tokens'] / seconds:,.0f} instance tokens/s overall")
+          f"in {seconds:.1f}s: {rates(c, t, seconds, args.resume)}")
     if "heldout" in m:
         h = m["heldout"]
         print(f"  held out: {h['documents']} documents -> {h['instances']} instances in {s.out}/heldout "

@@ -45,6 +45,9 @@ def parse_data(specs: Iterable[str | Path], flag: str = "--data") -> list[tuple[
             try:
                 weight = float(tail)
             except ValueError:
+                if Path(head).is_dir() and not Path(text).exists():  # prep:abc, where prep/ is the folder
+                    raise ValueError(f"{flag} {text}: the weight after ':' must be a number > 0, got {tail!r}"
+                                     ) from None
                 head = text
             else:
                 if not (math.isfinite(weight) and weight > 0):
@@ -109,6 +112,7 @@ class BlendedData:
             raise ValueError(f"--data {empty}: holds no instances")
         given = [w for _, w in parts]
         weights = np.array(self.sizes if given[0] is None else given, dtype=np.float64)
+        weights = weights / weights.max()  # first: weights of 1e308 add up to inf
         self.weights = weights / weights.sum()
         self.starts = np.r_[0, np.cumsum(self.sizes)]  # where each folder starts, the folders end to end
         self.total = int(self.starts[-1])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -45,13 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.files import mark
+from ..io.files import mark, writing
 from .pretraining import (Corpus, PrepareSettings, ShardWriter, Tokens, create_pairs, pack_sentences, split_sentences,
                           tokenize_corpus)
 from .runner import Runner, cores, run_round
 from .sources import Piece, Stager, compression
 
 PLAN = "plan.json"
+MAX_BLOCKS = 10_000  # a block is a folder and a task: more is only overhead (the corpus in pieces of < 1 MB)
 PLAN_VERSION = 3          # 3: compressed files in pieces of their text; blocks by the documents' tokens
 PIECE_BYTES = 8 << 20     # a piece of a file's text, and a part of any piece: a worker's text at a time
 BATCH_INSTANCES = 4_000   # instances assembled and masked at a time (masking holds ~120 bytes a token)
@@ -78,6 +80,11 @@ def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256:
     if not pieces:
         raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
     text_bytes = sum(p.size for p in pieces)
+    blocks = max(1, -(-text_bytes // block_bytes))
+    if blocks > MAX_BLOCKS:
+        raise ValueError(f"--block-mb {s.block_mb:g}: cuts this corpus ({text_bytes / (1 << 20):,.1f} MB of text) into "
+                         f"{blocks:,} blocks, a folder each; at most {MAX_BLOCKS:,}: give --block-mb "
+                         f"{math.ceil(text_bytes / MAX_BLOCKS / (1 << 20) * 1000) / 1000:g} or more")
     data = {k: v for k, v in asdict(s).items() if k not in PrepareSettings.RUN_ONLY}
     return json.loads(json.dumps({  # as it reads back from plan.json (tuples as lists)
         "version": PLAN_VERSION,
@@ -87,7 +94,7 @@ def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256:
         "tokenizer": str(Path(tokenizer_dir).resolve()),
         "vocab_sha256": vocab_sha256,
         "pieces": [p.to_json() for p in pieces],
-        "blocks": max(1, -(-text_bytes // block_bytes)),
+        "blocks": blocks,
         "piece_bytes": min(PIECE_BYTES, block_bytes),
         "bytes": sum(p.size for p in pieces),
     }))
@@ -162,6 +169,9 @@ def _write_json(path: Path, value) -> None:
 # round 1: pieces
 
 
+NOTES = 10  # a piece's notes printed at most, then their count
+
+
 def staged(work: Path, index: int) -> Path:
     """Where the Stager writes the text of piece `index` of a compressed file."""
     return work / "stream" / f"{index:06d}.txt"
@@ -186,9 +196,10 @@ def run_piece(work: str, index: int) -> dict:
     parts, t0 = [], time.perf_counter()
     final.parent.mkdir(exist_ok=True)
     text = staged(work, index) if compression(Path(piece.file)) else None
+    notes: list[str] = []  # what the reader cut or skipped (sources.py's bounds), printed by the parent
     with _into(final) as tmp:
         for k, (docs, size) in enumerate(piece_documents(piece, plan["piece_bytes"], split_sentences, s.text_field,
-                                                         text)):
+                                                         text, notes.append)):
             corpus = tokenize_corpus(docs, tok, whole_word=s.whole_word)
             D = corpus.num_documents
             u = document_uniforms(s.seed, corpus.tokens, corpus.sent_starts[corpus.doc_sents])
@@ -217,7 +228,9 @@ def run_piece(work: str, index: int) -> dict:
                 np.save(tmp / f"part-{k:05d}" / f"{name}.npy", a)
             parts.append({"documents": len(docs), "tokens": int(len(corpus.tokens)), "bytes": int(size)})
         info = {"parts": parts, "bytes": piece.size, "tokens": sum(p["tokens"] for p in parts),
-                "seconds": time.perf_counter() - t0}
+                "seconds": time.perf_counter() - t0,
+                "notes": notes[:NOTES] + ([f"... and {len(notes) - NOTES:,} more in {piece.file}"]
+                                          if len(notes) > NOTES else [])}
         _write_json(tmp / "piece.json", info)
     if text is not None:
         text.unlink(missing_ok=True)
@@ -455,13 +468,16 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     work = partial_folder(out)
     _start(work, plan, out, overwrite, resume)
     plan = load_plan(work)
+    if progress:
+        note(f"{len(plan['pieces']):,} piece(s) of the corpus to read and tokenize, then {plan['blocks']:,} "
+             f"block(s) of about {s.block_mb:g} MB to pair and mask")
     if resume and _swapped_in(work, out):  # killed after OUT was put in place, before OUT.partial went
         _remove(work)
         return {**json.loads((out / "manifest.json").read_text(encoding="utf-8")), "timings": {}}
     workers = s.workers or cores()
     timings: dict[str, float] = {}
     try:
-        with Runner(workers, s.cluster) as runner:
+        with writing(work), Runner(workers, s.cluster) as runner:  # a full disk, in a worker or here, named
             t0 = time.perf_counter()
             pieces = [Piece(**p) for p in plan["pieces"]]
             with Stager() as stager:  # a compressed file's pieces: its text, decompressed once, for the workers
@@ -469,10 +485,11 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
                     if compression(Path(pieces[i].file)):
                         stager.stage(pieces[i], staged(work, i))
 
-                run_round(runner, [(run_piece, (str(work), i)) for i in range(len(pieces))],
-                          [work / "pieces" / f"{i:06d}" / "piece.json" for i in range(len(pieces))],
-                          [p.size for p in pieces], progress, before)
+                read = run_round(runner, [(run_piece, (str(work), i)) for i in range(len(pieces))],
+                                 [work / "pieces" / f"{i:06d}" / "piece.json" for i in range(len(pieces))],
+                                 [p.size for p in pieces], progress, before)
             timings["read_tokenize"] = time.perf_counter() - t0
+            timings["read_tokens"] = sum(info["tokens"] for info in read)  # this run's (--resume: the rest)
             index_path = work / "index.json"
             if not index_path.is_file():
                 _write_json(index_path, make_index(work, plan, names))
@@ -484,7 +501,8 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
                       None, progress)
             timings["instances"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
+        with writing(out.parent):
+            manifest = _finish(work, out, plan, index, tokenizer, tokenizer_dir, s, overwrite, names)
         timings["write"] = time.perf_counter() - t0
     except ValueError:
         _remove(work)  # a bad input: nothing is kept (it must be fixed first)

@@ -488,7 +488,7 @@ class PrepareSettings(Checked):
     block_mb: float = setting(32.0, "megabytes of corpus per block: the documents are dealt at random into blocks "
                                     "of about this size, each made into instances by one worker, with NotNext "
                                     "partners from its block (a random sample of the whole corpus); a worker's "
-                                    "memory grows with it", above=0, high=1 << 20, metavar="MB")
+                                    "memory grows with it", low=0.001, high=1 << 20, metavar="MB")
     heldout_docs: int = setting(0, "keep N documents (drawn by --seed) out of training and prepare them into "
                                    "OUT/heldout for held-out evaluation", low=0, metavar="N")
     workers: int = setting(0, "worker processes (default 0: one per core); the data is the same for any number",

@@ -155,9 +155,10 @@ class Runner:
 
 
 def run_round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[int] | None, progress: bool,
-              before: Callable[[int], None] | None = None) -> None:
+              before: Callable[[int], None] | None = None) -> list[dict]:
     """Run the tasks whose done file is missing, with a progress bar: bytes of the corpus read, with
-    tokens/s (sizes given), or blocks made. before(i): called just before task i is handed out."""
+    tokens/s (sizes given), or blocks made. before(i): called just before task i is handed out.
+    Returns what the tasks run now returned (a resumed run's earlier ones are not among them)."""
     from tqdm.auto import tqdm
 
     todo = [i for i, f in enumerate(done_files) if not f.is_file()]
@@ -175,12 +176,16 @@ def run_round(runner: Runner, tasks: list, done_files: list[Path], sizes: list[i
                 before(i)
             yield tasks[i]
 
-    tokens, start = 0, time.perf_counter()
+    tokens, start, infos = 0, time.perf_counter(), []
     with bar:
         for info in runner.run(handed_out(), len(todo)):
+            infos.append(info)
+            for message in info.get("notes", ()):  # what a worker's reader cut or skipped, with file and line
+                bar.write(f"note: {message}", file=sys.stderr)
             if sizes is not None:
                 bar.update(info["bytes"])
                 tokens += info["tokens"]
                 bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - start):,.0f} tokens/s", refresh=False)
             else:
                 bar.update(1)
+    return infos

@@ -23,6 +23,12 @@ document; `text` in a file without blank lines), `jsonl` (a document per line, i
 (`.jsonl`, `.json`, `.parquet`, before any `.gz`/`.zst`) and tells the others apart by the file's
 first 20,000 lines: `lines` if none is blank, `bert` if 90% of the others hold one sentence, else
 `text`. Every error names the file and the line (or the row group).
+
+Bounds: no line, record or document makes a reader hold more than a few tens of MB, however the file
+is made (a 22 MB .gz can hold a 5 GB line): see LINE_BYTES, RECORD_BYTES and DOCUMENT_CHARS; what is
+cut or skipped is noted with its file and line. A compressed file that is damaged or cut short is an
+error naming the file and its last whole line (zstd included, whose own reader ends such a file
+silently).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import glob
 import io
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +46,13 @@ from ..io.texts import json_text, not_a_file
 FORMATS = ("auto", "bert", "text", "jsonl", "parquet")
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst"}
 SAMPLE_LINES = 20000
+# Bounds on what one line can make a reader hold (a 22 MB .gz can hold a 5 GB line): a longer line
+# reaches the layouts in parts of LINE_BYTES (cut after a space where there is one; still one line
+# of one document); a JSON Lines record longer than RECORD_BYTES is skipped, and a document longer
+# than DOCUMENT_CHARS cut, each with a note naming the file and line (or row).
+LINE_BYTES = 1 << 20
+RECORD_BYTES = 1 << 25
+DOCUMENT_CHARS = 1 << 22  # and a sentence longer than LINE_BYTES characters goes on in pieces cut at a space
 
 
 def corpus_files(specs: Sequence[str | os.PathLike]) -> list[Path]:
@@ -86,19 +100,102 @@ def _inner_suffix(path: Path) -> str:
 
 
 def open_binary(path: Path):
-    """The file's bytes as a stream, decompressed (gzip, zstd) as they are read."""
+    """The file's bytes as a stream, decompressed (gzip, zstd) as they are read; a compressed stream
+    that is damaged or stops early is an error naming the file and its last whole line."""
     kind = compression(path)
     if kind == "gz":
         import gzip
+        import zlib
 
-        return gzip.open(path, "rb")
+        return _Checked(gzip.open(path, "rb"), path, (EOFError, gzip.BadGzipFile, zlib.error))
     if kind == "zst":
         import zstandard
 
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
-                                                                           closefd=True))
+        return _Checked(io.BufferedReader(_ZstdFrames(path), 1 << 20), path, (EOFError, zstandard.ZstdError))
     return open(path, "rb")
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A .zst file's text, frame after frame. zstandard's own stream reader ends a file cut inside a
+    frame without a word (half a corpus read as if whole); here that is an EOFError. The compressed
+    bytes go in 8 KiB at a time, so one call makes at most a few hundred MB however the text repeats."""
+
+    def __init__(self, path: Path):
+        import zstandard
+
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._file = open(path, "rb")
+        self._frame = None  # the frame being read; None: between frames
+        self._out, self._at = b"", 0  # decompressed and not yet returned: self._out[self._at:]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at == len(self._out):
+            chunk = self._file.read(8192)
+            if not chunk:
+                if self._frame is not None:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            out = []
+            while chunk:
+                if self._frame is None:
+                    self._frame = self._new()
+                out.append(self._frame.decompress(chunk))
+                chunk = b""
+                if self._frame.eof:
+                    chunk, self._frame = self._frame.unused_data, None
+            self._out, self._at = b"".join(out), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+class _Checked:
+    """A decompressing reader whose errors (a damaged stream, a cut file) name the file and the last
+    whole line read; it counts the lines it hands out."""
+
+    def __init__(self, stream, path: Path, errors: tuple):
+        self._stream, self._path, self._errors, self.lines = stream, path, errors, 0
+
+    def _call(self, method, *args) -> bytes:
+        try:
+            data = method(*args)
+        except self._errors as e:
+            raise ValueError(f"{self._path}: the compressed text is damaged or cut short after line {self.lines} "
+                             f"({e})") from None
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._call(self._stream.read, n)
+        self.lines += data.count(b"\n")
+        return data
+
+    def readline(self, n: int = -1) -> bytes:
+        data = self._call(self._stream.readline, n)
+        self.lines += data.endswith(b"\n")
+        return data
+
+    def peek(self, n: int = 1) -> bytes:
+        return self._call(self._stream.peek, n)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> "_Checked":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,14 +217,45 @@ def _decode(path: Path, raw: bytes, line: int) -> str:
 
 
 def _sample_lines(path: Path) -> list[str]:
+    """The first SAMPLE_LINES lines, each cut at LINE_BYTES (read past, not held, beyond that)."""
+    raw = []
     with open_binary(path) as f:
-        raw = []
-        for n, line in enumerate(f):
-            if n >= SAMPLE_LINES:
+        for _ in range(SAMPLE_LINES):
+            line = f.readline(LINE_BYTES)
+            if not line:
                 break
+            if len(line) == LINE_BYTES and not line.endswith(b"\n"):  # a sample of it is enough
+                line = line[: _char_start(line, len(line) - 1)] + b"\n"
+                _past_line(f)
             raw.append(line)
     text = _decode(path, b"".join(raw), 1)
     return text.removeprefix("\ufeff").splitlines()
+
+
+def _past_line(f) -> tuple[int, bool]:
+    """Reads to the end of the line f is in, however long, LINE_BYTES at a time: (its bytes, whether
+    it is blank); (0, True) at the end of the file."""
+    n, blank = 0, True
+    while True:
+        chunk = f.readline(LINE_BYTES)
+        n += len(chunk)
+        blank = blank and not chunk.strip()
+        if not chunk or chunk.endswith(b"\n"):
+            return n, blank
+
+
+def _char_start(raw: bytes, at: int) -> int:
+    """`at`, moved back to the start of the UTF-8 character it falls in."""
+    while 0 < at < len(raw) and raw[at] & 0xC0 == 0x80:
+        at -= 1
+    return at
+
+
+def _cut(raw: bytes) -> int:
+    """Where to cut a line longer than LINE_BYTES (raw: more than LINE_BYTES of its bytes): after the
+    last space or tab of the second half of its first LINE_BYTES, else at a character boundary."""
+    space = max(raw.rfind(b" ", LINE_BYTES // 2, LINE_BYTES), raw.rfind(b"\t", LINE_BYTES // 2, LINE_BYTES))
+    return space + 1 if space >= 0 else (_char_start(raw, LINE_BYTES) or LINE_BYTES)
 
 
 def detect_layout(path: Path, fmt: str, split_sentences) -> str:
@@ -180,14 +308,14 @@ def _boundary(f, offset: int, blank_separated: bool, size: int) -> int:
     if f.read(1) == b"\n" and not blank_separated:
         return offset
     f.seek(offset)
-    f.readline()  # the rest of the line `offset` falls in
+    _past_line(f)  # the rest of the line `offset` falls in
     if not blank_separated:
         return f.tell()
     while True:
-        line = f.readline()
-        if not line:
+        n, blank = _past_line(f)
+        if not n:
             return size
-        if not line.strip():
+        if blank:
             return f.tell()
 
 
@@ -244,12 +372,12 @@ def _stream_pieces(path: Path, layout: str, piece_bytes: int) -> list[Piece]:
                 lines += block.count(b"\n")
             return last[-1:]
 
-        def readline() -> bytes:
+        def readline() -> tuple[int, bool]:  # past the line, however long: (its bytes, blank)
             nonlocal pos, lines
-            line = f.readline()
-            pos += len(line)
-            lines += line.count(b"\n")
-            return line
+            n, blank = _past_line(f)
+            pos += n
+            lines += n > 0
+            return n, blank
 
         k = 1
         while True:
@@ -262,8 +390,8 @@ def _stream_pieces(path: Path, layout: str, piece_bytes: int) -> list[Piece]:
             if not (last == b"\n" and not blank_separated):  # _boundary: the rest of the line, and ...
                 readline()
                 while blank_separated:  # ... up to and with the next blank line
-                    line = readline()
-                    if not line or not line.strip():
+                    n, blank = readline()
+                    if not n or blank:
                         break
             if not f.peek(1):
                 break  # the boundary is the end of the text
@@ -302,10 +430,12 @@ def _line_of(path: Path, offset: int) -> int:
     return n
 
 
-def _byte_parts(piece: Piece, part_bytes: int, staged: Path | None = None) -> Iterator[tuple[int, bytes]]:
-    """(first line number, bytes) of a piece, cut after whole lines every ~part_bytes: of a plain
-    file, or of a compressed file's text as `staged` holds it (Stager). Line numbers of a plain piece
-    that starts inside its file are counted on demand."""
+def _byte_parts(piece: Piece, part_bytes: int, staged: Path | None = None
+                ) -> Iterator[tuple[int, bytes, bool]]:
+    """(first line number, bytes, whether they stop inside a line) of a piece, cut after whole lines
+    every ~part_bytes, and a line longer than LINE_BYTES in parts of its own (_cut): of a plain file,
+    or of a compressed file's text as `staged` holds it (Stager). Memory holds part_bytes + LINE_BYTES.
+    Line numbers of a plain piece that starts inside its file are counted on demand."""
     path = Path(piece.file)
     if compression(path):
         if staged is None:
@@ -317,6 +447,10 @@ def _byte_parts(piece: Piece, part_bytes: int, staged: Path | None = None) -> It
         f.seek(offset)
         left = piece.stop - piece.start
         line = piece.line or (1 if piece.start == 0 else None)
+
+        def first() -> int:
+            return line if line is not None else _line_of(path, piece.start)
+
         rest = b""
         while True:
             want = min(part_bytes, left)
@@ -324,63 +458,121 @@ def _byte_parts(piece: Piece, part_bytes: int, staged: Path | None = None) -> It
             left -= len(block)
             if not block:
                 if rest:
-                    yield (line if line is not None else _line_of(path, piece.start)), rest
+                    yield first(), rest, False
                 return
             block = rest + block
             cut = block.rfind(b"\n") + 1
+            while cut == 0 and len(block) > LINE_BYTES:  # inside one long line: its parts go on alone
+                at = _cut(block)
+                line = first()
+                yield line, block[:at], True
+                block = block[at:]
             if cut == 0:
                 rest = block
                 continue
             part, rest = block[:cut], block[cut:]
-            first = line if line is not None else _line_of(path, piece.start)
-            yield first, part
-            line = first + part.count(b"\n")
+            line = first()
+            yield line, part, False
+            line += part.count(b"\n")
+
+
+class _Documents:
+    """Documents as a reader finds them, sentence by sentence, within the bounds: a sentence longer
+    than LINE_BYTES characters in pieces cut at a space, a document longer than DOCUMENT_CHARS cut
+    (noted once a document, naming where)."""
+
+    def __init__(self, note: Callable[[str], None]):
+        self.note, self.done, self.doc, self.size, self.cut = note, [], [], 0, False
+
+    def add(self, sentences: list[str], where: str) -> None:
+        for sent in sentences:
+            while sent:
+                piece, sent = (sent, "") if len(sent) <= LINE_BYTES else _split_at_space(sent)
+                self.doc.append(piece)
+                self.size += len(piece)
+                if self.size > DOCUMENT_CHARS:
+                    if not self.cut:
+                        self.note(f"{where}: a document longer than {DOCUMENT_CHARS:,} characters: cut into "
+                                  "documents of that length")
+                    self.close()
+                    self.cut = True
+
+    def close(self) -> None:
+        if self.doc:
+            self.done.append(self.doc)
+        self.doc, self.size, self.cut = [], 0, False
+
+    def take(self) -> list[list[str]]:
+        done, self.done = self.done, []
+        return done
+
+
+def _split_at_space(text: str) -> tuple[str, str]:
+    at = max(text.rfind(" ", LINE_BYTES // 2, LINE_BYTES), text.rfind("\t", LINE_BYTES // 2, LINE_BYTES)) + 1
+    return text[: at or LINE_BYTES], text[at or LINE_BYTES:]
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=2)
 
 
 def piece_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str = "text",
-                    staged: Path | None = None) -> Iterator[tuple[list[list[str]], int]]:
+                    staged: Path | None = None, note: Callable[[str], None] = _warn
+                    ) -> Iterator[tuple[list[list[str]], int]]:
     """(documents, bytes) of a piece in parts of about part_bytes; a document never spans two parts.
-    Documents without a sentence are dropped. staged: a compressed file's piece as Stager wrote it."""
+    Documents without a sentence are dropped. staged: a compressed file's piece as Stager wrote it.
+    note(message): what was cut or skipped to keep within LINE_BYTES, RECORD_BYTES and DOCUMENT_CHARS
+    (default: a warning), each naming the file and line."""
     path = Path(piece.file)
     if piece.layout == "parquet":
-        yield from _parquet_documents(piece, part_bytes, split_sentences, text_field)
+        yield from _parquet_documents(piece, part_bytes, split_sentences, text_field, note)
         return
-    doc: list[str] = []  # a blank-line document may run on into the next part: it goes with that one
+    found = _Documents(note)  # a document may run on into the next part: it goes with that one
+    record: list[str] | None = []  # a JSON Lines record's text so far (a long one comes in parts); None: skipped
+    record_size = 0
     pending: tuple[list[list[str]], int] | None = None
-    for first_line, raw in _byte_parts(piece, part_bytes, staged):
+    for first_line, raw, open_end in _byte_parts(piece, part_bytes, staged):
         text = _decode(path, raw, first_line)
         if first_line == 1:
             text = text.removeprefix("\ufeff")
-        docs: list[list[str]] = []
         lines = text.splitlines()
-        if piece.layout == "jsonl":
-            for n, line in enumerate(lines, start=first_line):
-                if not line.strip():
-                    continue
-                docs.append(split_text_field(json_text(line, text_field, path, n), split_sentences))
-        elif piece.layout == "lines":
-            docs += [split_sentences(line) for line in lines]
-        else:  # bert / text: blank lines between documents
-            bert = piece.layout == "bert"
-            for line in lines:
-                if line.strip():
-                    if bert:
-                        doc.append(line.strip())
-                    else:
-                        doc += split_sentences(line)
-                elif doc:
-                    docs.append(doc)
-                    doc = []
+        for k, line in enumerate(lines):
+            n = first_line + k
+            whole = not (open_end and k == len(lines) - 1)  # the line ends in this part
+            if piece.layout == "jsonl":
+                if record is not None:
+                    record.append(line)
+                    record_size += len(line)
+                    if record_size > RECORD_BYTES:
+                        note(f"{path}:{n}: a JSON Lines record longer than {RECORD_BYTES >> 20} MiB: skipped")
+                        record = None
+                if whole:
+                    if record is not None and (len(record) > 1 or line.strip()):
+                        text_of = json_text("".join(record), text_field, path, n)
+                        found.add(split_text_field(text_of, split_sentences), f"{path}:{n}")
+                        found.close()
+                    record, record_size = [], 0
+            elif piece.layout == "lines":
+                found.add(split_sentences(line), f"{path}:{n}")
+                if whole:
+                    found.close()
+            elif line.strip():  # bert / text: blank lines between documents
+                found.add([line.strip()] if piece.layout == "bert" else split_sentences(line), f"{path}:{n}")
+            elif whole:
+                found.close()
         if pending is not None:
             yield pending
-        pending = ([d for d in docs if d], len(raw))
-    if doc:
-        pending = ((pending[0] if pending else []) + [doc], pending[1] if pending else 0)
+        pending = ([d for d in found.take() if d], len(raw))
+    found.close()
+    last = found.take()
+    if last:
+        pending = ((pending[0] if pending else []) + last, pending[1] if pending else 0)
     if pending is not None:
         yield pending
 
 
-def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str):
+def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_field: str,
+                       note: Callable[[str], None]):
     import pyarrow.parquet as pq
 
     path = Path(piece.file)
@@ -395,16 +587,21 @@ def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_fiel
                                  columns=[text_field]):
         column = batch.column(0)
         texts = column.to_pylist()
-        docs = []
+        found, empty = _Documents(note), []
         for k, text in enumerate(texts):
             if text is None:
+                empty.append(row + k + 1)
                 continue
             if not isinstance(text, str):
                 raise ValueError(f"{path}: row {row + k + 1}: column {text_field!r} holds {type(text).__name__}, "
                                  "not text")
-            docs.append(split_text_field(text, split_sentences))
+            found.add(split_text_field(text, split_sentences), f"{path}: row {row + k + 1}")
+            found.close()
+        if empty:
+            note(f"{path}: {len(empty):,} row(s) with no text (null in column {text_field!r}) skipped, the first "
+                 f"row {empty[0]}")
         row += len(texts)
-        yield [d for d in docs if d], int(column.nbytes)
+        yield [d for d in found.take() if d], int(column.nbytes)
 
 
 class Stager:

@@ -160,9 +160,12 @@ def safe_load(file: Path):
     else is refused in one line that says so, and nothing more: PyTorch's own message advises turning
     the protection off, which no file from elsewhere deserves."""
     import pickle
+    import warnings
 
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # "Detected pickle protocol 4 ... please file an issue": not the user's
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise ValueError(f"{file}: refused as unsafe: it is a pickle that holds more than tensors, and torchbert "
                          "never unpickles such a file") from None

@@ -215,7 +215,12 @@ class EmbeddingTask(TaskFamily):
         pooling = ts.pooling or (own or {}).get("pooling") or config.extra.get("pooling") or "mean"
         if pooling not in ("mean", "cls"):
             raise ValueError(f"--model {model_dir}: it pools by {pooling}; train it with --pooling mean or cls")
-        dims = sorted(set(ts.matryoshka or ()), reverse=True)
+        given = list(ts.matryoshka or ())
+        twice = sorted({d for d in given if given.count(d) > 1})
+        if twice:
+            raise ValueError(f"--matryoshka {' '.join(map(str, given))}: {', '.join(map(str, twice))} given twice; "
+                             "each dimension once (each is weighted alike)")
+        dims = sorted(set(given), reverse=True)
         if dims and dims[0] >= config.hidden_size:
             raise ValueError(f"--matryoshka {dims[0]}: the model's vectors have {config.hidden_size} dimensions; "
                              "give smaller ones (the full vector is always trained)")

@@ -469,6 +469,8 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 raise interrupted(signals.caught)
     if bar is not None:
         bar.close()
+    if evaluate is not None and last_eval is None:  # resumed at its last step: the figures it ended with
+        last_eval = _evaluate(model, evaluate)
     checkpoint()
     if signals.caught is not None:  # it came during the last step: the run is whole and saved, and still stops
         signal.raise_signal(next(s for s, name in SIGNALS.items() if name == signals.caught))

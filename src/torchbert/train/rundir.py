@@ -184,7 +184,8 @@ def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
         if mine == value or (key in LONGER and (given is None or key in given)):
             merged[key] = now[key]
         elif given is None or key in given:
-            raise UserError(f"{_flag(key)} {mine}: the run in {out} started with {value} ({RECORD}); leave "
+            started = f"without {_flag(key)}" if value is None else f"with {value}"
+            raise UserError(f"{_flag(key)} {mine}: the run in {out} started {started} ({RECORD}); leave "
                             f"{_flag(key)} out to resume with the run's setting, or start again with --overwrite")
         else:
             merged[key] = value
