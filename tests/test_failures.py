@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import realdata
 import torch
@@ -1120,3 +1122,98 @@ def test_a_block_size_that_would_make_a_folder_per_few_bytes_is_refused(prepared
     line = fails(capsys, *args, "--block-mb", "0.001", code=2, message="--block-mb 0.001: cuts this corpus")
     assert "blocks, a folder each; at most 10,000: give --block-mb 0.002 or more" in line, line
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.partial").exists()
+
+
+# -- structured files through one guarded reader (issue 59, class 3) -------------------------------------------
+
+def test_sentence_transformers_files_are_read_within_bounds_and_inside_the_folder(minilm_dir, tmp_path, capsys):
+    from torchbert.io.hf import read_sentence_transformers
+
+    def folder(name: str, modules=None, pooling=None) -> Path:
+        f = tmp_path / name
+        shutil.copytree(minilm_dir, f)
+        if modules is not None:
+            (f / "modules.json").write_text(modules if isinstance(modules, str) else json.dumps(modules))
+        if pooling is not None:
+            (f / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+        return f
+
+    good = json.loads((minilm_dir / "modules.json").read_text())
+    cases = [
+        ("deep", "[" * 10**5 + "]" * 10**5, "modules.json: not valid JSON (arrays or objects nested too deeply"),
+        ("object", {"0": good[0]}, "modules.json: a sentence-transformers modules list is a list in JSON, this file "
+                                   "holds an object"),
+        ("types", [{"type": 7, "path": ""}], "modules.json: module 0 is not an object with a string 'type' and 'path'"),
+        ("outside", [good[0], {**good[1], "path": "../../../etc"}], "modules.json: module 1's path ../../../etc leads "
+                                                                     "out of the model folder"),
+        ("huge", [{"type": "x" * 2_000_000}], "modules.json: 2,000,0"),
+    ]
+    for name, modules, message in cases:
+        f = folder(name, modules)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            read_sentence_transformers(f)
+        code, _, err = cli(capsys, "embed", "--model", f, "--input", f / "vocab.txt", "--out", tmp_path / "e.npy")
+        assert code == 2 and message in err.strip().splitlines()[-1] and len(err) < 600, err
+    # the mode by name, as sentence-transformers 6 writes it: embeddings equal to sentence-transformers' own
+    cls = folder("by-name", pooling={"embedding_dimension": 384, "pooling_mode": "cls"})
+    assert read_sentence_transformers(cls) == {"pooling": "cls", "normalize": True}
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["一个简单的句子。", "a second, English one"]
+    code, _, err = cli(capsys, "embed", "--model", cls, "--input", _lines(tmp_path / "t.txt", texts), "--out",
+                       tmp_path / "cls.npy", "--precision", "fp32", "--quiet")
+    assert code == 0, err
+    theirs = SentenceTransformer(str(cls), device="cpu").encode(texts)
+    assert abs(np.load(tmp_path / "cls.npy") - theirs).max() < 1e-5
+
+
+def test_a_tensorflow_index_entry_of_too_many_dimensions_is_refused_in_a_short_line():
+    from torchbert.io.tf import CheckpointError, _entry
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+
+    dim = b"\x08\x01"  # a dimension of size 1
+    shape = (b"\x12" + varint(len(dim)) + dim) * 100_000
+    entry = b"\x08\x01" + b"\x12" + varint(len(shape)) + shape
+    with pytest.raises(CheckpointError) as e:
+        _entry("bert/embeddings/word_embeddings", entry, "x.index")
+    assert "more than 8 dimensions" in str(e.value) and len(str(e.value)) < 300
+
+
+def test_a_tokenizer_json_far_larger_than_the_models_vocabulary_is_refused_unread(minilm_dir, tmp_path):
+    from torchbert.io.vocab import VocabError
+    from torchbert.tokenizer import BertTokenizer
+
+    f = tmp_path / "m"
+    f.mkdir()
+    config = json.loads((minilm_dir / "config.json").read_text())
+    (f / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
+    vocab = {f"tok{i}": i for i in range(200_000)}  # 3.6 MB: past what 100 tokens take
+    (f / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": vocab}}))
+    with pytest.raises(VocabError, match=r"tokenizer.json: [0-9,]+ bytes, more than a tokenizer.json holds"):
+        BertTokenizer.from_pretrained(f)
+
+
+def _lines(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def test_a_config_too_large_for_this_machine_is_refused_before_it_is_built(prepared, tmp_path, capsys):
+    from torchbert.config import BertConfig
+
+    vocab = json.loads((prepared / "data" / "manifest.json").read_text())["vocab_size"]
+    huge = {"model_type": "bert", "vocab_size": vocab, "hidden_size": 65536, "num_attention_heads": 64,
+            "num_hidden_layers": 1024, "intermediate_size": 262144, "max_position_embeddings": 512}
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
+    line = fails(capsys, *pretrain_args(prepared / "data", tmp_path / "run", "--config", tmp_path / "huge.json"),
+                 code=2, message=f"--config {tmp_path / 'huge.json'}: its sizes imply about")
+    assert "GB to train in fp32, more than this machine's" in line and not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="pad_token_id 99 is not an id of the vocabulary of 50"):
+        BertConfig(vocab_size=50, pad_token_id=99)

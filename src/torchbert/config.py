@@ -80,6 +80,21 @@ def parameter_estimate(config) -> int:
     return bert_body_parameters(config) + table * config.hidden_size
 
 
+def check_memory(config, source: str, copies: int = 1) -> None:
+    """Before a model is built from `config` alone (no weights to compare it with): its fp32 weights,
+    `copies` times over (training: weights, gradients and Adam's two moments, 4), fit in this
+    machine's memory; else a ValueError naming `source`, not the allocator's failure minutes later."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+        return
+    need = parameter_estimate(config) * 4 * copies
+    if need > memory:
+        raise ValueError(f"{source}: its sizes imply about {parameter_estimate(config):,} parameters, "
+                         f"{need / 1e9:,.1f} GB to {'train' if copies > 1 else 'hold'} in fp32, more than this "
+                         f"machine's {memory / 1e9:,.1f} GB of memory")
+
+
 class _JsonConfig:
     """config.json in and out for the dataclasses below, with Hugging Face's field names: fields a
     class does not model are kept in `extra` and written back unchanged."""
@@ -174,6 +189,8 @@ class BertConfig(_JsonConfig):
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is not an id of the vocabulary of {self.vocab_size}")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:

@@ -40,7 +40,8 @@ from tokenizers.trainers import WordPieceTrainer
 from torchbert.io.files import atomic_write_text
 from torchbert.io.texts import json_loads
 from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model, check_vocab,
-                                 read_tokenizer_config, read_tokenizer_json, read_vocab)
+                                 read_tokenizer_config, read_tokenizer_json, read_vocab,
+                                 tokenizer_json_bytes)
 
 MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the process (issue 46)
 # The trainer holds a line whole, and its word counting costs about 170 bytes per byte of one long
@@ -261,13 +262,16 @@ class BertTokenizer:
     @classmethod
     def _from_tokenizer_json(cls, path: Path) -> "BertTokenizer":
         """A folder with a BERT tokenizer.json and no vocab.txt (transformers 5 writes only the former)."""
-        vocab, settings = read_tokenizer_json(path / "tokenizer.json")
         config = path / "config.json"
         try:
             size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size") if config.is_file() else None
         except (OSError, ValueError, AttributeError):
             size = None  # the model's loading says what is wrong with it
-        if isinstance(size, int) and not isinstance(size, bool) and len(vocab) > size > 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            size = None
+        # the model's vocab_size bounds the file: one far too large is refused before it is parsed
+        vocab, settings = read_tokenizer_json(path / "tokenizer.json", tokenizer_json_bytes(size))
+        if size is not None and len(vocab) > size:
             raise ValueError(f"{path / 'tokenizer.json'}: {len(vocab):,} tokens, more than the {size:,} of {config}'s "
                              "vocab_size; the vocabulary does not belong to this model")
         limit = read_tokenizer_config(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() \

@@ -104,6 +104,51 @@ def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
     same_folders(local, on_cluster)
 
 
+@pytest.mark.e2e
+def test_a_cluster_lost_mid_prepare_is_one_line_and_resumes_here(work, corpus, tok, capsys):
+    """Issue 59: a killed scheduler printed two Dask tracebacks and "unexpected FutureCancelledError".
+    Now: one line naming the address, that OUT.partial keeps what finished, and --resume; resumed here
+    (without the cluster), the shards of a run that was never interrupted."""
+    import threading
+
+    distributed = pytest.importorskip("distributed")
+    args = ["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--block-mb", "0.02", "--dupe-factor", "1",
+            "--masking", "dynamic", "--seed", "4", "--quiet"]
+    local, out = work / "lost-local", work / "lost"
+    assert main([*args, "--out", str(local), "--workers", "1"]) == 0
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       env={"TOKENIZERS_PARALLELISM": "false"})
+    address, partial = cluster.scheduler_address, work / "lost.partial"
+
+    def kill_once_a_piece_is_done():
+        deadline = time.time() + 300
+        while not list((partial / "pieces").glob("*/piece.json")) and time.time() < deadline:
+            time.sleep(0.005)
+        cluster.close()
+
+    killer = threading.Thread(target=kill_once_a_piece_is_done)
+    killer.start()
+    capsys.readouterr()
+    code = main([*args, "--out", str(out), "--cluster", address])
+    killer.join()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err and "unexpected" not in err, err
+    assert f"--cluster {address}: lost the Dask scheduler mid-run" in err and f"{partial} keeps the pieces" in err
+    assert "--resume" in err and partial.is_dir() and not out.exists()
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    same_folders(local, out)
+
+
+def test_a_cluster_address_that_is_none_is_refused(work, corpus, tok, capsys):
+    for bad in ("", "garbage!!"):
+        code = main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(work / "bad"),
+                     "--cluster", bad, "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"--cluster {bad!r}: not a Dask scheduler address" in err, err
+        assert not (work / "bad").exists() and not (work / "bad.partial").exists()
+
+
 ALLOCATES = """
 import sys
 import numpy as np

@@ -171,3 +171,16 @@ def test_an_electra_checkpoint_gives_its_discriminators_encoder_as_transformers_
     code, _, err = cli(capsys, "convert", "--tf-checkpoint", FIXTURE / "electra_small", "--out", tmp_path / "s",
                        "--vocab", FIXTURE / "vocab.txt")
     assert code == 2 and "projects its 16-wide embeddings to its hidden size 32" in err and not (tmp_path / "s").exists()
+
+
+def test_a_config_whose_sizes_do_not_fit_the_weights_is_refused_before_anything_is_built(tmp_path, capsys):
+    """Issue 59: each field in bounds, together 52.8 trillion parameters: the allocator's failure, after
+    the model was being built. Now compared with the checkpoint's tensors first."""
+    folder = _copy(tmp_path)
+    config = json.loads((folder / "bert_config.json").read_text())
+    (folder / "bert_config.json").write_text(json.dumps({**config, "hidden_size": 65536, "num_attention_heads": 64,
+                                                         "intermediate_size": 262144, "num_hidden_layers": 1024}))
+    code, out, err = cli(capsys, "convert", "--tf-checkpoint", folder / "bert_model.ckpt", "--out", tmp_path / "o")
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and f"{folder / 'bert_config.json'}: its sizes imply about" in line, err
+    assert "the config does not belong to these weights" in line and not (tmp_path / "o").exists()

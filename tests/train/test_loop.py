@@ -88,6 +88,23 @@ def test_a_signal_in_the_last_step_still_stops_the_process_once_the_run_is_saved
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler before is back
 
 
+def test_a_run_whose_thread_count_changed_says_it_cannot_be_repeated_bit_for_bit(tmp_path):
+    before = torch.get_num_threads()
+    lines = []
+    try:
+        torch.set_num_threads(2)
+        first = train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=2, save_every=2), tmp_path,
+                      log=lines.append)
+        assert first["threads"] == [2] and first["repeatable"] and not any("bit for bit" in x for x in lines)
+        torch.set_num_threads(1)  # as the governor does when another job starts (fast/threads.py)
+        resumed = train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=4, save_every=2), tmp_path,
+                        resume=True, log=lines.append)
+    finally:
+        torch.set_num_threads(before)
+    assert resumed["threads"] == [2, 1] and not resumed["repeatable"]  # the earlier steps' count kept
+    assert any("computed with 2 then 1 CPU threads" in x and "--threads N" in x for x in lines), lines
+
+
 def test_damaged_checkpoint_falls_back_with_a_warning(tmp_path):
     train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=6, save_every=2), tmp_path, log=lambda s: None)
     newest = list_checkpoints(tmp_path)[-1]

@@ -10,7 +10,7 @@ import torch
 
 from ..config import BertConfig
 from ..heads import BertForPreTraining
-from ..io.hf import convert_from_hf
+from ..io.hf import check_against_weights, convert_from_hf
 from ..io.tf import (CheckpointError, TFCheckpoint, bert_config_dict, electra_config, guess_lowercase, is_electra,
                      read_encoder)
 from ..model import BertModel
@@ -48,6 +48,10 @@ def convert_bert(checkpoint: str | Path, config: str | Path | None = None, vocab
     lowercase = guess_lowercase(words) if guessed else lowercase
     tokenizer = BertTokenizer(words, lowercase=lowercase, model_max_length=cfg.max_position_embeddings)
     state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in read_encoder(ckpt).items()}
+    try:  # before the model is built: a config of 10^13 parameters would be allocated until memory ran out
+        check_against_weights(cfg, folder, ckpt.index, state, config_file=config_path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     model = BertModel(cfg, add_pooling_layer=False) if electra else BertForPreTraining(cfg)
     try:
         ours, missing, _ = convert_from_hf(model, state, source=str(ckpt.index))

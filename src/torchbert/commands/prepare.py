@@ -106,6 +106,10 @@ def run(args) -> None:
                      [("--tokenizer", s.tokenizer), *[("--corpus", c) for c in s.corpus]])
     if not Path(s.tokenizer).is_dir():
         raise UserError(f"--tokenizer {s.tokenizer}: no such folder")
+    if settings.cluster is not None:  # distributed logs a lost scheduler as tracebacks; the error says it in one line
+        import logging
+
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
     start = time.perf_counter()
     try:
         m = prepare(s.corpus, s.tokenizer, s.out, settings, overwrite=args.overwrite, resume=args.resume,

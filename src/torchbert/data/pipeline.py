@@ -46,10 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import RunFailed
 from ..io.files import mark, writing
 from .pretraining import (Corpus, PrepareSettings, ShardWriter, Tokens, create_pairs, pack_sentences, split_sentences,
                           tokenize_corpus)
-from .runner import Runner, cores, run_round
+from .runner import ClusterLost, Runner, check_address, cores, run_round
 from .sources import Piece, Stager, compression
 
 PLAN = "plan.json"
@@ -455,6 +456,8 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
 
     s = settings or PrepareSettings()
     s.check()
+    if s.cluster is not None:
+        check_address(s.cluster)
     out = Path(out)
     if not resume:
         _check_out(out, overwrite)
@@ -507,6 +510,9 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     except ValueError:
         _remove(work)  # a bad input: nothing is kept (it must be fixed first)
         raise
+    except ClusterLost as e:
+        raise RunFailed(f"{e}; {work} keeps the pieces and blocks that finished: run the same command with --resume "
+                        "once the cluster is back (or without --cluster, on this machine)") from None
     manifest["timings"] = timings
     return manifest
 

@@ -7,6 +7,9 @@ Stager, which decompresses a compressed file for its pieces) stays just ahead of
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import os
 import sys
 import time
@@ -59,6 +62,33 @@ def _call(task):
             _trim()
 
 
+def _lost() -> tuple[type[BaseException], ...]:
+    """What a task's result raises when the scheduler or the connection to it is gone (not what a task
+    itself raised: a full disk in a worker is an OSError too): distributed's CommClosedError, and a
+    cancelled future (the scheduler dropped its tasks as it closed)."""
+    from distributed.comm.core import CommClosedError
+
+    return (CommClosedError, TimeoutError, asyncio.CancelledError, concurrent.futures.CancelledError)
+
+
+class ClusterLost(RuntimeError):
+    """The Dask cluster went away mid-round; what finished is kept."""
+
+    def __init__(self, address: str, cause: BaseException):
+        super().__init__(f"--cluster {address}: lost the Dask scheduler mid-run ({type(cause).__name__}"
+                         f"{': ' + str(cause) if str(cause) else ''}); the tasks in flight were lost")
+        self.address = address
+
+
+def check_address(address: str) -> None:
+    """A Dask scheduler's address (tcp://HOST:PORT, tls://..., or HOST:PORT), else a ValueError naming the flag."""
+    import re
+
+    if not re.fullmatch(r"(?:(?:tcp|tls|ucx|ws|wss|inproc)://)?[\w.\-\[\]:%]+(?::\d+)?(?:/[\w.\-]*)?", address):
+        raise ValueError(f"--cluster {address!r}: not a Dask scheduler address (tcp://HOST:8786); leave --cluster "
+                         "out to prepare on this machine")
+
+
 class Runner:
     """Runs tasks (a function and its arguments) and yields their results as they finish."""
 
@@ -67,7 +97,8 @@ class Runner:
         self._pool = self._client = None
 
     def __enter__(self) -> "Runner":
-        if self.cluster:
+        if self.cluster is not None:
+            check_address(self.cluster)
             try:
                 from distributed import Client
             except ImportError:
@@ -111,6 +142,7 @@ class Runner:
             ahead = sum(self._client.nthreads().values()) + 1
             running = as_completed()
             futures = []
+            lost = _lost()
 
             def submit() -> None:
                 task = next(tasks, None)
@@ -124,8 +156,11 @@ class Runner:
                 for future in running:
                     yield future.result()
                     submit()
+            except lost as e:
+                raise ClusterLost(self.cluster, e) from None
             finally:
-                self._client.cancel(futures)
+                with contextlib.suppress(*lost, OSError):  # a cluster that is gone has nothing left to cancel
+                    self._client.cancel(futures)
         elif self.workers > 1 and count > 1:
             from concurrent.futures import FIRST_COMPLETED, wait
             from concurrent.futures.process import BrokenProcessPool

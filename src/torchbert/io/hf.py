@@ -30,7 +30,7 @@ from torch import nn
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write, atomic_write_text
 from .checkpoint import safe_load
-from .texts import json_loads, not_a_file
+from .texts import json_loads, not_a_file, read_json
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
@@ -391,7 +391,8 @@ def with_labels(config: BertConfig, labels: Sequence[str]) -> BertConfig:
     return dataclasses.replace(config, extra=extra)
 
 
-def check_against_weights(config, folder: Path, file: Path, state: dict[str, torch.Tensor]) -> None:
+def check_against_weights(config, folder: Path, file: Path, state: dict[str, torch.Tensor],
+                          config_file: Path | None = None) -> None:
     """Before a model is built: the config's size against the weights it is to hold (a config.json
     of 10^9 layers would be built until memory ran out), the vocabulary against the config (a
     vocab.txt longer than the embedding table gives ids past it), and every weight finite (a NaN
@@ -401,8 +402,8 @@ def check_against_weights(config, folder: Path, file: Path, state: dict[str, tor
     held = sum(t.numel() for t in state.values())
     implied = parameter_estimate(config)
     if implied > 2 * held + 10_000_000:
-        raise ValueError(f"{folder / 'config.json'}: its sizes imply about {implied:,} parameters, but {file} holds "
-                         f"{held:,}; the config does not belong to these weights")
+        raise ValueError(f"{config_file or folder / 'config.json'}: its sizes imply about {implied:,} parameters, but "
+                         f"{file} holds {held:,}; the config does not belong to these weights")
     if (folder / "vocab.txt").is_file():
         from .vocab import check_vocab_size
 
@@ -487,25 +488,41 @@ def read_sentence_transformers(path: str | os.PathLike) -> dict[str, Any] | None
     file = path / "modules.json"
     if not file.is_file():
         return None
-    try:
-        modules = json.loads(file.read_text(encoding="utf-8"))
-        kinds = [(m["type"].rsplit(".", 1)[-1], m.get("path", "")) for m in modules]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{file}: not a sentence-transformers modules list ({e})") from None
+    modules = read_json(file, list, "sentence-transformers modules list", 1 << 20)
+    kinds = []
+    for k, m in enumerate(modules):
+        if not isinstance(m, dict) or not isinstance(m.get("type"), str) or not isinstance(m.get("path", ""), str):
+            raise ValueError(f"{file}: module {k} is not an object with a string 'type' and 'path' "
+                             f"({_shown(m)})")
+        folder = (path / m.get("path", "")).resolve()
+        if not folder.is_relative_to(path.resolve()):
+            raise ValueError(f"{file}: module {k}'s path {_shown(m['path'])} leads out of the model folder")
+        kinds.append((m["type"].rsplit(".", 1)[-1], folder))
     names = [k for k, _ in kinds]
     if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise ValueError(f"{file}: the modules {' -> '.join(names)}; torchbert runs Transformer -> Pooling "
+        raise ValueError(f"{file}: the modules {_shown(' -> '.join(names))}; torchbert runs Transformer -> Pooling "
                          "(-> Normalize) only")
-    pool_file = path / kinds[1][1] / "config.json"
-    try:
-        pool = json.loads(pool_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{pool_file}: cannot read the pooling settings ({e})") from None
-    on = [k for k, v in pool.items() if k.startswith("pooling_mode_") and v is True]
+    pool_file = kinds[1][1] / "config.json"
+    pool = read_json(pool_file, dict, "sentence-transformers Pooling config", 1 << 20)
+    mode = pool.get("pooling_mode")
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if isinstance(mode, str):  # by name, as sentence-transformers 6 writes it ("pooling_mode": "cls")
+        on = [f"pooling_mode_{ {'cls': 'cls_token', 'mean': 'mean_tokens', 'max': 'max_tokens'}.get(mode, mode)}"]
+    elif mode is not None:  # several modes, concatenated
+        on = [f"pooling_mode_{m}" for m in mode] if isinstance(mode, list) else [_shown(mode)]
+    else:  # sentence-transformers before 6: a flag per mode
+        on = [k for k, v in pool.items() if k.startswith("pooling_mode_") and v is True]
     if len(on) != 1 or on[0] not in ST_POOLING_MODES:
-        raise ValueError(f"{pool_file}: pooling {' + '.join(on) or 'none'}; torchbert pools by one of "
+        raise ValueError(f"{pool_file}: pooling {_shown(' + '.join(on)) or 'none'}; torchbert pools by one of "
                          f"{', '.join(ST_POOLING_MODES)}")
     return {"pooling": ST_POOLING_MODES[on[0]], "normalize": len(names) == 3}
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A value from a file, in a message: cut to `limit` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)[: limit + 1]
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,}+ characters)"
 
 
 def folder_pooling(path: str | os.PathLike, given: str | None = None) -> str:

@@ -19,6 +19,29 @@ def json_loads(text: str | bytes):
         raise json.JSONDecodeError("arrays or objects nested too deeply to read", "", 0) from None
 
 
+def read_json(path: Path, kind: type = dict, what: str = "JSON file", max_bytes: int = 64 << 20):
+    """A JSON file through its bounds, every error a ValueError naming the file: not a regular file,
+    larger than max_bytes (checked before reading), not UTF-8, not JSON, nested too deeply, or its top
+    level not a `kind` (dict or list)."""
+    path = Path(path)
+    if not path.is_file():
+        raise not_a_file(path, what)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size:,} bytes, more than a {what} holds (at most {max_bytes:,}); not read")
+    try:
+        value = json_loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(value, kind):
+        names = {dict: "an object", list: "a list"}
+        raise ValueError(f"{path}: a {what} is {names.get(kind, kind.__name__)} in JSON, this file holds "
+                         f"{names.get(type(value), type(value).__name__)}")
+    return value
+
+
 def not_a_file(path: Path, what: str) -> Exception:
     """The error for an input that is not a regular file, saying what it is instead (a named pipe or a
     device would be read for ever, or block)."""

@@ -112,10 +112,14 @@ def _entry(name: str, value: bytes, where: str) -> Entry:
         if number == 2:
             size = dict(_fields(dim, where)).get(1, 0)
             shape.append(size - (1 << 64) if size >= 1 << 63 else size)
+            if len(shape) > MAX_RANK:
+                raise CheckpointError(f"{where}: {name[:100]} has more than {MAX_RANK} dimensions; the index is "
+                                      "damaged (a BERT or ELECTRA checkpoint's tensors have at most 2)")
     return Entry(name, f.get(1, 0), tuple(shape), f.get(3, 0), f.get(4, 0), f.get(5, 0), f.get(6))
 
 
 MAX_SHARDS = 1 << 16
+MAX_RANK = 8
 
 
 class TFCheckpoint:

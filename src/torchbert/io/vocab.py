@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .texts import json_loads
+from .texts import json_loads, read_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -116,14 +116,20 @@ def read_tokenizer_config(path: Path) -> dict[str, Any]:
     return out
 
 
-def read_tokenizer_json(path: Path) -> tuple[dict[str, int], dict[str, Any]]:
+def tokenizer_json_bytes(vocab_size: int | None) -> int:
+    """The most a BERT tokenizer.json of `vocab_size` tokens takes (a token of 100 characters of 4 bytes,
+    its id and JSON around it, twice over), so that a larger file is refused before it is parsed."""
+    return (1 << 20) + 1024 * vocab_size if vocab_size else 1 << 30
+
+
+def read_tokenizer_json(path: Path, max_bytes: int = 1 << 30) -> tuple[dict[str, int], dict[str, Any]]:
     """The vocabulary and the normalizer's settings of a BERT tokenizer.json (model WordPiece with
     `##` pieces, BertNormalizer, BertPreTokenizer); anything else is a VocabError naming what it is,
-    never a tokenizer that splits text differently."""
+    never a tokenizer that splits text differently. A file over max_bytes is refused unread."""
     try:
-        cfg = json_loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise VocabError(f"{path}: not a valid JSON file ({e})") from None
+        cfg = read_json(path, dict, "tokenizer.json", max_bytes)
+    except ValueError as e:
+        raise VocabError(str(e)) from None
     model = cfg.get("model") if isinstance(cfg, dict) else None
     norm = (cfg.get("normalizer") if isinstance(cfg, dict) else None) or {}
     pre = (cfg.get("pre_tokenizer") if isinstance(cfg, dict) else None) or {}

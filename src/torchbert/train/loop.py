@@ -49,7 +49,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Self
 
@@ -190,6 +190,10 @@ class TrainState:
     seconds: float = 0.0
     eval_seconds: float = 0.0
     skipped_steps: int = 0
+    # the CPU thread counts its steps computed with, in order of first use: PyTorch splits sums among its
+    # threads, so a run whose count changed (other torchbert jobs came and went, fast/threads.py)
+    # cannot be repeated bit for bit by a run at one count
+    threads: list[int] = field(default_factory=list)
 
     def moved_to(self, stream: Stream) -> None:
         self.epoch, self.start = stream.epoch, stream.start
@@ -439,6 +443,8 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 window.commit()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            if device.type == "cpu" and torch.get_num_threads() not in state.threads:
+                state.threads.append(torch.get_num_threads())
             state.step += 1
             state.seconds = time.perf_counter() - started - state.eval_seconds
             state.moved_to(stream)
@@ -477,7 +483,12 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     summary = {"steps": state.step, "tokens": state.tokens, "train_seconds": round(state.seconds, 3),
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
-               "skipped_steps": state.skipped_steps, "config": asdict(cfg)}
+               "skipped_steps": state.skipped_steps, "config": asdict(cfg), "threads": state.threads,
+               "repeatable": len(state.threads) <= 1}
+    if len(state.threads) > 1:
+        log(f"note: the steps of this run computed with {' then '.join(map(str, state.threads))} CPU threads (other "
+            "torchbert jobs came and went): a run at one thread count ends a few last bits apart; --threads N "
+            "fixes the count for a run that must repeat bit for bit")
     if last_eval is not None:
         summary["eval"] = last_eval
     return summary

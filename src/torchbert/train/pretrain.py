@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, load_config
+from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, check_memory, load_config
 from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
 from ..electra import GENERATOR_SIZE
@@ -198,6 +198,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
             config = dataclasses.replace(config, position_embedding_type=s.positions)
         if spec.generator:
             shaping = {"generator_size": GENERATOR_SIZE if s.generator_size is None else s.generator_size}
+        check_memory(config, f"--config {s.config or 'small'}", copies=4)
         model = spec.model_class(config, **shaping)
     config = model.config
     evaluate = counts = None
