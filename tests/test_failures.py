@@ -797,6 +797,8 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
          "hidden_size must be in [1, 65536], got 1000000000"),
         ("embed: vocab_size 10^9 (bounds as people read them)", [e[0], "--model", p / "huge-vocab", *e[3:]], 2,
          "vocab_size must be in [1, 16,777,216], got 1000000000"),
+        ("embed: a config.json of 17 MB", [e[0], "--model", p / "huge-file", *e[3:]], 2,
+         "huge-file/config.json: 17,0"),
         ("embed: 2.5 layers", [e[0], "--model", p / "float-layers", *e[3:]], 2,
          "num_hidden_layers must be a whole number, got 2.5"),
         ("embed: a size as a string", [e[0], "--model", p / "string-size", *e[3:]], 2,
@@ -857,7 +859,8 @@ def edited_models(p: Path, tiny: Path) -> None:
     config = json.loads((tiny / "config.json").read_text())
     for name, change in (("huge-config", {"hidden_size": 10**9}), ("float-layers", {"num_hidden_layers": 2.5}),
                          ("string-size", {"hidden_size": "128"}), ("nan-eps", {"layer_norm_eps": float("nan")}),
-                         ("many-layers", {"num_hidden_layers": 1000}), ("huge-vocab", {"vocab_size": 10**9})):
+                         ("many-layers", {"num_hidden_layers": 1000}), ("huge-vocab", {"vocab_size": 10**9}),
+                         ("huge-file", {"padding": "x" * 17_000_000})):
         shutil.copytree(tiny, p / name)
         (p / name / "config.json").write_text(json.dumps({**config, **change}))
     shutil.copytree(tiny, p / "nan-weights")
@@ -1217,3 +1220,28 @@ def test_a_config_too_large_for_this_machine_is_refused_before_it_is_built(prepa
     assert "GB to train in fp32, more than this machine's" in line and not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="pad_token_id 99 is not an id of the vocabulary of 50"):
         BertConfig(vocab_size=50, pad_token_id=99)
+
+
+def test_a_sharded_checkpoint_reads_its_shards_and_none_outside_its_folder(minilm_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    from torchbert.io.hf import read_weights
+
+    weights = load_file(minilm_dir / "model.safetensors")
+    names = sorted(weights)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    halves = {"model-1.safetensors": names[: len(names) // 2], "model-2.safetensors": names[len(names) // 2:]}
+    for shard, keys in halves.items():
+        save_file({k: weights[k] for k in keys}, folder / shard)
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {k: s for s, keys in halves.items() for k in keys}}))
+    got = read_weights(index)
+    assert got.keys() == weights.keys() and all(torch.equal(got[k], weights[k]) for k in names)
+    shutil.copy(folder / "model-1.safetensors", tmp_path / "outside.safetensors")
+    index.write_text(json.dumps({"weight_map": {names[0]: "../outside.safetensors"}}))
+    with pytest.raises(ValueError, match=r"model.safetensors.index.json: the shard ../outside.safetensors lies outside"):
+        read_weights(index)
+    index.write_text(json.dumps({"weight_map": ["x"]}))
+    with pytest.raises(ValueError, match="not a valid shard index"):
+        read_weights(index)

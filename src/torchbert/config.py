@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .io.texts import json_loads
+from .io.texts import CONFIG_BYTES, read_json
 from .settings import readable_number
 
 if TYPE_CHECKING:
@@ -131,12 +131,7 @@ class _JsonConfig:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such config file")
-        try:
-            d = json_loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: expected a JSON object")
+        d = read_json(path, dict, "config.json", CONFIG_BYTES)
         return cls.from_dict(d, source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
@@ -357,8 +352,8 @@ def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig | ELMoConfig:
     """A config.json of any of the models, by its model_type (GPT's is "openai-gpt")."""
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
-        model_type = json_loads(file.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        model_type = read_json(file, dict, "config.json", CONFIG_BYTES).get("model_type")
+    except (OSError, ValueError):
         model_type = None  # BertConfig.load says what is wrong with it
     return CONFIGS.get(model_type, BertConfig).load(path)
 

@@ -38,7 +38,7 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from torchbert.io.files import atomic_write_text
-from torchbert.io.texts import json_loads
+from torchbert.io.texts import CONFIG_BYTES, read_json
 from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model, check_vocab,
                                  read_tokenizer_config, read_tokenizer_json, read_vocab,
                                  tokenizer_json_bytes)
@@ -264,8 +264,8 @@ class BertTokenizer:
         """A folder with a BERT tokenizer.json and no vocab.txt (transformers 5 writes only the former)."""
         config = path / "config.json"
         try:
-            size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size") if config.is_file() else None
-        except (OSError, ValueError, AttributeError):
+            size = read_json(config, dict, "config.json", CONFIG_BYTES).get("vocab_size") if config.is_file() else None
+        except (OSError, ValueError):
             size = None  # the model's loading says what is wrong with it
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             size = None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..io.texts import json_loads
+from ..io.texts import read_json
 from .masking import mask_instances
 
 if TYPE_CHECKING:  # torch is imported where a batch is made: prepare's workers never load it
@@ -178,9 +178,9 @@ class PretrainingData:
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{self.folder}: no manifest.json (not a folder written by torchbert prepare)")
         try:
-            self.manifest: dict = json_loads(manifest_path.read_text(encoding="utf-8"))
-        except ValueError as e:  # invalid JSON or UTF-8
-            raise ValueError(f"{manifest_path}: not valid JSON ({e}); run torchbert prepare again") from None
+            self.manifest: dict = read_json(manifest_path, dict, "data folder's manifest.json", 64 << 20)
+        except ValueError as e:  # too large, not UTF-8, not JSON, not an object
+            raise ValueError(f"{e}; run torchbert prepare again") from None
         if self.manifest.get("format") != FORMAT_NAME or self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{manifest_path}: not a {FORMAT_NAME} v{FORMAT_VERSION} manifest")
         if not 0 <= rank < world_size:

@@ -30,7 +30,7 @@ from torch import nn
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write, atomic_write_text
 from .checkpoint import safe_load
-from .texts import json_loads, not_a_file, read_json
+from .texts import CONFIG_BYTES, not_a_file, read_json
 
 # Names of tensors that belong to Hugging Face task heads. When the model being loaded has no such
 # head, these are reported and skipped rather than treated as unknown.
@@ -145,12 +145,13 @@ def find_weights(path: Path) -> Path:
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, a weights-only torch file, or a sharded index of either."""
     if file.name.endswith(".index.json"):
-        try:
-            weight_map = json_loads(file.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{file}: not a valid shard index ({e})") from None
+        weight_map = read_json(file, dict, "shard index", 64 << 20).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{file}: not a valid shard index (its 'weight_map' maps tensor names to file names)")
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
+            if not (file.parent / shard).resolve().is_relative_to(file.parent.resolve()):
+                raise ValueError(f"{file}: the shard {_shown(shard)} lies outside the model folder")
             state.update(read_weights(file.parent / shard))
         return state
     if not file.is_file():
@@ -534,7 +535,7 @@ def folder_pooling(path: str | os.PathLike, given: str | None = None) -> str:
     pooling = own["pooling"] if own is not None else None
     if pooling is None:
         try:
-            pooling = json_loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("pooling")
+            pooling = read_json(Path(path) / "config.json", dict, "config.json", CONFIG_BYTES).get("pooling")
         except (OSError, ValueError, AttributeError):
             pooling = None
     if given is not None and pooling is not None and given != pooling:

@@ -19,6 +19,9 @@ def json_loads(text: str | bytes):
         raise json.JSONDecodeError("arrays or objects nested too deeply to read", "", 0) from None
 
 
+CONFIG_BYTES = 16 << 20  # a config.json of a model with 10^5 labels is a few MB; a larger one is not read
+
+
 def read_json(path: Path, kind: type = dict, what: str = "JSON file", max_bytes: int = 64 << 20):
     """A JSON file through its bounds, every error a ValueError naming the file: not a regular file,
     larger than max_bytes (checked before reading), not UTF-8, not JSON, nested too deeply, or its top

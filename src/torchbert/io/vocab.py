@@ -4,12 +4,11 @@ that transformers 5 (and so sentence-transformers) writes for a BERT."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from .texts import json_loads, read_json
+from .texts import CONFIG_BYTES, read_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -41,8 +40,8 @@ def check_against_model(vocab: Path) -> None:
     if not config.is_file():
         return
     try:
-        size = json_loads(config.read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
+        size = read_json(config, dict, "config.json", CONFIG_BYTES).get("vocab_size")
+    except (OSError, ValueError):
         return  # the model's loading says what is wrong with it
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
         check_vocab_size(vocab, size, config)
@@ -93,12 +92,7 @@ def check_vocab(vocab: dict[str, int], where: str) -> None:
 
 def read_tokenizer_config(path: Path) -> dict[str, Any]:
     """The settings we honour from a tokenizer_config.json (missing keys keep BERT's defaults)."""
-    try:
-        cfg = json_loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a valid JSON file ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    cfg = read_json(path, dict, "tokenizer_config.json", 64 << 20)
     out: dict[str, Any] = {}
     for key, arg, allowed in (
         ("do_lower_case", "lowercase", (bool,)),
