@@ -160,3 +160,16 @@ def test_embed_pools_and_normalizes_as_the_model_folder_says(tmp_path, capsys, m
     assert code == 2 and "--pooling cls:" in last
     assert "was trained to pool by mean (its 1_Pooling/config.json); leave --pooling out" in last
     assert not (tmp_path / "f.npy").exists()
+
+
+def test_a_mistyped_flag_is_its_commands_error_and_names_the_flag_meant(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", "--task", "token", "--model", "m", "--train", "t", "--out", "o", "--epocs", "3"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage: torchbert finetune" in err
+    assert err.strip().splitlines()[-1] == ("torchbert finetune: error: unrecognized arguments: --epocs 3; "
+                                            "did you mean --epochs?"), err
+    with pytest.raises(SystemExit):
+        main(["vocab", "--corpus", "c.txt", "--vocab-size", "100", "--out", "o", "--zzzz"])
+    assert "torchbert vocab: error: unrecognized argument: --zzzz (see torchbert vocab --help)" in \
+        capsys.readouterr().err

@@ -48,6 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line; an argument the command does not take is its command's error (with its usage),
+    and a flag near one it takes names that one: `finetune ... --epocs 3` says "did you mean --epochs"."""
+    import difflib
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    unknown = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), extra[0])
+    near = difflib.get_close_matches(unknown, flags, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else f" (see torchbert {args.command} --help)"
+    command.error(f"unrecognized argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}{hint}")
+
+
 BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
              PermissionError, UnicodeError)
 
@@ -172,7 +188,7 @@ def _sigterm_interrupts():
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     debug = args.debug or os.environ.get("TORCHBERT_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
         if not debug:

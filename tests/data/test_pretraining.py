@@ -538,6 +538,18 @@ def test_cli_vocab_reads_jsonl_text(work, capsys):
     vocab = (out / "vocab.txt").read_text(encoding="utf-8").split("\n")
     assert "text" not in vocab  # the JSON key is not part of the corpus
     assert BertTokenizer.from_pretrained(out).vocab_size <= 300
+    # another field, compressed (issue 60: a .jsonl.gz corpus with its text under "content"): the same vocab
+    import gzip
+
+    other = work / "vocab-content.jsonl.gz"
+    other.write_bytes(gzip.compress("".join(json.dumps({"id": i, "content": t}) + "\n"
+                                            for i, t in enumerate(texts)).encode()))
+    assert main(["vocab", "--corpus", str(other), "--vocab-size", "300", "--out", str(work / "content-tok"),
+                 "--quiet"]) == 2
+    assert "expected an object with a string 'text' field" in capsys.readouterr().err
+    assert main(["vocab", "--corpus", str(other), "--text-field", "content", "--vocab-size", "300", "--out",
+                 str(work / "content-tok"), "--quiet"]) == 0
+    assert (work / "content-tok" / "vocab.txt").read_text(encoding="utf-8") == "\n".join(vocab)
 
 
 def test_dynamic_whole_word(work, zh_corpus, zh_tok):

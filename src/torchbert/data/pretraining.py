@@ -77,10 +77,9 @@ def read_documents(paths: Sequence[str | os.PathLike], fmt: str = "auto", text_f
                    ) -> list[list[str]]:
     """Documents (lists of sentences) of the corpus files, all in memory (small corpora; `prepare`
     streams them, see data/sources.py); documents never span two files."""
-    from .sources import corpus_files, piece_documents, plan_pieces
+    from .sources import corpus_documents, corpus_files
 
-    pieces = plan_pieces(corpus_files(paths), fmt, 1 << 62, split_sentences)
-    return [d for piece in pieces for docs, _ in piece_documents(piece, 1 << 24, split_sentences, text_field)
+    return [d for docs in corpus_documents(corpus_files(paths), fmt, 1 << 24, split_sentences, text_field)
             for d in docs]
 
 

@@ -604,6 +604,24 @@ def _parquet_documents(piece: Piece, part_bytes: int, split_sentences, text_fiel
         yield [d for d in found.take() if d], int(column.nbytes)
 
 
+def corpus_documents(files: Sequence[Path], fmt: str, part_bytes: int, split_sentences, text_field: str = "text",
+                     note: Callable[[str], None] = _warn) -> Iterator[list[list[str]]]:
+    """The documents of corpus files in one process, a part at a time (vocab, small corpora): a
+    compressed file's pieces staged one after the other in a temporary folder (Stager)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="torchbert-stage-") as tmp, Stager() as stager:
+        for k, piece in enumerate(plan_pieces(files, fmt, part_bytes, split_sentences)):
+            staged = None
+            if compression(Path(piece.file)):
+                staged = Path(tmp) / f"{k:06d}.txt"
+                stager.stage(piece, staged)
+            for docs, _ in piece_documents(piece, part_bytes, split_sentences, text_field, staged, note):
+                yield docs
+            if staged is not None:
+                staged.unlink()
+
+
 class Stager:
     """The pieces of compressed files as plain files of their own, for workers: each file is
     decompressed once, front to back, and a piece's text written (atomically) just before a worker

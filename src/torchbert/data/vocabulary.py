@@ -15,8 +15,9 @@ from ..tokenizer import MAX_VOCAB, BertTokenizer
 @dataclass(kw_only=True)
 class VocabSettings(Checked):
     corpus: list[str] = setting(help="UTF-8 corpus files, folders or globs, read as streams (.jsonl/.json and "
-                                     ".parquet: the `text` field of each line or row; .gz and .zst decompressed as "
+                                     ".parquet: the --text-field of each line or row; .gz and .zst decompressed as "
                                      "they are read)", metavar="PATH")
+    text_field: str = setting("text", "the JSON field or Parquet column that holds the text (as prepare's)")
     vocab_size: int = setting(help="tokens in the vocab, special tokens included: 5 and one more at least; the largest "
                                    "vocabularies in use hold about 250,000 (more if the corpus has more distinct "
                                    "characters than that, up to --limit-alphabet: each character is a token)",
@@ -32,7 +33,7 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
     first (an empty file or a bad byte is an error naming the file and line)."""
     from ..io.files import atomic_folder
     from .pretraining import split_sentences
-    from .sources import _inner_suffix, compression, corpus_files, piece_documents, plan_pieces
+    from .sources import _inner_suffix, compression, corpus_documents, corpus_files
 
     check_corpus(s.corpus)
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,9 +44,8 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
                 # (not the JSON around it, nor compressed bytes); memory holds one part at a time
                 text_file = Path(tmp) / f"{k}.txt"
                 with open(text_file, "w", encoding="utf-8") as f:
-                    for piece in plan_pieces([path], "auto", 8 << 20, split_sentences):
-                        for docs, _ in piece_documents(piece, 8 << 20, split_sentences):
-                            f.write("".join(sent + "\n" for d in docs for sent in d))
+                    for docs in corpus_documents([path], "auto", 8 << 20, split_sentences, s.text_field):
+                        f.write("".join(sent + "\n" for d in docs for sent in d))
                 path = text_file
             files.append(path)
         tok = BertTokenizer.train(files, vocab_size=s.vocab_size, lowercase=s.lowercase,
