@@ -157,12 +157,12 @@ class StopSignals:
     one raises KeyboardInterrupt. Only the main thread can take signals: elsewhere it does nothing."""
 
     def __init__(self, log: Callable[[str], None]):
-        self.log, self.caught, self._old = log, None, {}
+        self.log, self.caught, self.signum, self._old = log, None, None, {}
 
     def _handle(self, signum, frame) -> None:
         if self.caught is not None:
             raise KeyboardInterrupt
-        self.caught = SIGNALS[signum]
+        self.caught, self.signum = SIGNALS[signum], signum
         self.log(f"{self.caught}: stopping after this step and saving a checkpoint (again to stop at once, "
                  "keeping only the checkpoints already written)")
 
@@ -479,7 +479,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
         last_eval = _evaluate(model, evaluate)
     checkpoint()
     if signals.caught is not None:  # it came during the last step: the run is whole and saved, and still stops
-        signal.raise_signal(next(s for s, name in SIGNALS.items() if name == signals.caught))
+        signal.raise_signal(signals.signum)
     summary = {"steps": state.step, "tokens": state.tokens, "train_seconds": round(state.seconds, 3),
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
