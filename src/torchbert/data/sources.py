@@ -485,6 +485,11 @@ class _Documents:
         self.note, self.done, self.doc, self.size, self.cut = note, [], [], 0, False
 
     def add(self, sentences: list[str], where: str) -> None:
+        lengths = list(map(len, sentences))
+        if self.size + sum(lengths) <= DOCUMENT_CHARS and max(lengths, default=0) <= LINE_BYTES:
+            self.doc += sentences  # within the bounds: every line of an ordinary corpus
+            self.size += sum(lengths)
+            return
         for sent in sentences:
             while sent:
                 piece, sent = (sent, "") if len(sent) <= LINE_BYTES else _split_at_space(sent)
