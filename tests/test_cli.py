@@ -167,9 +167,62 @@ def test_a_mistyped_flag_is_its_commands_error_and_names_the_flag_meant(capsys):
         main(["finetune", "--task", "token", "--model", "m", "--train", "t", "--out", "o", "--epocs", "3"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "usage: torchbert finetune" in err
-    assert err.strip().splitlines()[-1] == ("torchbert finetune: error: unrecognized arguments: --epocs 3; "
+    assert err.strip().splitlines()[-1] == ("torchbert finetune: error: unrecognized argument: --epocs; "
                                             "did you mean --epochs?"), err
+    with pytest.raises(SystemExit):  # named before argparse asks for the required flags it hid
+        main(["finetune", "--task", "token", "--trian", "t.conll"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "torchbert finetune: error: unrecognized argument: --trian; did you mean --train?")
+    with pytest.raises(SystemExit):  # an abbreviation argparse takes is not unknown
+        main(["finetune", "--task", "token", "--epo", "3"])
+    assert "required: --model, --train, --out" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["vocab", "--corpus", "c.txt", "--vocab-size", "100", "--out", "o", "--zzzz"])
     assert "torchbert vocab: error: unrecognized argument: --zzzz (see torchbert vocab --help)" in \
         capsys.readouterr().err
+
+
+def test_an_encoder_without_pooler_or_with_pretraining_heads_loads_without_warnings(minilm_dir, tmp_path, capsys):
+    """What a sentence vector never reads (the pooler) and what a task model leaves out by design (MLM
+    and NSP heads) are not warnings; the vectors are the same either way."""
+    import shutil
+
+    import transformers
+
+    bare, heads = tmp_path / "bare", tmp_path / "heads"
+    transformers.BertModel.from_pretrained(minilm_dir, add_pooling_layer=False).save_pretrained(bare)
+    transformers.BertForPreTraining.from_pretrained(minilm_dir).save_pretrained(heads)
+    for folder in (bare, heads):
+        for name in ("vocab.txt", "tokenizer_config.json"):
+            shutil.copy(minilm_dir / name, folder / name)
+    src = tmp_path / "texts.txt"
+    src.write_text("a tweet about the weather\n北京是中国的首都。\n", encoding="utf-8")
+    vectors = []
+    for folder in (minilm_dir, bare, heads):
+        out = tmp_path / f"{folder.name}.npy"
+        code, _, err = run(capsys, "embed", "--model", str(folder), "--input", str(src), "--out", str(out),
+                           "--quiet", "--precision", "fp32", "--normalize")
+        assert code == 0 and "warning" not in err, err
+        vectors.append(np.load(out))
+    assert abs(vectors[1] - vectors[0]).max() < 1e-5 and abs(vectors[2] - vectors[0]).max() < 1e-5
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": q, "positive": p}, ensure_ascii=False) + "\n" for q, p in (
+        ("weather", "a tweet about the weather"), ("首都", "北京是中国的首都。"))), encoding="utf-8")
+    code, _, err = run(capsys, "evaluate", "--model", str(heads), "--task", "embedding", "--data", str(pairs),
+                       "--quiet")
+    assert code == 0 and "warning" not in err, err
+
+
+def test_a_folder_that_is_not_a_model_says_what_it_holds_and_what_model_takes(tmp_path, capsys):
+    data, tok = tmp_path / "data", tmp_path / "tok"
+    data.mkdir(), tok.mkdir()
+    (data / "manifest.json").write_text("{}")
+    (tok / "vocab.txt").write_text("[PAD]\n")
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello\n")
+    for folder, what in ((data, "prepared pretraining data (torchbert prepare: pretrain on it with --data)"),
+                         (tok, "a tokenizer only (torchbert vocab), no model")):
+        code, _, err = run(capsys, "embed", "--model", str(folder), "--input", str(texts), "--out",
+                           str(tmp_path / "e.npy"))
+        assert code == 2 and f"--model {folder}: no config.json in this folder, which holds {what}" in err, err
+        assert "--model takes a model folder" in err and err.count("\n") == 1

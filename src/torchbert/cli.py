@@ -24,7 +24,7 @@ from types import ModuleType
 
 from .commands import COMMANDS
 from .commands.common import check_shared
-from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated
+from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, one_line_warning
 
 
 def commands() -> dict[str, ModuleType]:
@@ -51,16 +51,29 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """The command line; an argument the command does not take is its command's error (with its usage),
     and a flag near one it takes names that one: `finetune ... --epocs 3` says "did you mean --epochs"."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name in commands:  # a flag the command does not know, before argparse asks for the required ones
+        command = commands[name]
+        flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+        tail = argv[argv.index(name) + 1:]
+        tail = tail[:tail.index("--")] if "--" in tail else tail
+        unknown = [x for x in tail if x.startswith("--") and not any(f.startswith(x.split("=", 1)[0]) for f in flags)]
+        if unknown:
+            _unrecognized(command, name, flags, unknown)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = commands[args.command]
+        _unrecognized(command, args.command, [o for a in command._actions for o in a.option_strings], extra)
+    return args
+
+
+def _unrecognized(command: argparse.ArgumentParser, name: str, flags: list[str], extra: list[str]) -> None:
     import difflib
 
-    args, extra = parser.parse_known_args(argv)
-    if not extra:
-        return args
-    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
-    flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
     unknown = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), extra[0])
-    near = difflib.get_close_matches(unknown, flags, n=1, cutoff=0.6)
-    hint = f"; did you mean {near[0]}?" if near else f" (see torchbert {args.command} --help)"
+    near = difflib.get_close_matches(unknown, [f for f in flags if f.startswith("--")], n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else f" (see torchbert {name} --help)"
     command.error(f"unrecognized argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}{hint}")
 
 
@@ -116,10 +129,6 @@ def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[s
     if saved:  # a second Ctrl-C in a run that had saved checkpoints
         return f"interrupted; {saved[-1].parent} is kept; continue with: {resume_command(argv)}"
     return f"interrupted before the first checkpoint; {out} is as it was before this run"
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"torchbert: warning: {message}", file=sys.stderr)
 
 
 def writes_folder(command: str) -> bool:
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("TORCHBERT_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
         if not debug:
-            warnings.showwarning = _one_line_warning
+            warnings.showwarning = one_line_warning
         try:
             if args.command in ("pretrain", "finetune"):  # a resumed run keeps the settings not given again
                 args.given = given_flags(argv)

@@ -52,3 +52,11 @@ class StudyInterrupted(KeyboardInterrupt):
     def __init__(self, done: int, total: int | None) -> None:
         super().__init__(f"interrupted after {done} of {total or '?'} stages")
         self.done, self.total = done, total
+
+
+def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """warnings.showwarning for torchbert's own processes (the CLI, the server's worker): the message in
+    one line, without the source path and code line Python adds (`--debug` keeps Python's)."""
+    import sys
+
+    print(f"torchbert: warning: {message}", file=sys.stderr)

@@ -83,6 +83,7 @@ def test_the_printed_finetune_command_gives_the_same_settings(tmp_path):
     from torchbert.train.finetune import FinetuneSettings, encoding_settings
 
     (tmp_path / "random").mkdir()
+    (tmp_path / "random" / "config.json").write_text("{}")  # a model folder, as --model must be
     for task, lr, encoding in (("classification", 5e-4, {"max_length": 64}),
                                ("token", None, {"max_length": 32, "doc_stride": 7, "label_all_subtokens": True})):
         s, cfg = FinetuneSettings(task=task, model=tmp_path / "random", train=tmp_path / "train.tsv",

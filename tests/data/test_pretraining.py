@@ -569,6 +569,17 @@ def test_dynamic_whole_word(work, zh_corpus, zh_tok):
     assert not torch.equal(data.batch(idx, epoch=0).mlm_positions, data.batch(idx, epoch=1).mlm_positions)
 
 
+def test_cli_vocab_explains_a_vocab_smaller_than_asked(work, zh_corpus, capsys):
+    """A corpus too small for --vocab-size: the trainer runs out of pairs to merge, and for Chinese
+    text most tokens are single characters; the command says so."""
+    out = work / "tok-short"
+    assert main(["vocab", "--corpus", str(zh_corpus), "--vocab-size", "60000", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    n = BertTokenizer.from_pretrained(out).vocab_size
+    assert n < 60000 and f"note: {n:,} tokens, fewer than --vocab-size 60,000" in err, err
+    assert "--min-frequency 2 times" in err and "Chinese characters, each a token of its own" in err
+
+
 def test_cli_vocab_explains_a_vocab_larger_than_asked(work, zh_corpus, capsys):
     """Every character the trainer keeps is a token, so a Chinese corpus can outgrow --vocab-size:
     the command says why and what to do; --limit-alphabet brings the vocab back down."""

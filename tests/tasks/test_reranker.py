@@ -161,10 +161,13 @@ def test_finetune_a_reranker_and_load_it_in_sentence_transformers(minilm_dir, tm
     assert "--pooling is a setting of embedding tasks; a reranker task does not read it" in capsys.readouterr().err
     assert main(args) == 0
     metrics = json.loads((run / "metrics.json").read_text())
-    assert {"ndcg@10", "mrr@10", "recall@1"} <= set(metrics) and 0 < metrics["mrr@10"] <= 1
-    capsys.readouterr()
+    # scores over each query's own candidates are named so, beside their number
+    assert {"candidates_ndcg@10", "candidates_mrr@10", "candidates_recall@1"} <= set(metrics)
+    assert 0 < metrics["candidates_mrr@10"] <= 1 and metrics["candidates_per_query"] == 4.0  # 1 + 3 sampled
+    assert "dev (best epoch 1): candidates_ndcg@10 " in capsys.readouterr().out
     assert main(["evaluate", "--model", str(run), "--data", str(tmp_path / "dev.jsonl"), "--quiet"]) == 0
-    assert json.loads(capsys.readouterr().out)["mrr@10"] == pytest.approx(metrics["mrr@10"], abs=1e-6)
+    assert json.loads(capsys.readouterr().out)["candidates_mrr@10"] == pytest.approx(metrics["candidates_mrr@10"],
+                                                                                     abs=1e-6)
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"query": p["query"], "documents": [p["positive"], "无关的句子。"]},
                                                           ensure_ascii=False) + "\n" for p in pairs[60:66]))
     out = tmp_path / "scores.jsonl"
@@ -175,3 +178,53 @@ def test_finetune_a_reranker_and_load_it_in_sentence_transformers(minilm_dir, tm
     texts = [(p["query"], d) for p in pairs[60:66] for d in (p["positive"], "无关的句子。")]
     theirs = CrossEncoder(str(run), device="cpu", max_length=64).predict(texts)  # as trained: 64 tokens
     assert abs(np.array([s for r in records for s in r["scores"]]) - theirs).max() < 1e-5
+
+
+@pytest.mark.e2e
+def test_a_reranker_is_scored_as_a_search_over_a_first_stage_in_one_command(minilm_dir, tmp_path, capsys):
+    """evaluate --first-stage: an embedding model's top k of every passage, reordered by the reranker,
+    equal to sentence-transformers' bi-encoder search reordered by its CrossEncoder, scored by hand."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from torchbert.apps.samples import inverse_cloze, jsonl_text, peoples_daily_paragraphs
+    from torchbert.cli import main
+
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
+    (tmp_path / "train.jsonl").write_text(jsonl_text(pairs[:24]), encoding="utf-8")
+    (tmp_path / "test.jsonl").write_text(jsonl_text(pairs[100:130]), encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["finetune", "--task", "reranker", "--model", str(minilm_dir), "--train", str(tmp_path / "train.jsonl"),
+                 "--out", str(run), "--epochs", "1", "--batch-size", "8", "--max-length", "64", "--quiet"]) == 0
+    capsys.readouterr()
+    evaluate = ["evaluate", "--model", str(run), "--data", str(tmp_path / "test.jsonl"), "--first-stage",
+                str(minilm_dir), "--quiet", "--precision", "fp32"]
+    assert main(evaluate + ["--top-k", "5"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["top_k"], got["queries"], got["passages"]) == (5, 30, 30)
+
+    queries, passages = [p["query"] for p in pairs[100:130]], [p["positive"] for p in pairs[100:130]]
+    bi = SentenceTransformer(str(minilm_dir), device="cpu")
+    bi.max_seq_length = 128  # what evaluate --task embedding reads of a folder with no run record
+    q, d = (bi.encode(t, normalize_embeddings=True, convert_to_numpy=True) for t in (queries, passages))
+    top = np.argsort(-(q @ d.T), axis=1, kind="stable")[:, :5]
+    cross = CrossEncoder(str(run), device="cpu", max_length=64)
+    scores = cross.predict([(queries[i], passages[j]) for i in range(30) for j in top[i]]).reshape(30, 5)
+    reranked = np.take_along_axis(top, np.argsort(-scores, axis=1, kind="stable"), axis=1)
+
+    def ndcg(ranked):  # one relevant passage a query: passage i answers query i
+        return np.mean([1 / np.log2(list(r).index(i) + 2) if i in r else 0.0 for i, r in enumerate(ranked)])
+
+    assert got["first_stage_ndcg@10"] == pytest.approx(ndcg(top), abs=1e-6)
+    assert got["ndcg@10"] == pytest.approx(ndcg(reranked), abs=1e-6)
+    assert got["recall@5"] == got["first_stage_recall@5"]  # the same candidates, reordered
+    # the whole collection reranked: its first stage is the embedding evaluation of that model
+    assert main(evaluate + ["--top-k", "1000"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", "--model", str(minilm_dir), "--task", "embedding", "--data", str(tmp_path / "test.jsonl"),
+                 "--quiet"]) == 0
+    embedding = json.loads(capsys.readouterr().out)
+    assert whole["top_k"] == 30 and whole["first_stage_ndcg@10"] == pytest.approx(embedding["ndcg@10"], abs=1e-6)
+    assert main(["evaluate", "--model", str(minilm_dir), "--data", str(tmp_path / "test.jsonl"), "--first-stage",
+                 str(minilm_dir), "--quiet"]) == 2
+    assert "not a model fine-tuned by torchbert" in capsys.readouterr().err  # --model must be a reranker

@@ -83,7 +83,8 @@ class Embedder:
         self.tokenizer = tokenizer or BertTokenizer.from_pretrained(model_dir)
         self.model = model
         if model is None and load:  # a model given (a fine-tuned one's encoder) is in `precision` already
-            self.model = at_precision(BertModel.from_pretrained(model_dir).eval().to(torch.device(device)), precision)
+            self.model = at_precision(BertModel.from_pretrained(model_dir, add_pooling_layer=False)  # pools tokens
+                                      .eval().to(torch.device(device)), precision)
         self.config = model.config if model is not None else load_config(model_dir)
         limit = self.config.max_position_embeddings
         self.max_length = min(max_length or limit, limit)

@@ -72,6 +72,12 @@ def _worker_start(spec: Spec) -> None:
     from ..fast import threads
 
     _WORKER.enter_context(threads.governed(spec.threads))  # for the worker's life: it computes every batch
+    if not os.environ.get("TORCHBERT_DEBUG"):  # this process is torchbert's own: its warnings in its voice
+        import warnings
+
+        from ..errors import one_line_warning
+
+        warnings.showwarning = one_line_warning
     try:
         served = build(spec, load=True)
     except Exception as e:  # noqa: BLE001 - handed to the server with the first call

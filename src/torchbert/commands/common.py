@@ -86,10 +86,14 @@ def settings_from(cls, args: argparse.Namespace, **given):
         raise UserError(e.as_flag()) from None
 
 
-def resolve_model(name: str) -> Path:
+def resolve_model(name: str, flag: str = "--model") -> Path:
     """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
     path = Path(name)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{flag} {name}: no config.json in this folder, {_what_folder(path)}; {flag} takes a "
+                            "model folder (config.json, weights, vocab.txt): a Hugging Face BERT, a run that "
+                            "torchbert pretrain or finetune wrote, or minilm")
         return path
     if name == "minilm":
         try:
@@ -111,6 +115,17 @@ def resolve_model(name: str) -> Path:
     except Exception as e:  # network errors come in many types; all end the same way
         raise UserError(f"--model {name}: no such folder, and the hub download failed "
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _what_folder(path: Path) -> str:
+    """What a folder that is not a model is, as far as its files tell."""
+    if (path / "manifest.json").is_file():
+        return "which holds prepared pretraining data (torchbert prepare: pretrain on it with --data)"
+    if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file():
+        return "which holds a tokenizer only (torchbert vocab), no model"
+    if (path / "checkpoints").is_dir():
+        return "which holds only the checkpoints of a run that has not finished (its model is written at the end)"
+    return "which holds no model"
 
 
 def pick_device(name: str):

@@ -83,7 +83,7 @@ def run(args) -> None:
     texts = read_texts(s.input)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     device = cpu_for_int8(args)
-    model = BertModel.from_pretrained(model_dir).eval().to(device)
+    model = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval().to(device)  # pooling reads tokens
     limit = model.config.max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")

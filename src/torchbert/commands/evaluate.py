@@ -7,15 +7,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from ..settings import add_flags
 from .common import command, cpu_for_int8, inference_precision, resolve_model, settings_from, shared_flags
 
 COMPUTES = True
 EPILOG = """\
 examples:
+  torchbert evaluate --model ./ner --data wnut_test.conll
+  torchbert evaluate --model ./sst2 --data SST-2/dev.tsv --out scores.json
+  torchbert evaluate --model ./emb --data data/pdr/test.jsonl
+  torchbert evaluate --model ./rerank --data data/pdr/test.jsonl --first-stage ./emb --top-k 20
+
+The file has the layout of the task's training file, with its labels. Prints the task's metrics as one
+JSON object, the same the fine-tuning run scored on dev (its metrics.json): accuracy, F1 and MCC for
+classification (Pearson, Spearman and MSE for regression), entity precision, recall and F1 for tagging,
+F1 and exact match for QA, accuracy for multiple choice, nDCG@10, MRR@10 and recall@k for embeddings
+(a search over every passage of the file), and for a reranker the same over each query's own
+candidates (candidates_ndcg@10: how it orders what it is given, not a search); --first-stage scores
+a reranker as a search, reordering an embedding model's top --top-k of every passage in the file.
+"""
+PREDICT_EPILOG = """\
+examples:
   torchbert predict --model ./ner --input tweets.conll --out tags.jsonl
   torchbert predict --model ./sst2 --input reviews.tsv --out labels.jsonl
-  torchbert evaluate --model ./ner --data wnut_test.conll
 
 The input has the layout of the task's training file; labels may be missing. One JSON object per
 example, in input order, with the example's id: {"label", "probability", "probabilities"} for
@@ -58,8 +73,16 @@ def run(args) -> None:
     device = cpu_for_int8(args)
     model_dir = resolve_model(args.model)
     precision = inference_precision(args, device, model_dir)
-    scores, _ = run_evaluate(model_dir, Path(s.data), s.task, device,
-                             args.batch_size, progress=not args.quiet, precision=precision)
+    if s.first_stage is not None:
+        from ..tasks.reranker import run_rerank_evaluate
+
+        if s.task is not None:
+            raise UserError("--task: a reranker is scored as a search with --first-stage; leave --task out")
+        scores = run_rerank_evaluate(model_dir, Path(s.data), resolve_model(s.first_stage, "--first-stage"), s.top_k, device,
+                                     args.batch_size, progress=not args.quiet, precision=precision)
+    else:
+        scores, _ = run_evaluate(model_dir, Path(s.data), s.task, device,
+                                 args.batch_size, progress=not args.quiet, precision=precision)
     text = json.dumps(scores, indent=2)
     if s.out:
         atomic_write_text(Path(s.out), text + "\n")

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from .common import command, cpu_for_int8, inference_precision, resolve_model, settings_from
-from .evaluate import EPILOG, finetuned_flags
+from .evaluate import PREDICT_EPILOG as EPILOG
+from .evaluate import finetuned_flags
 
 COMPUTES = True
 __all__ = ["EPILOG"]

@@ -51,3 +51,18 @@ def run(args) -> None:
         print(f"note: more tokens than --vocab-size {s.vocab_size}: the corpus has that many distinct "
               f"characters (up to --limit-alphabet {s.limit_alphabet}) and each is a token; lower "
               "--limit-alphabet for a smaller vocab (rarer characters then become [UNK])", file=sys.stderr)
+    elif tok.vocab_size < s.vocab_size:
+        print(fewer_note(tok, s.vocab_size, s.min_frequency), file=sys.stderr)
+
+
+def fewer_note(tok, asked: int, min_frequency: int) -> str:
+    """Why the trainer stopped short of --vocab-size: no pair of pieces left that the corpus holds
+    min_frequency times; for Chinese text, whose characters BERT never joins, the usual case."""
+    from ..tokenizer import _is_cjk
+
+    chinese = sum(1 for t in tok.vocab if len(t) == 1 and _is_cjk(t))
+    why = (f"; {chinese:,} of them are Chinese characters, each a token of its own (BERT's tokenizer splits "
+           "Chinese text into characters, so they never merge into longer pieces)") if chinese > tok.vocab_size // 4 else ""
+    return (f"note: {tok.vocab_size:,} tokens, fewer than --vocab-size {asked:,}: every pair of pieces that the "
+            f"corpus holds at least --min-frequency {min_frequency} times was merged and none is left{why}; more "
+            "text, or a lower --min-frequency, gives more")

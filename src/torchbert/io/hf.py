@@ -36,6 +36,8 @@ from .texts import CONFIG_BYTES, not_a_file, read_json
 # head, these are reported and skipped rather than treated as unknown.
 # task-head tensors (an embedding model's learned temperature is its logit_scale)
 HF_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "pooler.", "sequence_summary.", "logit_scale")
+# what a model built on a pretrained encoder leaves out of its checkpoint by design: MLM, NSP, the pooler
+PRETRAINING_HEADS = ("cls.predictions.", "cls.seq_relationship.", "pooler.")
 BACKBONES = ("bert.", "roformer.")  # the encoder's prefix inside a task model: BERT's, or RoFormer's (rotary)
 # Buffers some versions of transformers saved; they hold no learned state.
 HF_IGNORED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -434,8 +436,13 @@ def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = No
     if missing:
         warnings.warn(f"{file}: no weights for {', '.join(missing)}; they keep their fresh initialization",
                       stacklevel=3)
-    if unused:
-        warnings.warn(f"{file}: unused task-head tensors {', '.join(unused)}", stacklevel=3)
+    # a pretraining checkpoint's heads, or a pooler, under a model that has none: what a task model
+    # built on a pretrained encoder leaves out by design (not a warning); other heads are named
+    named = [k for k in unused if not _unprefixed(k).startswith(PRETRAINING_HEADS)]
+    if named:
+        warnings.warn(f"{file}: unused task-head tensors {', '.join(named[:4])}"
+                      f"{f' and {len(named) - 4} more' if len(named) > 4 else ''} (not part of a "
+                      f"{cls.__name__})", stacklevel=3)
     model.load_report = {"missing": missing, "unused": unused}
     return model
 

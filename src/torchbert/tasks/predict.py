@@ -33,6 +33,12 @@ class EvaluateSettings(Checked):
     data: str = setting(help="labelled file in the task's layout")
     task: str | None = setting(None, "task type or preset (default: the one the model was fine-tuned for)")
     out: str | None = setting(None, "also write the metrics to this JSON file")
+    first_stage: str | None = setting(None, "a reranker scored as a search: this embedding model (a folder, or "
+                                            "minilm) finds each query's --top-k candidates among every passage of "
+                                            "--data, the reranker reorders them; nDCG@10, MRR@10 and recall over "
+                                            "the whole collection, before and after", metavar="MODEL")
+    top_k: int = setting(20, "first-stage candidates the reranker reorders per query (with --first-stage)", low=1,
+                         high=10_000)
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,9 @@ sees a query and a passage together and so cannot score the batch's other passag
 Losses (TaskSettings.rerank_loss): listwise, the softmax over an example's candidates against its
 labels (for one positive, the cross-entropy of picking it: Localized Contrastive Estimation, Gao et
 al. 2021); pointwise, binary cross-entropy of each pair's score against its label (monoBERT; the
-sentence-transformers CrossEncoder's BinaryCrossEntropyLoss). Scores: each query's candidates
-ranked: nDCG@10, MRR@10, recall@1 (eval/retrieval.py).
+sentence-transformers CrossEncoder's BinaryCrossEntropyLoss). Scores: each query's own candidates
+ranked (candidates_ndcg@10, candidates_mrr@10, candidates_recall@1 and their mean number: how it
+orders what it is given, not a search; `evaluate --first-stage` scores it as one, eval/rerank.py).
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ class RerankerTask(TaskFamily):
     heads = {"bert": BertForReranking}
     gold = "labels"
     file_format = None  # no hub splits
-    metrics = ("ndcg@10", "mrr@10", "recall@1")
+    # over each query's own candidates (the file's passages and the sampled negatives), not a search over
+    # every passage: named so, as its dev line and metrics.json print them
+    metrics = ("candidates_ndcg@10", "candidates_mrr@10", "candidates_recall@1")
     settings = ("rerank_loss", "sampled_negatives")
     endpoints = ("rerank",)  # its encoder reads pairs: its pooled vectors of one text are no embeddings
     about = "a query + passage -> relevance  the embedding files, or {query, passage, label}; a cross-encoder"
@@ -255,8 +258,73 @@ class RerankerTask(TaskFamily):
         scored = [r for r in records if r.get("relevant_ranks")]
         if not scored:
             raise ValueError("no query has a relevant passage (label >= 0.5) to rank")
-        return retrieval_scores([np.arange(r["candidates"]) for r in scored],
-                                [set(r["relevant_ranks"]) for r in scored], ks=(1,))
+        scores = retrieval_scores([np.arange(r["candidates"]) for r in scored],
+                                  [set(r["relevant_ranks"]) for r in scored], ks=(1,))
+        return {**{f"candidates_{k}": v for k, v in scores.items()},
+                "candidates_per_query": float(np.mean([r["candidates"] for r in scored]))}
 
 
 register_family(RerankerTask("reranker"))
+
+
+def first_stage(model_dir, queries: list[str], passages: list[str], k: int, device: torch.device,
+                batch_size: int, precision: str, max_length: int | None, progress: bool) -> np.ndarray:
+    """The k best passages of each query [Q, k] by cosine of an embedding model's vectors (its own
+    pooling, as `embed` uses it): the first stage a reranker reorders."""
+    from .. import fast
+    from ..eval.retrieval import search
+    from ..features import embed
+    from ..io.hf import folder_pooling
+    from ..model import BertModel
+    from ..tokenizer import BertTokenizer
+
+    model = fast.at_precision(BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval().to(device), precision)
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    pooling = folder_pooling(model_dir)
+
+    def vectors(texts):
+        return embed(model, tokenizer, texts, pooling=pooling, normalize=True, batch_size=batch_size,
+                     max_length=max_length, progress=progress)
+
+    return search(vectors(queries), vectors(passages), k)[1]
+
+
+def run_rerank_evaluate(model_dir, data, first_stage_dir, top_k: int, device: torch.device, batch_size: int = 64,
+                        progress: bool = True, precision: str = "fp32") -> dict[str, float]:
+    """A reranker scored as a search: each query of an embedding-layout file (query, positive, negatives)
+    searched over every distinct passage of the file by the first-stage model, its top_k candidates
+    reordered by the reranker; nDCG@10, MRR@10 and recall@1/10/top_k over the whole collection, of the
+    first stage alone ("first_stage_" keys) and reranked (a relevant passage outside the top_k counts as
+    not found by both)."""
+    from .predict import load_finetuned, predict
+    from .batches import TaskData
+    from .families import TaskSettings, family
+
+    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, precision)
+    if ts.type != "reranker":
+        raise ValueError(f"--first-stage reorders a first stage's candidates by a reranker; {model_dir} was "
+                         f"fine-tuned for {ts.type} (evaluate it without --first-stage)")
+    pairs = read_pairs(data)
+    ids: dict[str, int] = {}
+    for ex in pairs:
+        for text in (ex.positive, *ex.negatives):
+            ids.setdefault(text, len(ids))
+    passages = list(ids)
+    k = min(top_k, len(passages))
+    relevant = [{ids[ex.positive]} for ex in pairs]
+    try:  # the first stage reads as it was trained to (an embedding run), else as `evaluate --task embedding`
+        length = TaskSettings.of(first_stage_dir).max_length
+    except ValueError:
+        length = TaskSettings(type="embedding").max_length
+    found = first_stage(first_stage_dir, [ex.query for ex in pairs], passages, k, device, batch_size, precision,
+                        length, progress)
+    examples = [RerankExample(ex.id, ex.query, [passages[i] for i in top], None, ex.where)
+                for ex, top in zip(pairs, found)]
+    fam = family("reranker")
+    encoded = fam.encode(tokenizer, examples, ts, None, training=False, use_labels=False)
+    records = predict(model, TaskData(encoded, fam), examples, ts, None, batch_size, device, progress)
+    reranked = np.stack([top[r["ranking"]] for top, r in zip(found, records)])
+    ks = sorted({1, 10, k} & set(range(1, k + 1)))
+    before, after = retrieval_scores(found, relevant, ks), retrieval_scores(reranked, relevant, ks)
+    return {**after, **{f"first_stage_{name}": v for name, v in before.items()},
+            "top_k": float(k), "queries": float(len(pairs)), "passages": float(len(passages))}
