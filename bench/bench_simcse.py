@@ -28,16 +28,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchbert.apps.samples import RETRIEVAL_QUERIES, SENTENCE, inverse_cloze, peoples_daily_paragraphs  # noqa: E402
+from torchbert.apps.samples import RETRIEVAL_QUERIES, inverse_cloze, peoples_daily_paragraphs, sentences_of  # noqa: E402
 from torchbert.eval.retrieval import retrieval_scores, search  # noqa: E402
 
 
 def heldout_and_sentences(sentences: int) -> tuple[list[dict], list[str]]:
     pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
     test = pairs[RETRIEVAL_QUERIES:2 * RETRIEVAL_QUERIES]
-    texts = dict.fromkeys(s.strip() for p in pairs[2 * RETRIEVAL_QUERIES:]
-                          for s in SENTENCE.findall(p["query"] + p["positive"]) if len(s.strip()) >= 4)
-    return test, list(texts)[:sentences]
+    return test, sentences_of(pairs[2 * RETRIEVAL_QUERIES:])[:sentences]  # `samples`' sentences.txt
 
 
 def score(folder: Path, test: list[dict], max_length: int) -> tuple[float, float]:

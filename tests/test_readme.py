@@ -1,11 +1,14 @@
-"""The README's Python API block runs as written, and what it saves is what transformers loads."""
+"""The README runs as written: its Python API block (and what it saves is what transformers loads), and
+its shell blocks marked for this test, in order, on small data (SHRINK), with their servers and clients."""
 
 import contextlib
 import io
 import os
 import re
+import shlex
 from pathlib import Path
 
+import pytest
 import torch
 from parity import assert_parity
 
@@ -47,3 +50,191 @@ def test_python_api_block_runs(tmp_path, minilm_dir):
         ours = scope["model"](**batch).logits
         ref = theirs(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).logits
     assert_parity(ours, ref)
+
+
+# -- the README's shell blocks, run as written (sizes shrunk) ------------------------------------------
+
+MARK = "<!-- tests/test_readme.py runs the"
+FENCE = re.compile(r"```(\w+)\n(.*?)```\n", re.S)
+# what makes a README command small enough for a test: the flag's value here, per command
+SHRINK = {"pretrain": {"--steps": "6", "--batch-size": "8", "--save-every": "3", "--config": "tiny"},
+          "vocab": {"--vocab-size": "3000"},
+          "prepare": {"--heldout-docs": "5"},
+          "finetune": {"--epochs": "1", "--max-length": "32"}}
+
+
+def marked_blocks(mark: str) -> list[tuple[str, str]]:
+    """The fenced blocks (language, code) after the README's mark for this test whose line holds
+    `mark`: the next one ("the block below"), or the next two ("the two blocks below")."""
+    text = README.read_text(encoding="utf-8")
+    line = next(m for m in re.finditer(re.escape(MARK) + r"[^\n]*", text) if mark in m.group(0))
+    count = 2 if "the two blocks below" in line.group(0) else 1
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(text, line.end())][:count]
+
+
+def commands(code: str) -> list[list[str]]:
+    """A bash block's commands as argument lists, continuation lines joined and comments dropped; a
+    command ending in `&` keeps the `&`."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&") + 1 if "&" in words else len(words)
+            out.append(words[:cut])
+            words = words[cut:]
+    return out
+
+
+def shrunk(argv: list[str]) -> list[str]:
+    sizes = SHRINK.get(argv[0], {})
+    return [sizes.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+
+
+class Shell:
+    """Runs a README block's commands in a folder: torchbert's in this process (through its main), a
+    server (`... &`) as a process of its own on a free port, curl as an HTTP call, NAME=value as a
+    variable; `ports` maps each README port to the one its server listens on."""
+
+    def __init__(self, folder: Path, capsys):
+        self.folder, self.capsys, self.env, self.ports, self.servers = folder, capsys, {}, {}, []
+
+    def run(self, code: str) -> list[str]:
+        outputs = []
+        for argv in commands(code):
+            argv = [os.path.expandvars(re.sub(r"\$(\w+)", lambda m: self.env.get(m.group(1), m.group(0)), a))
+                    for a in argv]
+            if len(argv) == 1 and re.fullmatch(r"\w+=\S*", argv[0]):
+                name, value = argv[0].split("=", 1)
+                self.env[name] = value
+            elif argv[0] == "torchbert" and argv[-1] == "&":
+                self.serve(argv[1:-1])
+            elif argv[0] == "torchbert":
+                from torchbert.cli import main
+
+                self.capsys.readouterr()
+                code_ = main(shrunk(argv[1:]))
+                out, err = self.capsys.readouterr()
+                assert code_ == 0, f"{shlex.join(argv)}: exit {code_}\n{err[-3000:]}"
+                outputs.append(out)
+            elif argv[0] == "curl":
+                outputs.append(self.curl(argv[1:]))
+            else:
+                raise AssertionError(f"the README test cannot run {shlex.join(argv)}")
+        return outputs
+
+    def serve(self, argv: list[str]) -> None:
+        import socket
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        given = argv[argv.index("--port") + 1]
+        argv = [*argv[:argv.index("--port")], "--port", str(port), *argv[argv.index("--port") + 2:]]
+        log = open(self.folder / f"serve-{given}.log", "w")
+        self.servers.append((subprocess.Popen([sys.executable, "-m", "torchbert", *argv], cwd=self.folder,
+                                              stdout=log, stderr=subprocess.STDOUT), log))
+        self.ports[given] = str(port)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.servers[-1][0].poll() is None, (self.folder / f"serve-{given}.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise AssertionError(f"serve {shlex.join(argv)} did not answer within 120 s")
+
+    def local(self, text: str) -> str:
+        """`text` with each README port replaced by its server's."""
+        for given, port in self.ports.items():
+            text = re.sub(rf"(localhost|127\.0\.0\.1):{given}\b", rf"\g<1>:{port}", text)
+        return text
+
+    def curl(self, argv: list[str]) -> str:
+        import httpx
+
+        url = next(a for a in argv if "localhost:" in a or "127.0.0.1:" in a)
+        headers = dict(h.split(": ", 1) for h in (argv[i + 1] for i, a in enumerate(argv) if a == "-H"))
+        body = argv[argv.index("-d") + 1]
+        r = httpx.post("http://" + self.local(url).removeprefix("http://"), content=body.encode(), headers=headers,
+                       timeout=60)
+        assert r.status_code == 200, f"curl {url}: {r.status_code} {r.text}"
+        return r.text
+
+    def python(self, code: str) -> dict:
+        scope: dict = {}
+        exec(compile(self.local(code), "README.md", "exec"), scope)
+        return scope
+
+    def close(self) -> None:
+        for process, log in self.servers:
+            process.terminate()
+            process.wait(timeout=60)
+            log.close()
+
+
+@pytest.fixture
+def shell(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = Shell(tmp_path, capsys)
+    yield s
+    s.close()
+
+
+@pytest.mark.e2e
+def test_your_own_bert_from_a_folder_of_jsonl_gz_to_served_models(shell, tmp_path):
+    """The README's "Your own BERT" block, in order, on a corpus in its layout: a folder of .jsonl.gz
+    files with the text under "content", reviews to classify and pairs to search by."""
+    import gzip
+    import json
+
+    from torchbert.apps.samples import (documents, inverse_cloze, jsonl_text, peoples_daily_paragraphs,
+                                        sentiment_reviews, tsv_text)
+
+    paragraphs = [p for p in peoples_daily_paragraphs() if p]
+    (tmp_path / "corpus").mkdir()
+    docs = documents(paragraphs[:900], 5)
+    for k in range(3):
+        with gzip.open(tmp_path / "corpus" / f"news-{k}.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"id": i, "content": d}, ensure_ascii=False) + "\n" for i, d in
+                         enumerate(docs[k::3]))
+    (tmp_path / "reviews").mkdir()
+    reviews = sentiment_reviews()
+    (tmp_path / "reviews" / "train.tsv").write_text(tsv_text(reviews[:160]), encoding="utf-8")
+    (tmp_path / "reviews" / "dev.tsv").write_text(tsv_text(reviews[160:200]), encoding="utf-8")
+    pairs = inverse_cloze(paragraphs[900:], seed=0)
+    (tmp_path / "pairs.jsonl").write_text(jsonl_text(pairs[:64]), encoding="utf-8")
+    (tmp_path / "dev_pairs.jsonl").write_text(jsonl_text(pairs[64:96]), encoding="utf-8")
+
+    (_, code), = marked_blocks("on a small corpus in this layout")
+    outputs = shell.run(code)
+    assert json.loads((tmp_path / "bert" / "config.json").read_text())["model_type"] == "roformer"  # --recipe rotary
+    predicted = json.loads(outputs[-2])["predictions"]
+    assert len(predicted) == 1 and predicted[0]["label"] in {"pos", "neg"}
+    vector = json.loads(outputs[-1])["data"][0]["embedding"]
+    assert len(vector) == 128 and abs(sum(x * x for x in vector) - 1) < 1e-3  # tiny: hidden 128, unit length
+
+
+@pytest.mark.e2e
+def test_from_your_bert_to_search_runs_as_written_on_the_demos_bert(shell, tmp_path):
+    """The README's search blocks, in order, on a `--quick` demo's BERT (runs/demo/pretrain/bert): the
+    training files from `samples`, every score, both servers, OpenAI's client and httpx."""
+    import json
+
+    from torchbert.cli import main
+
+    assert main(["demo", "--quick", "--out", "runs/demo"]) == 0
+    (_, bash), (_, python) = marked_blocks("on a `--quick` demo's BERT")
+    outputs = shell.run(bash)
+    scores = [json.loads(x) for x in outputs if x.lstrip().startswith("{")]
+    assert [sorted(k for k in x if k.startswith("ndcg")) for x in scores] == [["ndcg@10", "ndcg@10_d64"], ["ndcg@10"],
+                                                                               ["ndcg@10"]]
+    assert "first_stage_ndcg@10" in scores[2] and scores[2]["top_k"] == 20
+    scope = shell.python(python)
+    assert len(scope["vectors"][0].embedding) == 64  # dimensions=64: the Matryoshka size it was trained for
+    assert [r["index"] for r in scope["ranked"]["results"]] in ([0], [1])

@@ -209,12 +209,14 @@ def test_rotary_pretrains_resumes_and_every_command_takes_it(prepared, tmp_path,
     m = enc["attention_mask"].bool()
     assert_parity(ours[m], theirs[m])
 
-    run = tmp_path / "run"
-    assert pretrain(run, "--steps", "10", "--positions", "rotary", "--save-every", "5")[0] == 0
+    run = tmp_path / "run"  # --recipe rotary is --positions rotary: the same run, bit for bit
+    code, _, err = pretrain(run, "--steps", "10", "--recipe", "rotary", "--positions", "absolute")
+    assert code == 2 and "--positions absolute: --recipe rotary is positions rotary; give one of the two" in err
+    assert pretrain(run, "--steps", "10", "--recipe", "rotary", "--save-every", "5")[0] == 0
     shutil.rmtree(run / "checkpoints" / "step-00000010")
     code, _, err = pretrain(run, "--steps", "10", "--resume", "--positions", "absolute")
     assert code == 2 and "--positions absolute differs from the run's rotary" in err
-    code, _, err = pretrain(run, "--steps", "10", "--resume", "--positions", "rotary")  # the command that started it
+    code, _, err = pretrain(run, "--steps", "10", "--resume", "--recipe", "rotary")  # the command that started it
     assert code == 0, err
     a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

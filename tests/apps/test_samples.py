@@ -60,14 +60,19 @@ def test_peoples_daily_retrieval_is_the_inverse_cloze_task_with_apart_splits(tmp
     assert cli(capsys, "samples", "peoples-daily-retrieval", "--out", tmp_path)[0] == 0
     paragraphs = set(peoples_daily_paragraphs())
     seen = []
-    for split in ("dev", "test"):
+    for split in ("dev", "test", "train"):
         rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
-        assert len(rows) == RETRIEVAL_QUERIES
+        assert len(rows) == (3963 if split == "train" else RETRIEVAL_QUERIES)
         for r in rows[:200]:  # the query is a sentence of the passage's paragraph, taken out of it
             q = r["query"].rstrip("”’」』）)")  # a whole sentence: to its end mark, or the paragraph's end
             assert len(q) > 2 and (q[-1] in "。！？" or r["positive"] + r["query"] in paragraphs), r["query"]
             whole = {r["positive"][:i] + r["query"] + r["positive"][i:] for i in range(len(r["positive"]) + 1)}
             assert whole & paragraphs, r["query"]
         seen.append({r["positive"] for r in rows})
-        assert len(read_retrieval_set(tmp_path / f"{split}.jsonl").corpus) == RETRIEVAL_QUERIES
-    assert not seen[0] & seen[1]  # no passage in both splits
+        assert len(read_retrieval_set(tmp_path / f"{split}.jsonl").corpus) == len(rows)
+    assert not seen[0] & seen[1] and not seen[2] & (seen[0] | seen[1])  # no passage in two splits
+    # SimCSE's raw text: the training paragraphs' sentences, once each, none from dev or test
+    sentences = (tmp_path / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    assert len(sentences) == len(set(sentences)) > 15_000 and min(map(len, sentences)) >= 4
+    held = "".join(seen[0] | seen[1])
+    assert sum(x in held for x in sentences[:300]) <= 3  # (a short common sentence may recur in another paragraph)

@@ -7,18 +7,33 @@ from dataclasses import replace
 
 import pytest
 
-from torchbert.apps.recipes import RECIPES
+from torchbert.train.recipes import RECIPES
 from torchbert.apps.stages import Stages
 from torchbert.cli import build_parser
 from torchbert.commands.common import settings_from
 from torchbert.errors import Interrupted, RunFailed, StudyInterrupted, UserError
 
 
+def test_each_stage_says_where_the_study_stands_and_the_time_left_once_it_has_a_pace(tmp_path, monkeypatch):
+    import torchbert.apps.stages as stages
+
+    clock = iter(range(0, 10_000, 60))  # each call of the clock: a minute later
+    monkeypatch.setattr(stages.time, "perf_counter", lambda: float(next(clock)))
+    logged = []
+    r = Stages(tmp_path, logged.append, total=10)
+    for name, verb in (("vocab", "vocab"), ("pretrain", "pretrain"), ("a", "finetune"), ("a test", "evaluate"),
+                       ("b", "finetune")):
+        r.run(name, [verb], lambda: None)
+    heads = [line.split(": torchbert")[0].strip() for line in logged if line.startswith("\n==")]
+    assert heads == ["== vocab (stage 1 of 10)", "== pretrain (stage 2 of 10)", "== a (stage 3 of 10)",
+                     "== a test (stage 4 of 10)", "== b (stage 5 of 10, about 6 min left)"]  # 6 stages x 60 s
+
+
 def test_a_failed_stage_is_a_run_failure_not_a_bug_and_keeps_the_stages_before_it(tmp_path):
     logged = []
     r = Stages(tmp_path, logged.append, total=5)
     assert r.run("first", ["vocab", "--out", tmp_path / "v"], lambda: 7) == 7
-    assert logged[-1] == f"\n== first: torchbert vocab --out {tmp_path / 'v'}" and r.done == 1
+    assert logged[-1] == f"\n== first (stage 1 of 5): torchbert vocab --out {tmp_path / 'v'}" and r.done == 1
 
     def bad_input():
         raise UserError("data.tsv line 3: no label")

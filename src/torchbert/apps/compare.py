@@ -38,9 +38,9 @@ from ..errors import StudyInterrupted, UserError
 from ..eval.plots import errorbar_panels, line_plot, read_jsonl
 from ..io.files import atomic_write_text
 from ..tokenizer import TOKENIZER_FILES
-from .recipes import DEFAULT as DEFAULT_RECIPE
-from .recipes import RECIPES
-from .recipes import TEXT as RECIPE_TEXT
+from ..train.recipes import DEFAULT as DEFAULT_RECIPE
+from ..train.recipes import RECIPES
+from ..train.recipes import TEXT as RECIPE_TEXT
 from .stages import Stages
 from .samples import corpus_text, documents, peoples_daily_lines, peoples_daily_paragraphs, sentiment_reviews, tsv_text
 
@@ -260,7 +260,7 @@ def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed:
                              resume=resume, overwrite=not resume, **(RECIPES[b.recipe] if system == "bert" else {}))
         cfg = TrainConfig(steps=steps, batch_size=b.pretrain_batch, lr=b.pretrain_lr, warmup_steps=max(1, steps // 10),
                           log_every=max(1, steps // 40), eval_every=max(1, steps // 4), save_every=max(1, steps // 4),
-                          keep=4, seed=seed, progress=False)
+                          keep=4, seed=seed, progress=True)  # its bar: the study's longest stage, with an ETA
         r.pretrain(f"pretrain {run.name}", s, cfg)
     m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],

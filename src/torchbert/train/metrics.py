@@ -5,6 +5,7 @@ log step; cut back to the checkpoint on resume)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,9 @@ def progress_bar(cfg, step: int):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=cfg.steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
+    # to a terminal, as often as it changes; to a log file, a line every 10 s (a study's log stays readable)
+    return tqdm(total=cfg.steps, initial=step, unit="step", desc="train", dynamic_ncols=True,
+                mininterval=0.1 if sys.stderr.isatty() else 10)
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
 from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
+from .recipes import RECIPES
 from .rundir import RunFolder, fixed, write_record
 from .rundir import resumed_config as resumed_settings
 
@@ -65,6 +66,11 @@ class PretrainSettings(Checked):
                                                  "0.25; the paper: 1/4 to 1/2)", above=0, high=1)
     dropout: float | None = setting(None, "every dropout probability of a fresh model (default: the config's, 0.1 "
                                           "in the presets; Cramming pretrains with 0)", low=0, below=1)
+    recipe: str | None = setting(None, "a named recipe for a fresh BERT (train/recipes.py): rotary, the paper's "
+                                       "with RoFormer's rotary positions, recommended: it learned the most per second "
+                                       "of the recipes measured here (bench/README.md, 'What pretraining learns'); "
+                                       "paper, Devlin et al.'s as it is (what no --recipe gives)",
+                                 choices=tuple(RECIPES))
     positions: str | None = setting(None, "a fresh BERT's positions: absolute, a learned table added to the "
                                           "embeddings (the paper's; default), or rotary, each head's queries and keys "
                                           "turned by their position (RoFormer: attention to neighbours from the "
@@ -149,11 +155,27 @@ def evaluator(eval_data: PretrainingData | BlendedData, batch_size: int, max_bat
     return evaluate
 
 
+def with_recipe(s: PretrainSettings) -> PretrainSettings:
+    """The settings a --recipe names, filled in; one given beside it must agree with it."""
+    if s.recipe is None:
+        return s
+    if s.init is not None:
+        raise UserError(f"--recipe {s.recipe} sets a fresh model's {' and '.join(RECIPES[s.recipe]) or 'settings'}; "
+                        "an --init model keeps its config's")
+    for name, value in RECIPES[s.recipe].items():
+        given = getattr(s, name)
+        if given is not None and given != value:
+            raise UserError(f"--{name.replace('_', '-')} {given}: --recipe {s.recipe} is {name} {value}; give one "
+                            "of the two")
+    return dataclasses.replace(s, **RECIPES[s.recipe])
+
+
 def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print,
                     dist: Dist | None = None) -> dict:
     """Everything is read and checked before the run folder is touched (rundir.RunFolder); a
     resumed run takes its model config from the run folder."""
     dist = dist or Dist()
+    s = with_recipe(s)
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     try:
         specs = parse_data(s.data)

@@ -8,7 +8,8 @@ beside a budget's steps, batch and learning rate.
           probes on 2 CPU cores (bench/README.md, "What pretraining learns"); its checkpoints are
           RoFormer's, which transformers loads.
 
-`demo` and `compare` take one with --recipe (the default: DEFAULT).
+`demo` and `compare` take one with --recipe (the default: DEFAULT), and so does `pretrain` (train/pretrain.py
+with_recipe: no --recipe there is the paper's, a checkpoint transformers' BertForPreTraining loads).
 """
 
 RECIPES: dict[str, dict[str, object]] = {"paper": {}, "rotary": {"positions": "rotary"}}
