@@ -90,6 +90,7 @@ def test_every_process_leaves_the_process_group_however_its_run_ends(command, en
     monkeypatch.setattr(*((pretrain, "run_pretraining") if command == "pretrain" else (finetune, "run_finetuning")), run)
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "a", "label": "x"}\n')
+    (tmp_path / "config.json").write_text("{}")  # --model: a model folder (the run itself is replaced)
     argv = (["pretrain", "--data", tmp_path, "--out", tmp_path / "out", "--config", "tiny"] if command == "pretrain" else
             ["finetune", "--task", "classification", "--model", tmp_path, "--train", data, "--out", tmp_path / "out"])
     code = main([str(a) for a in argv])
