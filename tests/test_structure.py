@@ -1,5 +1,5 @@
 """The package's shape: layers that import only downwards, no import cycles, every module named in the
-README's layout, and the paper's files free of speed machinery (docs/architecture.md, principle 1)."""
+layout in docs/architecture.md, and the paper's files free of speed machinery (docs/architecture.md, principle 1)."""
 
 import ast
 from pathlib import Path
@@ -134,10 +134,10 @@ def test_the_layer_check_sees_a_wrong_import():
         layer("torchbert.nowhere")
 
 
-def test_the_readme_layout_names_every_module():
-    """A newcomer finds any file from the README's layout in one guess: each module has its line, under
+def test_the_documented_layout_names_every_module():
+    """A newcomer finds any file from docs/architecture.md's layout in one guess: each module has its line, under
     its package's line."""
-    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    readme = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
     block = readme.split("**Layout.**", 1)[1].split("```", 2)[1]
     named, package = set(), ""
     for line in block.splitlines():
@@ -150,5 +150,5 @@ def test_the_readme_layout_names_every_module():
     files = {str(f.relative_to(SRC / "torchbert")) for f in (SRC / "torchbert").rglob("*.py")
              if f.name not in ("__init__.py", "__main__.py")}
     assert "apps/serve.py" in named and "model.py" in named  # the parse sees the layout
-    assert not files - named, f"README's layout does not name {sorted(files - named)}"
-    assert not {n for n in named if n.endswith(".py")} - files, "README's layout names files that do not exist"
+    assert not files - named, f"docs/architecture.md's layout does not name {sorted(files - named)}"
+    assert not {n for n in named if n.endswith(".py")} - files, "docs/architecture.md's layout names files that do not exist"
