@@ -238,3 +238,23 @@ def test_from_your_bert_to_search_runs_as_written_on_the_demos_bert(shell, tmp_p
     scope = shell.python(python)
     assert len(scope["vectors"][0].embedding) == 64  # dimensions=64: the Matryoshka size it was trained for
     assert [r["index"] for r in scope["ranked"]["results"]] in ([0], [1])
+
+
+@pytest.mark.e2e
+def test_the_quickstart_runs_as_written_and_writes_what_transformers_loads(shell, tmp_path):
+    """The README's quickstart (one epoch): a fixed WNUT-16 split, MiniLM fine-tuned for NER, scored and
+    predicted; the run folder is what transformers' BertForTokenClassification loads."""
+    import json
+
+    import transformers
+
+    (_, code), = marked_blocks("after nothing but the set-up commands")
+    outputs = shell.run(code)
+    scores = json.loads(outputs[-2])
+    assert {"f1", "precision", "recall"} <= set(scores) and scores["token_accuracy"] > 0.9  # (1 epoch: O mostly)
+    records = [json.loads(x) for x in (tmp_path / "runs/ner/test.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 400 and all(len(r["words"]) == len(r["tags"]) for r in records)
+    theirs = transformers.BertForTokenClassification.from_pretrained(tmp_path / "runs/ner")
+    assert set(theirs.config.id2label.values()) >= {"O", "B-person"}
+    for name in ("metrics.json", "loss.png", "dev.png", "dev_predictions.jsonl"):
+        assert (tmp_path / "runs/ner" / name).is_file(), name
