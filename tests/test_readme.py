@@ -133,8 +133,10 @@ class Shell:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        given = argv[argv.index("--port") + 1]
-        argv = [*argv[:argv.index("--port")], "--port", str(port), *argv[argv.index("--port") + 2:]]
+        if "--port" not in argv:
+            argv = [*argv, "--port", "8000"]  # serve's default
+        at = argv.index("--port")
+        given, argv = argv[at + 1], [*argv[:at], "--port", str(port), *argv[at + 2:]]
         log = open(self.folder / f"serve-{given}.log", "w")
         self.servers.append((subprocess.Popen([sys.executable, "-m", "torchbert", *argv], cwd=self.folder,
                                               stdout=log, stderr=subprocess.STDOUT), log))
@@ -193,7 +195,7 @@ def test_your_own_bert_from_a_folder_of_jsonl_gz_to_served_models(shell, tmp_pat
     import gzip
     import json
 
-    from torchbert.apps.samples import (documents, inverse_cloze, jsonl_text, peoples_daily_paragraphs,
+    from torchbert.apps.samples import (corpus_text, documents, inverse_cloze, jsonl_text, peoples_daily_paragraphs,
                                         sentiment_reviews, tsv_text)
 
     paragraphs = [p for p in peoples_daily_paragraphs() if p]
@@ -210,6 +212,18 @@ def test_your_own_bert_from_a_folder_of_jsonl_gz_to_served_models(shell, tmp_pat
     pairs = inverse_cloze(paragraphs[900:], seed=0)
     (tmp_path / "pairs.jsonl").write_text(jsonl_text(pairs[:64]), encoding="utf-8")
     (tmp_path / "dev_pairs.jsonl").write_text(jsonl_text(pairs[64:96]), encoding="utf-8")
+    # and for the next blocks: news/*.jsonl.zst, wiki/ (text files), crawl.parquet, each with its own documents
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    more = documents(paragraphs[1200:1600], 5)
+    (tmp_path / "news").mkdir(), (tmp_path / "wiki").mkdir()
+    for k in range(2):
+        text = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in more[k:40:2])
+        (tmp_path / "news" / f"part-{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    (tmp_path / "wiki" / "a.txt").write_text(corpus_text(more[40:60]), encoding="utf-8")
+    pq.write_table(pa.table({"text": more[60:]}), tmp_path / "crawl.parquet")
 
     (_, code), = marked_blocks("on a small corpus in this layout")
     outputs = shell.run(code)
@@ -218,6 +232,21 @@ def test_your_own_bert_from_a_folder_of_jsonl_gz_to_served_models(shell, tmp_pat
     assert len(predicted) == 1 and predicted[0]["label"] in {"pos", "neg"}
     vector = json.loads(outputs[-1])["data"][0]["embedding"]
     assert len(vector) == 128 and abs(sum(x * x for x in vector) - 1) < 1e-3  # tiny: hidden 128, unit length
+
+    # "More of the pretraining data": files, folders and globs in one prepare; packed sentences; a blend
+    for mark in ('after "Your own BERT"', "after the prepare block above"):
+        (_, more), = marked_blocks(mark)
+        shell.run(more)
+    settings = {name: json.loads((tmp_path / name / "manifest.json").read_text())["settings"]
+                for name in ("mixed", "packed", "news-data", "wiki-data")}
+    assert settings["mixed"]["corpus"] == ["news/*.jsonl.zst", "wiki/", "crawl.parquet"]  # as given
+    counts = {name: json.loads((tmp_path / name / "manifest.json").read_text())["counts"]
+              for name in ("mixed", "packed", "news-data", "wiki-data")}
+    # every document of the three sources, each once: the jsonl.zst files', the text folder's, the Parquet's
+    assert counts["mixed"]["documents"] == 80 == counts["news-data"]["documents"] + counts["wiki-data"]["documents"]
+    assert counts["packed"]["is_random_next"] == 0 and counts["packed"]["documents"] == len(docs)
+    assert settings["packed"]["pairs"] == "none" and settings["news-data"]["pairs"] == "nsp"
+    assert json.loads((tmp_path / "blend" / "metrics.json").read_text())["steps"] == 6
 
 
 @pytest.mark.e2e
@@ -258,3 +287,30 @@ def test_the_quickstart_runs_as_written_and_writes_what_transformers_loads(shell
     assert set(theirs.config.id2label.values()) >= {"O", "B-person"}
     for name in ("metrics.json", "loss.png", "dev.png", "dev_predictions.jsonl"):
         assert (tmp_path / "runs/ner" / name).is_file(), name
+
+
+@pytest.mark.e2e
+def test_serve_runs_as_written_and_answers_curl_and_openais_client_alike(shell, minilm_dir):
+    """The README's serve blocks: the packaged MiniLM served, called with curl's request and with
+    OpenAI's client; the vectors are sentence-transformers' (unit length, 384 wide)."""
+    import json
+
+    import numpy as np
+
+    (_, bash), (_, python) = marked_blocks("against the packaged MiniLM")
+    data = json.loads(shell.run(bash)[-1])["data"]
+    assert [d["index"] for d in data] == [0, 1] and len(data[0]["embedding"]) == 384
+    vectors = np.array(shell.python(python)["vectors"])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
+
+
+def test_every_shell_block_is_run_here_or_says_why_not():
+    """Each bash block of the README is run by a test above, or its mark says why it is not (and where
+    its commands are tested instead): a new block cannot slip in untried."""
+    text = README.read_text(encoding="utf-8")
+    unmarked = []
+    for m in FENCE.finditer(text):
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        if m.group(1) == "bash" and not before.startswith((MARK, "<!-- not run by tests/test_readme.py")):
+            unmarked.append(m.group(2).splitlines()[0])
+    assert not unmarked, unmarked
