@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from clihelp import cli
@@ -29,6 +30,9 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
                  "summary.json", "gain.png", "examples.predictions.jsonl"):
         assert (out / path).is_file(), path
     s = json.loads((out / "summary.json").read_text())
+    # every plot the demo writes is named in its summary
+    assert [Path(p).name for p in s["pretraining"]["plots"]] == ["loss.png", "accuracy.png", "learning.png"]
+    assert "learning.png" in (out / "summary.md").read_text()
     steps = [0, 2, 4, QUICK.pretrain_steps]
     assert set(s["cells"]) == {f"{t}/{n}" for t in TASKS for n in steps}
     for key, c in s["cells"].items():

@@ -132,7 +132,8 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
         "quick": quick, "budget": budget, "settings": asdict(b), "data": info, "seconds": None,
         "labelled_examples": b.low,
         "pretraining": {**pretraining["bert"], "steps": b.pretrain_steps, "heldout_by_step": heldout,
-                        "plots": [str(bert / "loss.png"), str(bert / "accuracy.png")], "checkpoint": str(bert)},
+                        "plots": [str(bert / n) for n in ("loss.png", "accuracy.png", "learning.png")
+                                  if (bert / n).is_file()], "checkpoint": str(bert)},
         "cells": cells, "gains": gains, "stage_seconds": r.times,
         "examples": [{"text": t, "label": p["label"], "probability": p["probability"]}
                      for t, p in zip(EXAMPLES, predictions)],
