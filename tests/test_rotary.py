@@ -216,6 +216,9 @@ def test_rotary_pretrains_resumes_and_every_command_takes_it(prepared, tmp_path,
     shutil.rmtree(run / "checkpoints" / "step-00000010")
     code, _, err = pretrain(run, "--steps", "10", "--resume", "--positions", "absolute")
     assert code == 2 and "--positions absolute differs from the run's rotary" in err
+    code, _, err = pretrain(run, "--steps", "10", "--resume", "--recipe", "paper")  # the paper's: absolute
+    assert code == 2 and ("--recipe paper (positions absolute) differs from the run's rotary; leave --recipe out "
+                          "to resume it") in err
     code, _, err = pretrain(run, "--steps", "10", "--resume", "--recipe", "rotary")  # the command that started it
     assert code == 0, err
     a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")

@@ -162,12 +162,13 @@ def with_recipe(s: PretrainSettings) -> PretrainSettings:
     if s.init is not None:
         raise UserError(f"--recipe {s.recipe} sets a fresh model's {' and '.join(RECIPES[s.recipe]) or 'settings'}; "
                         "an --init model keeps its config's")
-    for name, value in RECIPES[s.recipe].items():
+    implied = {"positions": "absolute", **RECIPES[s.recipe]}  # the paper's, which a recipe may change
+    for name, value in implied.items():
         given = getattr(s, name)
         if given is not None and given != value:
             raise UserError(f"--{name.replace('_', '-')} {given}: --recipe {s.recipe} is {name} {value}; give one "
                             "of the two")
-    return dataclasses.replace(s, **RECIPES[s.recipe])
+    return dataclasses.replace(s, **implied)  # on --resume, checked against the run's own (check_resumed)
 
 
 def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print,
@@ -380,8 +381,9 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
         raise UserError(f"--dropout {s.dropout} differs from the dropout the run in {s.out} started with; "
                         "leave --dropout out to resume it")
     if s.positions is not None and s.positions != config.position_embedding_type:
-        raise UserError(f"--positions {s.positions} differs from the run's {config.position_embedding_type}; "
-                        "leave --positions out to resume it")
+        flag = f"--recipe {s.recipe} (positions {s.positions})" if s.recipe else f"--positions {s.positions}"
+        raise UserError(f"{flag} differs from the run's {config.position_embedding_type}; leave "
+                        f"{flag.split()[0]} out to resume it")
     if s.config is not None:
         given = model_config(s.config, data.vocab_size, data.max_seq_len, family)
         if s.dropout is not None:
