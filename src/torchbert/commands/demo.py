@@ -23,10 +23,10 @@ reviews; People's Daily names for NER), each with 200 labelled training examples
 dev and test splits -> vocab and prepare on a corpus of the People's Daily text and 4,000 training
 reviews, with no dev or test text (NSP pairs, whole-word masking with jieba) -> pretrain (tiny
 preset, 2,000 steps of 32 x 128, a checkpoint each quarter) -> finetune from random weights and
-from the checkpoints at 500, 1,000 and 2,000 steps on both tasks: the learning rate chosen on dev, then 3 seeds scored on test
--> predict on example reviews. OUT gets summary.md and summary.json (the gain over random weights
+from the checkpoints at 500, 1,000 and 2,000 steps on both tasks: the learning rate chosen on dev,
+then 3 seeds scored on test -> predict on example reviews. OUT gets summary.md and summary.json (the gain over random weights
 at each amount of pretraining, and where it first exceeds twice its standard error), gain.png,
-the pretraining's loss and accuracy plots, and every run. An earlier finished demo's folder is
+the pretraining's loss, accuracy and learning plots, and every run. An earlier finished demo's folder is
 replaced. Each stage's results stay as soon as it finishes: an interrupted demo (Ctrl-C, SIGTERM)
 or one whose stage failed keeps them, and `torchbert demo --resume` (same flags) runs only the rest
 and ends with the summary an uninterrupted run gives.

@@ -78,8 +78,9 @@ def run(args) -> None:
 
         if s.task is not None:
             raise UserError("--task: a reranker is scored as a search with --first-stage; leave --task out")
-        scores = run_rerank_evaluate(model_dir, Path(s.data), resolve_model(s.first_stage, "--first-stage"), s.top_k, device,
-                                     args.batch_size, progress=not args.quiet, precision=precision)
+        first = resolve_model(s.first_stage, "--first-stage")
+        scores = run_rerank_evaluate(model_dir, Path(s.data), first, s.top_k, device, args.batch_size,
+                                     progress=not args.quiet, precision=precision)
     else:
         scores, _ = run_evaluate(model_dir, Path(s.data), s.task, device,
                                  args.batch_size, progress=not args.quiet, precision=precision)

@@ -61,8 +61,9 @@ def fewer_note(tok, asked: int, min_frequency: int) -> str:
     from ..tokenizer import _is_cjk
 
     chinese = sum(1 for t in tok.vocab if len(t) == 1 and _is_cjk(t))
-    why = (f"; {chinese:,} of them are Chinese characters, each a token of its own (BERT's tokenizer splits "
-           "Chinese text into characters, so they never merge into longer pieces)") if chinese > tok.vocab_size // 4 else ""
+    why = "" if chinese <= tok.vocab_size // 4 else (
+        f"; {chinese:,} of them are Chinese characters, each a token of its own (BERT's tokenizer splits Chinese "
+        "text into characters, so they never merge into longer pieces)")
     return (f"note: {tok.vocab_size:,} tokens, fewer than --vocab-size {asked:,}: every pair of pieces that the "
             f"corpus holds at least --min-frequency {min_frequency} times was merged and none is left{why}; more "
             "text, or a lower --min-frequency, gives more")

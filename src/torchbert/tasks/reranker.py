@@ -16,7 +16,7 @@ labels (for one positive, the cross-entropy of picking it: Localized Contrastive
 al. 2021); pointwise, binary cross-entropy of each pair's score against its label (monoBERT; the
 sentence-transformers CrossEncoder's BinaryCrossEntropyLoss). Scores: each query's own candidates
 ranked (candidates_ndcg@10, candidates_mrr@10, candidates_recall@1 and their mean number: how it
-orders what it is given, not a search; `evaluate --first-stage` scores it as one, eval/rerank.py).
+orders what it is given, not a search; `evaluate --first-stage` scores it as one: run_rerank_evaluate below).
 """
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ def first_stage(model_dir, queries: list[str], passages: list[str], k: int, devi
     from ..model import BertModel
     from ..tokenizer import BertTokenizer
 
-    model = fast.at_precision(BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval().to(device), precision)
+    model = BertModel.from_pretrained(model_dir, add_pooling_layer=False)  # the pooling reads the tokens
+    model = fast.at_precision(model.eval().to(device), precision)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     pooling = folder_pooling(model_dir)
 

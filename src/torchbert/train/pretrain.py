@@ -159,10 +159,10 @@ def with_recipe(s: PretrainSettings) -> PretrainSettings:
     """The settings a --recipe names, filled in; one given beside it must agree with it."""
     if s.recipe is None:
         return s
-    if s.init is not None:
-        raise UserError(f"--recipe {s.recipe} sets a fresh model's {' and '.join(RECIPES[s.recipe]) or 'settings'}; "
-                        "an --init model keeps its config's")
     implied = {"positions": "absolute", **RECIPES[s.recipe]}  # the paper's, which a recipe may change
+    if s.init is not None:
+        raise UserError(f"--recipe {s.recipe} sets a fresh model's {' and '.join(implied)}; an --init model keeps "
+                        "its config's")
     for name, value in implied.items():
         given = getattr(s, name)
         if given is not None and given != value:
