@@ -52,6 +52,37 @@ def test_embed_jsonl_to_safetensors_with_minilm_alias(tmp_path, capsys, expected
     assert_parity(got, expected)
 
 
+def test_embed_reads_the_jsonl_field_text_field_names(tmp_path, capsys, expected):
+    src = tmp_path / "pairs.jsonl"
+    src.write_text("".join(json.dumps({"query": t, "positive": "x"}, ensure_ascii=False) + "\n" for t in TEXTS))
+    code, _, _ = run(capsys, "embed", "--model", "minilm", "--input", str(src), "--text-field", "query", "--out",
+                     str(tmp_path / "q.npy"), "--normalize", "--quiet", "--precision", "fp32")
+    assert code == 0
+    assert_parity(np.load(tmp_path / "q.npy"), expected)
+    code, _, err = run(capsys, "embed", "--model", "minilm", "--input", str(src), "--out", str(tmp_path / "t.npy"))
+    assert code == 2 and f"{src}:1: expected an object with a string 'text' field" in err
+    txt = tmp_path / "in.txt"
+    txt.write_text("a\n")
+    code, _, err = run(capsys, "embed", "--model", "minilm", "--input", str(txt), "--text-field", "query", "--out",
+                       str(tmp_path / "t.npy"))
+    assert code == 2 and "--text-field query" in err and "not .jsonl" in err
+
+
+def test_embed_checks_layers_against_the_model_before_reading_texts(tmp_path, capsys, minilm_dir):
+    from clihelp import tiny_bert
+
+    tiny_bert_dir = tiny_bert(tmp_path / "tiny", minilm_dir)
+    src = tmp_path / "in.txt"
+    src.write_text("one line\n")
+    code, _, err = run(capsys, "embed", "--model", str(tiny_bert_dir), "--input", str(src), "--out",
+                       str(tmp_path / "e.npy"), "--layers", "sum_last_four")
+    assert code == 2 and "--layers sum_last_four: sum_last_four needs at least 4 layers; this model has 2" in err
+    assert "text/s" not in err and not (tmp_path / "e.npy").exists()
+    code, _, err = run(capsys, "embed", "--model", str(tiny_bert_dir), "--input", str(src), "--out",
+                       str(tmp_path / "e.npy"), "--layers", "-4")
+    assert code == 2 and "layer -4 out of range for a model with 2 layers" in err
+
+
 def test_embed_layers_and_pooling(tmp_path, capsys, minilm_dir):
     src = tmp_path / "in.txt"
     src.write_text("one line\nanother line\n")

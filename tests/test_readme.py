@@ -61,6 +61,7 @@ SHRINK = {"pretrain": {"--steps": "6", "--batch-size": "8", "--save-every": "3",
           "vocab": {"--vocab-size": "3000"},
           "prepare": {"--heldout-docs": "5"},
           "finetune": {"--epochs": "1", "--max-length": "32"}}
+ADDED = {"finetune": {"--epochs": "1"}}  # and where the README leaves the flag at its default
 
 
 def marked_blocks(mark: str) -> list[tuple[str, str]]:
@@ -87,7 +88,10 @@ def commands(code: str) -> list[list[str]]:
 
 def shrunk(argv: list[str]) -> list[str]:
     sizes = SHRINK.get(argv[0], {})
-    return [sizes.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+    argv = [sizes.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+    if "--help" in argv:
+        return argv
+    return argv + [x for flag, value in ADDED.get(argv[0], {}).items() if flag not in argv for x in (flag, value)]
 
 
 class Shell:
@@ -112,7 +116,10 @@ class Shell:
                 from torchbert.cli import main
 
                 self.capsys.readouterr()
-                code_ = main(shrunk(argv[1:]))
+                try:
+                    code_ = main(shrunk(argv[1:]))
+                except SystemExit as e:  # --help
+                    code_ = e.code
                 out, err = self.capsys.readouterr()
                 assert code_ == 0, f"{shlex.join(argv)}: exit {code_}\n{err[-3000:]}"
                 outputs.append(out)
@@ -188,97 +195,75 @@ def shell(tmp_path, capsys, monkeypatch):
     s.close()
 
 
-@pytest.mark.e2e
-def test_your_own_bert_from_a_folder_of_jsonl_gz_to_served_models(shell, tmp_path):
-    """The README's "Your own BERT" block, in order, on a corpus in its layout: a folder of .jsonl.gz
-    files with the text under "content", reviews to classify and pairs to search by."""
+def your_files(folder: Path) -> None:
+    """What the README says is the user's own: "Your own BERT"'s folder of .jsonl.gz files with the
+    text under "content", reviews to classify and pairs to search by; "More of the pretraining data"'s
+    news/*.jsonl.zst, wiki/ (text files) and crawl.parquet, each with documents of its own."""
     import gzip
     import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
 
     from torchbert.apps.samples import (corpus_text, documents, inverse_cloze, jsonl_text, peoples_daily_paragraphs,
                                         sentiment_reviews, tsv_text)
 
     paragraphs = [p for p in peoples_daily_paragraphs() if p]
-    (tmp_path / "corpus").mkdir()
+    (folder / "corpus").mkdir()
     docs = documents(paragraphs[:900], 5)
     for k in range(3):
-        with gzip.open(tmp_path / "corpus" / f"news-{k}.jsonl.gz", "wt", encoding="utf-8") as f:
+        with gzip.open(folder / "corpus" / f"news-{k}.jsonl.gz", "wt", encoding="utf-8") as f:
             f.writelines(json.dumps({"id": i, "content": d}, ensure_ascii=False) + "\n" for i, d in
                          enumerate(docs[k::3]))
-    (tmp_path / "reviews").mkdir()
+    (folder / "reviews").mkdir()
     reviews = sentiment_reviews()
-    (tmp_path / "reviews" / "train.tsv").write_text(tsv_text(reviews[:160]), encoding="utf-8")
-    (tmp_path / "reviews" / "dev.tsv").write_text(tsv_text(reviews[160:200]), encoding="utf-8")
+    (folder / "reviews" / "train.tsv").write_text(tsv_text(reviews[:160]), encoding="utf-8")
+    (folder / "reviews" / "dev.tsv").write_text(tsv_text(reviews[160:200]), encoding="utf-8")
     pairs = inverse_cloze(paragraphs[900:], seed=0)
-    (tmp_path / "pairs.jsonl").write_text(jsonl_text(pairs[:64]), encoding="utf-8")
-    (tmp_path / "dev_pairs.jsonl").write_text(jsonl_text(pairs[64:96]), encoding="utf-8")
-    # and for the next blocks: news/*.jsonl.zst, wiki/ (text files), crawl.parquet, each with its own documents
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import zstandard
-
+    (folder / "pairs.jsonl").write_text(jsonl_text(pairs[:64]), encoding="utf-8")
+    (folder / "dev_pairs.jsonl").write_text(jsonl_text(pairs[64:96]), encoding="utf-8")
     more = documents(paragraphs[1200:1600], 5)
-    (tmp_path / "news").mkdir(), (tmp_path / "wiki").mkdir()
+    (folder / "news").mkdir(), (folder / "wiki").mkdir()
     for k in range(2):
         text = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in more[k:40:2])
-        (tmp_path / "news" / f"part-{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
-    (tmp_path / "wiki" / "a.txt").write_text(corpus_text(more[40:60]), encoding="utf-8")
-    pq.write_table(pa.table({"text": more[60:]}), tmp_path / "crawl.parquet")
+        (folder / "news" / f"part-{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+    (folder / "wiki" / "a.txt").write_text(corpus_text(more[40:60]), encoding="utf-8")
+    pq.write_table(pa.table({"text": more[60:]}), folder / "crawl.parquet")
 
-    (_, code), = marked_blocks("on a small corpus in this layout")
-    outputs = shell.run(code)
-    assert json.loads((tmp_path / "bert" / "config.json").read_text())["model_type"] == "roformer"  # --recipe rotary
-    predicted = json.loads(outputs[-2])["predictions"]
-    assert len(predicted) == 1 and predicted[0]["label"] in {"pos", "neg"}
-    vector = json.loads(outputs[-1])["data"][0]["embedding"]
-    assert len(vector) == 128 and abs(sum(x * x for x in vector) - 1) < 1e-3  # tiny: hidden 128, unit length
 
-    # "More of the pretraining data": files, folders and globs in one prepare; packed sentences; a blend
-    for mark in ('after "Your own BERT"', "after the prepare block above"):
-        (_, more), = marked_blocks(mark)
-        shell.run(more)
-    settings = {name: json.loads((tmp_path / name / "manifest.json").read_text())["settings"]
-                for name in ("mixed", "packed", "news-data", "wiki-data")}
-    assert settings["mixed"]["corpus"] == ["news/*.jsonl.zst", "wiki/", "crawl.parquet"]  # as given
-    counts = {name: json.loads((tmp_path / name / "manifest.json").read_text())["counts"]
-              for name in ("mixed", "packed", "news-data", "wiki-data")}
-    # every document of the three sources, each once: the jsonl.zst files', the text folder's, the Parquet's
-    assert counts["mixed"]["documents"] == 80 == counts["news-data"]["documents"] + counts["wiki-data"]["documents"]
-    assert counts["packed"]["is_random_next"] == 0 and counts["packed"]["documents"] == len(docs)
-    assert settings["packed"]["pairs"] == "none" and settings["news-data"]["pairs"] == "nsp"
-    assert json.loads((tmp_path / "blend" / "metrics.json").read_text())["steps"] == 6
+def every_marked_block() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(mark, its blocks) for each of the README's marks for this test, in the README's order."""
+    text = README.read_text(encoding="utf-8")
+    return [(m.group(0), marked_blocks(m.group(0))) for m in re.finditer(re.escape(MARK) + r"[^\n]*", text)]
 
 
 @pytest.mark.e2e
-def test_from_your_bert_to_search_runs_as_written_on_the_demos_bert(shell, tmp_path):
-    """The README's search blocks, in order, on a `--quick` demo's BERT (runs/demo/pretrain/bert): the
-    training files from `samples`, every score, both servers, OpenAI's client and httpx."""
+def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
+    """Every block of the README marked for this test, in the README's order, in one fresh folder,
+    each using only what the set-up command (a `--quick` demo), the blocks before it and the user's own
+    files (your_files) made: no name of one block's output is clobbered by another's, no port taken
+    twice. Then what each section says it made is checked."""
     import json
+
+    import numpy as np
+    import transformers
+    from safetensors.numpy import load_file
 
     from torchbert.cli import main
 
-    assert main(["demo", "--quick", "--out", "runs/demo"]) == 0
-    (_, bash), (_, python) = marked_blocks("on a `--quick` demo's BERT")
-    outputs = shell.run(bash)
-    scores = [json.loads(x) for x in outputs if x.lstrip().startswith("{")]
-    assert [sorted(k for k in x if k.startswith("ndcg")) for x in scores] == [["ndcg@10", "ndcg@10_d64"], ["ndcg@10"],
-                                                                               ["ndcg@10"]]
-    assert "first_stage_ndcg@10" in scores[2] and scores[2]["top_k"] == 20
-    scope = shell.python(python)
-    assert len(scope["vectors"][0].embedding) == 64  # dimensions=64: the Matryoshka size it was trained for
-    assert [r["index"] for r in scope["ranked"]["results"]] in ([0], [1])
+    assert main(["demo", "--quick", "--out", "runs/demo"]) == 0  # `bash scripts/demo.sh`, at --quick's size
+    your_files(tmp_path)
+    ran: dict[str, list] = {}
+    for mark, blocks in every_marked_block():
+        ran[mark] = [shell.run(code) if language == "bash" else shell.python(code) for language, code in blocks]
+    assert len(ran) == 9, list(ran)
 
+    def section(words: str) -> list:
+        return next(outputs for mark, outputs in ran.items() if words in mark)
 
-@pytest.mark.e2e
-def test_the_quickstart_runs_as_written_and_writes_what_transformers_loads(shell, tmp_path):
-    """The README's quickstart (one epoch): a fixed WNUT-16 split, MiniLM fine-tuned for NER, scored and
-    predicted; the run folder is what transformers' BertForTokenClassification loads."""
-    import json
-
-    import transformers
-
-    (_, code), = marked_blocks("after nothing but the set-up commands")
-    outputs = shell.run(code)
+    # the quickstart: WNUT-16 NER with MiniLM (1 epoch), scored, predicted; what transformers loads
+    outputs, = section("after nothing but the set-up commands")
     scores = json.loads(outputs[-2])
     assert {"f1", "precision", "recall"} <= set(scores) and scores["token_accuracy"] > 0.9  # (1 epoch: O mostly)
     records = [json.loads(x) for x in (tmp_path / "runs/ner/test.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -288,19 +273,63 @@ def test_the_quickstart_runs_as_written_and_writes_what_transformers_loads(shell
     for name in ("metrics.json", "loss.png", "dev.png", "dev_predictions.jsonl"):
         assert (tmp_path / "runs/ner" / name).is_file(), name
 
+    # "Your own BERT": from .jsonl.gz files to a served classifier and search service
+    outputs, = section("on a small corpus in this layout")
+    assert json.loads((tmp_path / "bert" / "config.json").read_text())["model_type"] == "roformer"  # --recipe rotary
+    predicted = json.loads(outputs[-2])["predictions"]
+    assert len(predicted) == 1 and predicted[0]["label"] in {"pos", "neg"}
+    vector = json.loads(outputs[-1])["data"][0]["embedding"]
+    assert len(vector) == 128 and abs(sum(x * x for x in vector) - 1) < 1e-3  # tiny: hidden 128, unit length
 
-@pytest.mark.e2e
-def test_serve_runs_as_written_and_answers_curl_and_openais_client_alike(shell, minilm_dir):
-    """The README's serve blocks: the packaged MiniLM served, called with curl's request and with
-    OpenAI's client; the vectors are sentence-transformers' (unit length, 384 wide)."""
-    import json
+    # "More of the pretraining data": files, folders and globs in one prepare; packed sentences; a blend
+    manifests = {name: json.loads((tmp_path / name / "manifest.json").read_text())
+                 for name in ("mixed", "packed", "news-data", "wiki-data")}
+    settings = {name: m["settings"] for name, m in manifests.items()}
+    counts = {name: m["counts"] for name, m in manifests.items()}
+    assert settings["mixed"]["corpus"] == ["news/*.jsonl.zst", "wiki/", "crawl.parquet"]  # as given
+    # every document of the three sources, each once: the jsonl.zst files', the text folder's, the Parquet's
+    assert counts["mixed"]["documents"] == 80 == counts["news-data"]["documents"] + counts["wiki-data"]["documents"]
+    assert counts["packed"]["is_random_next"] == 0 and counts["packed"]["documents"] == 180
+    assert settings["packed"]["pairs"] == "none" and settings["news-data"]["pairs"] == "nsp"
+    assert json.loads((tmp_path / "blend" / "metrics.json").read_text())["steps"] == 6
 
-    import numpy as np
+    # fine-tuning your BERT on People's Daily's names: scored and predicted, a transformers checkpoint
+    outputs, = section("after the blend's")
+    scores = next(json.loads(x) for x in outputs if x.lstrip().startswith("{"))  # evaluate's
+    assert {"f1", "precision", "recall", "token_accuracy"} <= set(scores)
+    tags = [json.loads(x) for x in (tmp_path / "tags.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(tags) == 1000 and all(len(r["words"]) == len(r["tags"]) for r in tags)
+    assert "--task" in outputs[-1] and "token" in outputs[-1]  # finetune --help
+    assert len(json.loads((tmp_path / "pd-ner/config.json").read_text())["id2label"]) == 7  # O, B/I of 3 kinds
 
-    (_, bash), (_, python) = marked_blocks("against the packaged MiniLM")
-    data = json.loads(shell.run(bash)[-1])["data"]
+    # embeddings from any BERT: MiniLM's of the 1,000 test queries; the paper's features from your BERT
+    outputs, = section("after the fine-tuning block above")
+    queries = np.load(tmp_path / "queries.npy")
+    assert queries.shape == (1000, 384) and np.allclose(np.linalg.norm(queries, axis=1), 1, atol=1e-3)
+    sentences = (tmp_path / "data/pdr/sentences.txt").read_text(encoding="utf-8").splitlines()
+    assert load_file(tmp_path / "feats.safetensors")["embeddings"].shape == (len(sentences), 128)
+    assert "--text-field" in outputs[-1]
+
+    # from the demo's BERT to search: every score's name, the reranker as a search, both servers
+    outputs, scope = section("on a `--quick` demo's BERT")
+    scores = [json.loads(x) for x in outputs if x.lstrip().startswith("{")]
+    assert [sorted(k for k in x if k.startswith("ndcg")) for x in scores] == [["ndcg@10", "ndcg@10_d64"], ["ndcg@10"],
+                                                                               ["ndcg@10"]]
+    assert "first_stage_ndcg@10" in scores[2] and scores[2]["top_k"] == 20
+    assert len(scope["vectors"][0].embedding) == 64  # dimensions=64: the Matryoshka size it was trained for
+    assert [r["index"] for r in scope["ranked"]["results"]] in ([0], [1])
+
+    # BERT against its predecessors: GPT and ELMo pretrained on the same data and fine-tuned alike
+    section("after the fine-tuning and embedding blocks above")
+    assert json.loads((tmp_path / "gpt/config.json").read_text())["model_type"] == "openai-gpt"
+    for name in ("ner-gpt", "ner-elmo"):
+        assert "f1" in json.loads((tmp_path / name / "metrics.json").read_text()), name
+
+    # serve: the packaged MiniLM, called with curl's request and with OpenAI's client alike
+    (outputs, scope) = section("against the packaged MiniLM")
+    data = json.loads(outputs[-1])["data"]
     assert [d["index"] for d in data] == [0, 1] and len(data[0]["embedding"]) == 384
-    vectors = np.array(shell.python(python)["vectors"])
+    vectors = np.array(scope["vectors"])
     assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
 
 

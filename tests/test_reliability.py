@@ -358,7 +358,8 @@ def test_truncated_encoding_reads_only_a_head_and_equals_the_whole(minilm_dir):
         sep = rng.choice([" ", "", "\n"])
         text = sep.join(rng.choice(words) for _ in range(n))
         for max_length in (8, 32, 128, 512):
-            whole = [e.ids for e in tok._encode_batch([text], add_special_tokens=True, truncate_to=max_length)]
+            whole = [e.ids for chunk in tok._encode_chunks([text], add_special_tokens=True, truncate_to=max_length)
+                     for e in chunk]
             assert tok.encode_ids([text], max_length=max_length, truncation=True) == whole, (trial, max_length)
     huge = "word " * 10_000_000  # 50 MB: b0c3a35 tokenized all of it for a vector cut to 512 tokens
     assert len(tok._head(huge, 512)) < 100_000

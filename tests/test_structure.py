@@ -152,3 +152,14 @@ def test_the_documented_layout_names_every_module():
     assert "apps/serve.py" in named and "model.py" in named  # the parse sees the layout
     assert not files - named, f"docs/architecture.md's layout does not name {sorted(files - named)}"
     assert not {n for n in named if n.endswith(".py")} - files, "docs/architecture.md's layout names files that do not exist"
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_longer_than_a_reader_holds():
+    """The house rule: no module of src/ above 600 lines; a longer one is split where its parts meet
+    (as data/compressed.py and data/plan.py came out of sources.py and pipeline.py)."""
+    long = {str(f.relative_to(SRC)): n for f in SRC.rglob("*.py")
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -737,3 +737,26 @@ def test_a_folder_with_only_tokenizer_json_loads_with_the_same_ids(tmp_path, min
     (folder / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no vocab.txt \(or tokenizer.json\) in this folder"):
         BertTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("padding", [True, "max_length"])
+def test_a_batch_over_several_chunks_pads_as_one(tok, hf, chinese, english, padding):
+    """Encoded CHUNK inputs at a time (a truncated Rust encoding holds every window cut off it), padded
+    afterwards: the batch is the reference's, padded to its longest sequence across chunks (or to
+    max_length), offsets and word ids included."""
+    from torchbert.tokenizer import CHUNK
+
+    texts = (chinese + english)[:2 * CHUNK + 37]
+    pairs = texts[5:] + texts[:5]
+    assert len(texts) > 2 * CHUNK
+    kw = dict(truncation="longest_first", max_length=48, padding=padding, return_offsets_mapping=True)
+    ours = tok(texts, pairs, return_tensors="pt", **kw)
+    ref = hf(texts, pairs, return_tensors="pt", **kw)
+    for key in ("input_ids", "token_type_ids", "attention_mask", "offset_mapping"):
+        assert torch.equal(ours[key], ref[key]), key
+    assert ours["input_ids"].shape[1] == 48  # the longest pair reaches max_length, in some chunk
+    ours = tok(texts, pairs, return_word_ids=True, **kw)
+    ref = hf(texts, pairs, **kw)
+    assert ours["word_ids"] == [ref.word_ids(i) for i in range(len(texts))]
+    short = tok(["a"] * CHUNK + ["a b c d e f"], padding=True)  # the longest alone in the second chunk
+    assert {len(r) for r in short["input_ids"]} == {8} and short["attention_mask"][0] == [1, 1, 1] + [0] * 5

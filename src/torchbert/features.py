@@ -52,17 +52,22 @@ def needs_all_layers(strategy: str | int) -> bool:
     return parse_strategy(strategy) != "last"
 
 
-def combine_layers(hidden_states: Sequence[Tensor], strategy: str | int = "last") -> Tensor:
-    """hidden_states: the N+1 outputs (embeddings, then each layer), each [..., H]."""
+def check_strategy(strategy: str | int, n: int) -> str | int:
+    """The strategy, checked against a model of n encoder layers (before any text is read)."""
     strategy = parse_strategy(strategy)
-    hs = hidden_states
-    n = len(hs) - 1  # encoder layers
-    if isinstance(strategy, int):
-        if not -len(hs) <= strategy < len(hs):
-            raise ValueError(f"layer {strategy} out of range for a model with {n} layers (0..{n})")
-        return hs[strategy]
+    if isinstance(strategy, int) and not -(n + 1) <= strategy <= n:
+        raise ValueError(f"layer {strategy} out of range for a model with {n} layers (0..{n})")
     if strategy in ("sum_last_four", "concat_last_four") and n < 4:
         raise ValueError(f"{strategy} needs at least 4 layers; this model has {n}")
+    return strategy
+
+
+def combine_layers(hidden_states: Sequence[Tensor], strategy: str | int = "last") -> Tensor:
+    """hidden_states: the N+1 outputs (embeddings, then each layer), each [..., H]."""
+    hs = hidden_states
+    strategy = check_strategy(strategy, len(hs) - 1)
+    if isinstance(strategy, int):
+        return hs[strategy]
     if strategy == "embeddings":
         return hs[0]
     if strategy == "last":

@@ -76,3 +76,25 @@ def test_peoples_daily_retrieval_is_the_inverse_cloze_task_with_apart_splits(tmp
     assert len(sentences) == len(set(sentences)) > 15_000 and min(map(len, sentences)) >= 4
     held = "".join(seen[0] | seen[1])
     assert sum(x in held for x in sentences[:300]) <= 3  # (a short common sentence may recur in another paragraph)
+
+
+def test_peoples_daily_ner_tags_the_corpus_names_with_apart_paragraphs(tmp_path, capsys):
+    from torchbert.apps.samples import NER_HELD, NER_TRAIN, peoples_daily_lines, peoples_daily_ner
+
+    assert cli(capsys, "samples", "peoples-daily-ner", "--out", tmp_path)[0] == 0
+    splits = {s: read_examples(tmp_path / f"{s}.conll", "token") for s in ("train", "dev", "test")}
+    assert {s: len(x) for s, x in splits.items()} == {"train": NER_TRAIN, "dev": NER_HELD, "test": NER_HELD}
+    tags = collections.Counter(t for x in splits.values() for e in x for t in e.tags)
+    assert set(tags) == {"O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"} and tags["B-LOC"] > 1000
+    # by hand: the corpus writes 江泽民 as two nr words (江/nr  泽民/nr), one person
+    assert any("江/nr  泽民/nr" in line for line in peoples_daily_lines())
+    tagged = [e for x in splits.values() for e in x if "江泽民" in "".join(e.words)]
+    at = "".join(tagged[0].words).index("江泽民")
+    assert tagged[0].tags[at:at + 3] == ["B-PER", "I-PER", "I-PER"]
+    # whole paragraphs: test from the month's last, dev before them, train from the others
+    where = collections.defaultdict(set)
+    for p, chars, _ in peoples_daily_ner():
+        where["".join(chars)].add(p)
+    texts = {s: ["".join(e.words) for e in x] for s, x in splits.items()}
+    assert min(max(where[t]) for t in texts["test"]) > max(min(where[t]) for t in texts["dev"])
+    assert min(max(where[t]) for t in texts["dev"]) > max(min(where[t]) for t in texts["train"])

@@ -42,7 +42,8 @@ from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import RECIPES
 from ..train.recipes import TEXT as RECIPE_TEXT
 from .stages import Stages
-from .samples import corpus_text, documents, peoples_daily_lines, peoples_daily_paragraphs, sentiment_reviews, tsv_text
+from .samples import (corpus_text, documents, peoples_daily_ner, peoples_daily_paragraphs,
+                      sentiment_reviews, tsv_text)
 
 MARKER = ".torchbert-compare"
 SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
@@ -93,36 +94,6 @@ QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max
 
 
 # -- the tasks' data ---------------------------------------------------------------------------------
-
-ENTITY = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
-
-
-def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
-    """(paragraph index, characters, BIO tags) per sentence of People's Daily: nr, ns and nt words are
-    person, place and organization names; adjacent words of one kind are one name (江/nr 泽民/nr)."""
-    out = []
-    for p, line in enumerate(peoples_daily_lines()):
-        chars: list[str] = []
-        tags: list[str] = []
-        previous = None
-        for token in line.split():
-            word, _, tag = token.lstrip("[").rpartition("/")
-            tag = tag.split("]")[0]
-            if not word:
-                continue
-            kind = ENTITY.get(tag)
-            for i, ch in enumerate(word):
-                chars.append(ch)
-                tags.append("O" if kind is None else f"{'I' if i or kind == previous else 'B'}-{kind}")
-            previous = kind
-            if word in "。！？":
-                if 4 <= len(chars) <= 100:
-                    out.append((p, chars, tags))
-                chars, tags, previous = [], [], None
-        if 4 <= len(chars) <= 100:
-            out.append((p, chars, tags))
-    return out
-
 
 def next_sentence_pairs(paragraphs: list[list[str | None]], n: int, seed: int) -> list[dict]:
     """Up to n examples, from adjacent sentences (a, b) of a paragraph (None marks a gap between two

@@ -13,6 +13,9 @@ the same train/dev/test files.
                  and test JSON Lines of {"query": a sentence, "positive": the rest of its paragraph},
                  no paragraph in two of them; sentences.txt, the sentences of the training paragraphs,
                  one a line (raw text, for unsupervised SimCSE)
+  peoples-daily-ner  the same paragraphs' sentences tagged by character with the names in them
+                 (person, place, organization, from the corpus's nr/ns/nt words): train/dev/test CoNLL,
+                 dev and test whole paragraphs from the end of the month
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ SAMPLES = {
                                ".jsonl, a sentence as the query, the rest of its paragraph as the passage (dev and "
                                "test 1000 each, train the other 3963); sentences.txt, the training paragraphs' "
                                "sentences for SimCSE",
+    "peoples-daily-ner": "Chinese NER (People's Daily names by character: PER, LOC, ORG): train/dev/test .conll, "
+                         "8000/1000/1000 sentences, no paragraph in two of them",
 }
 RETRIEVAL_QUERIES = 1000
 WNUT_DEV = WNUT_TEST = 400
 SENTIMENT_DEV = 1000
+NER_TRAIN, NER_HELD = 8000, 1000
 
 
 def package_dir(name: str) -> Path:
@@ -96,6 +102,53 @@ def peoples_daily_paragraphs() -> list[str]:
     untagged tokens only is "", kept so that the indexes stay the lines')."""
     tagged = re.compile(r"(\S+?)/[A-Za-z]+")
     return ["".join(tagged.findall(line)) for line in peoples_daily_lines()]
+
+
+ENTITY = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
+
+
+def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
+    """(paragraph index, characters, BIO tags) per sentence of People's Daily: nr, ns and nt words are
+    person, place and organization names; adjacent words of one kind are one name (江/nr 泽民/nr)."""
+    out = []
+    for p, line in enumerate(peoples_daily_lines()):
+        chars: list[str] = []
+        tags: list[str] = []
+        previous = None
+        for token in line.split():
+            word, _, tag = token.lstrip("[").rpartition("/")
+            tag = tag.split("]")[0]
+            if not word:
+                continue
+            kind = ENTITY.get(tag)
+            for i, ch in enumerate(word):
+                chars.append(ch)
+                tags.append("O" if kind is None else f"{'I' if i or kind == previous else 'B'}-{kind}")
+            previous = kind
+            if word in "。！？":
+                if 4 <= len(chars) <= 100:
+                    out.append((p, chars, tags))
+                chars, tags, previous = [], [], None
+        if 4 <= len(chars) <= 100:
+            out.append((p, chars, tags))
+    return out
+
+
+def ner_split() -> dict[str, list[tuple[list[str], list[str]]]]:
+    """peoples_daily_ner as train/dev/test: test, then dev, whole paragraphs from the end of the month
+    until each holds NER_HELD sentences; train NER_TRAIN sentences of the other paragraphs, in a fixed
+    shuffle."""
+    by_paragraph: dict[int, list] = {}
+    for p, chars, tags in peoples_daily_ner():
+        by_paragraph.setdefault(p, []).append((chars, tags))
+    held: dict[str, list] = {"test": [], "dev": []}
+    order = sorted(by_paragraph, reverse=True)
+    while len(held["dev"]) < NER_HELD:
+        p = order.pop(0)
+        held["test" if len(held["test"]) < NER_HELD else "dev"].extend(by_paragraph[p])
+    train = [x for p in order for x in by_paragraph[p]]
+    random.Random(0).shuffle(train)
+    return {"train": train[:NER_TRAIN], "dev": held["dev"][:NER_HELD], "test": held["test"][:NER_HELD]}
 
 
 def conll_text(sentences) -> str:
@@ -171,6 +224,8 @@ def write_sample(name: str, out: Path) -> list[Path]:
         files = {"train.jsonl": jsonl_text(pairs[2 * n:]), "dev.jsonl": jsonl_text(pairs[:n]),
                  "test.jsonl": jsonl_text(pairs[n:2 * n]),
                  "sentences.txt": "".join(x + "\n" for x in sentences_of(pairs[2 * n:]))}
+    elif name == "peoples-daily-ner":
+        files = {f"{split}.conll": conll_text(sents) for split, sents in ner_split().items()}
     else:
         files = {"corpus.txt": corpus_text(documents([p for p in peoples_daily_paragraphs() if p], 5))}
     written = []

@@ -1,7 +1,7 @@
 """sentence embeddings (or pooled features) for each line of a file
 
-Embed each text of a .txt (one per line) or .jsonl (a `text` field) file and write one row per text,
-in input order."""
+Embed each text of a .txt (one per line) or .jsonl (a `text` field, or --text-field's) file and write
+one row per text, in input order."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ EPILOG = """\
 examples:
   torchbert embed --model minilm --input sentences.txt --out emb.npy --normalize
   torchbert embed --model ./my-bert --input docs.jsonl --out emb.safetensors --pooling cls
+  torchbert embed --model minilm --input pairs.jsonl --text-field query --out queries.npy
   torchbert embed --model minilm --input words.txt --out feats.npy --layers sum_last_four
 
 --model takes a Hugging Face BERT folder (config.json, model.safetensors or pytorch_model.bin,
@@ -32,7 +33,8 @@ sum_all, sum_last_four, concat_last_four (4H wide), or a layer index (0 = embedd
 
 @dataclass(kw_only=True)
 class EmbedSettings(Checked):
-    input: str = setting(help=".txt (one text per line) or .jsonl (a `text` field)")
+    input: str = setting(help=".txt (one text per line) or .jsonl (a `text` field, or --text-field's)")
+    text_field: str = setting("text", "the field of each .jsonl record that holds its text (as prepare's)")
     out: str = setting(help="output .npy or .safetensors (tensor `embeddings`)")
     pooling: str | None = setting(None, "how tokens become one vector: the [CLS] token, the mean or the max over "
                                         "real tokens (default: the model folder's own, as its sentence-transformers "
@@ -50,7 +52,7 @@ class EmbedSettings(Checked):
 def add(sub) -> None:
     p = command(sub, __name__)
     shared_flags(p, "model")
-    add_flags(p, EmbedSettings, only=("input", "out", "pooling", "layers", "normalize"))
+    add_flags(p, EmbedSettings, only=("input", "text_field", "out", "pooling", "layers", "normalize"))
     shared_flags(p, "batch_size", batch_size="texts per batch (default: 64)")
     add_flags(p, EmbedSettings, only=("max_length", "show_neighbours"))
     shared_flags(p, "device", "threads", "precision", "int8", "quiet")
@@ -59,7 +61,7 @@ def add(sub) -> None:
 def run(args) -> None:
     import numpy as np
 
-    from ..features import embed, parse_strategy
+    from ..features import check_strategy, embed, parse_strategy
     from ..io.files import atomic_write, check_output_file, model_inputs
     from ..io.hf import folder_pooling, read_sentence_transformers
     from ..io.texts import read_texts
@@ -80,10 +82,16 @@ def run(args) -> None:
             s.normalize = bool((read_sentence_transformers(model_dir) or {}).get("normalize"))
     except ValueError as e:
         raise UserError(str(e)) from None
-    texts = read_texts(s.input)
+    if s.text_field != "text" and Path(s.input).suffix.lower() != ".jsonl":
+        raise UserError(f"--text-field {s.text_field}: --input {s.input} is not .jsonl; a .txt file is a text a line")
+    texts = read_texts(s.input, s.text_field)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     device = cpu_for_int8(args)
     model = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval().to(device)  # pooling reads tokens
+    try:
+        check_strategy(s.layers, model.config.num_hidden_layers)
+    except ValueError as e:
+        raise UserError(f"--layers {s.layers}: {e}") from None
     limit = model.config.max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")

@@ -97,7 +97,8 @@ def rates(counts: dict, timings: dict, seconds: float, resumed: bool) -> str:
 
 
 def run(args) -> None:
-    from ..data.pipeline import partial_folder, prepare
+    from ..data.pipeline import prepare
+    from ..data.plan import partial_folder
     from ..data.pretraining import PrepareSettings
 
     settings = settings_from(PrepareSettings, args)  # the flags first: a bad one is named before any file is read

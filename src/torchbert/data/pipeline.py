@@ -20,7 +20,7 @@ The held-out documents (--heldout-docs) are drawn among all documents by the see
 corpus was streamed, and prepared into `heldout/`. With one block (a corpus under --block-mb) the
 shards are those the in-memory recipe makes.
 
-Work happens in `OUT.partial/` beside OUT: `plan.json` (settings, the corpus files with size and
+Work happens in `OUT.partial/` beside OUT: `plan.json` (plan.py: settings, the corpus files with size and
 mtime, the pieces), finished pieces and blocks (each renamed into place whole, so a folder there is
 complete), then `data/`, which becomes OUT in one rename, manifest last. A run that is killed
 keeps OUT.partial; `--resume` redoes only the unfinished tasks and gives the same data.
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import shutil
@@ -51,84 +50,13 @@ from ..io.files import mark, writing
 from .pretraining import (Corpus, PrepareSettings, ShardWriter, Tokens, create_pairs, pack_sentences, split_sentences,
                           tokenize_corpus)
 from .runner import ClusterLost, Runner, check_address, cores, run_round
-from .sources import Piece, Stager, compression
+from .compressed import compression
+from .plan import PLAN, differences, load_plan, make_plan, partial_folder
+from .sources import Piece, Stager
 
-PLAN = "plan.json"
-MAX_BLOCKS = 10_000  # a block is a folder and a task: more is only overhead (the corpus in pieces of < 1 MB)
-PLAN_VERSION = 3          # 3: compressed files in pieces of their text; blocks by the documents' tokens
-PIECE_BYTES = 8 << 20     # a piece of a file's text, and a part of any piece: a worker's text at a time
 BATCH_INSTANCES = 4_000   # instances assembled and masked at a time (masking holds ~120 bytes a token)
 BLOCK_ID = 1 << 36        # block b's instances are numbered from b * BLOCK_ID (for static masks)
 ARRAYS = ("tokens", "word_starts", "sent_lens", "doc_sents", "doc_ids", "blocks")
-
-
-def partial_folder(out: Path) -> Path:
-    return out.with_name(out.name + ".partial")
-
-
-# ----------------------------------------------------------------------------------------------
-# the plan
-
-
-def make_plan(corpus: Sequence, tokenizer_dir, s: PrepareSettings, vocab_sha256: str,
-              announce: Callable[[str], None] | None = None) -> dict:
-    """What the run will do, from the corpus files alone (never from the worker count)."""
-    from .sources import corpus_files, plan_pieces
-
-    files = corpus_files(corpus)
-    block_bytes = max(1, int(s.block_mb * (1 << 20)))
-    pieces = plan_pieces(files, s.format, min(PIECE_BYTES, block_bytes), split_sentences, announce)
-    if not pieces:
-        raise ValueError(f"{', '.join(map(str, corpus))}: the corpus is empty (no text)")
-    text_bytes = sum(p.size for p in pieces)
-    blocks = max(1, -(-text_bytes // block_bytes))
-    if blocks > MAX_BLOCKS:
-        raise ValueError(f"--block-mb {s.block_mb:g}: cuts this corpus ({text_bytes / (1 << 20):,.1f} MB of text) into "
-                         f"{blocks:,} blocks, a folder each; at most {MAX_BLOCKS:,}: give --block-mb "
-                         f"{math.ceil(text_bytes / MAX_BLOCKS / (1 << 20) * 1000) / 1000:g} or more")
-    data = {k: v for k, v in asdict(s).items() if k not in PrepareSettings.RUN_ONLY}
-    return json.loads(json.dumps({  # as it reads back from plan.json (tuples as lists)
-        "version": PLAN_VERSION,
-        "settings": data,
-        "corpus": [str(c) for c in corpus],
-        "files": [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files],
-        "tokenizer": str(Path(tokenizer_dir).resolve()),
-        "vocab_sha256": vocab_sha256,
-        "pieces": [p.to_json() for p in pieces],
-        "blocks": blocks,
-        "piece_bytes": min(PIECE_BYTES, block_bytes),
-        "bytes": sum(p.size for p in pieces),
-    }))
-
-
-def _differences(old: dict, new: dict) -> list[str]:
-    out = []
-    for key, value in new["settings"].items():
-        if old.get("settings", {}).get(key) != value:
-            out.append(f"--{key.replace('_', '-')} {old.get('settings', {}).get(key)} -> {value}")
-    if [f["path"] for f in old.get("files", [])] != [f["path"] for f in new["files"]]:
-        out.append("the corpus files")
-    else:
-        for a, b in zip(old["files"], new["files"]):
-            if a != b:
-                out.append(f"{b['path']} changed since")
-    if old.get("vocab_sha256") != new["vocab_sha256"]:
-        out.append("the tokenizer's vocab")
-    if not out and old != new:
-        out.append("the plan (another torchbert version?)")
-    return out
-
-
-_PLANS: dict[str, tuple[float, dict]] = {}
-
-
-def load_plan(work: Path) -> dict:
-    path = Path(work) / PLAN
-    stamp = path.stat().st_mtime_ns
-    cached = _PLANS.get(str(path))
-    if cached is None or cached[0] != stamp:
-        _PLANS[str(path)] = cached = (stamp, json.loads(path.read_text(encoding="utf-8")))
-    return cached[1]
 
 
 _TOKENIZERS: dict[str, object] = {}
@@ -419,7 +347,7 @@ def _start(work: Path, plan: dict, out: Path, overwrite: bool, resume: bool) -> 
         if resume:
             if old is None:
                 raise ValueError(f"{work}: no readable {PLAN}; start again with --overwrite")
-            diff = _differences(old, plan)
+            diff = differences(old, plan)
             if diff:
                 raise ValueError(f"--resume: {work} was begun with other settings or files ({'; '.join(diff)}); "
                                  "give the same ones, or start again with --overwrite")

@@ -33,7 +33,8 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
     first (an empty file or a bad byte is an error naming the file and line)."""
     from ..io.files import atomic_folder
     from .pretraining import split_sentences
-    from .sources import _inner_suffix, compression, corpus_documents, corpus_files
+    from .compressed import compression
+    from .sources import _inner_suffix, corpus_documents, corpus_files
 
     check_corpus(s.corpus)
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +60,8 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
 def check_corpus(paths: list[str]) -> None:
     """Each plain corpus file exists, holds text, and is valid UTF-8 (the error names the file and
     line), read as a stream; compressed, JSON Lines and Parquet files are checked as they are read."""
-    from .sources import _inner_suffix, compression, corpus_files
+    from .compressed import compression
+    from .sources import _inner_suffix, corpus_files
     from ..io.texts import lines
 
     for path in corpus_files(paths):
