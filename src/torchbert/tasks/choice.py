@@ -19,7 +19,7 @@ from ..eval import metrics
 from ..heads import BertForMultipleChoice
 from ..io.texts import json_records
 from .encode import Encoded, check_room, where_of
-from .families import TaskFamily, register_family
+from .families import GroupedTask, register_family
 from .formats import ID_KEYS, PathLike, existing, find_key, no_examples, read_table, text_field
 
 
@@ -147,7 +147,7 @@ def encode_choices(tokenizer, examples: list[ChoiceExample], max_length: int) ->
     )
 
 
-class ChoiceTask(TaskFamily):
+class ChoiceTask(GroupedTask):
     """One sequence per choice, a score each, softmax over an example's choices (SWAG). The unit of
     batching and of the loss is the example."""
 
@@ -177,22 +177,8 @@ class ChoiceTask(TaskFamily):
     def batch_targets(self, encoded, rows, units):
         return {"labels": torch.tensor([encoded.labels[u] for u in units], dtype=torch.long)}
 
-    def targets(self, batch):
-        return {"labels": batch.labels, "num_choices": batch.num_choices, "max_choices": batch.max_choices}
-
-    def count(self, batch):
-        return int(batch.num_choices.numel())
-
-    def total(self, data):
-        return len(data)
-
-    def predict_inputs(self, batch, encoded):
-        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
-
-    def outputs(self, out, batch, inputs):
-        probs = out.logits.float().softmax(-1).cpu()
-        return [(u, probs[k, :n].tolist()) for k, (u, n) in enumerate(zip(batch.units.tolist(),
-                                                                          batch.num_choices.tolist()))]
+    def row_scores(self, logits):
+        return logits.softmax(-1)  # over an example's choices
 
     def records(self, examples, encoded, outputs, ts, id2label):
         records = []

@@ -254,6 +254,34 @@ class TaskFamily:
         return preset.metric if preset is not None else self.metrics[0]
 
 
+class GroupedTask(TaskFamily):
+    """A family whose example is several sequences scored together: multiple choice's choices, a
+    reranker's candidates. An example's rows are batched together (TaskData's units), the loss and
+    the counts are per example, and the head is told each example's number of rows."""
+
+    def targets(self, batch) -> dict[str, Any]:
+        return {"labels": batch.labels, "num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def count(self, batch) -> int:
+        return int(batch.num_choices.numel())
+
+    def total(self, data) -> int:
+        return len(data)
+
+    def predict_inputs(self, batch, encoded: enc.Encoded) -> dict[str, Any]:
+        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
+
+    def row_scores(self, logits: Tensor) -> Tensor:
+        """[E, max_choices] logits -> what a record shows of each row (a probability)."""
+        raise NotImplementedError
+
+    def outputs(self, out, batch, inputs: dict[str, Any]) -> list[tuple[int, Any]]:
+        """(example, the scores of its own rows) for each example of the batch."""
+        scores = self.row_scores(out.logits.float()).cpu()
+        return [(u, scores[k, :n].tolist()) for k, (u, n) in enumerate(zip(batch.units.tolist(),
+                                                                          batch.num_choices.tolist()))]
+
+
 FAMILIES: dict[str, TaskFamily] = {}  # task type -> its family; the family modules fill it
 
 

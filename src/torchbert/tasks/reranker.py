@@ -35,7 +35,7 @@ from ..losses import choice_block
 from ..io.texts import json_records
 from .embedding import PairExample, _text, pair_from_record, read_pairs
 from .encode import Encoded, check_room, where_of
-from .families import TaskFamily, register_family
+from .families import GroupedTask, register_family
 from .formats import PathLike, existing, no_examples, table_rows
 
 LABELLED = ("query", "passage", "label")
@@ -166,7 +166,7 @@ def encode_reranking(tokenizer, examples: list[RerankExample], max_length: int) 
                    num_choices=[len(ex.passages) for ex in examples])
 
 
-class RerankerTask(TaskFamily):
+class RerankerTask(GroupedTask):
     heads = {"bert": BertForReranking}
     gold = "labels"
     file_format = None  # no hub splits
@@ -214,27 +214,13 @@ class RerankerTask(TaskFamily):
     def batch_targets(self, encoded, rows, units):
         return {"labels": torch.tensor([encoded.labels[r] for r in rows], dtype=torch.float32)}
 
-    def targets(self, batch):
-        return {"labels": batch.labels, "num_choices": batch.num_choices, "max_choices": batch.max_choices}
-
-    def count(self, batch):
-        return int(batch.num_choices.numel())
-
-    def total(self, data):
-        return len(data)
-
     def correct(self, out, batch):
         """Queries whose best-scored passage is a relevant one."""
         labels, _ = choice_block(batch.labels, batch.num_choices, batch.max_choices)
         return (labels.gather(1, out.logits.argmax(-1, keepdim=True)) >= 0.5).sum()
 
-    def predict_inputs(self, batch, encoded):
-        return {"num_choices": batch.num_choices, "max_choices": batch.max_choices}
-
-    def outputs(self, out, batch, inputs):
-        scores = out.logits.float().sigmoid().cpu()
-        return [(u, scores[k, :n].tolist()) for k, (u, n) in enumerate(zip(batch.units.tolist(),
-                                                                          batch.num_choices.tolist()))]
+    def row_scores(self, logits):
+        return logits.sigmoid()  # each candidate's relevance, as CrossEncoder gives it
 
     def records(self, examples, encoded, outputs, ts, id2label):
         """Each example's passages ranked by score (CrossEncoder's: the sigmoid of the logit); for a
