@@ -281,9 +281,10 @@ def test_a_resumed_demo_runs_again_the_stages_whose_outputs_are_gone(tmp_path):
 
 def test_a_resume_refusal_names_a_setting_the_run_started_without(tmp_path):
     from torchbert.errors import UserError
-    from torchbert.train.rundir import resumed, write_record
+    from torchbert.io.record import RunRecord, write_record
+    from torchbert.train.rundir import resumed
 
-    write_record(tmp_path, {"pooling": None, "lr": 1e-4})
+    write_record(tmp_path, RunRecord("finetune", task={}, training={"pooling": None, "lr": 1e-4}))
     with pytest.raises(UserError) as e:
         resumed(tmp_path, {"pooling": "cls", "lr": 1e-4}, ("pooling",))
     assert "--pooling cls: the run in" in str(e.value) and "started without --pooling" in str(e.value), e.value
@@ -309,10 +310,28 @@ def test_a_resumed_pretraining_keeps_its_settings_and_refuses_others(prepared, t
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in rows] == [1e-3] * 5
     assert all(r["tokens"] - p["tokens"] <= 8 * 64 for p, r in zip(rows, rows[1:]))  # 8 sequences of <= 64
-    record = json.loads((run / "training.json").read_text())
-    assert record["lr"] == 1e-3 and record["schedule"] == "constant" and record["steps"] == 5
+    record = json.loads((run / "torchbert.json").read_text())  # the one run record
+    assert record["version"] == 2 and record["made"] == "pretrain" and record["objective"] == "mlm+nsp"
+    training = record["training"]
+    assert training["lr"] == 1e-3 and training["schedule"] == "constant" and training["steps"] == 5
+    assert not (run / "training.json").exists()
     # a flag given with the run's own value is no conflict
     assert cli(capsys, *base, "--steps", "6", "--resume", "--lr", "0.001")[0] == 0
+
+    # a run written by version 1 (training.json beside a torchbert.json without it) resumes alike
+    record = json.loads((run / "torchbert.json").read_text())
+    (run / "training.json").write_text(json.dumps(record.pop("training")))
+    del record["version"]
+    (run / "torchbert.json").write_text(json.dumps(record))
+    line = error_line(capsys, *base, "--steps", "7", "--resume", "--lr", "5e-5")
+    assert "--lr 5e-05" in line and "started with 0.001" in line, line
+    assert cli(capsys, *base, "--steps", "7", "--resume")[0] == 0
+    record = json.loads((run / "torchbert.json").read_text())  # rewritten in this layout once it saved
+    assert record["version"] == 2 and record["training"]["steps"] == 7 and record["training"]["lr"] == 1e-3
+    # and one written by a newer torchbert is refused in words
+    (run / "torchbert.json").write_text(json.dumps({**record, "version": 3}))
+    line = error_line(capsys, *base, "--steps", "8", "--resume")
+    assert "torchbert.json" in line and "newer torchbert" in line, line
 
 
 @pytest.mark.e2e

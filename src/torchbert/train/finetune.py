@@ -35,9 +35,7 @@ from ..errors import UserError
 from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
-from ..io.record import RunRecord
-from ..io.record import read_record as read_run
-from ..io.record import write_record as write_run
+from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.families import TaskSettings, family, resolve_task
@@ -47,7 +45,7 @@ from ..tokenizer import BertTokenizer
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
-from .rundir import RunFolder, fixed, resumed, sha256, write_record
+from .rundir import RunFolder, fixed, resumed, sha256
 from .rundir import resumed_config as resumed_settings
 
 
@@ -146,7 +144,7 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
     fam = family(ts.type)
     if label_map is not None:
         saved = old.get("id2label")
-        earlier = read_run(model_dir)
+        earlier = read_record(model_dir)
         if saved and old.get("architectures", [None])[0] == fam.model_for(config).__name__ and earlier is not None \
                 and earlier.fine_tuned:
             have = [saved[str(i)] if str(i) in saved else saved[i] for i in range(len(saved))]
@@ -256,11 +254,11 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume checks the labels against
             task = {**asdict(ts), **({"tagger": asdict(s.frozen)} if s.frozen is not None else {})}
-            write_run(s.out, RunRecord("finetune", task=task, command=s.command_line))  # what evaluate etc. read
-            write_record(s.out, record)  # and the settings and files it trains with; a resumed run's, once saved
+            # what evaluate etc. read, and the settings and files it trains with (a resumed run's, once saved)
+            write_record(s.out, RunRecord("finetune", task=task, training=record, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
-            write_record(s.out, record)
+            with_training(s.out, record)
             folder.commit(checkpoint)
         scoring = fam.scoring(label_map)
         best = _Best(s.out, fam.best_metric(label_map, preset, dev_examples), dist)
@@ -317,7 +315,7 @@ def check_resumed_task(out: Path, config: BertConfig, ts: TaskSettings) -> None:
     if not path.is_file():
         return  # a run started by an older torchbert: the checkpoint's shapes are checked on load
     saved = BertConfig.load(path).extra
-    run = read_run(out)
+    run = read_record(out)
     old = (run.task or {}).get("type") if run is not None else None
     if old != ts.type:
         raise UserError(f"--resume: the run in {out} fine-tunes a {old} task, not {ts.type}; "

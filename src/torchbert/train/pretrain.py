@@ -32,16 +32,14 @@ from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
-from ..io.record import RunRecord
-from ..io.record import read_record as read_run
-from ..io.record import write_record as write_run
+from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
 from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
 from .recipes import RECIPES
-from .rundir import RunFolder, fixed, write_record
+from .rundir import RunFolder, fixed
 from .rundir import resumed_config as resumed_settings
 
 
@@ -248,15 +246,14 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     model = wrap(model.to(device), dist, device)
 
     with folder.opened(dist):
-        record = fixed(cfg, dist.world_size)  # what --resume trains with
+        training = fixed(cfg, dist.world_size)  # what --resume trains with
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
-            write_run(s.out, RunRecord("pretrain", objective=spec.name, settings=shaping,  # and trains
-                                       command=s.command_line))
-            write_record(s.out, record)  # a resumed run's, once it has saved
+            write_record(s.out, RunRecord("pretrain", objective=spec.name, settings=shaping,  # and trains
+                                       training=training, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
-            write_record(s.out, record)
+            with_training(s.out, training)  # a resumed run's settings, once a checkpoint holds what they made
             folder.commit(checkpoint)
         summary = train(model, data, spec.loss(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)
@@ -323,7 +320,7 @@ def run_objective(out: Path, config) -> str:
     """The objective of the run in `out`, as its run record says (torchbert.json, or an older
     torchbert's config.json). A run of a torchbert older still, by its config: the family by the
     config's class, a BERT's objective by the head its config.json names (none: the paper's)."""
-    run = read_run(out)
+    run = read_record(out)
     if run is not None and run.objective in PRETRAINING:
         return run.objective
     family = model_family(config)
@@ -337,7 +334,7 @@ def run_settings(out: Path, config, spec: PretrainingObjective) -> dict:
     """The settings a run's objective built its model with (its record; an older torchbert's config.json)."""
     if not spec.generator:
         return {}
-    run = read_run(out)
+    run = read_record(out)
     if run is not None and "generator_size" in run.settings:
         return {"generator_size": run.settings["generator_size"]}
     return {"generator_size": float(config.extra.get("torchbert_generator_size", GENERATOR_SIZE))}

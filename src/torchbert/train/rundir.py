@@ -11,9 +11,10 @@ is lost by accident.
     it was. A fresh run that failed before its first checkpoint leaves no folder behind.
   - A process killed in between leaves the earlier run in the hidden sibling; the next run
     started on the same --out names it.
-- `RECORD` (training.json): the settings a run started with, written when it starts. `--resume`
-  continues with them: a flag left out takes the run's value, a flag given with another value is
-  refused (a resumed run that mixed two learning rates or two batch sizes, issue 46, is neither).
+- `fixed(...)`: the settings a run started with, written into its run record (torchbert.json,
+  io/record.py: `training`) when it starts. `--resume` continues with them (`resumed`): a flag left
+  out takes the run's value, a flag given with another value is refused (a resumed run that mixed
+  two learning rates or two batch sizes, issue 46, is neither).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import Interrupted, UserError
-from ..io.files import atomic_write_text, check_apart, check_replaceable, mark
-from ..io.texts import json_loads
+from ..io.files import check_apart, check_replaceable, mark
+from ..io.record import RECORD_FILE, read_record
 from .distributed import Dist
 
 ASIDE = ".replaced-"
@@ -113,7 +114,6 @@ class RunFolder:
             self.log(f"the earlier run in {self.out} is back as it was")
 
 
-RECORD = "training.json"
 # the loop's settings that shape a run's course: a resumed run keeps them (save_every, keep, log_every,
 # eval_every, fast and progress may change: they decide when to write, not what is learned). --steps
 # is kept when left out and may be given anew: a run is extended (or cut short) on purpose.
@@ -137,25 +137,6 @@ def sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def write_record(out: Path, settings: dict) -> None:
-    """The settings this run started with (process 0, once its folder is open)."""
-    atomic_write_text(Path(out) / RECORD, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-
-
-def read_record(out: Path) -> dict:
-    """The settings the run in `out` started with; {} for a run without a record (an older torchbert's)."""
-    path = Path(out) / RECORD
-    if not path.is_file():
-        return {}
-    try:
-        saved = json_loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError):
-        saved = None
-    if not isinstance(saved, dict):
-        raise UserError(f"{path}: not the JSON torchbert wrote; move it aside to resume with the flags as given")
-    return saved
-
-
 def _flag(name: str) -> str:
     return "--batch-size x processes" if name == "global_batch_size" else "--" + name.replace("_", "-")
 
@@ -166,17 +147,18 @@ def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
     field) and is an error when given with another value. Files are recorded by sha256 under
     KEY_sha256 (a changed file is an error); keys the record lacks keep `now`'s value (a run of an
     older torchbert has no record: everything as given)."""
-    saved = read_record(out)
+    record = read_record(out)
+    saved = record.training if record is not None else {}
     merged = dict(now)
     for key, value in saved.items():
         if key.endswith("_sha256") and key[:-len("_sha256")] in now:
             name = key[:-len("_sha256")]
             if now[name] is None:
-                raise UserError(f"{_flag(name)}: the run in {out} started with one (its sha256 is in {RECORD}); "
+                raise UserError(f"{_flag(name)}: the run in {out} started with one (its sha256 is in {RECORD_FILE}); "
                                 "resume with that file, or start again with --overwrite")
             if sha256(now[name]) != value:
                 raise UserError(f"{_flag(name)} {now[name]}: not the file the run in {out} started with (its "
-                                f"sha256 is in {RECORD}); resume with that file, or start again with --overwrite")
+                                f"sha256 is in {RECORD_FILE}); resume with that file, or start again with --overwrite")
             continue
         if key not in now:
             continue
@@ -185,7 +167,7 @@ def resumed(out: Path, now: dict, given: tuple[str, ...] | None) -> dict:
             merged[key] = now[key]
         elif given is None or key in given:
             started = f"without {_flag(key)}" if value is None else f"with {value}"
-            raise UserError(f"{_flag(key)} {mine}: the run in {out} started {started} ({RECORD}); leave "
+            raise UserError(f"{_flag(key)} {mine}: the run in {out} started {started} ({RECORD_FILE}); leave "
                             f"{_flag(key)} out to resume with the run's setting, or start again with --overwrite")
         else:
             merged[key] = value
