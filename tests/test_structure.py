@@ -2,6 +2,7 @@
 layout in docs/architecture.md, and the paper's files free of speed machinery (docs/architecture.md, principle 1)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,8 @@ def test_the_papers_files_hold_no_speed_machinery(name):
 # Bottom to top. A module may import its own layer and those below it, never one above: the paper's
 # files never reach for data or training, the training loop never for an application.
 LAYERS = [
-    ("foundations", ["errors", "io", "config", "settings", "hardware", "packing", "tokenizer", "losses"]),
+    ("foundations", ["errors", "io", "config", "architectures", "settings", "hardware", "packing", "tokenizer",
+                     "losses"]),
     ("models", ["model", "heads", "electra", "baselines", "features", "fast"]),
     ("data", ["data", "tasks", "eval"]),
     ("training", ["train"]),
@@ -163,3 +165,14 @@ def test_no_module_is_longer_than_a_reader_holds():
     long = {str(f.relative_to(SRC)): n for f in SRC.rglob("*.py")
             if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_only_the_architecture_registry_asks_which_architecture_a_model_is():
+    """architectures.py declares what differs between BERT, GPT and ELMo; nothing else asks a config's
+    class (isinstance) or probes a model for an architecture's encoder (hasattr(model, "bert"))."""
+    asks = re.compile(r"isinstance\([^)]*\b(BertConfig|GPTConfig|ELMoConfig)\b"
+                      r"|hasattr\(\w+, \"(bert|transformer|elmo)\"\)")
+    found = [f"{f.relative_to(SRC)}:{n}" for f in SRC.rglob("*.py") if f.name != "architectures.py"
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if asks.search(line)]
+    assert not found, found
+    assert asks.search('if isinstance(config, GPTConfig):') and asks.search('hasattr(model, "bert")')

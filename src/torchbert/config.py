@@ -68,18 +68,6 @@ def check_fields(config) -> None:
             raise ValueError(f"{f.name} must be in [{readable_number(low)}, {readable_number(high)}], got {value!r}")
 
 
-def parameter_estimate(config) -> int:
-    """About how many parameters a model of `config` has (its encoder and embeddings; heads aside):
-    compared with a weights file before anything is allocated."""
-    if isinstance(config, GPTConfig):
-        return bert_body_parameters(config.blocks()) + (config.vocab_size + config.n_positions) * config.n_embd
-    if isinstance(config, ELMoConfig):
-        d, c = config.projection_dim, config.cell_size
-        return 2 * config.vocab_size * d + 2 * config.num_layers * (4 * c * (2 * d + 2) + c * d)
-    table = config.vocab_size + config.type_vocab_size + (0 if config.rotary else config.max_position_embeddings)
-    return bert_body_parameters(config) + table * config.hidden_size
-
-
 def check_memory(config, source: str, copies: int = 1) -> None:
     """Before a model is built from `config` alone (no weights to compare it with): its fp32 weights,
     `copies` times over (training: weights, gradients and Adam's two moments, 4), fit in this
@@ -88,9 +76,9 @@ def check_memory(config, source: str, copies: int = 1) -> None:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not a POSIX system that says
         return
-    need = parameter_estimate(config) * 4 * copies
+    need = config.parameter_estimate() * 4 * copies
     if need > memory:
-        raise ValueError(f"{source}: its sizes imply about {parameter_estimate(config):,} parameters, "
+        raise ValueError(f"{source}: its sizes imply about {config.parameter_estimate():,} parameters, "
                          f"{need / 1e9:,.1f} GB to {'train' if copies > 1 else 'hold'} in fp32, more than this "
                          f"machine's {memory / 1e9:,.1f} GB of memory")
 
@@ -101,6 +89,7 @@ class _JsonConfig:
 
     MODEL_TYPE: ClassVar[str]
     REQUIRED: ClassVar[tuple[str, ...]]
+    READS_SEGMENTS: ClassVar[bool] = False  # token_type_ids reach the model (BERT's segments A and B)
     WRITTEN: ClassVar[dict[str, Any]] = {}  # fixed fields written with every config
 
     @classmethod
@@ -152,6 +141,7 @@ class BertConfig(_JsonConfig):
 
     MODEL_TYPE = "bert"
     REQUIRED = REQUIRED
+    READS_SEGMENTS = True
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -194,6 +184,12 @@ class BertConfig(_JsonConfig):
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def parameter_estimate(self) -> int:
+        """About how many parameters a model of this config has (its encoder and embeddings; heads
+        aside): compared with a weights file before anything is allocated."""
+        table = self.vocab_size + self.type_vocab_size + (0 if self.rotary else self.max_position_embeddings)
+        return bert_body_parameters(self) + table * self.hidden_size
 
     @property
     def rotary(self) -> bool:
@@ -288,6 +284,10 @@ class GPTConfig(_JsonConfig):
                    resid_pdrop=bert.hidden_dropout_prob, embd_pdrop=bert.hidden_dropout_prob,
                    attn_pdrop=bert.attention_probs_dropout_prob, initializer_range=bert.initializer_range)
 
+    def parameter_estimate(self) -> int:
+        """About how many parameters the model has, heads aside (see BertConfig's)."""
+        return bert_body_parameters(self.blocks()) + (self.vocab_size + self.n_positions) * self.n_embd
+
     def blocks(self) -> BertConfig:
         """The BertConfig whose transformer blocks (model.Layer) are GPT's: post-LN, 4H feed-forward."""
         return BertConfig(vocab_size=self.vocab_size, hidden_size=self.n_embd, num_hidden_layers=self.n_layer,
@@ -325,6 +325,11 @@ class ELMoConfig(_JsonConfig):
                              "(each LSTM layer projects its cells down)")
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+
+    def parameter_estimate(self) -> int:
+        """About how many parameters the biLM has (see BertConfig's)."""
+        d, c = self.projection_dim, self.cell_size
+        return 2 * self.vocab_size * d + 2 * self.num_layers * (4 * c * (2 * d + 2) + c * d)
 
     @classmethod
     def like(cls, bert: BertConfig) -> ELMoConfig:
@@ -372,7 +377,7 @@ def check_ids(config: BertConfig | GPTConfig | ELMoConfig, input_ids: Tensor, to
         raise ValueError(f"sequence of {longest} tokens is longer than max_position_embeddings {limit}; "
                          f"truncate it (tokenizer: truncation=True, max_length={limit})")
     tables = {"input_ids": (input_ids, config.vocab_size, "vocab_size")}
-    if isinstance(config, BertConfig) and token_type_ids is not None:
+    if config.READS_SEGMENTS and token_type_ids is not None:
         tables["token_type_ids"] = (token_type_ids, config.type_vocab_size, "type_vocab_size")
     ranges = {name: torch.aminmax(ids) for name, (ids, _, _) in tables.items() if ids.numel()}
     if not ranges or not torch.stack([(lo < 0) | (hi >= tables[name][1]) for name, (lo, hi) in ranges.items()]).any():

@@ -14,7 +14,8 @@ import realdata
 from torchbert import BertConfig
 from torchbert.config import ELMoConfig, GPTConfig
 from torchbert.tasks.batches import TaskData
-from torchbert.tasks.families import ARCHITECTURES, FAMILIES, TaskSettings, register_family
+from torchbert.architectures import ARCHITECTURES
+from torchbert.tasks.families import FAMILIES, TaskSettings, register_family
 from torchbert.tasks.predict import id2label, predict
 from torchbert.tokenizer import BertTokenizer
 

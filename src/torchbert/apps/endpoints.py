@@ -94,9 +94,9 @@ class Embedder:
     def serves(cls, folder: Path, config) -> bool:
         """A BERT's folder, fine-tuned for a task whose family offers embeddings or not fine-tuned (GPT
         and ELMo have no BERT encoder to embed with)."""
-        from ..config import BertConfig
+        from ..architectures import architecture_of
 
-        return isinstance(config, BertConfig) and offered(folder, cls.endpoint, plain=True)
+        return architecture_of(config).embeds and offered(folder, cls.endpoint, plain=True)
 
     @classmethod
     def from_spec(cls, spec, load: bool, loaded: dict) -> Embedder:

@@ -31,18 +31,19 @@ PER_TOKEN = ("last_hidden_state",)  # the encoder's; a task model's: its family'
 
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
     """(model in eval mode, what it is, its output names) for a BERT folder or a torchbert fine-tune."""
-    from ..config import BertConfig, load_config
+    from ..architectures import architecture_of, encoder_of
+    from ..config import load_config
     from ..io.record import read_record
 
     config = load_config(model_dir)
-    if not isinstance(config, BertConfig):
+    if not architecture_of(config).exports:
         raise ValueError(f"{model_dir}: export handles BERT models; this is a {type(config).__name__[:-6]} model")
     record = read_record(model_dir)
     if record is not None and record.fine_tuned:
         from ..tasks.predict import load_finetuned
 
         model, _, ts, _ = load_finetuned(model_dir, None, torch.device("cpu"))
-        if not hasattr(model, "bert"):
+        if encoder_of(model) is None:
             raise ValueError(f"{model_dir}: a feature tagger (finetune --frozen) has no single graph to export")
         outputs, kind = family(ts.type).export_outputs, ts.type
     else:

@@ -53,6 +53,7 @@ def add(sub) -> None:
 def run(args) -> None:
     from ..apps.convert import convert_bert
     from ..io.files import atomic_folder, check_apart
+    from ..architectures import encoder_of
     from ..io.record import RunRecord, write_record
 
     s = settings_from(ConvertSettings, args)
@@ -66,7 +67,7 @@ def run(args) -> None:
     with atomic_folder(out, marked=True) as tmp:  # the whole folder or none
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        electra = not hasattr(model, "bert")  # ELECTRA's discriminator: the encoder alone, as pretrain writes it
+        electra = encoder_of(model) is None  # ELECTRA's discriminator: the encoder alone, as pretrain writes it
         write_record(tmp, RunRecord("convert", objective="electra" if electra else None,
                                     command=args.command_line))
     print(f"wrote {out}: {type(model).__name__}, {model.config.num_hidden_layers} layers of {model.config.hidden_size}, "

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from ..architectures import encoder_of
 from ..heads import MaskedLMHead
 from ..model import SelfAttention
 from .attention import RowsSelfAttention  # and model.ATTENTION["fast"]
@@ -105,7 +106,7 @@ def training(model: nn.Module) -> Iterator[nn.Module]:
         elif type(m) is MaskedLMHead:
             swap(m, FusedMaskedLMHead)
     for m in model.modules():
-        if isinstance(getattr(m, "mlm", None), FusedMaskedLMHead) and hasattr(m, "bert"):
+        if isinstance(getattr(m, "mlm", None), FusedMaskedLMHead) and encoder_of(m) is not None:
             undo.append(m.register_forward_pre_hook(tie_first, with_kwargs=True).remove)
     try:
         yield model

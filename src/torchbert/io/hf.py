@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..architectures import encoder_of
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from .files import atomic_write, atomic_write_text
 from .checkpoint import safe_load
@@ -298,7 +299,7 @@ def gpt_key_map(config: GPTConfig) -> dict[str, tuple[str, bool]]:
 def _gpt_map(model: nn.Module) -> dict[str, tuple[str, bool]]:
     """gpt_key_map with the `transformer.` prefix of a model with a head; the head's own tensors keep
     their names (ours are Hugging Face's: score.weight)."""
-    if not hasattr(model, "transformer"):
+    if encoder_of(model) is None:
         return gpt_key_map(model.config)
     head = {k: (k, False) for k in model.state_dict() if not k.startswith("transformer.")}
     return {**{"transformer." + k: ("transformer." + h, t) for k, (h, t) in gpt_key_map(model.config).items()},
@@ -310,7 +311,7 @@ def gpt_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str
     head the file lacks is missing (left fresh), another model's head is unused; anything else
     unknown or missing is an error."""
     kmap = _gpt_map(model)
-    want_prefix = hasattr(model, "transformer")
+    want_prefix = encoder_of(model) is not None
     state_in = {}
     hf_state = dict(hf_state)
     if "lm_head.weight" in hf_state and not {"tokens_embed.weight", "transformer.tokens_embed.weight"} & set(hf_state):
@@ -358,7 +359,7 @@ ELMO_BODY = ("tokens.", "forward_lstm.", "backward_lstm.")  # ELMoModel's tensor
 def elmo_from_state(model: nn.Module, file_state: dict[str, torch.Tensor], source: str = "checkpoint"):
     """Our own names both ways; the biLM's tensors under `elmo.` in a model with a head, bare in an
     ELMoModel, whichever of the two a file holds. Returns (state, missing, unused) as gpt_from_hf."""
-    prefix = "elmo." if hasattr(model, "elmo") else ""
+    prefix = "elmo." if encoder_of(model) is not None else ""
     params = model.state_dict()
     state, unused = {}, []
     for k, v in file_state.items():
@@ -400,10 +401,8 @@ def check_against_weights(config, folder: Path, file: Path, state: dict[str, tor
     of 10^9 layers would be built until memory ran out), the vocabulary against the config (a
     vocab.txt longer than the embedding table gives ids past it), and every weight finite (a NaN
     weight gives NaN outputs that look like any others)."""
-    from ..config import parameter_estimate
-
     held = sum(t.numel() for t in state.values())
-    implied = parameter_estimate(config)
+    implied = config.parameter_estimate()
     if implied > 2 * held + 10_000_000:
         raise ValueError(f"{config_file or folder / 'config.json'}: its sizes imply about {implied:,} parameters, but "
                          f"{file} holds {held:,}; the config does not belong to these weights")

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..architectures import architecture_of
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from ..io.hf import with_labels
 from ..io.record import RECORD_FILE, read_record
@@ -88,12 +89,6 @@ class TaskSettings(Checked):
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 
 
-def architecture(config: BertConfig | GPTConfig | ELMoConfig) -> str:
-    """The architecture a config builds, as task heads are looked up: bert, gpt or elmo."""
-    return "elmo" if isinstance(config, ELMoConfig) else "gpt" if isinstance(config, GPTConfig) else "bert"
-
-
-ARCHITECTURES = ("bert", "gpt", "elmo")
 
 
 class TaskFamily:
@@ -220,7 +215,7 @@ class TaskFamily:
     def model_for(self, config: BertConfig | GPTConfig | ELMoConfig) -> type[nn.Module]:
         """The task model for a BERT config, or for one of its baselines' (GPT, ELMo): `heads` by
         architecture."""
-        arch = architecture(config)
+        arch = architecture_of(config).name
         if arch not in self.heads:
             if arch == "elmo":
                 raise ValueError(f"{self.type} tasks have no ELMo task model (ELMo's features feed a BiLSTM tagger "

@@ -17,7 +17,7 @@ import torch
 
 from ..baselines.elmo import ELMoForSequenceClassification
 from ..baselines.gpt import OpenAIGPTForSequenceClassification
-from ..config import GPTConfig
+from ..architectures import architecture_of
 from ..eval import metrics
 from ..heads import BertForSequenceClassification
 from ..io.texts import json_records
@@ -332,7 +332,7 @@ class TextTask(TaskFamily):
     def configure(self, config, label_map, ts=None, model_dir=None):
         if self.regression:
             config.extra.update(id2label={"0": "score"}, label2id={"score": 0}, problem_type="regression")
-            if isinstance(config, GPTConfig):  # similarity, as the GPT paper: pairs read in both orders
+            if architecture_of(config).both_orders:  # similarity, as the GPT paper: pairs read in both orders
                 config = replace(config, both_orders=True)
             return config
         return super().configure(config, label_map)

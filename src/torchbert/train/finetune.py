@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import BertConfig, ELMoConfig, GPTConfig, load_config
+from ..architectures import architecture_of, architecture_of_folder
+from ..config import BertConfig, load_config
 from ..errors import UserError
 from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
@@ -82,7 +83,8 @@ class FinetuneSettings(Checked):
         a TrainConfig runs exactly this."""
         loop = {**LOOP_DEFAULTS, **{k: v for k, v in loop.items() if v is not None}}
         if loop["lr"] is None:
-            loop["lr"] = 1e-3 if self.frozen is not None or _is_elmo(self.model) else 5e-5
+            arch = architecture_of_folder(self.model)  # None: run_finetuning says what is wrong with the folder
+            loop["lr"] = 1e-3 if self.frozen is not None else arch.finetune_lr if arch is not None else 5e-5
         return self.with_stride(), TrainConfig(**loop)
 
     def with_stride(self) -> FinetuneSettings:
@@ -122,16 +124,6 @@ def encoding_settings(**given: Any) -> dict[str, Any]:
     (ENCODING_FLAGS), `given` or at its default (the windows' stride None: a third of max_length)."""
     ts = TaskSettings(type="classification", **{"doc_stride": None, **given})
     return {f: getattr(ts, f) for f in ENCODING_FLAGS}
-
-
-def _is_elmo(model: Path) -> bool:
-    from ..io.texts import json_loads
-
-    try:
-        return json_loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("model_type") == \
-            ELMoConfig.MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
-        return False  # run_finetuning says what is wrong with it
 
 
 # -- building the model ------------------------------------------------------------------------------
@@ -202,12 +194,13 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         label_map.check(dev_examples)
     config = task_config(s.model, ts, label_map)
     fam.model_for(config)  # a task without a head for this model is an error before any work
-    if s.frozen is not None and not isinstance(config, BertConfig):
+    arch = architecture_of(config)
+    if s.frozen is not None and not arch.frozen_features:
         raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a {type(config).MODEL_TYPE} model"
-                         + (" (ELMo's task models always read its features frozen)" if isinstance(config, ELMoConfig)
+                         + (" (ELMo's task models always read its features frozen)" if arch.name == "elmo"
                             else ""))
     if s.lm_coef is not None:
-        if not isinstance(config, GPTConfig):
+        if not arch.lm_coef:
             raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")
         config = dataclasses.replace(config, lm_coef=s.lm_coef)
     if s.resume:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..architectures import architecture_of
 from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, check_memory, load_config
 from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
@@ -97,10 +98,6 @@ class PretrainSettings(Checked):
         super().__post_init__()
 
 
-def model_family(config) -> str:
-    return next(spec.family for spec in PRETRAINING.values() if isinstance(config, spec.config_class))
-
-
 def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: str = "bert"):
     """A preset or a config.json. A BERT config gives GPT and ELMo their size: GPT the same shape,
     ELMo as many non-embedding parameters (config.py: GPTConfig.like, ELMoConfig.like)."""
@@ -108,11 +105,11 @@ def model_config(name_or_path: str, vocab_size: int, max_seq_len: int, model: st
         config = BertConfig.from_name(name_or_path, vocab_size=vocab_size)
     else:
         config = load_config(name_or_path)
-    if model != "bert" and isinstance(config, BertConfig):
+    if model != "bert" and architecture_of(config).name == "bert":
         config = pretraining_objective(model).config_class.like(config)
-    elif model_family(config) != model:
-        raise ValueError(f"--config {name_or_path}: a {model_family(config)} config; pretrain it with "
-                         f"--model {model_family(config)}")
+    elif architecture_of(config).name != model:
+        raise ValueError(f"--config {name_or_path}: a {architecture_of(config).name} config; pretrain it with "
+                         f"--model {architecture_of(config).name}")
     if config.vocab_size != vocab_size:
         raise ValueError(f"--config {name_or_path}: vocab_size {config.vocab_size} "
                          f"does not match the data's {vocab_size}")
@@ -275,10 +272,6 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     return summary
 
 
-DROPOUTS = {BertConfig: ("hidden_dropout_prob", "attention_probs_dropout_prob"),
-            GPTConfig: ("resid_pdrop", "embd_pdrop", "attn_pdrop"), ELMoConfig: ("dropout",)}
-
-
 def report_lines(summary: dict, out: Path | str) -> list[str]:
     """What a pretraining run bought, in a few lines: its speed, its objective's held-out line, the count
     tables' scores on the same masks."""
@@ -295,7 +288,7 @@ def report_lines(summary: dict, out: Path | str) -> list[str]:
 
 def with_dropout(config, p: float):
     """The config with every dropout probability set to p."""
-    return dataclasses.replace(config, **dict.fromkeys(DROPOUTS[type(config)], p))
+    return dataclasses.replace(config, **dict.fromkeys(architecture_of(config).dropouts, p))
 
 
 def chosen_objective(s: PretrainSettings, resumed: BertConfig | GPTConfig | ELMoConfig | None) -> PretrainingObjective:
@@ -323,7 +316,7 @@ def run_objective(out: Path, config) -> str:
     run = read_record(out)
     if run is not None and run.objective in PRETRAINING:
         return run.objective
-    family = model_family(config)
+    family = architecture_of(config).name
     if family != "bert":
         return objectives(family)[0]
     head = (config.extra.get("architectures") or ["BertForPreTraining"])[0]
@@ -352,7 +345,8 @@ def check_options(s: PretrainSettings, spec: PretrainingObjective) -> None:
         raise UserError(f"--init is not supported with {spec.flag}: it trains a part that would start from nothing")
 
 
-def architecture(config: BertConfig) -> dict:
+def shape(config: BertConfig) -> dict:
+    """What a config says of the model's shape (its fields, the free-form extra aside)."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "extra"}
 
 
@@ -370,7 +364,7 @@ def resumed_config(s: PretrainSettings) -> BertConfig | GPTConfig | ELMoConfig:
 def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConfig,
                   data: PretrainingData | BlendedData) -> None:
     """A --config, --data or model setting that says otherwise than the resumed run is an error."""
-    family = model_family(config)
+    family = architecture_of(config).name
     size = run_settings(s.out, config, PRETRAINING[run_objective(s.out, config)]).get("generator_size")
     if s.generator_size is not None and size is not None and s.generator_size != size:
         raise UserError(f"--generator-size {s.generator_size} differs from the run's {size}; leave it out to resume")
@@ -387,7 +381,7 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
             given = with_dropout(given, s.dropout)
         if s.positions is not None:
             given = dataclasses.replace(given, position_embedding_type=s.positions)
-        if architecture(given) != architecture(config):
+        if shape(given) != shape(config):
             raise UserError(f"--config {s.config} differs from the config the run in {s.out} started with; "
                             "leave --config out to resume it")
     if config.vocab_size != data.vocab_size:
