@@ -82,12 +82,11 @@ def write_record(folder: str | Path, record: RunRecord) -> None:
     atomic_write_text(Path(folder) / RECORD_FILE, json.dumps(asdict(record), indent=2, sort_keys=True) + "\n")
 
 
-def with_training(folder: str | Path, training: dict[str, Any]) -> None:
+def with_training(folder: str | Path, training: dict[str, Any], made: str) -> None:
     """The record of the run in `folder` with these training settings (a resumed run's, once it has
-    saved a checkpoint trained with them); the rest as the run began."""
-    record = read_record(folder)
-    if record is None:
-        raise ValueError(f"{folder}: no {RECORD_FILE} to add the training settings to")
+    saved a checkpoint trained with them); the rest as the run began (a run that left no record at
+    all, from the oldest torchbert, gets one that says only what `made` it)."""
+    record = read_record(folder) or RunRecord(made)
     write_record(folder, replace(record, training=training, version=VERSION))
 
 

@@ -251,7 +251,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             write_record(s.out, RunRecord("finetune", task=task, training=record, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
-            with_training(s.out, record)
+            with_training(s.out, record, "finetune")
             folder.commit(checkpoint)
         scoring = fam.scoring(label_map)
         best = _Best(s.out, fam.best_metric(label_map, preset, dev_examples), dist)

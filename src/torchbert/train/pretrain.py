@@ -250,7 +250,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                                        training=training, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
-            with_training(s.out, training)  # a resumed run's settings, once a checkpoint holds what they made
+            with_training(s.out, training, "pretrain")  # a resumed run's, once a checkpoint holds its work
             folder.commit(checkpoint)
         summary = train(model, data, spec.loss(), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)
