@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from torchbert.config import load_config
+    from torchbert.architectures import load_config
     from torchbert.heads import BertForMaskedLM
     from torchbert.tokenizer import BertTokenizer
 

@@ -350,19 +350,6 @@ def bert_body_parameters(config: BertConfig) -> int:
     return config.num_hidden_layers * (4 * (h * h + h) + 2 * h * i + i + h + 4 * h)
 
 
-CONFIGS = {c.MODEL_TYPE: c for c in (GPTConfig, ELMoConfig)}  # by config.json's model_type; BERT otherwise
-
-
-def load_config(path: str | os.PathLike) -> BertConfig | GPTConfig | ELMoConfig:
-    """A config.json of any of the models, by its model_type (GPT's is "openai-gpt")."""
-    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    try:
-        model_type = read_json(file, dict, "config.json", CONFIG_BYTES).get("model_type")
-    except (OSError, ValueError):
-        model_type = None  # BertConfig.load says what is wrong with it
-    return CONFIGS.get(model_type, BertConfig).load(path)
-
-
 def check_ids(config: BertConfig | GPTConfig | ELMoConfig, input_ids: Tensor, token_type_ids: Tensor | None = None,
               longest: int | None = None) -> None:
     """Name the culprit of an embedding lookup out of range before a batch reaches the model (else an

@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .architectures import HFCheckpoint
 from .config import BertConfig
 from .heads import init_heads, mlm_targets
-from .io.hf import HFCheckpoint, bert_key_map, convert_to_hf
+from .io.hf import bert_key_map, convert_to_hf
 from .model import BertModel, activation
 
 GENERATOR_SIZE = 0.25  # the generator's width as a share of the discriminator's

@@ -40,7 +40,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import BertConfig
-from .io.hf import HFCheckpoint, write_sentence_transformers
+from .architectures import HFCheckpoint
+from .io.hf import write_sentence_transformers
 from .losses import IGNORE, TaskOutput, choice_block, num_labels, sequence_loss, span_loss, total
 from .model import BertModel, BertOutput, activation, init_weights
 from .packing import length_groups, pool_packed

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .io.hf import HFCheckpoint
+from .architectures import HFCheckpoint
 from .packing import Layout, packed_layout
 
 

@@ -70,7 +70,7 @@ class Embedder:
                  precision: str = "fp32", model=None, tokenizer=None, load: bool = True):
         import torch
 
-        from ..config import load_config
+        from ..architectures import load_config
         from ..fast import at_precision
         from ..io.hf import folder_pooling
         from ..model import BertModel
@@ -168,7 +168,7 @@ class Predictor:
                  load: bool = True):
         import torch
 
-        from ..config import load_config
+        from ..architectures import load_config
         from ..tasks.families import TaskSettings, family
         from ..tasks.predict import id2label, load_finetuned
         from ..tokenizer import BertTokenizer
@@ -260,7 +260,7 @@ class Reranker:
                  precision: str = "fp32", load: bool = True):
         import torch
 
-        from ..config import load_config
+        from ..architectures import load_config
         from ..tasks.families import TaskSettings, family
         from ..tasks.predict import load_finetuned
         from ..tokenizer import BertTokenizer

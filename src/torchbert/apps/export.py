@@ -31,8 +31,7 @@ PER_TOKEN = ("last_hidden_state",)  # the encoder's; a task model's: its family'
 
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
     """(model in eval mode, what it is, its output names) for a BERT folder or a torchbert fine-tune."""
-    from ..architectures import architecture_of, encoder_of
-    from ..config import load_config
+    from ..architectures import architecture_of, encoder_of, load_config
     from ..io.record import read_record
 
     config = load_config(model_dir)

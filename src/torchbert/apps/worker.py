@@ -40,7 +40,7 @@ class Spec:
 def build(spec: Spec, load: bool = True) -> list[Endpoint]:
     """The endpoints that serve the folder (ENDPOINTS' `serves`): a BERT folder serves embeddings; a
     fine-tuned one serves predictions, and embeddings from its encoder when that is a BERT."""
-    from ..config import load_config
+    from ..architectures import load_config
 
     folder = Path(spec.model_dir)
     config = load_config(folder)

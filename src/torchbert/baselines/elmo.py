@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..config import ELMoConfig
-from ..io.hf import HFCheckpoint
+from ..architectures import HFCheckpoint
 from ..losses import IGNORE, TaskOutput, next_tokens, num_labels, previous_tokens, sequence_loss
 from ..packing import pad
 

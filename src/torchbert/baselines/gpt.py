@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import GPTConfig
-from ..io.hf import HFCheckpoint
+from ..architectures import HFCheckpoint
 from ..losses import IGNORE, TaskOutput, choice_block, next_tokens, num_labels, sequence_loss, span_loss
 from ..model import Layer, init_weights
 from ..packing import Layout, packed_layout

@@ -165,7 +165,7 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
     for the model in `model_dir`; a note on stderr says when bf16 was picked, and why. bf16 runs BERT
     encoders: for a GPT or ELMo folder, auto is fp32 and bf16 an error."""
     from .. import hardware
-    from ..config import BertConfig, load_config
+    from ..architectures import architecture_of, load_config
 
     if getattr(args, "int8", False):
         if args.precision == "bf16":
@@ -178,12 +178,12 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
         return "int8"
     try:
         precision, why = hardware.inference_precision(args.precision, device)
-        bert = isinstance(load_config(model_dir), BertConfig)
+        arch = architecture_of(load_config(model_dir))
     except ValueError as e:
         raise UserError(str(e)) from None
-    if precision == "bf16" and not bert:
+    if precision == "bf16" and not arch.bf16:
         if args.precision == "bf16":
-            raise UserError(f"--precision bf16: runs BERT encoders, and {model_dir} holds another model; use fp32")
+            raise UserError(f"--precision bf16: runs BERT encoders, and {model_dir} holds a {arch.name} model; use fp32")
         return "fp32"
     if precision == "bf16":
         print(f"note: computing in bf16 (--precision {args.precision}: {why}); --precision fp32 for fp32's exact "

@@ -98,7 +98,7 @@ def run(args) -> None:
     model_dir = resolve_model(args.model)
     device = cpu_for_int8(args)
     precision = inference_precision(args, device, model_dir)
-    from ..config import load_config
+    from ..architectures import load_config
     from ..io.hf import folder_pooling
 
     try:

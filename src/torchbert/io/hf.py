@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..architectures import encoder_of
-from ..config import BertConfig, ELMoConfig, GPTConfig
-from .files import atomic_write, atomic_write_text
+from ..config import BertConfig, GPTConfig
+from .files import atomic_write_text
 from .checkpoint import safe_load
 from .texts import CONFIG_BYTES, not_a_file, read_json
 
@@ -214,7 +213,12 @@ def _drop_tied_decoder(hf_state: dict[str, torch.Tensor], source: str) -> None:
                       "BERT ties them, so the word embeddings are used", stacklevel=4)
 
 
-def _unprefixed(name: str) -> str:
+def holds(model: nn.Module, prefix: str) -> bool:
+    """Whether the model's tensors are under `prefix`: an encoder inside a model with a head."""
+    return any(k.startswith(prefix) for k in model.state_dict())
+
+
+def unprefixed(name: str) -> str:
     return next((name.removeprefix(p) for p in BACKBONES if name.startswith(p)), name)
 
 
@@ -230,7 +234,7 @@ def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source:
     _drop_tied_decoder(hf_state, source)
 
     unused = sorted(set(hf_state) - expected)
-    unknown = [k for k in unused if not _unprefixed(k).startswith(HF_HEAD_PREFIXES)]
+    unknown = [k for k in unused if not unprefixed(k).startswith(HF_HEAD_PREFIXES)]
     if unknown:
         raise ValueError(f"{source}: unknown tensor(s) {', '.join(unknown[:8])}"
                          f"{' ...' if len(unknown) > 8 else ''} are not part of a BERT checkpoint")
@@ -249,7 +253,7 @@ def convert_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source:
                 raise ValueError(f"{source}: {h} has shape {tuple(hf_state[h].shape)}, "
                                  f"expected {part} for this config")
         state[ours] = torch.cat([hf_state[h] for h in theirs]) if len(theirs) > 1 else hf_state[theirs[0]]
-    backbone = [k for k in missing if _unprefixed(k).startswith(("embeddings.", "encoder."))]
+    backbone = [k for k in missing if unprefixed(k).startswith(("embeddings.", "encoder."))]
     if backbone:
         raise ValueError(f"{source}: missing tensor(s) {', '.join(backbone[:8])}"
                          f"{' ...' if len(backbone) > 8 else ''}")
@@ -299,7 +303,7 @@ def gpt_key_map(config: GPTConfig) -> dict[str, tuple[str, bool]]:
 def _gpt_map(model: nn.Module) -> dict[str, tuple[str, bool]]:
     """gpt_key_map with the `transformer.` prefix of a model with a head; the head's own tensors keep
     their names (ours are Hugging Face's: score.weight)."""
-    if encoder_of(model) is None:
+    if not holds(model, "transformer."):
         return gpt_key_map(model.config)
     head = {k: (k, False) for k in model.state_dict() if not k.startswith("transformer.")}
     return {**{"transformer." + k: ("transformer." + h, t) for k, (h, t) in gpt_key_map(model.config).items()},
@@ -311,7 +315,7 @@ def gpt_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str
     head the file lacks is missing (left fresh), another model's head is unused; anything else
     unknown or missing is an error."""
     kmap = _gpt_map(model)
-    want_prefix = encoder_of(model) is not None
+    want_prefix = holds(model, "transformer.")
     state_in = {}
     hf_state = dict(hf_state)
     if "lm_head.weight" in hf_state and not {"tokens_embed.weight", "transformer.tokens_embed.weight"} & set(hf_state):
@@ -359,7 +363,7 @@ ELMO_BODY = ("tokens.", "forward_lstm.", "backward_lstm.")  # ELMoModel's tensor
 def elmo_from_state(model: nn.Module, file_state: dict[str, torch.Tensor], source: str = "checkpoint"):
     """Our own names both ways; the biLM's tensors under `elmo.` in a model with a head, bare in an
     ELMoModel, whichever of the two a file holds. Returns (state, missing, unused) as gpt_from_hf."""
-    prefix = "elmo." if encoder_of(model) is not None else ""
+    prefix = "elmo." if holds(model, "elmo.") else ""
     params = model.state_dict()
     state, unused = {}, []
     for k, v in file_state.items():
@@ -413,57 +417,6 @@ def check_against_weights(config, folder: Path, file: Path, state: dict[str, tor
     for name, t in state.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"{file}: {name} holds NaN or inf; a model with it gives no finite outputs")
-
-
-def load_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None,
-                    labels: Sequence[str] | None = None, **kwargs):
-    """Build `cls` from a Hugging Face folder (config.json + weights). `labels` names the classes of a
-    new classification head (stored as id2label and label2id, as transformers does)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: not a folder (expected a Hugging Face checkpoint folder)")
-    config = config or cls.config_class.load(path)
-    if labels is not None:
-        config = with_labels(config, labels)
-    file = find_weights(path)
-    hf_state = read_weights(file)
-    check_against_weights(config, path, file, hf_state)
-    model = cls(config, **kwargs)
-    from_file = {GPTConfig: gpt_from_hf, ELMoConfig: elmo_from_state}.get(type(config), convert_from_hf)
-    state, missing, unused = from_file(model, hf_state, source=str(file))
-    model.load_state_dict(state, strict=False)
-    if missing:
-        warnings.warn(f"{file}: no weights for {', '.join(missing)}; they keep their fresh initialization",
-                      stacklevel=3)
-    # a pretraining checkpoint's heads, or a pooler, under a model that has none: what a task model
-    # built on a pretrained encoder leaves out by design (not a warning); other heads are named
-    named = [k for k in unused if not _unprefixed(k).startswith(PRETRAINING_HEADS)]
-    if named:
-        warnings.warn(f"{file}: unused task-head tensors {', '.join(named[:4])}"
-                      f"{f' and {len(named) - 4} more' if len(named) > 4 else ''} (not part of a "
-                      f"{cls.__name__})", stacklevel=3)
-    model.load_report = {"missing": missing, "unused": unused}
-    return model
-
-
-def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
-    """Write config.json and model.safetensors with Hugging Face names; each file atomically."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    arch = getattr(model, "hf_architecture", type(model).__name__)  # our class names are Hugging Face's
-    if getattr(config, "rotary", False):
-        arch = arch.replace("Bert", "RoFormer", 1)
-        if arch == "RoFormerForMultipleChoice":  # its sequence_summary as our pooler: dense, activation, dropout
-            config.extra = {**config.extra, "summary_type": "first", "summary_use_proj": True,
-                            "summary_proj_to_labels": False, "summary_activation": config.hidden_act,
-                            "summary_first_dropout": 0.0, "summary_last_dropout": config.hidden_dropout_prob}
-    config.extra = {**config.extra, "architectures": [arch]}
-    state = {GPTConfig: gpt_to_hf, ELMoConfig: elmo_to_state}.get(type(config), convert_to_hf)(model)
-    atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    config.save(path)
 
 
 def write_sentence_transformers(path: str | os.PathLike, dimension: int, pooling: str, max_seq_length: int) -> None:
@@ -548,18 +501,3 @@ def folder_pooling(path: str | os.PathLike, given: str | None = None) -> str:
         raise ValueError(f"--pooling {given}: {path} was trained to pool by {pooling} (its "
                          f"{'1_Pooling/config.json' if own is not None else 'config.json'}); leave --pooling out")
     return given or pooling or "mean"
-
-
-class HFCheckpoint:
-    """from_pretrained / save_pretrained for every torchbert model, through the key maps above."""
-
-    config_class: type = BertConfig  # what a folder's config.json is read as
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **kwargs):
-        """Load a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin)."""
-        return load_pretrained(cls, path, **kwargs)
-
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write config.json and model.safetensors that `transformers` loads."""
-        save_pretrained(self, path)

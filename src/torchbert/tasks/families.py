@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..architectures import architecture_of
+from ..architectures import ARCHITECTURES, architecture_of
 from ..config import BertConfig, ELMoConfig, GPTConfig
 from ..io.hf import with_labels
 from ..io.record import RECORD_FILE, read_record
@@ -214,15 +214,13 @@ class TaskFamily:
 
     def model_for(self, config: BertConfig | GPTConfig | ELMoConfig) -> type[nn.Module]:
         """The task model for a BERT config, or for one of its baselines' (GPT, ELMo): `heads` by
-        architecture."""
-        arch = architecture_of(config).name
-        if arch not in self.heads:
-            if arch == "elmo":
-                raise ValueError(f"{self.type} tasks have no ELMo task model (ELMo's features feed a BiLSTM tagger "
-                                 "or classifier here): fine-tune a BERT or a GPT for them")
-            raise ValueError(f"{self.type} tasks have no {arch} task model; fine-tune a "
-                             f"{' or a '.join(a.upper() if a != 'bert' else 'BERT' for a in self.heads)} for them")
-        return self.heads[arch]
+        architecture, else the architecture's own head for this task type."""
+        arch = architecture_of(config)
+        if arch.name in self.heads or self.type in arch.heads:
+            return self.heads.get(arch.name) or arch.heads[self.type]
+        able = [a.title for a in ARCHITECTURES.values() if a.name in self.heads or self.type in a.heads]
+        raise ValueError(f"{self.type} tasks have no {arch.title} task model{arch.no_head}; fine-tune a "
+                         f"{' or a '.join(able)} for them")
 
     def configure(self, config: BertConfig, label_map: LabelMap | None, ts: TaskSettings | None = None,
                   model_dir: Path | None = None) -> BertConfig:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import BertConfig, check_ids, load_config
+from ..architectures import load_config
+from ..config import BertConfig, check_ids
 from .. import fast
 from ..fast import threads
 from ..io.record import read_record

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import architecture_of, architecture_of_folder
-from ..config import BertConfig, load_config
+from ..architectures import architecture_of, architecture_of_folder, load_config
+from ..config import BertConfig
 from ..errors import UserError
 from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
@@ -307,7 +307,7 @@ def check_resumed_task(out: Path, config: BertConfig, ts: TaskSettings) -> None:
     path = out / "config.json"
     if not path.is_file():
         return  # a run started by an older torchbert: the checkpoint's shapes are checked on load
-    saved = BertConfig.load(path).extra
+    saved = load_config(path).extra
     run = read_record(out)
     old = (run.task or {}).get("type") if run is not None else None
     if old != ts.type:

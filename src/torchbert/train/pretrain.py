@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..architectures import architecture_of
-from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, check_memory, load_config
+from ..architectures import architecture_of, load_config
+from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, check_memory
 from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
 from ..electra import GENERATOR_SIZE
