@@ -2,17 +2,20 @@
 one place (architectures.py), and what each supports as the commands find it."""
 
 import json
+from dataclasses import dataclass, field
 
 import pytest
 import torch
+from torch import nn
 
 from torchbert import BertConfig, BertModel
 from torchbert.heads import BertForPreTraining
-from torchbert.architectures import (ARCHITECTURES, Architecture, architecture, architecture_of,
-                                     architecture_of_folder, encoder_of, register_architecture)
+from torchbert.architectures import (ARCHITECTURES, Architecture, HFCheckpoint, architecture, architecture_of,
+                                     architecture_of_folder, encoder_of, load_pretrained, register_architecture)
 from torchbert.baselines.elmo import ELMoBiLM, ELMoModel
 from torchbert.baselines.gpt import OpenAIGPTLMHeadModel, OpenAIGPTModel
-from torchbert.config import ELMoConfig, GPTConfig
+from torchbert.config import ELMoConfig, GPTConfig, _JsonConfig
+from torchbert.losses import TaskOutput, num_labels, sequence_loss
 
 
 def configs():
@@ -53,3 +56,138 @@ def test_what_each_supports_is_what_the_commands_allow():
     with pytest.raises(ValueError, match="registered twice"):
         register_architecture(Architecture("bert", BertConfig, "bert", "again"))
     assert list(ARCHITECTURES) == ["bert", "gpt", "elmo"]
+
+
+# -- a toy architecture registered here: a one-layer encoder of its own ---------------------------------
+
+@dataclass
+class ToyConfig(_JsonConfig):
+    """A word embedding, one feed-forward layer and mean pooling: what a new architecture declares."""
+
+    MODEL_TYPE = "torchbert-toy"
+    REQUIRED = ("vocab_size",)
+
+    vocab_size: int = 100
+    hidden_size: int = 16
+    max_position_embeddings: int = 64
+    initializer_range: float = 0.02
+    extra: dict = field(default_factory=dict)
+
+    def parameter_estimate(self) -> int:
+        return self.vocab_size * self.hidden_size + self.hidden_size * (self.hidden_size + 1)
+
+
+class ToyModel(HFCheckpoint, nn.Module):
+    """[B, T] or packed [N] token ids -> [B, H] or [S, H], the mean of each sequence's states."""
+
+    config_class = ToyConfig
+
+    def __init__(self, config: ToyConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layer = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, input_ids, attention_mask=None, cu_seqlens=None):
+        h = torch.tanh(self.layer(self.embeddings(input_ids)))  # [B, T, H] or [N, H]
+        if cu_seqlens is not None:  # packed: sequence s is tokens cu_seqlens[s]:cu_seqlens[s + 1]
+            lengths = cu_seqlens.diff().long()
+            seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+            return torch.zeros(len(lengths), h.shape[-1]).index_add_(0, seq, h) / lengths[:, None]
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        mask = mask.unsqueeze(-1).to(h.dtype)
+        return (h * mask).sum(1) / mask.sum(1)
+
+
+class ToyForSequenceClassification(HFCheckpoint, nn.Module):
+    config_class = ToyConfig
+
+    def __init__(self, config: ToyConfig):
+        super().__init__()
+        self.config = config
+        self.toy = ToyModel(config)
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *, cu_seqlens=None,
+                max_seqlen=None, labels=None):
+        logits = self.classifier(self.toy(input_ids.reshape(-1) if cu_seqlens is not None else input_ids,
+                                          attention_mask, cu_seqlens))  # [B, num_labels]
+        return TaskOutput(None if labels is None else sequence_loss(self.config, logits, labels), logits)
+
+
+def toy_read(model, file_state, source):
+    """The file's tensors by our own names, bare (a ToyModel's) or under `toy.` (a task model's)."""
+    prefix = "toy." if isinstance(getattr(model, "toy", None), ToyModel) else ""
+    params = model.state_dict()
+
+    def ours(name: str) -> str:
+        body = name.removeprefix("toy.")
+        return prefix + body if body.startswith(("embeddings.", "layer.")) else name
+
+    state = {ours(k): v for k, v in file_state.items() if ours(k) in params}
+    unused = sorted(k for k in file_state if ours(k) not in params)
+    return state, sorted(set(params) - set(state)), unused
+
+
+@pytest.fixture
+def toy_architecture():
+    arch = register_architecture(Architecture(
+        "toy", ToyConfig, "toy", "a one-layer encoder registered in a test", exports=True,
+        read=toy_read, write=lambda model: {k: v.contiguous() for k, v in model.state_dict().items()},
+        heads={"classification": ToyForSequenceClassification}))
+    try:
+        yield arch
+    finally:
+        del ARCHITECTURES["toy"]
+
+
+@pytest.mark.e2e
+def test_a_toy_architecture_registered_in_a_test_runs_through_the_commands(toy_architecture, minilm_dir, tmp_path,
+                                                                            capsys):
+    from torchbert.cli import main
+    from torchbert.tasks.families import FAMILIES
+    from torchbert.tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    pretrained = tmp_path / "toy"
+    torch.manual_seed(0)
+    ToyModel(ToyConfig(vocab_size=tokenizer.vocab_size)).save_pretrained(pretrained)
+    tokenizer.save_pretrained(pretrained)
+    assert architecture_of_folder(pretrained) is toy_architecture
+    assert json.loads((pretrained / "config.json").read_text())["model_type"] == "torchbert-toy"
+
+    name, text = FAMILIES["classification"].example_file
+    data = tmp_path / name
+    data.write_text(text, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["finetune", "--task", "classification", "--model", str(pretrained), "--train", str(data),
+                 "--dev", str(data), "--out", str(run), "--epochs", "3", "--batch-size", "2", "--lr", "1e-2",
+                 "--max-length", "32", "--quiet"]) == 0
+    capsys.readouterr()
+    tuned = load_pretrained(ToyForSequenceClassification, run)  # the encoder trained, under the head it got
+    assert not torch.equal(tuned.toy.embeddings.weight, ToyModel.from_pretrained(pretrained).embeddings.weight)
+    assert main(["evaluate", "--model", str(run), "--data", str(data), "--quiet"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert 0 <= scores["accuracy"] <= 1
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", "--model", str(run), "--input", str(data), "--out", str(out), "--quiet"]) == 0
+    records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 4 and {r["label"] for r in records} <= {"pos", "neg"}
+    with torch.no_grad():  # predict's probabilities are the fine-tuned model's own
+        enc = tokenizer([x.split("\t")[0] for x in text.splitlines()[1:]], padding=True, return_tensors="pt")
+        probs = tuned.eval()(enc["input_ids"], enc["attention_mask"]).logits.softmax(-1)
+    labels = tuned.config.extra["id2label"]
+    assert [r["probabilities"][labels["0"]] for r in records] == pytest.approx(probs[:, 0].tolist(), abs=1e-5)
+
+    onnx = tmp_path / "onnx"
+    assert main(["export", "--model", str(run), "--out", str(onnx)]) == 0
+    report = json.loads((onnx / "export.json").read_text())
+    assert report["kind"] == "classification" and max(report["max_abs_diff_fp32"].values()) <= 1e-4
+    assert (onnx / "model.onnx").is_file()
+    capsys.readouterr()
+    # what it does not register is refused in words: a head it has none of, a bare encoder's export
+    assert main(["finetune", "--task", "token", "--model", str(pretrained), "--train", str(data),
+                 "--out", str(tmp_path / "tags"), "--quiet"]) == 2
+    assert "token tasks have no TOY task model; fine-tune a BERT, GPT or ELMo for them" in capsys.readouterr().err
+    assert main(["export", "--model", str(pretrained), "--out", str(tmp_path / "bare")]) == 2
+    assert "a TOY encoder exports once fine-tuned for a task" in capsys.readouterr().err

@@ -43,7 +43,8 @@ class Architecture:
     finetune_lr: float = 5e-5        # finetune's default learning rate
     frozen_features: bool = False    # its hidden layers feed a feature-based tagger (finetune --frozen)
     exports: bool = False            # `export` writes it as ONNX
-    embeds: bool = False             # its encoder gives sentence embeddings (`embed`, serve's /v1/embeddings)
+    embeds: bool = False             # its encoder is a BertModel giving sentence embeddings (`embed`, serve's
+    # /v1/embeddings) and exported bare
     both_orders: bool = False        # a similarity task reads each pair in both orders (the GPT paper)
     lm_coef: bool = False            # fine-tuning may add its language-model loss (finetune --lm-coef)
     dropouts: tuple[str, ...] = ()   # its config's dropout fields, all set by `pretrain --dropout`

@@ -34,9 +34,9 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
     from ..architectures import architecture_of, encoder_of, load_config
     from ..io.record import read_record
 
-    config = load_config(model_dir)
-    if not architecture_of(config).exports:
-        raise ValueError(f"{model_dir}: export handles BERT models; this is a {type(config).__name__[:-6]} model")
+    arch = architecture_of(load_config(model_dir))
+    if not arch.exports:
+        raise ValueError(f"{model_dir}: export handles BERT models; this is a {arch.title} model")
     record = read_record(model_dir)
     if record is not None and record.fine_tuned:
         from ..tasks.predict import load_finetuned
@@ -45,6 +45,8 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
         if encoder_of(model) is None:
             raise ValueError(f"{model_dir}: a feature tagger (finetune --frozen) has no single graph to export")
         outputs, kind = family(ts.type).export_outputs, ts.type
+    elif not arch.embeds:  # the bare encoder exported is BERT's (embeds: its encoder is a BertModel)
+        raise ValueError(f"{model_dir}: a {arch.title} encoder exports once fine-tuned for a task; fine-tune it first")
     else:
         from ..model import BertModel
 

@@ -220,7 +220,7 @@ class TaskFamily:
             return self.heads.get(arch.name) or arch.heads[self.type]
         able = [a.title for a in ARCHITECTURES.values() if a.name in self.heads or self.type in a.heads]
         raise ValueError(f"{self.type} tasks have no {arch.title} task model{arch.no_head}; fine-tune a "
-                         f"{' or a '.join(able)} for them")
+                         f"{' or '.join(filter(None, (', '.join(able[:-1]), able[-1])))} for them")
 
     def configure(self, config: BertConfig, label_map: LabelMap | None, ts: TaskSettings | None = None,
                   model_dir: Path | None = None) -> BertConfig:
