@@ -67,10 +67,11 @@ def minilm() -> Path:
 
 
 def run_torchbert(train: Path, out: Path, seed: int, max_length: int) -> float:
-    from torchbert.train.finetune import FinetuneSettings, encoding_settings, run_finetuning
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.train.finetune import FinetuneSettings, run_finetuning
 
     s = FinetuneSettings(task="embedding", model=minilm(), train=train, out=out, epochs=1.0, warmup_ratio=WARMUP,
-                         encoding=encoding_settings(max_length=max_length))
+                         task_settings=TaskSettings(type="embedding", max_length=max_length))
     s, cfg = s.resolve(batch_size=BATCH, lr=LR, seed=seed, weight_decay=DECAY, max_grad_norm=CLIP, progress=False)
     start = time.perf_counter()
     run_finetuning(s, cfg, log=lambda *a, **k: None)

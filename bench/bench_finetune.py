@@ -93,7 +93,7 @@ from torchbert.eval import metrics  # noqa: E402
 from torchbert.fast import keep_freed_memory  # noqa: E402
 from torchbert.tasks.batches import TaskData  # noqa: E402
 from torchbert.tasks.examples import LabelMap  # noqa: E402
-from torchbert.tasks.families import TaskSettings, family  # noqa: E402
+from torchbert.tasks.families import TaskSettings, family, task_settings  # noqa: E402
 from torchbert.tasks.predict import predict  # noqa: E402
 from torchbert.tokenizer import BertTokenizer  # noqa: E402
 from torchbert.train.finetune import load_task_model, task_config  # noqa: E402
@@ -297,7 +297,7 @@ def torchbert_start(task: str, dev_path: Path, label_map: LabelMap, args: argpar
     """The model torchbert's run starts from (run_finetuning seeds, then loads the task model): its
     classifier's weights, and its dev predictions before any step (records as `torchbert predict` writes)."""
     task_type = TASKS[task][0]
-    ts = TaskSettings(type=task_type, max_length=args.max_length, doc_stride=max(1, args.max_length // 3))
+    ts = task_settings(task_type, TaskSettings(type=task_type, max_length=args.max_length))
     config = task_config(realdata.minilm_dir(), ts, label_map)
     torch.manual_seed(args.seed)
     model = load_task_model(realdata.minilm_dir(), config, ts, log=lambda _: None)

@@ -270,7 +270,8 @@ def training(args: argparse.Namespace) -> None:
     import bench_embedding_training as bet
 
     from torchbert.tasks.predict import run_evaluate
-    from torchbert.train.finetune import FinetuneSettings, encoding_settings, run_finetuning
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.train.finetune import FinetuneSettings, run_finetuning
 
     work = Path(args.work)
     train, dev, test = bench_int8.task_data("sentiment", args)
@@ -284,7 +285,8 @@ def training(args: argparse.Namespace) -> None:
 
     def sentiment(out: Path, seed: int, precision: str) -> tuple[dict, float]:
         s = FinetuneSettings(task="classification", model=realdata.minilm_dir(), train=paths["train"],
-                             dev=paths["dev"], out=out, epochs=2.0, encoding=encoding_settings(max_length=128))
+                             dev=paths["dev"], out=out, epochs=2.0,
+                             task_settings=TaskSettings(type="classification", max_length=128))
         s, cfg = s.resolve(batch_size=32, lr=5e-5, seed=seed, precision=precision, progress=False)
         result = run_finetuning(s, cfg, log=lambda *a, **k: None)
         scores, _ = run_evaluate(out, paths["test"], None, torch.device("cpu"), progress=False)
@@ -292,7 +294,8 @@ def training(args: argparse.Namespace) -> None:
 
     def embedding(out: Path, seed: int, precision: str) -> tuple[dict, float]:
         s = FinetuneSettings(task="embedding", model=realdata.minilm_dir(), train=pairs_path, out=out, epochs=1.0,
-                             warmup_ratio=bet.WARMUP, encoding=encoding_settings(max_length=256))
+                             warmup_ratio=bet.WARMUP,
+                             task_settings=TaskSettings(type="embedding", max_length=256))
         s, cfg = s.resolve(batch_size=bet.BATCH, lr=bet.LR, seed=seed, weight_decay=bet.DECAY,
                            max_grad_norm=bet.CLIP, precision=precision, progress=False)
         result = run_finetuning(s, cfg, log=lambda *a, **k: None)

@@ -59,7 +59,8 @@ def main() -> None:
 
     from torchbert.tasks.predict import run_predict
     from torchbert.tokenizer import BertTokenizer
-    from torchbert.train.finetune import FinetuneSettings, encoding_settings, run_finetuning
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.train.finetune import FinetuneSettings, run_finetuning
 
     torch.set_num_threads(args.threads)
     test, _ = heldout_and_sentences(1)
@@ -86,7 +87,7 @@ def main() -> None:
         work = Path(tmp)
         (work / "train.jsonl").write_text(jsonl_text(pairs), encoding="utf-8")
         s = FinetuneSettings(task="reranker", model=args.model, train=work / "train.jsonl", out=work / "rerank",
-                             epochs=1.0, encoding=encoding_settings(max_length=128))
+                             epochs=1.0, task_settings=TaskSettings(type="reranker", max_length=128))
         s, cfg = s.resolve(batch_size=16, lr=args.lr, seed=args.seed, progress=False)
         start = time.perf_counter()
         run_finetuning(s, cfg, log=lambda *a, **k: None)

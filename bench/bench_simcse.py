@@ -67,7 +67,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from torchbert.train.finetune import FinetuneSettings, encoding_settings, run_finetuning
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.train.finetune import FinetuneSettings, run_finetuning
 
     torch.set_num_threads(args.threads)
     test, sentences = heldout_and_sentences(args.sentences)
@@ -84,7 +85,7 @@ def main() -> None:
             for seed in args.seeds:
                 out = Path(tmp) / f"run-{lr}-{seed}"
                 s = FinetuneSettings(task="embedding", model=args.model, train=corpus, out=out, epochs=1.0,
-                                     encoding=encoding_settings(max_length=args.max_length))
+                                     task_settings=TaskSettings(type="embedding", max_length=args.max_length))
                 s, cfg = s.resolve(batch_size=args.batch_size, lr=lr, seed=seed, progress=False)
                 start = time.perf_counter()
                 run_finetuning(s, cfg, log=lambda *a, **k: None)

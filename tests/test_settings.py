@@ -194,9 +194,10 @@ def test_the_python_api_runs_what_the_command_line_runs(tmp_path):
     args = parse(*argv, "--quiet")
     from_cli = settings(args)
     ours = FinetuneSettings(task="token", model=model, train=Path("t"), out=Path("o"),
-                            encoding={"max_length": 96}).resolve(progress=False)
+                            task_settings=TaskSettings(type="token", max_length=96)).resolve(progress=False)
     assert ours[1] == from_cli[1] and ours[1].lr == 5e-5 and ours[1].seed == 42
-    assert ours[0].encoding["doc_stride"] == from_cli[0].encoding["doc_stride"] == 32
+    assert ours[0].task_settings.doc_stride == from_cli[0].task_settings.doc_stride == 32
+    assert type(from_cli[0].task_settings).__name__ == "TokenSettings"
     assert ours[0].model == from_cli[0].model and ours[0].task == from_cli[0].task
     (model / "config.json").write_text('{"model_type": "torchbert-elmo"}')  # a task model on frozen features: a larger step
     assert settings(parse(*argv))[1].lr == FinetuneSettings(task="token", model=model, train=Path("t"),

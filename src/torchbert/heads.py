@@ -219,15 +219,15 @@ class BertForReranking(BertForSequenceClassification):
     """A cross-encoder: BertForSequenceClassification with one output, the score of a (query, passage)
     pair, and saved as that class (transformers and sentence-transformers' CrossEncoder load it; its
     relevance is the sigmoid of the score). With num_choices [U] (each query's candidate pairs in a
-    row) and labels [S] (each pair's relevance, 0 to 1), the loss of config.extra["rerank_loss"]:
-    listwise, the cross-entropy of the softmax over a query's candidates against its labels (scaled
+    row) and labels [S] (each pair's relevance, 0 to 1), the loss `loss` (a training setting, not
+    the model's: finetune --rerank-loss): listwise, the cross-entropy of the softmax over a query's candidates against its labels (scaled
     to sum to 1); pointwise, the binary cross-entropy of each pair."""
 
     hf_architecture = "BertForSequenceClassification"
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, loss: str = "listwise"):
         super().__init__(config)
-        self.loss_kind = config.extra.get("rerank_loss", "listwise")
+        self.loss_kind = loss
         if self.loss_kind not in ("listwise", "pointwise") or num_labels(config) != 1:
             raise ValueError(f"a reranker has one output and a listwise or pointwise loss, got {num_labels(config)} "
                              f"and {self.loss_kind!r}")
@@ -367,12 +367,14 @@ MAX_SCALE = 100.0  # a learned temperature stops at 0.01 (CLIP's clamp of its lo
 class BertForEmbedding(_TaskModel):
     """BertModel without its pooler; the token states pooled by config.extra["pooling"] (mean, the
     default; or cls). With num_choices [U] (packed rows grouped per example: its query, then its
-    positive passage, then any hard negatives) the loss of in-batch negatives, at the temperature
-    config.extra["temperature"] (learned from there with "learn_temperature"), summed over the full
-    vectors and their first D dimensions for each D of config.extra["matryoshka"] (Matryoshka
-    representation learning, Kusupati et al. 2022: sentence-transformers' MatryoshkaLoss, weights 1)."""
+    positive passage, then any hard negatives) the loss of in-batch negatives, at `temperature`
+    (learned from there with `learn_temperature`), summed over the full vectors and their first D
+    dimensions for each D of config.extra["matryoshka"] (Matryoshka representation learning,
+    Kusupati et al. 2022: sentence-transformers' MatryoshkaLoss, weights 1). The temperature and
+    `mini_batch` are how it trains, given by fine-tuning (finetune's flags), not kept in config.json."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, temperature: float = TEMPERATURE, learn_temperature: bool = False,
+                 mini_batch: int | None = None):
         super().__init__(config, pooler=False)
         extra = config.extra
         self.pooling = extra.get("pooling", "mean")
@@ -382,9 +384,9 @@ class BertForEmbedding(_TaskModel):
         if any(not 1 <= d < config.hidden_size for d in self.dims):
             raise ValueError(f"matryoshka dimensions must be from 1 to {config.hidden_size - 1} (the model's vectors "
                              f"have {config.hidden_size}), got {self.dims}")
-        self.mini_batch = extra.get("mini_batch")  # texts encoded at a time in training, activations recomputed
-        scale = math.log(1.0 / extra.get("temperature", TEMPERATURE))
-        if extra.get("learn_temperature"):
+        self.mini_batch = mini_batch  # texts encoded at a time in training, activations recomputed
+        scale = math.log(1.0 / temperature)
+        if learn_temperature:
             self.logit_scale = nn.Parameter(torch.tensor(scale))  # log(1 / temperature), as CLIP
         else:
             self.register_buffer("logit_scale", torch.tensor(scale), persistent=False)

@@ -95,16 +95,18 @@ def test_the_printed_pretrain_command_gives_the_same_settings(tmp_path):
 
 def test_the_printed_finetune_command_gives_the_same_settings(tmp_path):
     from torchbert.commands.finetune import settings
-    from torchbert.train.finetune import FinetuneSettings, encoding_settings
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.tasks.tagging import TokenSettings
+    from torchbert.train.finetune import FinetuneSettings
 
     (tmp_path / "random").mkdir()
     (tmp_path / "random" / "config.json").write_text("{}")  # a model folder, as --model must be
-    for task, lr, encoding in (("classification", 5e-4, {"max_length": 64}),
-                               ("token", None, {"max_length": 32, "doc_stride": 7, "label_all_subtokens": True})):
+    for task, lr, ts in (("classification", 5e-4, TaskSettings(type="classification", max_length=64)),
+                         ("token", None, TokenSettings(type="token", max_length=32, doc_stride=7,
+                                                       label_all_subtokens=True))):
         s, cfg = FinetuneSettings(task=task, model=tmp_path / "random", train=tmp_path / "train.tsv",
                                   dev=tmp_path / "dev.tsv", out=tmp_path / "run", epochs=15,
-                                  encoding=encoding_settings(**encoding)).resolve(lr=lr, batch_size=16, seed=2,
-                                                                                  progress=False)
+                                  task_settings=ts).resolve(lr=lr, batch_size=16, seed=2, progress=False)
         r = Printed(tmp_path)
         r.finetune("run", s, cfg)
         args = parsed(r.argv)

@@ -97,8 +97,9 @@ def test_finetune_an_embedding_model_and_score_its_retrieval(minilm_dir, tmp_pat
                  "--max-length", "64", "--matryoshka", "64", "--learn-temperature", "--quiet"]) == 0
     metrics = json.loads((run / "metrics.json").read_text())
     assert {"ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "ndcg@10_d64"} <= set(metrics)
-    config = json.loads((run / "config.json").read_text())
-    assert (config["pooling"], config["matryoshka"], config["learn_temperature"]) == ("mean", [64], True)
+    config = json.loads((run / "config.json").read_text())  # what defines the vectors; how it trained is in the record
+    assert (config["pooling"], config["matryoshka"]) == ("mean", [64]) and "learn_temperature" not in config
+    assert json.loads((run / "torchbert.json").read_text())["task"]["learn_temperature"] is True
     capsys.readouterr()
     assert main(["evaluate", "--model", str(run), "--data", str(tmp_path / "dev.jsonl"), "--quiet"]) == 0
     scores = json.loads(capsys.readouterr().out)
@@ -123,7 +124,7 @@ def test_finetune_an_embedding_model_and_score_its_retrieval(minilm_dir, tmp_pat
     assert abs(ours - theirs).max() < 1e-5
 
 
-def _minilm_batch(minilm_dir, extra, negatives=True):
+def _minilm_batch(minilm_dir, given, negatives=True):
     from torchbert.config import BertConfig
     from torchbert.heads import BertForEmbedding
     from torchbert.tasks.batches import TaskData
@@ -134,8 +135,9 @@ def _minilm_batch(minilm_dir, extra, negatives=True):
                 PairExample("2", "中国的首都是哪里？", "北京是中国的首都。", ["上海是中国最大的城市。"] if negatives else []),
                 PairExample("3", "who wrote Hamlet?", "Hamlet was written by Shakespeare.", [])]
     config = BertConfig.load(minilm_dir)
-    config.extra.update(extra)
-    model = BertForEmbedding.from_pretrained(minilm_dir, config=config).eval()
+    config.extra.update({k: v for k, v in given.items() if k == "matryoshka"})  # the head's arguments: the rest
+    model = BertForEmbedding.from_pretrained(minilm_dir, config=config,
+                                             **{k: v for k, v in given.items() if k != "matryoshka"}).eval()
     data = TaskData(encode_pairs(BertTokenizer.from_pretrained(minilm_dir), examples, 128), family("embedding"))
     (batch,) = data.all_batches(16)
     return model, batch, examples
@@ -173,8 +175,9 @@ def test_a_learned_temperature_trains_and_is_saved(minilm_dir, tmp_path):
     with torch.no_grad():
         model.logit_scale.fill_(3.5)
     model.save_pretrained(tmp_path / "m")
-    again = BertForEmbedding.from_pretrained(tmp_path / "m", config=BertConfig.load(tmp_path / "m"))
-    assert again.logit_scale.item() == pytest.approx(3.5)
+    again = BertForEmbedding.from_pretrained(tmp_path / "m", config=BertConfig.load(tmp_path / "m"),
+                                             learn_temperature=True)  # as the run's record says it trained
+    assert again.logit_scale.item() == pytest.approx(3.5) and "learn_temperature" not in again.config.extra
     fixed, _, _ = _minilm_batch(minilm_dir, {"temperature": 0.05})
     assert "logit_scale" not in dict(fixed.named_parameters()) and "logit_scale" not in fixed.state_dict()
 
@@ -186,10 +189,11 @@ def test_the_pooling_is_the_model_folders_own_unless_given(minilm_dir, tmp_path)
 
     from torchbert.config import BertConfig
     from torchbert.io.hf import read_sentence_transformers
-    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.embedding import EmbeddingSettings
+    from torchbert.tasks.families import family
 
     fam = family("embedding")
-    ts = TaskSettings(type="embedding")
+    ts = EmbeddingSettings(type="embedding")
     assert fam.configure(BertConfig.load(minilm_dir), None, ts, minilm_dir).extra["pooling"] == "mean"
     folder = tmp_path / "cls"
     shutil.copytree(minilm_dir, folder)
@@ -198,7 +202,7 @@ def test_the_pooling_is_the_model_folders_own_unless_given(minilm_dir, tmp_path)
     (folder / "1_Pooling/config.json").write_text(json.dumps(pool))
     assert read_sentence_transformers(folder) == {"pooling": "cls", "normalize": True}
     assert fam.configure(BertConfig.load(folder), None, ts, folder).extra["pooling"] == "cls"
-    given = TaskSettings(type="embedding", pooling="mean")
+    given = EmbeddingSettings(type="embedding", pooling="mean")
     assert fam.configure(BertConfig.load(folder), None, given, folder).extra["pooling"] == "mean"
     pool.update(pooling_mode_cls_token=False, pooling_mode_mean_sqrt_len_tokens=True)
     (folder / "1_Pooling/config.json").write_text(json.dumps(pool))
@@ -212,22 +216,31 @@ def test_the_pooling_is_the_model_folders_own_unless_given(minilm_dir, tmp_path)
                                          r"torchbert runs"):
         read_sentence_transformers(folder)
     with pytest.raises(ValueError, match=r"--matryoshka 384: the model's vectors have 384 dimensions"):
-        fam.configure(BertConfig.load(minilm_dir), None, TaskSettings(type="embedding", matryoshka=[384, 64]),
+        fam.configure(BertConfig.load(minilm_dir), None, EmbeddingSettings(type="embedding", matryoshka=[384, 64]),
                       minilm_dir)
     with pytest.raises(ValueError, match=r"--matryoshka 64 32 64: 64 given twice"):
-        fam.configure(BertConfig.load(minilm_dir), None, TaskSettings(type="embedding", matryoshka=[64, 32, 64]),
+        fam.configure(BertConfig.load(minilm_dir), None, EmbeddingSettings(type="embedding", matryoshka=[64, 32, 64]),
                       minilm_dir)
 
 
-def test_an_embedding_setting_for_another_task_is_an_error():
-    from torchbert.tasks.families import TaskSettings, family
+def test_an_embedding_setting_for_another_task_is_an_error(tmp_path, capsys):
+    from torchbert.cli import main
+    from torchbert.tasks.embedding import EmbeddingSettings
+    from torchbert.tasks.families import TaskSettings, task_settings
 
-    with pytest.raises(ValueError, match=r"--pooling is a setting of embedding tasks; a classification task does "
-                                         r"not read it"):
-        family("classification").check_settings(TaskSettings(type="classification", pooling="cls"))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert main(["finetune", "--task", "sst2", "--model", str(tmp_path / "m"), "--train", "t.tsv", "--out",
+                 str(tmp_path / "o"), "--pooling", "cls"]) == 2
+    assert "--pooling is a setting of embedding tasks; a classification task does not read it" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"the settings of embedding tasks \(EmbeddingSettings\) do not fit a "
+                                         r"classification task; give a TaskSettings"):
+        task_settings("classification", EmbeddingSettings(type="embedding", pooling="cls"))
     with pytest.raises(ValueError, match="matryoshka must be >= 1, got 0"):
-        TaskSettings(type="embedding", matryoshka=[64, 0])
-    family("embedding").check_settings(TaskSettings(type="embedding", pooling="cls", matryoshka=[64]))
+        EmbeddingSettings(type="embedding", matryoshka=[64, 0])
+    ts = task_settings("embedding", TaskSettings(type="embedding", max_length=64))  # the shared ones given
+    assert type(ts) is EmbeddingSettings and (ts.max_length, ts.doc_stride, ts.temperature) == (64, 21, 0.05)
+    assert not (tmp_path / "o").exists()
 
 
 def test_length_groups_are_the_least_padded_attention_work():

@@ -6,6 +6,7 @@ per example, and the scores it says it reports. A toy family registered here run
 
 import json
 import math
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from torchbert import BertConfig
 from torchbert.config import ELMoConfig, GPTConfig
 from torchbert.tasks.batches import TaskData
 from torchbert.architectures import ARCHITECTURES
-from torchbert.tasks.families import FAMILIES, TaskSettings, register_family
+from torchbert.settings import setting
+from torchbert.tasks.families import FAMILIES, TaskSettings, register_family, task_settings
 from torchbert.tasks.predict import id2label, predict
 from torchbert.tokenizer import BertTokenizer
 
@@ -48,7 +50,7 @@ def check_family(task_type: str, architecture: str, tokenizer, folder) -> None:
     config = fam.configure(tiny_config(architecture, tokenizer.vocab_size), label_map)
     torch.manual_seed(0)
     model = fam.model_for(config)(config).train()
-    ts = TaskSettings(type=task_type, max_length=48, doc_stride=16)
+    ts = task_settings(task_type, TaskSettings(type=task_type, max_length=48, doc_stride=16))  # the family's own
     data = TaskData(fam.encode(tokenizer, examples, ts, label_map, training=True), fam)
     batch = next(iter(data.all_batches(64)))
     assert fam.count(batch) > 0 and fam.total(data) >= fam.count(batch)
@@ -86,13 +88,20 @@ def test_every_family_has_a_bert_head_and_says_what_it_reads():
 
 # -- a toy family, registered in a test -------------------------------------------------------------
 
+@dataclass
+class LengthSettings(TaskSettings):
+    lowercase: bool = setting(False, "lowercase each sentence before it is tokenized")
+    max_chars: int = setting(200, "characters of a sentence read, the rest cut off", low=1)
+
+
 def toy_family():
     """`length`: a text file, one sentence a line, labelled short (< 12 characters) or long by itself: a
-    family with its own reader on the text family's encoder and heads."""
+    family with its own reader and two settings of its own, on the text family's encoder and heads."""
     from torchbert.tasks.text import TextExample, TextTask
 
     class LengthTask(TextTask):
         layouts = ("auto",)
+        Settings = LengthSettings
 
         def __init__(self, task_type):
             super().__init__(task_type, pair=False)
@@ -106,6 +115,11 @@ def toy_family():
                 raise ValueError(f"{path}: no sentences")
             return [TextExample(str(i), x, None, ("short" if len(x) < 12 else "long") if labelled else None,
                                 f"{path}:{i + 1}") for i, x in enumerate(lines)]
+
+        def _encode(self, tokenizer, examples, ts, label2id, training):
+            examples = [replace(e, text_a=(e.text_a.lower() if ts.lowercase else e.text_a)[:ts.max_chars])
+                        for e in examples]
+            return super()._encode(tokenizer, examples, ts, label2id, training)
 
     return LengthTask("length")
 
@@ -130,6 +144,26 @@ def test_a_toy_family_registered_in_a_test_passes_the_same_checks(length_family,
     check_family("length", architecture, tokenizer, tmp_path)
 
 
+def test_a_toy_familys_own_settings_reach_its_encoder_and_its_flags(length_family, tokenizer, tmp_path, capsys):
+    from torchbert.cli import main
+    from torchbert.tasks.text import TextExample
+
+    examples = [TextExample("0", "The Film Was Far Too Long", None, None)]
+    ts = task_settings("length", TaskSettings(type="length", max_length=32))
+    assert type(ts) is LengthSettings and (ts.lowercase, ts.max_chars) == (False, 200)
+    mine = length_family.encode(tokenizer, examples, replace(ts, lowercase=True, max_chars=12), None, training=False)
+    assert mine.input_ids[0] == tokenizer("the film was")["input_ids"]
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    shown = capsys.readouterr().out
+    assert "length tasks:\n  --lowercase " in shown and "--max-chars MAX_CHARS" in shown
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert main(["finetune", "--task", "sst2", "--model", str(tmp_path / "m"), "--train", "t.tsv", "--out",
+                 str(tmp_path / "o"), "--max-chars", "40"]) == 2
+    assert "--max-chars is a setting of length tasks; a classification task does not read it" in capsys.readouterr().err
+
+
 @pytest.mark.e2e
 def test_a_toy_family_registered_in_a_test_runs_through_the_commands(length_family, tokenizer, tmp_path, capsys):
     from torchbert.cli import main
@@ -143,7 +177,7 @@ def test_a_toy_family_registered_in_a_test_runs_through_the_commands(length_fami
     run = tmp_path / "run"
     assert main(["finetune", "--task", "length", "--model", str(model), "--train", str(data), "--dev", str(data),
                  "--out", str(run), "--epochs", "2", "--batch-size", "4", "--lr", "1e-3", "--max-length", "32",
-                 "--quiet"]) == 0
+                 "--lowercase", "--max-chars", "40", "--quiet"]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--model", str(run), "--data", str(data), "--quiet"]) == 0
     scores = json.loads(capsys.readouterr().out)
@@ -153,4 +187,5 @@ def test_a_toy_family_registered_in_a_test_runs_through_the_commands(length_fami
     records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert len(records) == 6 and {r["label"] for r in records} <= {"short", "long"}
     assert all(math.isclose(sum(r["probabilities"].values()), 1, abs_tol=1e-5) for r in records)
-    assert json.loads((run / "torchbert.json").read_text())["task"]["type"] == "length"
+    task = json.loads((run / "torchbert.json").read_text())["task"]  # its settings, for evaluate and predict
+    assert (task["type"], task["lowercase"], task["max_chars"]) == ("length", True, 40)

@@ -48,7 +48,8 @@ def test_bad_files_are_named_by_file_and_line(tmp_path, name, text, message):
 
 
 def test_a_query_with_no_relevant_passage_is_an_error_for_the_listwise_loss(tmp_path, minilm_dir):
-    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.families import family
+    from torchbert.tasks.reranker import RerankerSettings
     from torchbert.tokenizer import BertTokenizer
 
     path = tmp_path / "p.jsonl"
@@ -59,8 +60,8 @@ def test_a_query_with_no_relevant_passage_is_an_error_for_the_listwise_loss(tmp_
     tok = BertTokenizer.from_pretrained(minilm_dir)
     with pytest.raises(ValueError, match=r"p.jsonl:2: the query 'q2' has no relevant passage \(every label is 0\); "
                                          r"a listwise loss needs one"):
-        fam.encode(tok, examples, TaskSettings(type="reranker"), None, training=True)
-    ts = TaskSettings(type="reranker", rerank_loss="pointwise", sampled_negatives=1)
+        fam.encode(tok, examples, RerankerSettings(type="reranker"), None, training=True)
+    ts = RerankerSettings(type="reranker", rerank_loss="pointwise", sampled_negatives=1)
     enc = fam.encode(tok, examples, ts, None, training=True)
     assert enc.num_choices == [2, 2, 2] and enc.labels == [1, 0, 0, 0, 1, 0]  # each with one sampled negative
 
@@ -80,13 +81,14 @@ def _reranker(minilm_dir, tmp_path, loss):
     """MiniLM's encoder under a seeded fresh score head, saved as a reranker folder."""
     from torchbert.config import BertConfig
     from torchbert.heads import BertForReranking
-    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.families import family
+    from torchbert.tasks.reranker import RerankerSettings
     from torchbert.tokenizer import BertTokenizer
 
     config = family("reranker").configure(BertConfig.load(minilm_dir), None,
-                                          TaskSettings(type="reranker", rerank_loss=loss), minilm_dir)
+                                          RerankerSettings(type="reranker", rerank_loss=loss), minilm_dir)
     torch.manual_seed(0)
-    model = BertForReranking.from_pretrained(minilm_dir, config=config).eval()
+    model = BertForReranking.from_pretrained(minilm_dir, config=config, loss=loss).eval()
     folder = tmp_path / "reranker"
     model.save_pretrained(folder)
     BertTokenizer.from_pretrained(minilm_dir).save_pretrained(folder)
@@ -108,7 +110,8 @@ def test_a_reranker_is_a_cross_encoder_with_the_same_scores_and_losses(minilm_di
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
     from torchbert.tasks.batches import TaskData
-    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.families import family
+    from torchbert.tasks.reranker import RerankerSettings
     from torchbert.tasks.reranker import encode_reranking
     from torchbert.tokenizer import BertTokenizer
 
@@ -123,7 +126,7 @@ def test_a_reranker_is_a_cross_encoder_with_the_same_scores_and_losses(minilm_di
     pairs = [(e.query, p) for e in EXAMPLES for p in e.passages]
     theirs = ce.predict(pairs, convert_to_numpy=True)
     records = fam.records(EXAMPLES, data.encoded, [o for _, o in sorted(fam.outputs(out, batch, {}))],
-                          TaskSettings(type="reranker"), None)
+                          RerankerSettings(type="reranker"), None)
     ours = np.array([s for r in records for s in r["scores"]])
     assert abs(ours - theirs).max() < 1e-5
     labels = torch.tensor([y for e in EXAMPLES for y in e.labels])

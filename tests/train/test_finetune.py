@@ -102,7 +102,8 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     every token's logits, also when tweets are cut into overlapping windows (max_length 12)."""
     from torchbert.heads import BertForTokenClassification
     from torchbert.tasks.batches import TaskData
-    from torchbert.tasks.families import TaskSettings, family
+    from torchbert.tasks.families import family
+    from torchbert.tasks.tagging import TokenSettings
     from torchbert.tasks.predict import predict
     from torchbert.tasks.tagging import words_from_tokens
     from torchbert.tokenizer import BertTokenizer
@@ -112,7 +113,7 @@ def test_predict_reads_owning_tokens_only_and_tags_as_the_full_logits(ner_run, w
     torch.manual_seed(0)
     model.classifier.weight.normal_(0.0, 0.5)  # a short run tags nearly all O: vary the tags
     id2label = {int(k): v for k, v in model.config.extra["id2label"].items()}
-    ts = TaskSettings(type="token", max_length=12, doc_stride=4)
+    ts = TokenSettings(type="token", max_length=12, doc_stride=4)
     examples = family("token").read(root / "dev.conll")
     data = TaskData(family("token").encode(BertTokenizer.from_pretrained(ner_run), examples, ts,
                                            LabelMap.from_examples(examples), training=False), family("token"))

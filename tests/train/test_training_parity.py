@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torchbert.cli import main
 from torchbert.tasks.batches import TaskData
 from torchbert.tasks.examples import LabelMap
-from torchbert.tasks.families import TaskSettings, family
+from torchbert.tasks.families import TaskSettings, family, task_settings
 from torchbert.tokenizer import BertTokenizer
 from torchbert.train.finetune import load_task_model, task_config
 
@@ -108,7 +108,7 @@ def textbook_step(model, loss, optimizer, scheduler):
 def transformers_run(model_dir, task_type, train_path, max_length, doc_stride, work):
     """transformers' model from torchbert's start weights, trained on torchbert's batches in the
     textbook loop. Returns its per-step mean losses and its final weights."""
-    ts = TaskSettings(type=task_type, max_length=max_length, doc_stride=doc_stride)
+    ts = task_settings(task_type, TaskSettings(type=task_type, max_length=max_length, doc_stride=doc_stride))
     examples = family(task_type).read(train_path)
     label_map = LabelMap.from_examples(examples) if task_type != "qa-v2" else None
     config = task_config(model_dir, ts, label_map)

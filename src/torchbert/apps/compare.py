@@ -313,13 +313,14 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     else:
         if run.exists():
             shutil.rmtree(run)
-        from ..train.finetune import FinetuneSettings, encoding_settings
+        from ..tasks.families import TaskSettings
+        from ..train.finetune import FinetuneSettings
 
         s, cfg = FinetuneSettings(
             task=task_type, model=model, train=data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}",
             dev=data / f"{task}.dev.{ext}", out=run, epochs=b.epochs if size == "full" else b.low_epochs,
-            encoding=encoding_settings(max_length=b.max_length)).resolve(lr=lr, batch_size=b.batch_size, seed=seed,
-                                                                         progress=False)
+            task_settings=TaskSettings(type=task_type, max_length=b.max_length),
+        ).resolve(lr=lr, batch_size=b.batch_size, seed=seed, progress=False)
         r.finetune(run.name, s, cfg)
         r.evaluate(f"{run.name} test", run, data / f"{task}.test.{ext}", result)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))

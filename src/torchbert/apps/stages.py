@@ -141,11 +141,11 @@ class Stages:
     def finetune(self, name: str, s, cfg) -> dict[str, Any]:
         """`torchbert finetune`: train/finetune.run_finetuning(s, cfg), `s` and `cfg` as
         FinetuneSettings.resolve gives them; its dev result."""
-        from ..tasks.families import TaskSettings
+        from ..tasks.families import task_settings
         from ..train import finetune
 
-        encoding = TaskSettings(type="classification", **s.encoding)
-        flags = [*as_flags(s), *as_flags(encoding, only=finetune.ENCODING_FLAGS, defaults={"doc_stride": None}),
+        ts = task_settings(s.task, s.task_settings)
+        flags = [*as_flags(s), *as_flags(ts, defaults={"doc_stride": max(1, ts.max_length // 3)}),
                  *as_flags(cfg, skip=finetune.LOOP_DERIVED, defaults=finetune.LOOP_DEFAULTS)]
         return self._training(name, "finetune", flags, s, cfg, finetune.run_finetuning, finetune.report_lines)
 

@@ -74,20 +74,31 @@ class FrozenFlags(Checked):
 
 def add(sub) -> None:
     from ..tasks.families import TaskSettings
-    from ..train.finetune import ENCODING_FLAGS, LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
+    from ..train.finetune import LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
     from ..train.loop import TrainConfig
 
     p = command(sub, __name__, epilog=EPILOG.replace("{families}", family_lines()))
     add_flags(p, FinetuneSettings, helps={"task": "task type or preset (see below)"})
-    add_flags(p, TaskSettings, only=ENCODING_FLAGS, defaults={"doc_stride": None},
-              helps={"doc_stride": "qa and token: tokens between the starts of overlapping windows over long "
-                                   "contexts and sentences (default: a third of --max-length, 128 at 384)"})
+    add_flags(p, TaskSettings)  # what every task family reads
+    for cls, types in family_settings().items():  # and each family's own, under the family
+        add_flags(p.add_argument_group(f"{' and '.join(types)} tasks"), cls, only=cls.own_fields())
     add_flags(p, FrozenFlags)
     add_flags(p, TrainConfig, skip=LOOP_DERIVED, defaults=LOOP_DEFAULTS,
               helps={"lr": "peak learning rate (default: 5e-5; 1e-3 with --frozen and for ELMo)",
                      "batch_size": "sequences (multiple choice: examples) per micro-batch (default: 32)"})
     shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
                  overwrite="delete an existing --out and start again")
+
+
+def family_settings() -> dict[type, list[str]]:
+    """Each task family's settings class that has settings of its own, and the task types it serves."""
+    from ..tasks.families import FAMILIES
+
+    found: dict[type, list[str]] = {}
+    for t, fam in FAMILIES.items():
+        if fam.Settings.own_fields():
+            found.setdefault(fam.Settings, []).append(t)
+    return found
 
 
 def family_lines() -> str:
@@ -102,8 +113,8 @@ def family_lines() -> str:
 
 def settings(args):
     """finetune's settings and the loop's from the parsed flags, each checked before the model is read."""
-    from ..tasks.families import TaskSettings
-    from ..train.finetune import ENCODING_FLAGS, FinetuneSettings
+    from ..tasks.families import family, resolve_task, task_settings
+    from ..train.finetune import FinetuneSettings
     from ..train.loop import TrainConfig
 
     flags = settings_from(FrozenFlags, args)
@@ -117,9 +128,18 @@ def settings(args):
             raise UserError(f"--features: {e}") from None
     elif flags.features is not None or flags.tagger is not None:
         raise UserError("--features and --tagger set up the tagger of --frozen; add --frozen, or leave them out")
-    encoding = settings_from(TaskSettings, args, type="classification")  # checked; the task sets its type
-    given = {f: getattr(encoding, f) for f in ENCODING_FLAGS}
-    s = settings_from(FinetuneSettings, args, encoding=given, frozen=frozen)
+    try:
+        task_type, _ = resolve_task(args.task)
+    except ValueError as e:
+        raise UserError(f"--task: {e}") from None
+    own = family(task_type).Settings
+    for cls, types in family_settings().items():  # another family's setting, given, is an error naming it
+        for name in set(cls.own_fields()) - set(own.__dataclass_fields__):
+            if getattr(args, name) != cls.__dataclass_fields__[name].default:
+                raise UserError(f"--{name.replace('_', '-')} is a setting of {' and '.join(types)} tasks; a "
+                                f"{task_type} task does not read it")
+    ts = task_settings(args.task, settings_from(own, args, type=task_type))  # checked here, before the model is read
+    s = settings_from(FinetuneSettings, args, task_settings=ts, frozen=frozen)
     loop = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:  # the loop's flags are checked here, before the model is read
         s, cfg = s.resolve(**loop, progress=not args.quiet)

@@ -23,10 +23,11 @@ import numpy as np
 
 from ..eval import metrics
 from ..eval.retrieval import rank_scores, search
-from ..heads import BertForEmbedding
+from ..heads import TEMPERATURE, BertForEmbedding
 from ..io.hf import read_sentence_transformers
 from ..io.texts import json_records, lines
 from .encode import Encoded, check_room
+from ..settings import setting
 from .families import TaskFamily, TaskSettings, register_family
 from .formats import PathLike, existing, no_examples, table_rows
 
@@ -186,6 +187,25 @@ def encode_pairs(tokenizer, examples: list[PairExample], max_length: int) -> Enc
                    labels=[0] * len(examples), num_choices=counts)
 
 
+@dataclass
+class EmbeddingSettings(TaskSettings):
+    pooling: str | None = setting(None, "how a text's tokens become its vector (default: the model folder's own, as "
+                                        "its sentence-transformers files say, else mean); saved with the model",
+                                  choices=("mean", "cls"))
+    temperature: float = setting(TEMPERATURE, "the softmax temperature of in-batch negatives over cosine "
+                                              "similarities (0.05: sentence-transformers' scale 20)", above=0, high=1)
+    learn_temperature: bool = setting(False, "learn the temperature with the model (CLIP's logit scale), starting "
+                                             "at --temperature")
+    matryoshka: list[int] | None = setting(None, "also train each vector's first D dimensions as an embedding of "
+                                                 "its own, for each D given (Matryoshka representation learning; "
+                                                 "`serve` then honours `dimensions`)", low=1, metavar="D")
+    mini_batch: int | None = setting(None, "encode a training batch this many texts at a time and keep only each "
+                                           "one's inputs, recomputing its activations in the backward (GradCache's "
+                                           "memory: in-batch negatives over a batch of any size in the memory of MINI "
+                                           "texts; MiniLM at batch 256 with 32: 5.4 GB, where batch 128 alone took "
+                                           "9.8)", low=1, metavar="MINI")
+
+
 class EmbeddingTask(TaskFamily):
     heads = {"bert": BertForEmbedding}
     gold = None  # a passage is part of the example
@@ -204,13 +224,14 @@ class EmbeddingTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         return read_pairs(path)
 
-    settings = ("pooling", "temperature", "learn_temperature", "matryoshka", "mini_batch")
+    Settings = EmbeddingSettings
     endpoints = ("embeddings",)  # its vectors (the ranks of `predict` are a dev file's, not a request's)
 
     def configure(self, config, label_map, ts=None, model_dir=None):
-        """The head's settings in config.extra, saved with the model: the pooling given, else the
-        model folder's own (its sentence-transformers files, or an embedding run's config), else mean."""
-        ts = ts or TaskSettings(type=self.type)
+        """What defines the model's vectors, in config.extra, saved with the model: the pooling given,
+        else the model folder's own (its sentence-transformers files, or an embedding run's config),
+        else mean; the Matryoshka dimensions it is trained at (serve's `dimensions`)."""
+        ts = ts or EmbeddingSettings(type=self.type)
         own = read_sentence_transformers(model_dir) if model_dir is not None else None
         pooling = ts.pooling or (own or {}).get("pooling") or config.extra.get("pooling") or "mean"
         if pooling not in ("mean", "cls"):
@@ -224,10 +245,11 @@ class EmbeddingTask(TaskFamily):
         if dims and dims[0] >= config.hidden_size:
             raise ValueError(f"--matryoshka {dims[0]}: the model's vectors have {config.hidden_size} dimensions; "
                              "give smaller ones (the full vector is always trained)")
-        config.extra = {**config.extra, "pooling": pooling, "temperature": ts.temperature,
-                        "learn_temperature": ts.learn_temperature, "matryoshka": dims or None,
-                        "mini_batch": ts.mini_batch}
+        config.extra = {**config.extra, "pooling": pooling, "matryoshka": dims or None}
         return config
+
+    def head_arguments(self, ts):
+        return {"temperature": ts.temperature, "learn_temperature": ts.learn_temperature, "mini_batch": ts.mini_batch}
 
     def from_record(self, record, where, default_id):
         return pair_from_record(record, where, default_id)

@@ -21,7 +21,7 @@ whenever any of tasks/ is imported.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,54 +41,59 @@ from .examples import LabelMap
 
 @dataclass
 class TaskSettings(Checked):
-    """How a task's text becomes model inputs; kept in the fine-tuned folder's run record
-    (torchbert.json, io/record.py) so that evaluate, predict and serve reuse it. The encoding flags of
-    `finetune` are made from these fields."""
+    """How a task's text becomes model inputs, what every family reads; kept in the fine-tuned
+    folder's run record (torchbert.json, io/record.py) so that evaluate, predict and serve reuse it.
+    A family with settings of its own declares a subclass of its own (tagging.TokenSettings,
+    qa.QASettings, embedding.EmbeddingSettings, reranker.RerankerSettings) as its `Settings`:
+    `finetune` shows each family's flags under the family and builds that object."""
 
     type: str = setting(cli=False)
     preset: str | None = setting(None, cli=False)
     layout: str = setting("auto", cli=False)
     max_length: int = setting(128, "tokens per sequence, specials included", low=1)
-    doc_stride: int = setting(128, "qa and token: tokens between the starts of overlapping windows over long "
-                                   "contexts and sentences", low=1)
-    max_query_length: int = setting(64, "QA: question tokens kept", low=1)
-    label_all_subtokens: bool = setting(False, "token: train on every sub-token of a word, not only the first")
-    n_best: int = setting(20, "QA: start and end candidates per window", low=1)
-    max_answer_length: int = setting(30, "QA: longest answer in tokens", low=1)
-    null_threshold: float = setting(0.0, "qa-v2: answer nothing when the null score beats the best span by more; "
-                                         "dev scoring reports best_f1_threshold, the value that scored best on dev")
-    pooling: str | None = setting(None, "embedding: how a text's tokens become its vector (default: the model "
-                                        "folder's own, as its sentence-transformers files say, else mean); saved "
-                                        "with the model", choices=("mean", "cls"))
-    temperature: float = setting(0.05, "embedding: the softmax temperature of in-batch negatives over cosine "
-                                       "similarities (0.05: sentence-transformers' scale 20)", above=0, high=1)
-    learn_temperature: bool = setting(False, "embedding: learn the temperature with the model (CLIP's logit scale), "
-                                             "starting at --temperature")
-    matryoshka: list[int] | None = setting(None, "embedding: also train each vector's first D dimensions as an "
-                                                 "embedding of its own, for each D given (Matryoshka representation "
-                                                 "learning; `serve` then honours `dimensions`)", low=1, metavar="D")
-    mini_batch: int | None = setting(None, "embedding: encode a training batch this many texts at a time and keep "
-                                           "only each one's inputs, recomputing its activations in the backward "
-                                           "(GradCache's memory: in-batch negatives over a batch of any size in the "
-                                           "memory of MINI texts; MiniLM at batch 256 with 32: 5.4 GB, where batch 128 "
-                                           "alone took 9.8)", low=1, metavar="MINI")
-    rerank_loss: str = setting("listwise", "reranker: listwise, a softmax over each query's passages (each query "
-                                           "needs a relevant one), or pointwise, binary cross-entropy per pair",
-                               choices=("listwise", "pointwise"))
-    sampled_negatives: int = setting(3, "reranker: passages of other queries added to each query's as negatives "
-                                        "(drawn once, seeded; 0: only the file's)", low=0)
+    doc_stride: int | None = setting(None, "qa and token: tokens between the starts of overlapping windows over "
+                                           "long contexts and sentences (default: a third of --max-length, 128 at "
+                                           "384)", low=1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.doc_stride is None:
+            self.doc_stride = max(1, self.max_length // 3)
 
     @classmethod
-    def of(cls, folder: str | Path) -> TaskSettings:
-        """The task settings of a model folder torchbert fine-tuned (its run record)."""
+    def own_fields(cls) -> tuple[str, ...]:
+        """The settings of this class that TaskSettings itself has not: a family's own."""
+        return tuple(f.name for f in fields(cls) if f.name not in TaskSettings.__dataclass_fields__)
+
+    def flags(self) -> dict[str, Any]:
+        """Its values that are flags of `finetune`, as the run record keeps them (what --resume compares)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("cli", False)}
+
+    @staticmethod
+    def of(folder: str | Path) -> TaskSettings:
+        """The task settings of a model folder torchbert fine-tuned (its run record), as its family's class."""
         record = read_record(folder)
         saved = record.task if record is not None else None
         if not isinstance(saved, dict) or saved.get("type") not in FAMILIES:
             raise ValueError(f"{folder}: not a model fine-tuned by torchbert (it has no {RECORD_FILE} naming a task); "
                              "fine-tune it first with torchbert finetune")
+        cls = FAMILIES[saved["type"]].Settings
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 
 
+def task_settings(task: str, given: TaskSettings | None = None) -> TaskSettings:
+    """The settings of `task` (a type, or a preset: its type, and the preset's layout): `given`, or
+    its family's defaults. `given` is the family's Settings or a class it derives from (TaskSettings:
+    the settings every family reads); another family's is an error naming both."""
+    task_type, preset = resolve_task(task)
+    cls = family(task_type).Settings
+    if given is not None and type(given) not in cls.__mro__:
+        owner = next((t for t, f in FAMILIES.items() if f.Settings is type(given)), type(given).__name__)
+        raise ValueError(f"the settings of {owner} tasks ({type(given).__name__}) do not fit a {task_type} task; "
+                         f"give a {cls.__name__}")
+    kept = {f.name: getattr(given, f.name) for f in fields(given)} if given is not None else {}
+    return cls(**{**kept, "type": task_type, "preset": preset.name if preset else None,
+                  "layout": preset.layout if preset else "auto"})
 
 
 class TaskFamily:
@@ -112,8 +117,9 @@ class TaskFamily:
     # what `serve` offers for a run of this family (apps/endpoints.py, by endpoint name): its
     # predictions, and sentence embeddings from its BERT encoder
     endpoints: tuple[str, ...] = ("predict", "embeddings")
-    # the TaskSettings fields only this family reads (finetune refuses them, set, for another task)
-    settings: tuple[str, ...] = ()
+    # its settings: TaskSettings, or a subclass with settings of its own (finetune shows their flags
+    # under the family, and refuses them, set, for another task)
+    Settings: type[TaskSettings] = TaskSettings
     export_outputs: tuple[str, ...] = ("logits",)
     export_per_token: tuple[str, ...] = ()
     export_sample = "text"
@@ -228,13 +234,10 @@ class TaskFamily:
         head reads) for the pretrained model in `model_dir`."""
         return with_labels(config, label_map.labels) if label_map is not None else config
 
-    def check_settings(self, ts: TaskSettings) -> None:
-        """A setting that only another family reads, set for this one, is an error, not ignored."""
-        for fam in FAMILIES.values():
-            for name in set(fam.settings) - set(self.settings):
-                if getattr(ts, name) != TaskSettings.__dataclass_fields__[name].default:
-                    raise ValueError(f"--{name.replace('_', '-')} is a setting of {fam.type} tasks; a "
-                                     f"{self.type} task does not read it")
+    def head_arguments(self, ts: TaskSettings) -> dict[str, Any]:
+        """What the head is built with besides its config: the settings of `ts` it trains by (the
+        embedding head's temperature, the reranker's loss), which config.json does not keep."""
+        return {}
 
     def scoring(self, label_map: LabelMap | None) -> str | None:
         """How dev is scored when it depends on the labels (token tasks), else None."""

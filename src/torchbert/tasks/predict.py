@@ -24,7 +24,7 @@ from ..settings import Checked, setting
 from ..tokenizer import BertTokenizer
 from .batches import TaskData
 from .examples import LabelMap
-from .families import TaskSettings, family, resolve_task
+from .families import TaskSettings, family, resolve_task, task_settings
 from .feature_tagger import TAGGER_FILE, FeatureTagger
 
 
@@ -111,9 +111,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, prec
     config = load_config(model_dir)
     record = read_record(model_dir)
     if task is not None and (record is None or not record.fine_tuned):
-        task_type, preset = resolve_task(task)
-        ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
-                          layout=preset.layout if preset else "auto")
+        ts = task_settings(task)
     else:
         ts = TaskSettings.of(model_dir)
         if task is not None:
@@ -131,7 +129,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, prec
     if (Path(model_dir) / TAGGER_FILE).is_file():  # trained with --frozen
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:
-        model = fam.model_for(config).from_pretrained(model_dir).to(device).eval()
+        model = fam.model_for(config).from_pretrained(model_dir, **fam.head_arguments(ts)).to(device).eval()
         if any(not k.startswith(("bert.", "roformer.")) for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
     model = fast.at_precision(model, precision)

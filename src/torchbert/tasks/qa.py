@@ -22,7 +22,8 @@ from ..heads import BertForQuestionAnswering
 from ..io.texts import json_loads, read_utf8
 from ..packing import pad
 from .encode import Encoded, where_of
-from .families import TaskFamily, register_family
+from ..settings import setting
+from .families import TaskFamily, TaskSettings, register_family
 from .formats import PathLike, Warn, existing, no_examples, note
 
 
@@ -288,6 +289,15 @@ def postprocess_qa(
     return results
 
 
+@dataclass
+class QASettings(TaskSettings):
+    max_query_length: int = setting(64, "question tokens kept", low=1)
+    n_best: int = setting(20, "start and end candidates per window", low=1)
+    max_answer_length: int = setting(30, "longest answer in tokens", low=1)
+    null_threshold: float = setting(0.0, "qa-v2: answer nothing when the null score beats the best span by more; "
+                                         "dev scoring reports best_f1_threshold, the value that scored best on dev")
+
+
 class SpanTask(TaskFamily):
     """Extractive QA (SQuAD): start and end logits over each context window; v2 may answer nothing."""
 
@@ -297,6 +307,7 @@ class SpanTask(TaskFamily):
     export_sample = "pair"
     gold = None  # answers are read with the examples; prediction needs none
     layouts = ("auto", "squad")
+    Settings = QASettings
 
     def __init__(self, task_type: str, v2: bool):
         super().__init__(task_type)

@@ -11,7 +11,7 @@ labelled pairs, JSON Lines {"query", "passage", "label"} or TSV with the header 
 labelled example as negatives (drawn once, seeded: the in-batch negatives of a cross-encoder, which
 sees a query and a passage together and so cannot score the batch's other passages for free).
 
-Losses (TaskSettings.rerank_loss): listwise, the softmax over an example's candidates against its
+Losses (RerankerSettings.rerank_loss): listwise, the softmax over an example's candidates against its
 labels (for one positive, the cross-entropy of picking it: Localized Contrastive Estimation, Gao et
 al. 2021); pointwise, binary cross-entropy of each pair's score against its label (monoBERT; the
 sentence-transformers CrossEncoder's BinaryCrossEntropyLoss). Scores: each query's own candidates
@@ -35,7 +35,8 @@ from ..losses import choice_block
 from ..io.texts import json_records
 from .embedding import PairExample, _text, pair_from_record, read_pairs
 from .encode import Encoded, check_room, where_of
-from .families import GroupedTask, register_family
+from ..settings import setting
+from .families import GroupedTask, TaskSettings, register_family
 from .formats import PathLike, existing, no_examples, table_rows
 
 LABELLED = ("query", "passage", "label")
@@ -166,6 +167,15 @@ def encode_reranking(tokenizer, examples: list[RerankExample], max_length: int) 
                    num_choices=[len(ex.passages) for ex in examples])
 
 
+@dataclass
+class RerankerSettings(TaskSettings):
+    rerank_loss: str = setting("listwise", "listwise, a softmax over each query's passages (each query needs a "
+                                           "relevant one), or pointwise, binary cross-entropy per pair",
+                               choices=("listwise", "pointwise"))
+    sampled_negatives: int = setting(3, "passages of other queries added to each query's as negatives (drawn once, "
+                                        "seeded; 0: only the file's)", low=0)
+
+
 class RerankerTask(GroupedTask):
     heads = {"bert": BertForReranking}
     gold = "labels"
@@ -173,7 +183,7 @@ class RerankerTask(GroupedTask):
     # over each query's own candidates (the file's passages and the sampled negatives), not a search over
     # every passage: named so, as its dev line and metrics.json print them
     metrics = ("candidates_ndcg@10", "candidates_mrr@10", "candidates_recall@1")
-    settings = ("rerank_loss", "sampled_negatives")
+    Settings = RerankerSettings
     endpoints = ("rerank",)  # its encoder reads pairs: its pooled vectors of one text are no embeddings
     about = "a query + passage -> relevance  the embedding files, or {query, passage, label}; a cross-encoder"
     export_sample = "pair"
@@ -192,12 +202,13 @@ class RerankerTask(GroupedTask):
         return example_from_record(record, where, default_id)
 
     def configure(self, config, label_map, ts=None, model_dir=None):
-        """One score per pair; the loss kind saved with the model (config.json)."""
-        loss = ts.rerank_loss if ts is not None else "listwise"
-        config.extra = {**config.extra, "id2label": {"0": "relevance"}, "label2id": {"relevance": 0},
-                        "rerank_loss": loss}
+        """One score per pair."""
+        config.extra = {**config.extra, "id2label": {"0": "relevance"}, "label2id": {"relevance": 0}}
         config.extra.pop("problem_type", None)
         return config
+
+    def head_arguments(self, ts):
+        return {"loss": ts.rerank_loss}
 
     def _encode(self, tokenizer, examples, ts, label2id, training):
         labelled = all(ex.labels is not None for ex in examples)

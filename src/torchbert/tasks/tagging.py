@@ -22,7 +22,8 @@ from ..heads import BertForTokenClassification
 from ..io.texts import lines
 from ..losses import IGNORE
 from .encode import Encoded, label_id, where_of
-from .families import TaskFamily, register_family
+from ..settings import setting
+from .families import TaskFamily, TaskSettings, register_family
 from .formats import PathLike, existing, no_examples
 
 
@@ -242,6 +243,11 @@ def words_from_tokens(
     return out  # type: ignore[return-value]
 
 
+@dataclass
+class TokenSettings(TaskSettings):
+    label_all_subtokens: bool = setting(False, "train on every sub-token of a word, not only the first")
+
+
 class TokenTask(TaskFamily):
     """A tag per word, predicted at the word's first sub-token; long sentences in overlapping windows.
     Tags shaped like entity chunks (O, B-/I-/E-/S-) score by entity F1, any other tag set per word."""
@@ -258,6 +264,7 @@ class TokenTask(TaskFamily):
                                  "Mary B-PER\nleft O\nParis B-LOC\n\nIt O\nrains O\n\n")
     file_format = "conll"
     layouts = ("auto", "conll")
+    Settings = TokenSettings
     metrics = ("f1", "precision", "recall", "token_accuracy")
 
     def _read(self, path, layout, labelled, warn):

@@ -39,7 +39,7 @@ from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import Checked, setting
 from ..tasks.batches import TaskData
-from ..tasks.families import TaskSettings, family, resolve_task
+from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
@@ -53,7 +53,7 @@ from .rundir import resumed_config as resumed_settings
 @dataclass
 class FinetuneSettings(Checked):
     """What `finetune` trains, declared once: its flags are made from these fields (and TrainConfig's,
-    and TaskSettings' for `encoding`)."""
+    and the task families' settings: TaskSettings and each family's own)."""
 
     task: str = setting(help="task type or preset (see below): a task type (tasks/families.py FAMILIES) or a "
                              "preset name (tasks/formats.py TASK_PRESETS)")
@@ -69,7 +69,9 @@ class FinetuneSettings(Checked):
                                           "loss alone)", low=0, metavar="LAMBDA")
     resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
-    encoding: dict[str, Any] = field(default_factory=dict)  # TaskSettings fields given on the command line
+    # how the task's text is read and trained on: its family's settings (tasks/families.py TaskSettings or
+    # the family's subclass; None: the family's defaults); its type and layout are --task's
+    task_settings: TaskSettings | None = None
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
     command_line: str | None = None  # the command that runs it, for the run record
@@ -78,27 +80,16 @@ class FinetuneSettings(Checked):
         """These settings and the loop's (`loop`: TrainConfig fields) as `torchbert finetune` runs them,
         what is left out (or None) filled in with fine-tuning's own defaults, which are not pretraining's:
         seed 42; lr 5e-5 (the BERT paper's appendix A.3 tries 5e-5 to 2e-5), or 1e-3 for a task model
-        trained from scratch on frozen features (`frozen`, or an ELMo); the stride of the windows over
-        long token sequences and QA contexts a third of max_length. `run_finetuning(settings)` without
-        a TrainConfig runs exactly this."""
+        trained from scratch on frozen features (`frozen`, or an ELMo), each architecture's own
+        (architectures.py); the task's settings as its family's class (`task_settings`: the family's
+        defaults for those not given). `run_finetuning(settings)` without a TrainConfig runs exactly this."""
         loop = {**LOOP_DEFAULTS, **{k: v for k, v in loop.items() if v is not None}}
         if loop["lr"] is None:
             arch = architecture_of_folder(self.model)  # None: run_finetuning says what is wrong with the folder
             loop["lr"] = 1e-3 if self.frozen is not None else arch.finetune_lr if arch is not None else 5e-5
-        return self.with_stride(), TrainConfig(**loop)
-
-    def with_stride(self) -> FinetuneSettings:
-        """The windows' stride, when not given, a third of max_length."""
-        if self.encoding.get("doc_stride") is not None:
-            return self
-        max_length = self.encoding.get("max_length") or TaskSettings.__dataclass_fields__["max_length"].default
-        return dataclasses.replace(self, encoding={**self.encoding, "doc_stride": max(1, max_length // 3)})
+        return dataclasses.replace(self, task_settings=task_settings(self.task, self.task_settings)), TrainConfig(**loop)
 
 
-# the TaskSettings fields `finetune` takes as flags (the others come from the task and its preset)
-ENCODING_FLAGS = ("max_length", "doc_stride", "max_query_length", "label_all_subtokens", "n_best", "max_answer_length",
-                  "null_threshold", "pooling", "temperature", "learn_temperature", "matryoshka", "mini_batch", "rerank_loss",
-                  "sampled_negatives")
 # fine-tuning's own defaults of the loop's settings (FinetuneSettings.resolve: lr None is decided there)
 LOOP_DEFAULTS = {"seed": 42, "lr": None}
 # the loop's settings that fine-tuning derives (steps and warmup from epochs and warmup_ratio,
@@ -117,13 +108,6 @@ def report_lines(result: dict[str, Any], out: Path | str) -> list[str]:
     if shown:
         lines.append(f"dev (best epoch {result['best_epoch']}): " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
     return lines
-
-
-def encoding_settings(**given: Any) -> dict[str, Any]:
-    """FinetuneSettings.encoding as the command line gives it: every TaskSettings field it takes as a flag
-    (ENCODING_FLAGS), `given` or at its default (the windows' stride None: a third of max_length)."""
-    ts = TaskSettings(type="classification", **{"doc_stride": None, **given})
-    return {f: getattr(ts, f) for f in ENCODING_FLAGS}
 
 
 # -- building the model ------------------------------------------------------------------------------
@@ -147,10 +131,11 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
 
 
 def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print) -> nn.Module:
-    cls = family(ts.type).model_for(config)
+    fam = family(ts.type)
+    cls = fam.model_for(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
-        model = cls.from_pretrained(model_dir, config=config)
+        model = cls.from_pretrained(model_dir, config=config, **fam.head_arguments(ts))
     encoders = ("roformer.", *(a.encoder + "." for a in ARCHITECTURES.values()))  # RoFormer: a rotary BERT's file
     fresh = [k for k in model.load_report["missing"] if not k.startswith(encoders)]
     if fresh:
@@ -167,18 +152,17 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     give (FinetuneSettings.resolve)."""
     dist = dist or Dist()
     device = torch.device(device)
-    s, cfg = s.resolve() if cfg is None else (s.with_stride(), cfg)
+    s, cfg = s.resolve() if cfg is None else (s, cfg)
+    ts = task_settings(s.task, s.task_settings)
     if s.resume:  # the run's own settings and files: given otherwise, an error (rundir.resumed)
-        mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
+        mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **ts.flags()}
         cfg, kept = resumed_settings(s.out, cfg, s.given, mine, world_size=dist.world_size)
-        s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"],
-                                encoding={k: kept[k] for k in s.encoding})
-    record = {**fixed(cfg, dist.world_size), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **s.encoding}
+        s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"])
+        ts = dataclasses.replace(ts, **{k: kept[k] for k in ts.flags()})
+    record = {**fixed(cfg, dist.world_size), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef,
+              **ts.flags()}
     task_type, preset = resolve_task(s.task)
     fam = family(task_type)
-    ts = TaskSettings(type=task_type, preset=preset.name if preset else None,
-                      layout=preset.layout if preset else "auto", **s.encoding)
-    fam.check_settings(ts)
     if s.frozen is not None and not fam.per_word:
         raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
                          f"but --task {s.task} is {task_type}")
