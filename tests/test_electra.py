@@ -156,19 +156,19 @@ def test_pretrain_electra_end_to_end_and_resume_is_bit_identical(prepared, tmp_p
 
     code, _, err = cli(capsys, "pretrain", "--data", prepared / "data", "--out", tmp_path / "x", "--config", "tiny",
                        "--generator-size", "0.5", "--steps", "1", "--quiet")
-    assert code == 2 and "--generator-size sizes the generator of --objective electra; --objective mlm+nsp has none" in err
+    assert code == 2 and "--generator-size: a setting of --objective electra; --objective mlm+nsp does not read it" in err
 
 
 def test_a_runs_generator_size_is_read_from_its_record_or_an_older_config(tmp_path):
     from torchbert.io.record import RunRecord, write_record
-    from torchbert.train.objectives import PRETRAINING
+    from torchbert.train.objectives import PRETRAINING, ElectraSettings
     from torchbert.train.pretrain import run_settings
 
     spec, config = PRETRAINING["electra"], tiny()
-    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.25}  # nothing said: the default
+    assert run_settings(tmp_path, config, spec) == ElectraSettings(0.25)  # nothing said: the default
     config.extra = {"torchbert_generator_size": 0.5}  # a run of an older torchbert
-    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.5}
+    assert run_settings(tmp_path, config, spec) == ElectraSettings(0.5)
     write_record(tmp_path, RunRecord("pretrain", objective="electra", settings={"generator_size": 0.75}))
-    assert run_settings(tmp_path, config, spec) == {"generator_size": 0.75}  # the record's first
-    assert run_settings(tmp_path, config, PRETRAINING["mlm"]) == {}
-    assert ElectraForPreTraining(tiny(), **run_settings(tmp_path, config, spec)).generator_size == 0.75
+    assert run_settings(tmp_path, config, spec) == ElectraSettings(0.75)  # the record's first
+    assert run_settings(tmp_path, config, PRETRAINING["mlm"]) is None
+    assert spec.model(tiny(), run_settings(tmp_path, config, spec)).generator_size == 0.75

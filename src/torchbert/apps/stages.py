@@ -135,7 +135,8 @@ class Stages:
         """`torchbert pretrain`: train/pretrain.run_pretraining(s, cfg); its summary."""
         from ..train import pretrain
 
-        return self._training(name, "pretrain", [*as_flags(s), *as_flags(cfg)], s, cfg, pretrain.run_pretraining,
+        own = as_flags(s.objective_settings) if s.objective_settings is not None else []
+        return self._training(name, "pretrain", [*as_flags(s), *own, *as_flags(cfg)], s, cfg, pretrain.run_pretraining,
                               pretrain.report_lines)
 
     def finetune(self, name: str, s, cfg) -> dict[str, Any]:

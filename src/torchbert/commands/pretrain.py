@@ -49,9 +49,31 @@ def add(sub) -> None:
     mine = objectives()  # the registry's, each with its own words
     add_flags(p, PretrainSettings, helps={"objective": "BERT's: " + "; ".join(f"{n}, {PRETRAINING[n].about}" for n in mine)
                                                        + f" (default: {mine[0]}; with --resume: the run's own)"})
+    for spec in PRETRAINING.values():  # an objective's own settings, under its name
+        if spec.settings is not None:
+            add_flags(p.add_argument_group(f"{spec.flag}"), spec.settings)
     add_flags(p, TrainConfig)
     shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
                  overwrite="delete an existing --out and start again")
+
+
+def objective_settings(args):
+    """The settings object of the objective whose own flags were given (None: none was); the run
+    checks that it is its objective's. Flags of two objectives at once are an error."""
+    from ..train.objectives import PRETRAINING
+
+    given = getattr(args, "given", None)
+    found = None
+    for spec in PRETRAINING.values():
+        if spec.settings is None:
+            continue
+        names = [n for n in spec.settings.__dataclass_fields__ if given is None or n in given]
+        if names and given is not None:
+            if found is not None:
+                raise UserError(f"--{names[0].replace('_', '-')} is a setting of {spec.flag}, and the others given are "
+                                "another objective's: give one objective's settings")
+            found = settings_from(spec.settings, args)
+    return found
 
 
 def run(args) -> None:
@@ -60,7 +82,7 @@ def run(args) -> None:
     from ..train.pretrain import PretrainSettings, run_pretraining
 
     cfg = settings_from(TrainConfig, args, progress=not args.quiet)
-    settings = settings_from(PretrainSettings, args)
+    settings = settings_from(PretrainSettings, args, objective_settings=objective_settings(args))
     if args.config is not None and args.config not in PRESETS and not Path(args.config).is_file():
         raise UserError(f"--config {args.config}: neither a preset ({', '.join(PRESETS)}) nor a config.json file")
     run_training(args, cfg, partial(run_pretraining, settings, cfg), report)

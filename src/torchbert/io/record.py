@@ -8,10 +8,11 @@ starts, and read in one place (`read_record`):
     version     of this layout (VERSION); a newer one than this torchbert knows is refused
     made        pretrain, finetune or convert
     objective   a pretraining objective's name (train/objectives.py PRETRAINING): what --resume trains
-    settings    the objective's settings that shape its model but not the saved one (ELECTRA's
+    settings    the objective's own settings (its spec's settings class, train/objectives.py: ELECTRA's
                 generator_size)
-    task        a fine-tuned model's task settings (TaskSettings' fields), and "tagger" (TaggerSettings'
-                fields) for a feature-based tagger: what evaluate, predict, serve and export read
+    task        a fine-tuned model's task settings (its family's TaskSettings class), and "tagger"
+                (TaggerSettings' fields) for a feature-based tagger: what evaluate, predict, serve and
+                export read
     training    the training settings the run keeps on --resume (train/rundir.py: steps, batch, lr,
                 seed, ..., the input files' sha256); a resumed run writes its own once it has saved
     command     the command line that made it, when a command did
@@ -43,7 +44,7 @@ MADE = ("pretrain", "finetune", "convert")
 class RunRecord:
     made: str
     objective: str | None = None
-    # the objective's settings that shape its model but not the saved one (ELECTRA: generator_size)
+    # the objective's own settings (ELECTRA: generator_size), what --resume trains with
     settings: dict[str, Any] = field(default_factory=dict)
     task: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -28,9 +28,10 @@ from torch import Tensor, nn
 from ..baselines.elmo import ELMoBiLM
 from ..baselines.gpt import OpenAIGPTLMHeadModel
 from ..config import POSITIONS, BertConfig, ELMoConfig, GPTConfig
-from ..electra import RTD_WEIGHT, ElectraForPreTraining
+from ..electra import GENERATOR_SIZE, RTD_WEIGHT, ElectraForPreTraining
 from ..heads import BertForMaskedLM, BertForPreTraining
 from ..losses import next_tokens, previous_tokens
+from ..settings import Checked, setting
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.families import TaskFamily
 
@@ -186,19 +187,53 @@ class PretrainingObjective:
     family: str  # the model family (--model): bert, gpt, elmo
     model_class: type  # the model it trains; its save_pretrained writes the Hugging Face layout
     config_class: type  # that family's config
-    loss: Callable[[], Objective]  # a batch's loss parts
+    loss: Callable[..., Objective]  # a batch's loss parts (its settings' values, where they are the loss's)
     held_out: Callable[[dict], str]  # its line of held-out figures in pretrain's report
     masked: bool = True  # reads the prepared instances masked (MLM), or as plain text
     pairs: bool = False  # learns from sentence pairs: data prepared with --pairs none is refused
     positions: tuple[str, ...] = ()  # the --positions a fresh model may take
-    generator: bool = False  # takes --generator-size
     init: bool = True  # may start from an --init checkpoint
     about: str = ""  # what it is, for --help
+    # its own settings, a Checked dataclass of `setting` fields: `pretrain` shows them as flags under the
+    # objective, and the run record keeps them for --resume; they are its model class's keyword arguments
+    # (shapes_model: ELECTRA's generator size) or else its loss's
+    settings: type | None = None
+    shapes_model: bool = False
 
     @property
     def flag(self) -> str:
         """How the command line names it."""
         return f"--objective {self.name}" if self.family == "bert" else f"--model {self.name}"
+
+    def own(self, given: Any = None) -> Any:
+        """Its settings: `given` (of its class; another's is a ValueError naming whose it is), else its
+        defaults; None when it has none."""
+        if given is not None and type(given) is not self.settings:
+            owner = next((o.flag for o in PRETRAINING.values() if o.settings is type(given)), type(given).__name__)
+            flags = ", ".join(f"--{f.name.replace('_', '-')}" for f in fields(given))
+            raise ValueError(f"{flags}: a setting of {owner}; {self.flag} does not read it")
+        return given if given is not None else self.settings() if self.settings is not None else None
+
+    def model(self, config, own: Any = None) -> nn.Module:
+        """A fresh model of its class for `config`, shaped by its settings where they shape it."""
+        return self.model_class(config, **(settings_values(own) if self.shapes_model and own is not None else {}))
+
+    def objective(self, own: Any = None) -> Objective:
+        """Its loss, with its settings where they are the loss's."""
+        return self.loss(**(settings_values(own) if not self.shapes_model and own is not None else {}))
+
+
+def settings_values(own: Any) -> dict[str, Any]:
+    """A settings object's fields as keyword arguments (what the run record keeps, too)."""
+    return {f.name: getattr(own, f.name) for f in fields(own)}
+
+
+@dataclass
+class ElectraSettings(Checked):
+    """ELECTRA's own: the generator's width (it shapes the model that trains, not the BERT it saves)."""
+
+    generator_size: float = setting(GENERATOR_SIZE, "ELECTRA's generator width as a share of the BERT's (the "
+                                                    "paper: 1/4 to 1/2)", above=0, high=1)
 
 
 PRETRAINING: dict[str, PretrainingObjective] = {}  # by name; a family's first is its default
@@ -254,7 +289,7 @@ register_objective(PretrainingObjective(
     about="masked LM alone (BertForMaskedLM: no pooler and no NSP head, as Cramming and RoBERTa)"))
 register_objective(PretrainingObjective(  # transformers' ELECTRA has absolute positions only; its generator
     "electra", "bert", ElectraForPreTraining, BertConfig, ElectraTask, _mlm_line, positions=("absolute",),
-    generator=True, init=False,  # would start from nothing beside an --init discriminator
+    settings=ElectraSettings, shapes_model=True, init=False,  # would start from nothing beside an --init discriminator
     about="replaced-token detection (a narrow generator fills the masks, the BERT learns from every token which "
           "ones it replaced; the run folder is that BERT)"))
 register_objective(PretrainingObjective(

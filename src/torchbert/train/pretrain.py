@@ -20,6 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,6 @@ from ..architectures import architecture_of, load_config
 from ..config import POSITIONS, PRESETS, BertConfig, ELMoConfig, GPTConfig, check_memory
 from ..data.blend import BlendedData, open_data, parse_data
 from ..data.shards import PretrainingData
-from ..electra import GENERATOR_SIZE
 from ..errors import UserError
 from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
@@ -38,7 +38,8 @@ from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
-from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
+from .objectives import (PRETRAINING, PretrainingObjective, PretrainingTask, settings_values, families, objectives,
+                         pretraining_objective)
 from .recipes import RECIPES
 from .rundir import RunFolder, fixed
 from .rundir import resumed_config as resumed_settings
@@ -61,8 +62,6 @@ class PretrainSettings(Checked):
                                       "--resume: the run's own)", choices=families)
     objective: str | None = setting(None, "BERT's objective (train/objectives.py PRETRAINING; default: the paper's "
                                           "MLM + NSP; with --resume: the run's own)", choices=objectives)
-    generator_size: float | None = setting(None, "ELECTRA's generator width as a share of the BERT's (default: "
-                                                 "0.25; the paper: 1/4 to 1/2)", above=0, high=1)
     dropout: float | None = setting(None, "every dropout probability of a fresh model (default: the config's, 0.1 "
                                           "in the presets; Cramming pretrains with 0)", low=0, below=1)
     recipe: str | None = setting(None, "a named recipe for a fresh BERT (train/recipes.py): rotary, the paper's "
@@ -88,6 +87,9 @@ class PretrainSettings(Checked):
     fsdp: bool = setting(False, "shard the model with FSDP2 (under torchrun) instead of replicating it with DDP")
     resume: bool = setting(False, "continue the run in out from its newest checkpoint", cli=False)
     overwrite: bool = setting(False, "delete an existing out and start again", cli=False)
+    # the objective's own settings (its spec's `settings` class, e.g. ElectraSettings; None: its defaults,
+    # or a resumed run's); their flags are made from that class
+    objective_settings: Any = None
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
     command_line: str | None = None  # the command that runs it, for the run record
 
@@ -196,11 +198,11 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         raise UserError(f"--data {data.folder}: prepared with --pairs none (sentences packed end to end, no sentence "
                         f"pairs), which {spec.flag} cannot learn from: pretrain it with {' or '.join(others)}, or "
                         "prepare the corpus again with --pairs nsp")
-    shaping = {}  # what the objective's model takes beside its config (ELECTRA: the generator's size)
+    own = spec.own(s.objective_settings)  # its own settings (ELECTRA: the generator's size), or None
     if s.resume:
         check_resumed(s, config, data)
-        shaping = run_settings(s.out, config, spec)
-        model = spec.model_class(config, **shaping)  # the checkpoint brings the weights
+        own = run_settings(s.out, config, spec)
+        model = spec.model(config, own)  # the checkpoint brings the weights
     elif s.init is not None:
         data.check_vocab(s.init)
         model = spec.model_class.from_pretrained(s.init)
@@ -214,10 +216,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
             config = with_dropout(config, s.dropout)
         if s.positions is not None:
             config = dataclasses.replace(config, position_embedding_type=s.positions)
-        if spec.generator:
-            shaping = {"generator_size": GENERATOR_SIZE if s.generator_size is None else s.generator_size}
         check_memory(config, f"--config {s.config or 'small'}", copies=4)
-        model = spec.model_class(config, **shaping)
+        model = spec.model(config, own)
     config = model.config
     evaluate = counts = None
     eval_specs = [(Path(s.eval_data), None)] if s.eval_data is not None else None
@@ -227,7 +227,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         eval_data = open_data(eval_specs, seed=cfg.seed, shuffle=False, masked=spec.masked)
         for eval_folder, _ in eval_specs:
             data.check_vocab(eval_folder)
-        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, spec.loss())
+        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, spec.objective(own))
         if spec.masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
             started = time.perf_counter()
             counts = yardsticks(data, heldout_batches(eval_data, cfg.batch_size, s.eval_batches))
@@ -246,13 +246,13 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         training = fixed(cfg, dist.world_size)  # what --resume trains with
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
-            write_record(s.out, RunRecord("pretrain", objective=spec.name, settings=shaping,  # and trains
+            write_record(s.out, RunRecord("pretrain", objective=spec.name, settings=settings_values(own) if own is not None else {},  # and trains
                                        training=training, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
             with_training(s.out, training, "pretrain")  # a resumed run's, once a checkpoint holds its work
             folder.commit(checkpoint)
-        summary = train(model, data, spec.loss(), cfg, s.out, resume=s.resume, evaluate=evaluate,
+        summary = train(model, data, spec.objective(own), cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
@@ -323,14 +323,16 @@ def run_objective(out: Path, config) -> str:
     return next((n for n in objectives() if PRETRAINING[n].model_class.__name__ == head), objectives()[0])
 
 
-def run_settings(out: Path, config, spec: PretrainingObjective) -> dict:
-    """The settings a run's objective built its model with (its record; an older torchbert's config.json)."""
-    if not spec.generator:
-        return {}
+def run_settings(out: Path, config, spec: PretrainingObjective) -> Any:
+    """The objective's own settings a run trains with (its record; an older torchbert's config.json,
+    which kept them as torchbert_NAME); None for an objective without any."""
+    if spec.settings is None:
+        return None
     run = read_record(out)
-    if run is not None and "generator_size" in run.settings:
-        return {"generator_size": run.settings["generator_size"]}
-    return {"generator_size": float(config.extra.get("torchbert_generator_size", GENERATOR_SIZE))}
+    saved = run.settings if run is not None else {}
+    older = {f.name: config.extra[f"torchbert_{f.name}"] for f in dataclasses.fields(spec.settings)
+             if f"torchbert_{f.name}" in config.extra}
+    return spec.settings(**{k: v for k, v in {**older, **saved}.items() if k in spec.settings.__dataclass_fields__})
 
 
 def check_options(s: PretrainSettings, spec: PretrainingObjective) -> None:
@@ -338,9 +340,10 @@ def check_options(s: PretrainSettings, spec: PretrainingObjective) -> None:
     if s.positions is not None and s.positions not in spec.positions:
         takes = f" (it takes {' or '.join(spec.positions)})" if spec.positions else " (it keeps its own)"
         raise UserError(f"--positions {s.positions} is not supported with {spec.flag}{takes}")
-    if s.generator_size is not None and not spec.generator:
-        takers = ", ".join(o.flag for o in PRETRAINING.values() if o.generator)
-        raise UserError(f"--generator-size sizes the generator of {takers}; {spec.flag} has none")
+    try:
+        spec.own(s.objective_settings)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if s.init is not None and not spec.init:
         raise UserError(f"--init is not supported with {spec.flag}: it trains a part that would start from nothing")
 
@@ -365,9 +368,13 @@ def check_resumed(s: PretrainSettings, config: BertConfig | GPTConfig | ELMoConf
                   data: PretrainingData | BlendedData) -> None:
     """A --config, --data or model setting that says otherwise than the resumed run is an error."""
     family = architecture_of(config).name
-    size = run_settings(s.out, config, PRETRAINING[run_objective(s.out, config)]).get("generator_size")
-    if s.generator_size is not None and size is not None and s.generator_size != size:
-        raise UserError(f"--generator-size {s.generator_size} differs from the run's {size}; leave it out to resume")
+    run = run_settings(s.out, config, PRETRAINING[run_objective(s.out, config)])
+    if s.objective_settings is not None and run is not None:  # those given, against the run's
+        for f in dataclasses.fields(run):
+            flag = f"--{f.name.replace('_', '-')}"
+            mine, theirs = getattr(s.objective_settings, f.name), getattr(run, f.name)
+            if (s.given is None or f.name in s.given) and mine != theirs:
+                raise UserError(f"{flag} {mine} differs from the run's {theirs}; leave it out to resume")
     if s.dropout is not None and with_dropout(config, s.dropout) != config:
         raise UserError(f"--dropout {s.dropout} differs from the dropout the run in {s.out} started with; "
                         "leave --dropout out to resume it")
