@@ -55,6 +55,7 @@ class Architecture:
     write: Writer = hf.convert_to_hf   # and back
     heads: dict[str, type[nn.Module]] = field(default_factory=dict)  # task type -> its task model, for
     # families that do not name one for this architecture themselves
+    file_encoders: tuple[str, ...] = ()  # other prefixes its checkpoints keep the encoder under (RoFormer's)
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -89,6 +90,11 @@ def encoder_of(model):
     config = getattr(model, "config", None)
     arch = next((a for a in ARCHITECTURES.values() if type(config) is a.config_class), None)
     return getattr(model, arch.encoder, None) if arch is not None else None
+
+
+def encoder_tensor(name: str) -> bool:
+    """Whether a checkpoint tensor belongs to an encoder (of any architecture) and not to a head on it."""
+    return name.startswith(tuple(f"{p}." for a in ARCHITECTURES.values() for p in (a.encoder, *a.file_encoders)))
 
 
 def _by_model_type(model_type: str | None) -> Architecture:
@@ -187,7 +193,7 @@ class HFCheckpoint:
 
 register_architecture(Architecture(
     "bert", BertConfig, "bert", "BERT (Devlin et al., 2018), learned absolute or rotary positions",
-    frozen_features=True, exports=True, embeds=True, bf16=True,
+    frozen_features=True, exports=True, embeds=True, bf16=True, file_encoders=("roformer",),
     dropouts=("hidden_dropout_prob", "attention_probs_dropout_prob")))
 register_architecture(Architecture(
     "gpt", GPTConfig, "transformer", "GPT (Radford et al., 2018): BERT's blocks with causal attention",

@@ -878,23 +878,35 @@ def test_a_request_with_two_framings_is_refused_and_its_connection_closed(live):
 
 def test_an_endpoint_is_one_registered_class(minilm_dir):
     """Issue 49: a new endpoint is a class: the folder's build, the route, its batcher, /health and
-    /metrics come from the registry; the routes a folder does not serve answer 404 naming what it does."""
+    /metrics come from the registry; the routes a folder does not serve answer 404 naming what it does.
+    Issue 61: an option of its own is its class's too: serve's flag under its route, in the Spec's options."""
+    from dataclasses import dataclass
+
     from starlette.testclient import TestClient
 
     from torchbert.apps.batcher import Limits
-    from torchbert.apps.endpoints import ENDPOINTS, Call, register_endpoint
+    from torchbert.apps.endpoints import ENDPOINTS, Call, EmbedderSettings, register_endpoint
     from torchbert.apps.serve import create_app
     from torchbert.apps.worker import Spec, build
+    from torchbert.cli import build_parser
+    from torchbert.commands.serve import endpoint_options
+    from torchbert.settings import Checked, setting
     from torchbert.tokenizer import BertTokenizer
+
+    @dataclass
+    class CountSettings(Checked):
+        specials: bool = setting(True, "count [CLS] and [SEP] too (default: on)")
 
     class Count:
         """Tokens per text."""
 
         endpoint, path = "count", "/v1/count"
+        Settings = CountSettings
 
         def __init__(self, spec):
             self.name, self.precision = spec.name, spec.precision
             self.tokenizer = BertTokenizer.from_pretrained(spec.model_dir)
+            self.specials = (spec.options.get(self.endpoint) or CountSettings()).specials
 
         @classmethod
         def serves(cls, folder, config):
@@ -909,7 +921,7 @@ def test_an_endpoint_is_one_registered_class(minilm_dir):
             return Call(ids, [len(x) for x in ids])
 
         def __call__(self, items):
-            return [len(x) for x in items]
+            return [len(x) - (0 if self.specials else 2) for x in items]
 
         def encode(self, results, call):
             return {"model": self.name, "tokens": results}
@@ -928,6 +940,19 @@ def test_an_endpoint_is_one_registered_class(minilm_dir):
             r = c.post("/predict", json={"inputs": [{"text": "x"}]})
             assert r.status_code == 404 and r.json()["error"]["message"] == \
                 "m does not serve POST /predict: it serves POST /v1/embeddings and POST /v1/count"
+        parser = build_parser()
+        serve = parser._subparsers._group_actions[0].choices["serve"]
+        assert "POST /v1/count:\n  --specials, --no-specials" in serve.format_help()
+        options = endpoint_options(parser.parse_args(["serve", "--model", str(minilm_dir), "--no-specials",
+                                                      "--pooling", "cls"]))
+        assert options == {"embeddings": EmbedderSettings(pooling="cls"), "count": CountSettings(specials=False)}
+        with pytest.raises(ValueError, match="--pooling cls: .* was trained to pool by mean"):
+            build(Spec(str(minilm_dir), "m", options=options), load=False)  # the embedder reads its own
+        options["embeddings"] = EmbedderSettings(normalize=False)
+        served = build(Spec(str(minilm_dir), "m", options=options), load=True)
+        assert served[0].normalize is False and served[1].specials is False  # each endpoint's own, from the Spec
+        with TestClient(create_app(served, Limits())) as c:
+            assert c.post("/v1/count", json={"texts": ["a short text", "another"]}).json()["tokens"] == [3, 1]
     finally:
         ENDPOINTS.remove(Count)
 

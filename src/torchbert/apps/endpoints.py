@@ -4,9 +4,11 @@ An endpoint is the whole of one route: which model folders it serves (`serves`),
 from the server's Spec (`from_spec`: its request side in the server, the model itself in the worker
 process), how a request body becomes items and their tokens (`decode`, a Rejected naming the field
 when it does not fit), how the model runs a batch of items from any requests (`__call__`, in the
-worker), and how a request's results become its response body (`encode`). The app (serve.py) gives
-every registered endpoint its route, its batcher and its metrics; a new route is one class here, and
-`register_endpoint` (docs/architecture.md works an example). Which of them a fine-tuned run offers,
+worker), and how a request's results become its response body (`encode`); an endpoint with options
+of its own declares them as a dataclass of `setting` fields (`Settings`), which `serve` makes flags
+of, under the endpoint's route, and hands to `from_spec` in the Spec's `options`. The app (serve.py)
+gives every registered endpoint its route, its batcher and its metrics; a new route is one class
+here, and `register_endpoint` (docs/architecture.md works an example). Which of them a fine-tuned run offers,
 its task's family says (TaskFamily.endpoints).
 
     POST /v1/embeddings   Embedder: sentence embeddings, OpenAI's request and response
@@ -25,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ..settings import Checked, setting
 from .batcher import Limits, Rejected, budget_batches
 
 
@@ -41,6 +44,8 @@ class Call:
 class Endpoint(Protocol):
     endpoint: ClassVar[str]  # its name in /metrics and /health, and in the worker
     path: ClassVar[str]  # its route (POST)
+    # (optional) Settings: ClassVar[type], its own options, a Checked dataclass: serve's flags under its
+    # route; from_spec finds them in spec.options[endpoint] (absent: its defaults)
     name: str  # the served model's name
     precision: str
 
@@ -57,6 +62,13 @@ class Endpoint(Protocol):
     def encode(self, results: list, call: Call) -> dict: ...
 
 
+@dataclass
+class EmbedderSettings(Checked):
+    pooling: str | None = setting(None, "how tokens become one vector (default: the model folder's own, as its "
+                                        "sentence-transformers files say, else mean)", choices=("cls", "mean", "max"))
+    normalize: bool = setting(True, "unit-length embeddings, as OpenAI's (default: on)")
+
+
 class Embedder:
     """A BERT encoder's sentence embeddings, as `torchbert embed` computes them: from a folder, or
     from the encoder and tokenizer of a loaded model. load=False: the tokenizer side only (what the
@@ -64,6 +76,7 @@ class Embedder:
 
     endpoint = "embeddings"
     path = "/v1/embeddings"
+    Settings = EmbedderSettings  # serve's --pooling and --normalize
 
     def __init__(self, model_dir: Path | None, *, name: str, pooling: str | None = None, normalize: bool = True,
                  max_length: int | None = None, limits: Limits | None = None, device: str = "cpu",
@@ -102,7 +115,8 @@ class Embedder:
     def from_spec(cls, spec, load: bool, loaded: dict) -> Embedder:
         from ..io.hf import folder_pooling
 
-        kw = dict(name=spec.name, pooling=folder_pooling(spec.model_dir, spec.pooling), normalize=spec.normalize,
+        own = spec.options.get(cls.endpoint) or EmbedderSettings()
+        kw = dict(name=spec.name, pooling=folder_pooling(spec.model_dir, own.pooling), normalize=own.normalize,
                   max_length=spec.max_length, limits=spec.limits, precision=spec.precision)
         task_model = loaded.get("task_model")
         if load and task_model is not None:  # a fine-tuned BERT: its encoder, loaded once

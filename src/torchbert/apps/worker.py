@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .batcher import Limits
 from .endpoints import ENDPOINTS, Endpoint
@@ -28,9 +29,8 @@ class Spec:
 
     model_dir: str
     name: str
-    pooling: str | None = None  # None: the folder's own (io/hf.folder_pooling)
-    normalize: bool = True
     max_length: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # an endpoint's name -> its own settings (its Settings)
     limits: Limits = field(default_factory=Limits)  # the server's, the one carrier of each limit
     device: str = "cpu"
     precision: str = "fp32"  # fp32, bf16 or int8

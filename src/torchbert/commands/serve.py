@@ -58,9 +58,6 @@ class ServeSettings(Checked):
                                         "/health and /metrics stay open (default: $TORCHBERT_API_KEY, else none: "
                                         "anyone who can reach the port may use the model). Prefer the variable: a "
                                         "key on the command line is shown to every user of the machine by `ps`")
-    pooling: str | None = setting(None, "how tokens become one vector (default: the model folder's own, as its "
-                                        "sentence-transformers files say, else mean)", choices=("cls", "mean", "max"))
-    normalize: bool = setting(True, "unit-length embeddings, as OpenAI's (default: on)")
     max_length: int | None = setting(None, "tokens kept per text; longer texts are cut and the response says which "
                                            "(default: the model's limit)", low=2)
     log_level: str = setting("info", "uvicorn's log level; debug also logs each request (default: info)",
@@ -69,13 +66,25 @@ class ServeSettings(Checked):
 
 def add(sub) -> None:
     from ..apps.batcher import Limits
+    from ..apps.endpoints import ENDPOINTS
 
     p = command(sub, __name__)
     shared_flags(p, "model")
     add_flags(p, ServeSettings, skip=("log_level",))
+    for cls in ENDPOINTS:  # each endpoint's own options, under its route
+        if getattr(cls, "Settings", None) is not None:
+            add_flags(p.add_argument_group(f"POST {cls.path}"), cls.Settings)
     add_flags(p, Limits)
     add_flags(p, ServeSettings, only=("log_level",))
     shared_flags(p, "device", "threads", "precision", "int8")
+
+
+def endpoint_options(args) -> dict:
+    """Each endpoint's own settings from the parsed flags, by endpoint name (the Spec's `options`)."""
+    from ..apps.endpoints import ENDPOINTS
+
+    return {cls.endpoint: settings_from(cls.Settings, args) for cls in ENDPOINTS
+            if getattr(cls, "Settings", None) is not None}
 
 
 def run(args) -> None:
@@ -99,26 +108,23 @@ def run(args) -> None:
     device = cpu_for_int8(args)
     precision = inference_precision(args, device, model_dir)
     from ..architectures import load_config
-    from ..io.hf import folder_pooling
 
-    try:
-        s.pooling = folder_pooling(model_dir, s.pooling)
-    except ValueError as e:
-        raise UserError(str(e)) from None
     limit = load_config(model_dir).max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
     name = s.name or Path(args.model).name
-    spec = Spec(str(model_dir), name, pooling=s.pooling, normalize=s.normalize, max_length=s.max_length,
-                limits=limits, device=str(device), precision=precision,
-                threads=args.threads)
-    if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
-        int8_note()
-        served = build(spec, load=True)
-        workers = None
-    else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
-        served = build(spec, load=False)  # the request side
-        workers = worker_pool(spec)
+    spec = Spec(str(model_dir), name, max_length=s.max_length, options=endpoint_options(args), limits=limits,
+                device=str(device), precision=precision, threads=args.threads)
+    try:  # what the folder says where a flag left it open (the pooling), checked before anything is served
+        if args.int8:  # ONNX Runtime runs a batch in one call, which lets go of the interpreter lock: a thread will do
+            int8_note()
+            served = build(spec, load=True)
+            workers = None
+        else:  # PyTorch's many small steps would wait on the event loop for the lock: a process of its own
+            served = build(spec, load=False)  # the request side
+            workers = worker_pool(spec)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     task = next((f", a {x.ts.type} model" for x in served if hasattr(x, "ts")), "")
     print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} "
           f"({', '.join(f'POST {x.path}' for x in served)}, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "

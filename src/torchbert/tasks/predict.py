@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..architectures import load_config
+from ..architectures import encoder_tensor, load_config
 from ..config import BertConfig, check_ids
 from .. import fast
 from ..fast import threads
@@ -130,7 +130,7 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, prec
         model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
     else:
         model = fam.model_for(config).from_pretrained(model_dir, **fam.head_arguments(ts)).to(device).eval()
-        if any(not k.startswith(("bert.", "roformer.")) for k in model.load_report["missing"]):
+        if any(not encoder_tensor(k) for k in model.load_report["missing"]):
             raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
     model = fast.at_precision(model, precision)
     return model, BertTokenizer.from_pretrained(model_dir), ts, label_map

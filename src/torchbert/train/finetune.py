@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import ARCHITECTURES, architecture_of, architecture_of_folder, load_config
+from ..architectures import architecture_of, encoder_tensor, architecture_of_folder, load_config
 from ..config import BertConfig
 from ..errors import UserError
 from ..eval.plots import plot_finetuning
@@ -136,8 +136,7 @@ def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
         model = cls.from_pretrained(model_dir, config=config, **fam.head_arguments(ts))
-    encoders = ("roformer.", *(a.encoder + "." for a in ARCHITECTURES.values()))  # RoFormer: a rotary BERT's file
-    fresh = [k for k in model.load_report["missing"] if not k.startswith(encoders)]
+    fresh = [k for k in model.load_report["missing"] if not encoder_tensor(k)]
     if fresh:
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
             f"of {model_dir}")
