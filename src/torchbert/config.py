@@ -255,10 +255,9 @@ class GPTConfig(_JsonConfig):
     layer_norm_epsilon: float = 1e-5  # layer_norm_eps
     initializer_range: float = 0.02
     # the task heads (GPT paper, section 3.3): Hugging Face's dropout before the extract token's head;
-    # the weight of the next-token loss on the task's text (L3 = L2 + lm_coef * L1; finetune --lm-coef);
-    # similarity read in both orders, the two extract states summed (set for regression tasks)
+    # similarity read in both orders, the two extract states summed (set for regression tasks). The
+    # weight of the next-token loss in fine-tuning is how a head trains, its argument (baselines/gpt.py)
     summary_first_dropout: float = 0.1
-    lm_coef: float = 0.5
     both_orders: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

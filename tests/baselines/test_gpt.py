@@ -247,7 +247,13 @@ def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepare
     assert code == 0, err
     assert "OpenAIGPTForTokenClassification: a new head (classifier)" in err
     saved = json.loads((tmp_path / "tok" / "config.json").read_text())
-    assert saved["model_type"] == "openai-gpt" and saved["lm_coef"] == 0.25
+    assert saved["model_type"] == "openai-gpt" and "lm_coef" not in saved  # how it trained: the run record's
+    assert json.loads((tmp_path / "tok" / "torchbert.json").read_text())["training"]["lm_coef"] == 0.25
+    from torchbert.tasks.families import task_settings
+    from torchbert.train.finetune import load_task_model, task_config
+    ts = task_settings("token")
+    config = task_config(tmp_path / "tok", ts, None)
+    assert load_task_model(tmp_path / "tok", config, ts, log=lambda *a: None, lm_coef=0.25).lm_coef == 0.25
     code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "tok", "--data", tmp_path / "t.conll")
     assert code == 0, err
     assert json.loads(out)["f1"] == pytest.approx(json.loads((tmp_path / "tok" / "metrics.json").read_text())["f1"])

@@ -128,20 +128,23 @@ class OpenAIGPTLMHeadModel(HFCheckpoint, nn.Module):
         return LMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states)
 
 
+LM_COEF = 0.5  # the weight of the next-token loss in fine-tuning (the paper's)
+
+
 class _GPTTask(HFCheckpoint, nn.Module):
     """GPT under a task head (section 3.3). With targets the loss is L3 = L2 + lm_coef * L1: the task's
-    loss plus the next-token loss on the task's own text, lm_coef 0.5 as in the paper
-    (config.lm_coef, `finetune --lm-coef`). Inputs are packed [N] with cu_seqlens, or full
-    [B, T] rows; GPT has no segments, so token_type_ids are ignored (the delimiter token separates a
+    loss plus the next-token loss on the task's own text, lm_coef 0.5 as in the paper (a training
+    setting, `finetune --lm-coef`, not kept in config.json). Inputs are packed [N] with cu_seqlens,
+    or full [B, T] rows; GPT has no segments, so token_type_ids are ignored (the delimiter token separates a
     pair) and attention_mask is refused (padding would follow each sequence's last token)."""
 
     config_class = GPTConfig
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, lm_coef: float = LM_COEF):
         super().__init__()
         self.config = config
         self.transformer = OpenAIGPTModel(config)
-        self.lm_coef = float(config.lm_coef)
+        self.lm_coef = float(lm_coef)
 
     def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                cu_seqlens: Tensor | None = None, max_seqlen: int | None = None, output_hidden_states: bool = False,
@@ -187,8 +190,8 @@ class OpenAIGPTForSequenceClassification(_GPTTask):
     Face's `score`, no bias). Similarity (config.both_orders, set for regression tasks):
     each pair is read in both orders and the two final states are summed before the layer."""
 
-    def __init__(self, config: GPTConfig):
-        super().__init__(config)
+    def __init__(self, config: GPTConfig, lm_coef: float = LM_COEF):
+        super().__init__(config, lm_coef)
         self.score = nn.Linear(config.n_embd, num_labels(config), bias=False)
         init_weights(self.score, config.initializer_range)
         self.both_orders = bool(config.both_orders)
@@ -226,8 +229,8 @@ class OpenAIGPTForTokenClassification(_GPTTask):
     left-to-right baseline of BERT's tagging (Hugging Face has no such class; the head is named
     as BERT's, `classifier`)."""
 
-    def __init__(self, config: GPTConfig):
-        super().__init__(config)
+    def __init__(self, config: GPTConfig, lm_coef: float = LM_COEF):
+        super().__init__(config, lm_coef)
         self.dropout = nn.Dropout(config.resid_pdrop)
         self.classifier = nn.Linear(config.n_embd, num_labels(config))
         init_weights(self.classifier, config.initializer_range)
@@ -261,8 +264,8 @@ class OpenAIGPTForQuestionAnswering(_GPTTask):
     """Start and end logits from each token's final state (`qa_outputs`, as BERT's): the question
     comes first, so every context token has read it."""
 
-    def __init__(self, config: GPTConfig):
-        super().__init__(config)
+    def __init__(self, config: GPTConfig, lm_coef: float = LM_COEF):
+        super().__init__(config, lm_coef)
         self.qa_outputs = nn.Linear(config.n_embd, 2)
         init_weights(self.qa_outputs, config.initializer_range)
 
@@ -300,8 +303,8 @@ class OpenAIGPTForMultipleChoice(_GPTTask):
     extract token's final state, a softmax over the choices. Hugging Face's OpenAIGPTDoubleHeadsModel
     layout (`multiple_choice_head.summary`); L1 is the next-token loss over every choice's text."""
 
-    def __init__(self, config: GPTConfig):
-        super().__init__(config)
+    def __init__(self, config: GPTConfig, lm_coef: float = LM_COEF):
+        super().__init__(config, lm_coef)
         self.multiple_choice_head = SequenceSummary(config)
         init_weights(self.multiple_choice_head.summary, config.initializer_range)
 

@@ -130,12 +130,16 @@ def task_config(model_dir: Path, ts: TaskSettings, label_map) -> BertConfig:
     return fam.configure(config, label_map, ts, model_dir)
 
 
-def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print) -> nn.Module:
+def load_task_model(model_dir: Path, config: BertConfig, ts: TaskSettings, log=print,
+                    lm_coef: float | None = None) -> nn.Module:
+    """The task model on the encoder in `model_dir`, built with what it trains by: its family's
+    settings (head_arguments) and, for an architecture with a language-model loss, its weight."""
     fam = family(ts.type)
     cls = fam.model_for(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reported below in one line
-        model = cls.from_pretrained(model_dir, config=config, **fam.head_arguments(ts))
+        model = cls.from_pretrained(model_dir, config=config, **fam.head_arguments(ts),
+                                    **({"lm_coef": lm_coef} if lm_coef is not None else {}))
     fresh = [k for k in model.load_report["missing"] if not encoder_tensor(k)]
     if fresh:
         log(f"{cls.__name__}: a new head ({', '.join(sorted({k.split('.')[0] for k in fresh}))}) on the encoder "
@@ -183,10 +187,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a {type(config).MODEL_TYPE} model"
                          + (" (ELMo's task models always read its features frozen)" if arch.name == "elmo"
                             else ""))
-    if s.lm_coef is not None:
-        if not arch.lm_coef:
-            raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a BERT")
-        config = dataclasses.replace(config, lm_coef=s.lm_coef)
+    if s.lm_coef is not None and not arch.lm_coef:
+        raise ValueError(f"--lm-coef weighs GPT's next-token loss during fine-tuning; {s.model} is a {arch.title}")
     if s.resume:
         check_resumed_task(s.out, config, ts)
     if ts.max_length > config.max_position_embeddings:
@@ -223,7 +225,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         log(f"FeatureTagger: a new {s.frozen.kind} tagger ({trained:,} parameters) on {s.frozen.strategy} features "
             f"of the frozen encoder of {s.model}")
     else:
-        model = load_task_model(s.model, config, ts, log).to(device)
+        model = load_task_model(s.model, config, ts, log, s.lm_coef).to(device)
     from .distributed import wrap
 
     model = wrap(model, dist, device)
