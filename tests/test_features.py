@@ -105,7 +105,7 @@ def test_sentence_transformers_parity(minilm_dir, ours, tok):
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(minilm_dir), device="cpu")
-    texts = list(realdata.english_texts()[200:400]) + list(realdata.peoples_daily_sentences()[200:300])
+    texts = list(realdata.english_texts()[200:300]) + list(realdata.peoples_daily_sentences()[200:260])
     want = st.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
     got = embed(ours, tok, texts, pooling="mean", normalize=True, max_length=st.max_seq_length)
     cos = (want * got).sum(1) / np.linalg.norm(want, axis=1)

@@ -553,7 +553,10 @@ def test_numpys_short_write_is_a_full_disk(tmp_path):
 def test_an_api_key_on_the_command_line_is_warned_about(tmp_path, capsys, minilm_dir, monkeypatch):
     import uvicorn
 
+    from torchbert.apps import worker
+
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.setattr(worker, "worker_pool", lambda spec: None)  # no model process: the warning comes first
     monkeypatch.delenv("TORCHBERT_API_KEY", raising=False)
     code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "s3cret")
     assert "--api-key on the command line is shown to every user" in err and "s3cret" not in err

@@ -76,10 +76,11 @@ def same_folders(a: Path, b: Path, other_corpus: bool = False) -> None:
 # the same data whatever the parallelism
 
 
+@pytest.mark.e2e  # prepare on a pool of worker processes
 def test_same_shards_for_any_number_of_workers(work, corpus, tok):
     settings = dict(block_mb=0.02, dupe_factor=2, heldout_docs=20, shard_size=500, seed=3)
     outs = []
-    for workers in (1, 2, 3):
+    for workers in (1, 3):
         out = work / f"workers-{workers}"
         m = prepare([corpus], tok, out, PrepareSettings(workers=workers, **settings))
         outs.append(out)
@@ -87,7 +88,6 @@ def test_same_shards_for_any_number_of_workers(work, corpus, tok):
     assert plan_blocks > 10  # many blocks, each ending in a shard of its own
     assert m["heldout"]["documents"] == 20 and m["counts"]["documents"] == 280
     same_folders(outs[0], outs[1])
-    same_folders(outs[0], outs[2])
     assert not list(work.glob("*.partial"))
 
 
@@ -292,6 +292,7 @@ def test_a_compressed_file_is_cut_where_its_text_is(work, docs, layout):
             assert [p.line for p in got] == [text.encode()[:p.start].count(b"\n") + 1 for p in want]
 
 
+@pytest.mark.e2e  # prepare on a pool of worker processes
 def test_one_compressed_file_is_read_on_every_core_into_the_plain_files_shards(work, corpus, tok, monkeypatch):
     """One .gz / .zst file in many pieces and blocks: its text staged piece by piece for the workers,
     the same shards as the plain file with 1 or 2 workers, and no staged text left behind."""

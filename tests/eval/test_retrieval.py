@@ -61,7 +61,7 @@ def test_scores_equal_sentence_transformers_on_real_queries(minilm_dir, tmp_path
     from torchbert.model import BertModel
     from torchbert.tokenizer import BertTokenizer
 
-    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)[:80]
+    pairs = inverse_cloze(peoples_daily_paragraphs(), seed=0)[:50]
     path = tmp_path / "pd.jsonl"
     path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
     r = read_retrieval_set(path)

@@ -28,6 +28,7 @@ def texts():
 
 
 def test_embeddings_in_bf16_stay_within_cosine_0999_of_fp32(minilm_dir, texts):
+    texts = texts[:40] + texts[100:140]  # English and Chinese
     tok = BertTokenizer.from_pretrained(minilm_dir)
     fp32 = BertModel.from_pretrained(minilm_dir).eval()
     half = bf16(copy.deepcopy(fp32))

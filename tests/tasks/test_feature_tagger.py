@@ -261,6 +261,7 @@ def test_a_frozen_run_trains_its_tagger(runs, wnut, kind):
         assert set(load_file(ckpt / "model.safetensors")) == tagger_keys
 
 
+@pytest.mark.e2e  # runs whole finetune --frozen commands (the runs fixture)
 @pytest.mark.parametrize("kind", ["bilstm", "linear"])
 def test_the_run_folder_holds_minilm_bit_for_bit(runs, minilm_dir, kind):
     ours = load_file(runs[kind] / "model.safetensors")
@@ -270,6 +271,7 @@ def test_the_run_folder_holds_minilm_bit_for_bit(runs, minilm_dir, kind):
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.e2e  # runs whole finetune --frozen commands (the runs fixture)
 @torch.no_grad()
 def test_transformers_reads_the_encoder_of_a_run(runs):
     run = runs["bilstm"]
@@ -279,6 +281,7 @@ def test_transformers_reads_the_encoder_of_a_run(runs):
     assert_parity(ours(x).last_hidden_state, theirs(x).last_hidden_state)
 
 
+@pytest.mark.e2e  # runs whole finetune --frozen commands (the runs fixture)
 @pytest.mark.parametrize("kind", ["bilstm", "linear"])
 def test_evaluate_and_predict_read_the_run_folder(runs, wnut, tmp_path, capsys, kind):
     root, _, dev = wnut
@@ -299,6 +302,7 @@ def test_evaluate_and_predict_read_the_run_folder(runs, wnut, tmp_path, capsys, 
     assert [p["tags"] for p in preds] == [r["tags"] for r in reference]
 
 
+@pytest.mark.e2e  # runs whole finetune --frozen commands (the runs fixture)
 def test_resume_from_a_tagger_only_checkpoint_ends_where_the_full_run_did(runs, wnut, minilm_dir, tmp_path, capsys):
     full = runs["linear"]
     run = tmp_path / "linear"
