@@ -188,3 +188,25 @@ def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):
     assert max(abs(a["probability"] - b["probability"]) for a, b in zip(q8, fp32)) < 0.05
     code, out, err = cli(capsys, "evaluate", "--model", tmp_path / "run", "--data", data, "--int8", "--quiet")
     assert code == 0 and "accuracy" in json.loads(out), err
+
+
+def test_a_feature_based_tagger_is_refused_in_words(tmp_path, capsys):
+    """A `finetune --frozen` run (a BiLSTM over a frozen encoder's features) has no graph export can
+    trace; it said so only as an unexpected torch.export error."""
+    from dataclasses import asdict
+
+    from clihelp import cli
+
+    from torchbert import BertConfig
+    from torchbert.io.record import RunRecord, write_record
+    from torchbert.tasks.feature_tagger import FeatureTagger, TaggerSettings
+
+    config = BertConfig.from_name("tiny", vocab_size=100)
+    config.extra["id2label"] = {"0": "O", "1": "B-PER"}
+    settings = TaggerSettings(kind="bilstm", strategy="last", lstm_size=8)
+    run = tmp_path / "frozen"
+    FeatureTagger(config, settings).save_pretrained(run)
+    write_record(run, RunRecord("finetune", task={"type": "token", "tagger": asdict(settings)}))
+    code, _, err = cli(capsys, "export", "--model", run, "--out", tmp_path / "onnx")
+    assert code == 2 and "a feature-based tagger (finetune --frozen) does not export" in err, err
+    assert not (tmp_path / "onnx").exists()

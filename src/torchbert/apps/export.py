@@ -31,7 +31,7 @@ PER_TOKEN = ("last_hidden_state",)  # the encoder's; a task model's: its family'
 
 def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
     """(model in eval mode, what it is, its output names) for a BERT folder or a torchbert fine-tune."""
-    from ..architectures import architecture_of, encoder_of, load_config
+    from ..architectures import architecture_of, load_config
     from ..io.record import read_record
 
     arch = architecture_of(load_config(model_dir))
@@ -39,11 +39,13 @@ def load_for_export(model_dir: Path) -> tuple[nn.Module, str, tuple[str, ...]]:
         raise ValueError(f"{model_dir}: export handles BERT models; this is a {arch.title} model")
     record = read_record(model_dir)
     if record is not None and record.fine_tuned:
+        from ..tasks.feature_tagger import TAGGER_FILE
         from ..tasks.predict import load_finetuned
 
+        if (model_dir / TAGGER_FILE).is_file():  # its LSTM over the frozen encoder's features does not trace
+            raise ValueError(f"{model_dir}: a feature-based tagger (finetune --frozen) does not export; export the "
+                             "encoder it reads (its pretrained folder), or fine-tune the whole model without --frozen")
         model, _, ts, _ = load_finetuned(model_dir, None, torch.device("cpu"))
-        if encoder_of(model) is None:
-            raise ValueError(f"{model_dir}: a feature tagger (finetune --frozen) has no single graph to export")
         outputs, kind = family(ts.type).export_outputs, ts.type
     elif not arch.embeds:  # the bare encoder exported is BERT's (embeds: its encoder is a BertModel)
         raise ValueError(f"{model_dir}: a {arch.title} encoder exports once fine-tuned for a task; fine-tune it first")
