@@ -202,4 +202,5 @@ register_architecture(Architecture(
 register_architecture(Architecture(
     "elmo", ELMoConfig, "elmo", "ELMo (Peters et al., 2018): two LSTM language models, read as frozen features",
     finetune_lr=1e-3, dropouts=("dropout",), title="ELMo",
-    no_head=" (ELMo's features feed a BiLSTM tagger or classifier here)", read=hf.elmo_from_state, write=hf.elmo_to_state))
+    no_head=" (ELMo's features feed a BiLSTM tagger or classifier here)",
+    read=hf.elmo_from_state, write=hf.elmo_to_state))

@@ -220,7 +220,8 @@ class BertForReranking(BertForSequenceClassification):
     pair, and saved as that class (transformers and sentence-transformers' CrossEncoder load it; its
     relevance is the sigmoid of the score). With num_choices [U] (each query's candidate pairs in a
     row) and labels [S] (each pair's relevance, 0 to 1), the loss `loss` (a training setting, not
-    the model's: finetune --rerank-loss): listwise, the cross-entropy of the softmax over a query's candidates against its labels (scaled
+    the model's: finetune --rerank-loss):
+    listwise, the cross-entropy of the softmax over a query's candidates against its labels (scaled
     to sum to 1); pointwise, the binary cross-entropy of each pair."""
 
     hf_architecture = "BertForSequenceClassification"

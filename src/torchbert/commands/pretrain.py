@@ -62,13 +62,11 @@ def objective_settings(args):
     checks that it is its objective's. Flags of two objectives at once are an error."""
     from ..train.objectives import PRETRAINING
 
-    given = getattr(args, "given", None)
+    given = getattr(args, "given", None)  # the flags the command line gave (cli.given_flags)
     found = None
     for spec in PRETRAINING.values():
-        if spec.settings is None:
-            continue
-        names = [n for n in spec.settings.__dataclass_fields__ if given is None or n in given]
-        if names and given is not None:
+        names = [n for n in getattr(spec.settings, "__dataclass_fields__", ()) if n in (given or ())]
+        if names:
             if found is not None:
                 raise UserError(f"--{names[0].replace('_', '-')} is a setting of {spec.flag}, and the others given are "
                                 "another objective's: give one objective's settings")

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import architecture_of, encoder_tensor, architecture_of_folder, load_config
+from ..architectures import architecture_of, architecture_of_folder, encoder_tensor, load_config
 from ..config import BertConfig
 from ..errors import UserError
 from ..eval.plots import plot_finetuning
@@ -87,7 +87,8 @@ class FinetuneSettings(Checked):
         if loop["lr"] is None:
             arch = architecture_of_folder(self.model)  # None: run_finetuning says what is wrong with the folder
             loop["lr"] = 1e-3 if self.frozen is not None else arch.finetune_lr if arch is not None else 5e-5
-        return dataclasses.replace(self, task_settings=task_settings(self.task, self.task_settings)), TrainConfig(**loop)
+        resolved = dataclasses.replace(self, task_settings=task_settings(self.task, self.task_settings))
+        return resolved, TrainConfig(**loop)
 
 
 # fine-tuning's own defaults of the loop's settings (FinetuneSettings.resolve: lr None is decided there)

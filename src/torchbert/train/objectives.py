@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -216,16 +216,11 @@ class PretrainingObjective:
 
     def model(self, config, own: Any = None) -> nn.Module:
         """A fresh model of its class for `config`, shaped by its settings where they shape it."""
-        return self.model_class(config, **(settings_values(own) if self.shapes_model and own is not None else {}))
+        return self.model_class(config, **(asdict(own) if self.shapes_model and own is not None else {}))
 
     def objective(self, own: Any = None) -> Objective:
         """Its loss, with its settings where they are the loss's."""
-        return self.loss(**(settings_values(own) if not self.shapes_model and own is not None else {}))
-
-
-def settings_values(own: Any) -> dict[str, Any]:
-    """A settings object's fields as keyword arguments (what the run record keeps, too)."""
-    return {f.name: getattr(own, f.name) for f in fields(own)}
+        return self.loss(**(asdict(own) if not self.shapes_model and own is not None else {}))
 
 
 @dataclass

@@ -18,7 +18,7 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,7 @@ from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
-from .objectives import (PRETRAINING, PretrainingObjective, PretrainingTask, settings_values, families, objectives,
-                         pretraining_objective)
+from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
 from .recipes import RECIPES
 from .rundir import RunFolder, fixed
 from .rundir import resumed_config as resumed_settings
@@ -246,8 +245,9 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         training = fixed(cfg, dist.world_size)  # what --resume trains with
         if dist.is_main and not s.resume:
             config.save(s.out / "config.json")  # what --resume builds the model from
-            write_record(s.out, RunRecord("pretrain", objective=spec.name, settings=settings_values(own) if own is not None else {},  # and trains
-                                       training=training, command=s.command_line))
+            own_settings = asdict(own) if own is not None else {}  # what --resume builds its model with
+            write_record(s.out, RunRecord("pretrain", objective=spec.name, settings=own_settings, training=training,
+                                          command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
             with_training(s.out, training, "pretrain")  # a resumed run's, once a checkpoint holds its work
