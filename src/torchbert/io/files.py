@@ -273,10 +273,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
-            write(tmp)
-            _open_mode(tmp, folder=False)
-            _fsync(tmp)
-            os.replace(tmp, path)
+            with writing(path.parent):  # judged before the partial file goes: its removal frees the disk
+                write(tmp)
+                _open_mode(tmp, folder=False)
+                _fsync(tmp)
+                os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -305,15 +306,16 @@ def atomic_folder(final: str | os.PathLike, marked: bool = False) -> Iterator[Pa
     with writing(final.parent), _parents(final.parent):
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
         try:
-            _open_mode(tmp, folder=True)
-            if marked:
-                mark(tmp)
-            yield tmp
-            for root, _, names in os.walk(tmp):
-                for name in names:
-                    _fsync(os.path.join(root, name))
-                _fsync(root)
-            swap_in(tmp, final)
+            with writing(final.parent):  # judged before the partial folder goes: its removal frees the disk
+                _open_mode(tmp, folder=True)
+                if marked:
+                    mark(tmp)
+                yield tmp
+                for root, _, names in os.walk(tmp):
+                    for name in names:
+                        _fsync(os.path.join(root, name))
+                    _fsync(root)
+                swap_in(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
