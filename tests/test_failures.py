@@ -220,7 +220,7 @@ def test_every_command_that_writes_a_folder_is_refused_while_another_process_hol
     argvs = {"vocab": ["--corpus", x, "--vocab-size", "40"], "prepare": ["--corpus", x, "--tokenizer", x], "pretrain": ["--data", x],
              "finetune": ["--task", "classification", "--model", x, "--train", x], "export": ["--model", x],
              "convert": ["--tf-checkpoint", x],
-             "samples": ["wnut16"], "demo": [], "compare": []}
+             "samples": ["wnut16"], "demo": [], "compare": [], "benchmark": ["local", "--model", x]}
     assert set(argvs) == set(filter(writes_folder, commands()))  # a new command that writes a folder is tested here too
     holder = hold_in_another_process(out)
     try:

@@ -167,7 +167,9 @@ def test_a_settings_class_refuses_what_its_flags_refuse(cls):
     """Each settings dataclass is Checked: its bounds hold from Python as from the command line."""
     def fits(f):  # a value a required setting takes
         m = f.metadata
-        return choices_of(f)[0] if m["choices"] else m["low"] if m["low"] is not None else "x"
+        if m["choices"]:
+            return choices_of(f)[0]
+        return m["low"] if m["low"] is not None else m["above"] + 1 if m["above"] is not None else "x"
 
     required = {f.name: fits(f) for f in fields(cls) if f.metadata and f.default is f.default_factory}
     cls(**required)  # the defaults pass

@@ -119,7 +119,7 @@ def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[s
     if isinstance(e, Interrupted) and e.checkpoint is not None:
         return (f"{e.signal_name}: stopped at step {e.step} and saved {e.checkpoint}; continue with: "
                 f"{resume_command(argv)}")
-    if args.command == "compare" and (Path(args.out) / "settings.json").is_file():
+    if args.command in ("compare", "benchmark") and (Path(args.out) / "settings.json").is_file():
         return f"interrupted; {args.out} keeps the runs that finished; continue with: {resume_command(argv)}"
     if args.command not in ("pretrain", "finetune"):
         return f"{'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}; no output was written"

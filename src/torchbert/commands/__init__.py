@@ -10,4 +10,4 @@ to COMMANDS (the order of `torchbert --help`).
 """
 
 COMMANDS = ("embed", "serve", "convert", "export", "vocab", "prepare", "inspect_data", "pretrain", "finetune",
-            "evaluate", "predict", "demo", "compare", "samples", "env")
+            "evaluate", "predict", "demo", "compare", "benchmark", "samples", "env")

@@ -99,20 +99,25 @@ def table_rows(path: Path, tsv: bool) -> Iterator[tuple[int, list[str]]]:
             yield start, row
 
 
-def read_table(path: Path, tsv: bool) -> tuple[int, list[str], Iterator[tuple[int, dict]]]:
-    """A table with a header: (header line, header, rows as {column: field}), each row checked for its length."""
+def read_table(path: Path, tsv: bool,
+               ragged: list[int] | None = None) -> tuple[int, list[str], Iterator[tuple[int, dict]]]:
+    """A table with a header: (header line, header, rows as {column: field}), each row checked for its
+    length (`ragged` given: the lines of rows of another length go there, and the rows are left out)."""
     rows = table_rows(path, tsv)
     first = next(rows, None)
     if first is None:
         raise ValueError(f"{path}: empty file; expected a header line and examples")
     hline, header = first
-    return hline, header, keyed_rows(path, tsv, hline, header, rows)
+    return hline, header, keyed_rows(path, tsv, hline, header, rows, ragged)
 
 
 def keyed_rows(path: Path, tsv: bool, hline: int | None, header: list[str],
-           rows: Iterable[tuple[int, list[str]]]) -> Iterator[tuple[int, dict]]:
+               rows: Iterable[tuple[int, list[str]]], ragged: list[int] | None = None) -> Iterator[tuple[int, dict]]:
     sep = "tab" if tsv else "comma"
     for n, row in rows:
+        if len(row) != len(header) and ragged is not None:
+            ragged.append(n)
+            continue
         if len(row) != len(header):
             like = f"the header on line {hline}" if hline else f"{len(header)} columns ({', '.join(header)})"
             raise ValueError(f"{path}:{n}: {len(row)} {sep}-separated fields; expected {len(header)} like {like}")

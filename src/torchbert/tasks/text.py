@@ -182,6 +182,9 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
                              f"not {_kind(pair, regression)}")
         pair = layout_pair
     fmt = "jsonl" if layout == "nli-jsonl" else "tsv" if layout.startswith("glue-") else table_format(path)
+    # GLUE's QQP train file holds rows cut short by a line break inside a question: left out, as GLUE's
+    # own reader leaves them, and counted
+    ragged: list[int] | None = [] if layout == "glue-qqp" else None
 
     if fmt == "jsonl":
         by_keys: dict[frozenset, _Columns] = {}
@@ -194,7 +197,7 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
 
         records: Iterable[tuple[int, dict]] = json_records(path)
     else:
-        hline, header, records = read_table(path, fmt == "tsv")
+        hline, header, records = read_table(path, fmt == "tsv", ragged)
         if layout == "glue-cola" and not any(h.strip().lower() in ("index", "sentence") for h in header):
             records = keyed_rows(path, True, None, _COLA, table_rows(path, True))  # train/dev: the first row is data
             header = _COLA
@@ -214,6 +217,10 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
         examples.append(_text_example(record, cols, f"{path}:{n}", str(n), regression, labelled))
     if disputed:
         warn(f"{path}: dropped {disputed} pairs whose gold_label is '-' (no annotator majority)")
+    if ragged:
+        at = ", ".join(map(str, ragged[:5])) + (", ..." if len(ragged) > 5 else "")
+        warn(f"{path}: left out {len(ragged)} rows whose fields are not the header's {len(header)} (lines {at}), "
+             "as GLUE's own reader does")
     if not examples:
         raise no_examples(path, "a header line and rows" if fmt != "jsonl" else "one JSON object per line")
     return examples

@@ -176,6 +176,17 @@ class StopSignals:
             signal.signal(s, handler)
 
 
+def pass_on(signum: int) -> None:
+    """Deliver a signal that was held to the handler now in place, at once: Python's (a KeyboardInterrupt)
+    or the process's own, called here rather than raised again (a raised signal's Python handler runs at
+    some later instruction, where a finalizer running then swallows its KeyboardInterrupt)."""
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)
+
+
 @dataclass
 class TrainState:
     """Where a run is: the steps taken, the data stream's position (epoch, global batches used in it),
@@ -479,7 +490,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
         last_eval = _evaluate(model, evaluate)
     checkpoint()
     if signals.caught is not None:  # it came during the last step: the run is whole and saved, and still stops
-        signal.raise_signal(signals.signum)
+        pass_on(signals.signum)
     summary = {"steps": state.step, "tokens": state.tokens, "train_seconds": round(state.seconds, 3),
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),

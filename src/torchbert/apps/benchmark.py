@@ -1,0 +1,457 @@
+"""`torchbert benchmark`: a whole suite (suites.py) fine-tuned and scored with a protocol, one table.
+
+For each model and task the protocol's grid (learning rates x batch sizes) runs with the first seed,
+dev picks the best (its first column's metric; the first on a tie), then the other seeds run at that
+setting: `seeds` of them, whose mean (or median) is the score and whose spread is shown; or, on a task
+with fewer than `small` training examples, `restarts` of them, of which the one best on dev is kept
+(the BERT paper's random restarts on the small GLUE sets). Each run keeps its best epoch on dev.
+
+Every (task, learning rate, batch, seed) is a run folder of its own, `finetune` then `evaluate` on the
+task's other labelled splits, announced by the command line that runs the same (stages.py); a run whose
+cell.json is on disk is not run again, and one interrupted mid-training continues from its checkpoint
+(--resume). Where a suite's test labels are hidden, the chosen run predicts its test splits into the
+leaderboard's submission files.
+
+    OUT/settings.json           suite, models, data, protocol: a --resume must match them
+    OUT/runs/MODEL/TASK/lr2e-05-bs32-seed0/    each run; cell.json last
+    OUT/submission/MODEL/*.tsv  leaderboard files (GLUE: index, prediction)
+    OUT/summary.md, summary.json, scores.png
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import StudyInterrupted, UserError
+from ..io.files import atomic_write_text
+from ..settings import Checked, SettingError, setting
+from .stages import Stages
+from .suites import SUITES, Suite, SuiteTask
+
+MARKER = ".torchbert-benchmark"
+VERSION = 1  # of settings.json and cell.json
+
+
+@dataclass(frozen=True)
+class Protocol(Checked):
+    """How each task of a suite is trained and how its score is picked."""
+
+    lrs: list[float] = setting(help="learning rates tried, each picked on dev", above=0)
+    batch_sizes: list[int] = setting(help="batch sizes tried (the grid is every rate with every size)", low=1)
+    epochs: float = setting(3.0, "passes over the training data", above=0)
+    warmup_ratio: float = setting(0.1, "share of the steps in linear warmup", low=0, below=1)
+    weight_decay: float = setting(0.01, "AdamW decay (not on biases and LayerNorm)", low=0)
+    max_length: int = setting(128, "tokens per sequence", low=8)
+    seeds: int = setting(1, "runs at the chosen setting: their mean (or median) is the score", low=1)
+    statistic: str = setting("mean", "how the seeds' scores become one", choices=("mean", "median"))
+    restarts: int = setting(0, "on small tasks: runs at the chosen setting, the one best on dev kept "
+                               "(0: none; seeds apply)", low=0)
+    small: int = setting(10_000, "a task with fewer training examples is small (restarts apply)", low=0)
+    seed: int = setting(0, "the first seed; the others follow it")
+
+
+PROTOCOLS: dict[str, tuple[Protocol, str]] = {
+    "paper": (Protocol(lrs=[5e-5, 4e-5, 3e-5, 2e-5], batch_sizes=[32], epochs=3, warmup_ratio=0.1, weight_decay=0.01,
+                       max_length=128, seeds=1, restarts=5),
+              "Devlin et al. 2019 (GLUE, section 4.1): batch 32, 3 epochs, the rate picked on dev among "
+              "5e-5, 4e-5, 3e-5, 2e-5; 10% warmup; random restarts on the small sets, the best on dev kept"),
+    "roberta": (Protocol(lrs=[1e-5, 2e-5, 3e-5], batch_sizes=[16, 32], epochs=10, warmup_ratio=0.06,
+                         weight_decay=0.1, max_length=128, seeds=5, statistic="median"),
+                "Liu et al. 2019 (RoBERTa, appendix C): rates 1e-5, 2e-5, 3e-5 with batches 16 and 32, "
+                "10 epochs, 6% warmup, decay 0.1, the median of 5 seeds"),
+    "paper-squad": (Protocol(lrs=[5e-5], batch_sizes=[32], epochs=3, warmup_ratio=0.1, weight_decay=0.01,
+                             max_length=384, seeds=1),
+                    "Devlin et al. 2019 (SQuAD 1.1, section 4.2): 3 epochs at 5e-5, batch 32, 384 tokens with a "
+                    "stride of 128 (their SQuAD 2.0 runs took 2 epochs at batch 48)"),
+    # measured with MiniLM (2 cores): at 1e-4, batch 32 and 2 epochs (64 steps) neither NER task learned
+    # a name (F1 0.00); at 2e-4, batch 16 and 3 epochs (190-220 steps) they reached 0.30 and 0.28
+    "local": (Protocol(lrs=[2e-4, 1e-4], batch_sizes=[16], epochs=3, max_length=64, seeds=2),
+              "the local suite's: rates 2e-4 and 1e-4, batch 16, 3 epochs, 64 tokens, the mean of 2 seeds"),
+}
+
+
+def read_protocol(name_or_file: str) -> tuple[Protocol, str]:
+    """A protocol by name, or from a JSON file of Protocol's fields over the paper's (`{"lrs": [3e-5]}`)."""
+    if name_or_file in PROTOCOLS:
+        return PROTOCOLS[name_or_file]
+    path = Path(name_or_file)
+    if not path.is_file():
+        raise UserError(f"--protocol {name_or_file}: neither a protocol ({', '.join(PROTOCOLS)}) nor a JSON file")
+    try:
+        given = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
+    if not isinstance(given, dict):
+        raise UserError(f"{path}: expected a JSON object of protocol settings, like {{\"lrs\": [3e-5, 2e-5]}}")
+    names = {f.name for f in fields(Protocol)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise UserError(f"{path}: {', '.join(unknown)} is not a protocol setting; settings: {', '.join(sorted(names))}")
+    for key in ("lrs", "batch_sizes"):
+        if key in given and not (isinstance(given[key], list) and given[key]):
+            raise UserError(f"{path}: {key} must be a non-empty list")
+    try:
+        return Protocol(**{**asdict(PROTOCOLS["paper"][0]), **given}), f"{path} (over the paper's)"
+    except SettingError as e:
+        raise UserError(f"{path}: {e}") from None
+    except TypeError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+# -- the runs -----------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    suite: Suite
+    models: dict[str, Path]  # name -> model folder
+    data: Path  # the suite's folder (read) or OUT/data (written)
+    protocol: Protocol
+    tasks: list[SuiteTask]  # those present
+    out: Path
+
+
+def task_files(t: SuiteTask, data: Path) -> dict[str, Path]:
+    """The task's splits present in `data`."""
+    return {split: data / rel for split, rel in t.files.items() if (data / rel).is_file()}
+
+
+def first_examples(src: Path, dst: Path, n: int, header: bool) -> None:
+    """The first n examples of a task file: lines of a TSV, CSV or JSON Lines file (after its header),
+    sentences of a CoNLL file (blank-line separated), questions of a SQuAD file."""
+    text = src.read_text(encoding="utf-8")
+    if src.suffix.lower() == ".json" and text.lstrip().startswith("{"):  # SQuAD: the first n questions
+        doc, left = json.loads(text), n
+        for article in doc["data"]:
+            for para in article["paragraphs"]:
+                para["qas"], left = para["qas"][:left], left - len(para["qas"][:left])
+            article["paragraphs"] = [x for x in article["paragraphs"] if x["qas"]]
+        doc["data"] = [a for a in doc["data"] if a["paragraphs"]]
+        atomic_write_text(dst, json.dumps(doc, ensure_ascii=False))
+        return
+    if src.suffix.lower() in (".conll", ".txt", ".bio"):
+        blocks = [b for b in text.replace("\r\n", "\n").split("\n\n") if b.strip()]
+        atomic_write_text(dst, "".join(b.strip("\n") + "\n\n" for b in blocks[:n]))
+        return
+    lines = text.splitlines(keepends=True)
+    keep = lines[:n + 1] if header else lines[:n]
+    atomic_write_text(dst, "".join(keep))
+
+
+def restarts_apply(p: Protocol, train_examples: int) -> bool:
+    """Whether the paper's restarts replace the seeds on a task of this many training examples."""
+    return p.restarts > 1 and train_examples < p.small
+
+
+def _stat(values: list[float], how: str) -> float:
+    return statistics.median(values) if how == "median" else statistics.fmean(values)
+
+
+class Bench:
+    """The runs of one benchmark, on the stages of a study."""
+
+    def __init__(self, plan: Plan, r: Stages, train_files: dict[str, Path], train_counts: dict[str, int]):
+        self.plan, self.r, self.train_files, self.train_counts = plan, r, train_files, train_counts
+
+    def restarts(self, t: SuiteTask) -> bool:
+        return restarts_apply(self.plan.protocol, self.train_counts[t.name])
+
+    def run_one(self, model: str, t: SuiteTask, lr: float, batch: int, seed: int) -> dict[str, Any]:
+        """One fine-tuning run and its scores on the task's labelled splits, or the ones on disk."""
+        p, r = self.plan.protocol, self.r
+        files = task_files(t, self.plan.data)
+        later = [s for s in t.scored_splits() if s in files]
+        run = self.plan.out / "runs" / model / t.name / f"lr{lr:g}-bs{batch}-seed{seed}"
+        done = run / "cell.json"
+        if r.complete(run, done.name, "model.safetensors", "config.json"):
+            r.found(1 + len(later))
+            return json.loads(done.read_text(encoding="utf-8"))
+        from ..tasks.families import TaskSettings, resolve_task
+        from ..train.finetune import FinetuneSettings
+
+        resume = any(run.glob("checkpoints/step-*"))  # an interrupted run continues from its checkpoint
+        if run.exists() and not resume:
+            shutil.rmtree(run)
+        s, cfg = FinetuneSettings(
+            task=t.task, model=self.plan.models[model], train=self.train_files[t.name], dev=files["dev"], out=run,
+            epochs=p.epochs, warmup_ratio=p.warmup_ratio, resume=resume,
+            task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=p.max_length),
+        ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay, progress=False)
+        name = f"{model} {t.name} lr {lr:g} batch {batch} seed {seed}"
+        r.finetune(name, s, cfg)
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        scores = {"dev": {k: v for k, v in metrics.items() if isinstance(v, float)}}
+        for split in later:
+            scores[split] = r.evaluate(f"{name}: {split}", run, files[split], run / f"scores-{split}.json")
+        cell = {"version": VERSION, "lr": lr, "batch_size": batch, "seed": seed, "run": str(run),
+                "train_examples": metrics["train_examples"], "seconds": r.times[name], "scores": scores}
+        atomic_write_text(done, json.dumps(cell, indent=2) + "\n")
+        return cell
+
+    def task(self, model: str, t: SuiteTask) -> dict[str, Any]:
+        """The protocol on one task: the grid with the first seed, the best on dev, then its seeds or
+        restarts; the table's value of each column, with the spread over the runs."""
+        p = self.plan.protocol
+        grid = list(itertools.product(p.lrs, p.batch_sizes))
+        tried = {g: self.run_one(model, t, *g, p.seed) for g in grid}
+        best = max(grid, key=lambda g: tried[g]["scores"]["dev"][t.select])
+        restarts = self.restarts(t)
+        n = p.restarts if restarts else p.seeds
+        runs = [tried[best]] + [self.run_one(model, t, *best, p.seed + k) for k in range(1, n)]
+        chosen = max(runs, key=lambda c: c["scores"]["dev"][t.select])
+        columns = {}
+        for c in t.columns:
+            values = [x["scores"][c.split][c.metric] for x in runs if c.split in x["scores"]]
+            if not values:
+                continue
+            value = chosen["scores"][c.split][c.metric] if restarts else _stat(values, p.statistic)
+            columns[c.title] = {"value": value, "values": values,
+                                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                "split": c.split, "metric": c.metric}
+        return {"lr": best[0], "batch_size": best[1], "restarts": restarts, "runs": [x["run"] for x in runs],
+                "chosen": chosen["run"],
+                "grid_dev": {f"lr {g[0]:g} batch {g[1]}": tried[g]["scores"]["dev"][t.select] for g in grid},
+                "columns": columns, "seconds": round(sum(x["seconds"] for x in [*tried.values(), *runs[1:]]), 1)}
+
+    def submit(self, model: str, t: SuiteTask, chosen: Path) -> list[str]:
+        """The chosen run's predictions on the task's unlabelled splits, as the leaderboard's files."""
+        files = task_files(t, self.plan.data)
+        written = []
+        for split, name in t.submission.items():
+            if split not in files:
+                continue
+            out = self.plan.out / "submission" / model / name
+            if not out.is_file():
+                records = self.r.predict(f"{model} {t.name}: {split} predictions", chosen, files[split],
+                                         chosen / f"predictions-{split}.jsonl")
+                rows = [f"{x['id']}\t{x['score'] if 'score' in x else x['label']}\n" for x in records]
+                atomic_write_text(out, "index\tprediction\n" + "".join(rows))
+            else:
+                self.r.found()
+            written.append(str(out))
+        return written
+
+
+def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, out: Path, protocol: Protocol,
+                   tasks: list[str] | None = None, max_train: int | None = None, log=print) -> Plan:
+    """What a benchmark will run: the suite's tasks present in `data` (the missing ones listed)."""
+    suite = SUITES[suite_name]
+    if suite.write is not None:
+        if data is not None:
+            raise UserError(f"--data: the {suite_name} suite writes its own files (into --out's data/); give none")
+        data = out / "data"
+    elif data is None:
+        raise UserError(f"--data: the {suite_name} suite reads a folder in its official layout; give it "
+                        f"(torchbert benchmark --help shows the layouts)")
+    elif not data.is_dir():
+        raise UserError(f"--data {data}: not a folder")
+    wanted = suite.tasks
+    if tasks:
+        names = {t.name.lower(): t for t in suite.tasks}
+        unknown = [x for x in tasks if x.lower() not in names]
+        if unknown:
+            raise UserError(f"--tasks {' '.join(unknown)}: not a task of {suite.name} "
+                            f"({', '.join(t.name for t in suite.tasks)})")
+        wanted = tuple(names[x.lower()] for x in dict.fromkeys(tasks))
+    if suite.write is not None:
+        return Plan(suite, models, data, protocol, list(wanted), out)
+    present, missing = [], []
+    for t in wanted:
+        files = task_files(t, data)
+        (present if "train" in files and "dev" in files else missing).append(t)
+    if missing:
+        absent = sorted(f for t in missing for f in (t.files["train"], t.files["dev"]) if not (data / f).is_file())
+        log(f"{data}: skipping {', '.join(t.name for t in missing)} (no {', '.join(absent)})")
+    if not present:
+        expected = ", ".join(f"{t.files['train']} and {t.files['dev']}" for t in wanted[:3])
+        raise UserError(f"--data {data}: holds none of {suite.title}'s tasks in its layout (expected {expected}"
+                        f"{', ...' if len(wanted) > 3 else ''}; `torchbert benchmark --help` shows the layout)")
+    return Plan(suite, models, data, protocol, present, out)
+
+
+def check_files(plan: Plan, train_files: dict[str, Path], log=print) -> dict[str, int]:
+    """Every split of every task read before the first run, as its run will read it (a bad line is an
+    error now, not hours in); the training examples of each task."""
+    from ..tasks.families import read_examples, task_settings
+
+    counts = {}
+    for t in plan.tasks:
+        ts = task_settings(t.task)
+        for split, path in {**task_files(t, plan.data), "train": train_files[t.name]}.items():
+            try:
+                n = len(read_examples(path, ts.type, ts.layout, labelled=split not in t.submission,
+                                      warn=lambda m: log(f"note: {m}")))
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            if split == "train":
+                counts[t.name] = n
+    return counts
+
+
+def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, log=print,
+                  on_done: Callable[[], None] = lambda: None, device: str = "auto") -> dict[str, Any]:
+    """Every model on every task of the plan; summary.md, summary.json and scores.png in plan.out."""
+    p, out = plan.protocol, plan.out
+    settings = json.dumps({"version": VERSION, "suite": plan.suite.name, "data": str(plan.data),
+                           "models": {k: str(v) for k, v in plan.models.items()},
+                           "tasks": [t.name for t in plan.tasks], "protocol": asdict(p), "max_train": max_train},
+                          indent=2) + "\n"
+    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
+        raise UserError(f"--out {out}: the earlier benchmark there ran with other settings (suite, models, --data, "
+                        "--tasks, --protocol or --max-train); resume it with its own, or start again with --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a folder of `torchbert benchmark`; --resume continues it\n", encoding="utf-8")
+    atomic_write_text(out / "settings.json", settings)
+    if plan.suite.write is not None:
+        plan.suite.write(plan.data, max_train)
+    train_files = {}
+    for t in plan.tasks:
+        train = plan.data / t.files["train"]
+        if max_train is not None and plan.suite.write is None:  # the first examples, copied beside the runs
+            train_files[t.name] = out / "data" / t.name / Path(t.files["train"]).name
+            if not train_files[t.name].is_file():
+                first_examples(train, train_files[t.name], max_train, t.header)
+        else:
+            train_files[t.name] = train
+    counts = check_files(plan, train_files, log)
+    grid = len(p.lrs) * len(p.batch_sizes)
+    total = 0
+    for t in plan.tasks:
+        files = task_files(t, plan.data)
+        later = [s for s in t.scored_splits() if s in files]
+        submissions = [s for s in t.submission if s in files]
+        runs = grid + (p.restarts if restarts_apply(p, counts[t.name]) else p.seeds) - 1
+        total += runs * (1 + len(later)) + len(submissions)
+    r = Stages(out, log, total=total * len(plan.models), on_done=on_done, device=device)
+    bench = Bench(plan, r, train_files, counts)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for model in plan.models:
+            results[model] = {}
+            for t in plan.tasks:
+                results[model][t.name] = bench.task(model, t)
+                results[model][t.name]["submission"] = bench.submit(model, t, Path(results[model][t.name]["chosen"]))
+    except StudyInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise StudyInterrupted(r.done, r.total) from None
+    summary = {"suite": plan.suite.name, "title": plan.suite.title, "data": str(plan.data),
+               "models": {k: str(v) for k, v in plan.models.items()}, "protocol": asdict(p),
+               "protocol_text": protocol_text, "max_train": max_train, "tasks": [t.name for t in plan.tasks],
+               "columns": columns_of(plan), "results": results, "suite_averaged": plan.suite.averaged,
+               "averages": averages(plan, results),
+               "published": [asdict(x) for x in plan.suite.published], "seconds": r.seconds()}
+    scores_plot(out / "scores.png", summary)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(out / "summary.md", summary_markdown(summary))
+    log("\n" + summary_markdown(summary))
+    return summary
+
+
+# -- the table ----------------------------------------------------------------------------------------
+
+def columns_of(plan: Plan) -> list[dict[str, Any]]:
+    return [{"title": c.title, "task": t.name, "split": c.split, "metric": c.metric, "averaged": t.averaged}
+            for t in plan.tasks for c in t.columns]
+
+
+def averages(plan: Plan, results: dict[str, dict]) -> dict[str, float | None]:
+    """Each model's mean over the averaged columns (the paper's: GLUE's nine without WNLI), in percent;
+    None where one of them is missing; {} for a suite without an average (SQuAD)."""
+    out: dict[str, float | None] = {}
+    if not plan.suite.averaged:
+        return out
+    for model, tasks in results.items():
+        values = [tasks[c["task"]]["columns"].get(c["title"], {}).get("value") for c in columns_of(plan)
+                  if c["averaged"]]
+        out[model] = None if not values or None in values else 100 * statistics.fmean(values)
+    return out
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    cols = s["columns"]
+    p = s["protocol"]
+    lines = [f"# torchbert benchmark {s['suite']}: {s['title']}", "",
+             f"Protocol: {s['protocol_text']}.", ""]
+    splits = sorted({c["split"] for c in cols})
+    lines.append(f"Scores in percent on {', '.join(splits)} ({', '.join(sorted({c['metric'] for c in cols}))}); "
+                 "± is the standard deviation over the runs at the chosen setting."
+                 + (f" Training sets cut to their first {s['max_train']:,} examples." if s["max_train"] else ""))
+    average = s["suite_averaged"]
+    lines += ["", "| model | " + " | ".join(c["title"] for c in cols) + (" | Average |" if average else " |"),
+              "|---|" + "---:|" * (len(cols) + average)]
+
+    def row(name: str, values: list[str], avg: str | None) -> str:
+        return f"| {name} | " + " | ".join(values) + (f" | {avg} |" if average else " |")
+
+    for model, tasks in s["results"].items():
+        cells = []
+        for c in cols:
+            x = tasks[c["task"]]["columns"].get(c["title"])
+            if x is None:
+                cells.append("–")
+            else:
+                spread = f" ± {100 * x['std']:.1f}" if len(x["values"]) > 1 else ""
+                cells.append(f"{100 * x['value']:.1f}{spread}")
+        avg = s["averages"].get(model)
+        lines.append(row(model, cells, "–" if avg is None else f"{avg:.1f}"))
+    for pub in s["published"]:  # as published, in italics; their average over the same columns
+        values = [pub["scores"].get(c["title"]) for c in cols]
+        averaged = [pub["scores"].get(c["title"]) for c in cols if c["averaged"]]
+        avg = statistics.fmean(averaged) if averaged and None not in averaged else None
+        lines.append(row(f"*{pub['name']}*", ["–" if v is None else f"*{v:.1f}*" for v in values],
+                         "–" if avg is None else f"*{avg:.1f}*"))
+    if s["published"]:
+        lines += ["", "*Italic rows*: published figures, not run here (" +
+                  "; ".join(f"{x['name']}: {x['source']}" for x in s["published"]) + ")."]
+    lines += ["", "Chosen settings (learning rate, batch; dev scores of the grid with the first seed):", ""]
+    for model, tasks in s["results"].items():
+        for task, x in tasks.items():
+            grid = ", ".join(f"{k} {100 * v:.1f}" for k, v in x["grid_dev"].items())
+            how = f"best of {len(x['runs'])} restarts on dev" if x["restarts"] else \
+                f"{p['statistic']} of {len(x['runs'])} seed(s)"
+            lines.append(f"- {model} {task}: lr {x['lr']:g}, batch {x['batch_size']} ({grid}); {how}; "
+                         f"{x['seconds']:.0f} s")
+    subs = [f for tasks in s["results"].values() for x in tasks.values() for f in x["submission"]]
+    if subs:
+        lines += ["", f"Leaderboard files: {len(subs)} in submission/ (the chosen runs' test predictions)."]
+    lines += ["", f"Time: {s['seconds']:.0f} s in this process and those before --resume. Runs: runs/; "
+              "every figure with its run folder: summary.json; plot: scores.png."]
+    return "\n".join(lines) + "\n"
+
+
+def scores_plot(path: Path, s: dict[str, Any]) -> None:
+    """A bar per model in each column, its spread as an error bar; published rows as hollow bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..io.files import atomic_write
+
+    cols = s["columns"]
+    rows = [(m, [(t["columns"].get(c["title"]) or {}) for c, t in ((c, tasks[c["task"]]) for c in cols)])
+            for m, tasks in s["results"].items()]
+    n = len(rows) + len(s["published"])
+    width = 0.8 / max(1, n)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cols) + 2), 3.8))
+    xs = range(len(cols))
+    for i, (model, values) in enumerate(rows):
+        ax.bar([x + i * width for x in xs], [100 * v.get("value", 0.0) for v in values], width,
+               yerr=[100 * v.get("std", 0.0) for v in values], capsize=2, label=model)
+    for j, row in enumerate(s["published"]):
+        ax.bar([x + (len(rows) + j) * width for x in xs], [row["scores"].get(c["title"], 0.0) for c in cols], width,
+               fill=False, hatch="//", label=f"{row['name']} (published)")
+    ax.set_xticks([x + width * (n - 1) / 2 for x in xs], [c["title"] for c in cols], rotation=30)
+    ax.set_ylabel("score (%)")
+    ax.set_title(f"torchbert benchmark {s['suite']}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)

@@ -1,0 +1,340 @@
+"""`torchbert benchmark`: the suites' official layouts read from fixtures written in them (quirks
+included), the protocol's grid, seeds and restarts, the table and the leaderboard files, the local
+suite against the same runs made by hand, and a killed suite resumed without rerunning a finished run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import realdata
+from clihelp import cli, squad_file, tiny_bert
+
+from torchbert.apps.benchmark import PROTOCOLS, Protocol, first_examples, plan_benchmark, read_protocol
+from torchbert.apps.suites import SUITES
+from torchbert.errors import UserError
+from torchbert.tasks.families import read_examples, task_settings
+
+MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+             "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
+STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
+MRPC_HEAD = ["#1 ID", "#2 ID", "#1 String", "#2 String"]
+
+
+def texts(n: int, skip: int = 0) -> list[str]:
+    out = [t for t in realdata.english_texts() if 20 < len(t) < 140 and "\t" not in t]
+    return out[skip:skip + n]
+
+
+def write(path: Path, rows: list[list[str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def glue_folder(root: Path, n: int = 24) -> Path:
+    """glue_data/ as GLUE's download script writes it, from real English text: every task folder with
+    train, dev and test (test without labels), CoLA's train and dev without a header, MNLI's eleven
+    and sixteen columns with gold_label last, QQP with a row cut in two by a line break, STS-B's scores,
+    and diagnostic/diagnostic.tsv. A pair's label follows whether both texts are the same tweet
+    (learnable); a single text's, whether it has more than eight words."""
+    a, b = texts(n * 3), texts(n * 3, skip=n * 3)
+
+    def pairs(k: int, labels: tuple[str, str]):
+        rows = []
+        for i in range(k):
+            same = i % 2 == 0
+            rows.append((a[i], a[i] if same else b[i], labels[0] if same else labels[1]))
+        return rows
+
+    def single(k: int):
+        return [(a[i], "1" if len(a[i].split()) > 8 else "0") for i in range(k)]
+
+    g = root / "glue_data"
+    splits = {"train": (0, n), "dev": (n, n + n // 2), "test": (n + n // 2, 2 * n)}
+
+    def part(rows, split):
+        lo, hi = splits[split]
+        return rows[lo:hi]
+
+    cola = single(2 * n)
+    for split in ("train", "dev"):
+        write(g / "CoLA" / f"{split}.tsv", [["gj04", y, "" if y == "1" else "*", x] for x, y in part(cola, split)])
+    tests = [[str(i), x] for i, (x, _) in enumerate(part(cola, "test"))]
+    write(g / "CoLA" / "test.tsv", [["index", "sentence"], *tests])
+    for split in ("train", "dev"):
+        write(g / "SST-2" / f"{split}.tsv", [["sentence", "label"]] + [[x, y] for x, y in part(cola, split)])
+    write(g / "SST-2" / "test.tsv", [["index", "sentence"], *tests])
+
+    two = pairs(2 * n, ("1", "0"))
+    for split in ("train", "dev"):
+        write(g / "MRPC" / f"{split}.tsv", [["Quality", *MRPC_HEAD]] +
+              [[y, str(100 + i), str(200 + i), x, z] for i, (x, z, y) in enumerate(part(two, split))])
+    write(g / "MRPC" / "test.tsv", [["index", *MRPC_HEAD]] +
+          [[str(i), str(100 + i), str(200 + i), x, z] for i, (x, z, _) in enumerate(part(two, "test"))])
+    for split in ("train", "dev"):
+        write(g / "STS-B" / f"{split}.tsv", [[*STSB_HEAD, "score"]] +
+              [[str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", x, z,
+                "5.000" if y == "1" else f"{(i % 5) * 0.2:.3f}"] for i, (x, z, y) in enumerate(part(two, split))])
+    write(g / "STS-B" / "test.tsv", [STSB_HEAD] + [
+        [str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", x, z]
+        for i, (x, z, _) in enumerate(part(two, "test"))])
+    for split in ("train", "dev"):
+        rows = [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"]] + \
+            [[str(i), str(2 * i), str(2 * i + 1), x, z, y] for i, (x, z, y) in enumerate(part(two, split))]
+        if split == "train":  # a question broken over two lines: two short rows, both left out
+            rows[3:3] = [["9001", "18002", "18003", "How do I"], ["learn this?", "What is it?", "0"]]
+        write(g / "QQP" / f"{split}.tsv", rows)
+    write(g / "QQP" / "test.tsv", [["id", "question1", "question2"]] +
+          [[str(i), x, z] for i, (x, z, _) in enumerate(part(two, "test"))])
+
+    nli = [(x, z, "entailment" if y == "1" else "contradiction" if i % 4 == 1 else "neutral")
+           for i, (x, z, y) in enumerate(pairs(2 * n, ("1", "0")))]
+
+    def mnli_row(i, x, z):
+        return [str(i), str(1000 + i), f"{1000 + i}e", "fiction", "( x )", "( z )", "(ROOT x)", "(ROOT z)", x, z]
+
+    write(g / "MNLI" / "train.tsv", [[*MNLI_HEAD, "label1", "gold_label"]] +
+          [[*mnli_row(i, x, z), y, y] for i, (x, z, y) in enumerate(part(nli, "train"))])
+    for name in ("dev_matched", "dev_mismatched"):
+        head = [*MNLI_HEAD, "label1", "label2", "label3", "label4", "label5", "gold_label"]
+        write(g / "MNLI" / f"{name}.tsv", [head] +
+              [[*mnli_row(i, x, z), y, y, y, y, y, y] for i, (x, z, y) in enumerate(part(nli, "dev"))])
+    for name in ("test_matched", "test_mismatched"):
+        write(g / "MNLI" / f"{name}.tsv",
+              [MNLI_HEAD] + [mnli_row(i, x, z) for i, (x, z, _) in enumerate(part(nli, "test"))])
+    write(g / "diagnostic" / "diagnostic.tsv", [["index", "sentence1", "sentence2"]] +
+          [[str(i), x, z] for i, (x, z, _) in enumerate(part(nli, "test")[:5])])
+
+    ent = pairs(2 * n, ("entailment", "not_entailment"))
+    for task, head in (("QNLI", ["index", "question", "sentence"]), ("RTE", ["index", "sentence1", "sentence2"])):
+        for split in ("train", "dev"):
+            write(g / task / f"{split}.tsv", [[*head, "label"]] + [[str(i), x, z, y] for i, (x, z, y) in
+                                                                   enumerate(part(ent, split))])
+        write(g / task / "test.tsv", [head] + [[str(i), x, z] for i, (x, z, _) in enumerate(part(ent, "test"))])
+    for split in ("train", "dev"):
+        write(g / "WNLI" / f"{split}.tsv", [["index", "sentence1", "sentence2", "label"]] +
+              [[str(i), x, z, y] for i, (x, z, y) in enumerate(part(two, split))])
+    write(g / "WNLI" / "test.tsv", [["index", "sentence1", "sentence2"]] +
+          [[str(i), x, z] for i, (x, z, _) in enumerate(part(two, "test"))])
+    return g
+
+
+def test_every_glue_task_is_read_in_its_official_layout(tmp_path):
+    g = glue_folder(tmp_path, n=24)
+    notes = []
+    for t in SUITES["glue"].tasks:
+        ts = task_settings(t.task)
+        for split, rel in t.files.items():
+            examples = read_examples(g / rel, ts.type, ts.layout, labelled=split not in t.submission, warn=notes.append)
+            want = {"train": 24, "test": 12}.get(split, 12)
+            if t.name == "MNLI" and split == "diagnostic":
+                want = 5
+            assert len(examples) == want, (t.name, split)
+            if split in t.submission:
+                assert all(e.label is None for e in examples) and examples[0].id == "0"
+    cola = read_examples(g / "CoLA/train.tsv", "classification", "glue-cola")
+    assert cola[0].where.endswith(":1") and cola[0].text_a == texts(1)[0]  # the first line is data
+    mnli = read_examples(g / "MNLI/dev_matched.tsv", "pair", "glue-mnli")
+    assert {e.label for e in mnli} == {"entailment", "neutral", "contradiction"}
+    sts = read_examples(g / "STS-B/train.tsv", "regression", "glue-stsb")
+    assert sts[0].label == 5.0 and isinstance(sts[1].label, float)
+    (note,) = [m for m in notes if "QQP/train.tsv" in m]
+    assert "left out 2 rows" in note and "lines 4, 5" in note
+
+
+def test_a_bad_line_is_named_before_any_training(tmp_path, capsys, minilm_dir):
+    g = glue_folder(tmp_path, n=24)
+    rows = (g / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    rows[3] = "3\tonly one text\n"
+    (g / "RTE" / "train.tsv").write_text("".join(rows), encoding="utf-8")
+    code, out, err = cli(capsys, "benchmark", "glue", "--model", minilm_dir, "--data", g, "--out", tmp_path / "b",
+                         "--tasks", "rte", "sst-2")
+    assert code == 2, err
+    assert f"{g / 'RTE' / 'train.tsv'}:4: 2 tab-separated fields; expected 4" in err
+    assert not list((tmp_path / "b").glob("runs/*"))
+
+
+def test_a_folder_without_the_layout_is_refused_with_the_layout(tmp_path, capsys, minilm_dir):
+    (tmp_path / "empty").mkdir()
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", minilm_dir, "--data", tmp_path / "empty",
+                       "--out", tmp_path / "b")
+    assert code == 2 and "holds none of GLUE's tasks in its layout (expected MNLI/train.tsv and " \
+        "MNLI/dev_matched.tsv, QQP/train.tsv" in err
+    g = glue_folder(tmp_path)
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", minilm_dir, "--data", g, "--out", tmp_path / "b",
+                       "--tasks", "RTE", "SQuAD")
+    assert code == 2 and "--tasks SQuAD: not a task of glue" in err
+    code, _, err = cli(capsys, "benchmark", "local", "--model", minilm_dir, "--data", g, "--out", tmp_path / "b")
+    assert code == 2 and "writes its own files" in err
+
+
+def test_protocols_by_name_and_from_a_file(tmp_path):
+    assert read_protocol("paper")[0] == PROTOCOLS["paper"][0]
+    assert read_protocol("paper")[0].lrs == [5e-5, 4e-5, 3e-5, 2e-5] and PROTOCOLS["paper"][0].batch_sizes == [32]
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"lrs": [3e-5], "seeds": 3}), encoding="utf-8")
+    p, text = read_protocol(str(f))
+    assert p == Protocol(**{**PROTOCOLS["paper"][0].__dict__, "lrs": [3e-5], "seeds": 3}) and str(f) in text
+    for bad, message in (({"lr": [1e-5]}, "lr is not a protocol setting"), ({"lrs": []}, "lrs must be a non-empty"),
+                         ({"seeds": 0}, "seeds must be >= 1"), ({"lrs": [-1.0]}, "lrs must be > 0")):
+        f.write_text(json.dumps(bad), encoding="utf-8")
+        with pytest.raises(UserError, match=f"{f}: {message}"):
+            read_protocol(str(f))
+    with pytest.raises(UserError, match="neither a protocol"):
+        read_protocol(str(tmp_path / "nothing.json"))
+
+
+def test_first_examples_keep_the_header_and_whole_sentences(tmp_path):
+    g = glue_folder(tmp_path)
+    first_examples(g / "RTE" / "train.tsv", tmp_path / "rte.tsv", 5, header=True)
+    assert len(read_examples(tmp_path / "rte.tsv", "pair", "glue-rte")) == 5
+    first_examples(g / "CoLA" / "train.tsv", tmp_path / "cola.tsv", 5, header=False)
+    assert len(read_examples(tmp_path / "cola.tsv", "classification", "glue-cola")) == 5
+    conll = tmp_path / "a.conll"
+    conll.write_text("a\tO\nb\tB-PER\n\nc\tO\n\nd\tO\n", encoding="utf-8")
+    first_examples(conll, tmp_path / "b.conll", 2, header=True)
+    assert (tmp_path / "b.conll").read_text(encoding="utf-8") == "a\tO\nb\tB-PER\n\nc\tO\n\n"
+
+
+def squad_folder(root: Path, n: int = 30) -> Path:
+    """SQuAD's files as published: train-v1.1.json, dev-v1.1.json, train-v2.0.json, dev-v2.0.json."""
+    items = []
+    for i, t in enumerate(texts(n, skip=5)):
+        words = t.split()
+        answer = None if i % 4 == 3 else words[len(words) // 2]
+        items.append((t, f"which word comes after {words[len(words) // 2 - 1]}?", answer))
+    folder = root / "squad"
+    folder.mkdir()
+    for version, v2 in (("1.1", False), ("2.0", True)):
+        kept = [x for x in items if v2 or x[2] is not None]
+        squad_file(folder / f"train-v{version}.json", kept[:len(kept) * 2 // 3], v2=v2)
+        squad_file(folder / f"dev-v{version}.json", kept[len(kept) * 2 // 3:], v2=v2, first=100)
+    return folder
+
+
+def test_squad_files_are_found_by_version_and_cut_by_question(tmp_path):
+    folder = squad_folder(tmp_path)
+    (folder / "train-v2.0.json").unlink()
+    notes = []
+    plan = plan_benchmark("squad", {"m": tmp_path}, folder, tmp_path / "out", PROTOCOLS["paper-squad"][0],
+                          log=notes.append)
+    assert [t.name for t in plan.tasks] == ["SQuAD1.1"]
+    assert notes == [f"{folder}: skipping SQuAD2.0 (no train-v2.0.json)"]
+    assert [c.title for c in plan.tasks[0].columns] == ["1.1 EM", "1.1 F1"] and plan.tasks[0].select == "f1"
+    first_examples(folder / "train-v1.1.json", tmp_path / "cut.json", 7, header=True)
+    cut = read_examples(tmp_path / "cut.json", "qa", "squad")
+    assert [e.id for e in cut] == [e.id for e in read_examples(folder / "train-v1.1.json", "qa", "squad")][:7]
+
+
+def protocol_file(path: Path, **changes) -> Path:
+    settings = {"lrs": [2e-3, 5e-4], "batch_sizes": [8], "epochs": 1, "max_length": 32, "seeds": 1, "restarts": 0,
+                **changes}
+    path.write_text(json.dumps(settings), encoding="utf-8")
+    return path
+
+
+@pytest.mark.e2e
+def test_glue_runs_the_grid_restarts_on_small_sets_and_writes_the_table_and_the_leaderboard_files(
+        tmp_path, capsys, minilm_dir):
+    g = glue_folder(tmp_path, n=24)
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    out = tmp_path / "b"
+    # MNLI and STS-B hold 24 training examples: below `small` 30, so restarts; RTE's are cut to 20 too
+    proto = protocol_file(tmp_path / "p.json", restarts=2, small=30, seeds=2)
+    code, stdout, err = cli(capsys, "benchmark", "glue", "--model", f"tiny={tiny}", "--data", g, "--out", out,
+                            "--protocol", proto, "--tasks", "MNLI", "STS-B", "RTE", "--max-train", "20")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert [c["title"] for c in s["columns"]] == ["MNLI-m", "MNLI-mm", "STS-B", "RTE"]
+    for task, x in s["results"]["tiny"].items():
+        grid = {k: v for k, v in x["grid_dev"].items()}
+        assert x["lr"] == [2e-3, 5e-4][list(grid.values()).index(max(grid.values()))]  # the best on dev, first on a tie
+        assert x["restarts"] and len(x["runs"]) == 2
+        dev = {run: json.loads((Path(run) / "cell.json").read_text())["scores"]["dev"] for run in x["runs"]}
+        select = {"MNLI": "accuracy", "STS-B": "spearman", "RTE": "accuracy"}[task]
+        assert x["chosen"] == max(x["runs"], key=lambda r: dev[r][select])  # the restart best on dev
+        first = x["columns"][next(c["title"] for c in s["columns"] if c["task"] == task)]
+        assert first["value"] == dev[x["chosen"]][select]
+    mm = s["results"]["tiny"]["MNLI"]["columns"]["MNLI-mm"]
+    chosen = Path(s["results"]["tiny"]["MNLI"]["chosen"])
+    assert mm["value"] == json.loads((chosen / "scores-dev_mismatched.json").read_text())["accuracy"]
+    assert s["averages"]["tiny"] == pytest.approx(100 * sum(
+        s["results"]["tiny"][c["task"]]["columns"][c["title"]]["value"] for c in s["columns"]) / 4)
+    # the chosen runs' test predictions, in GLUE's submission format
+    sub = out / "submission" / "tiny"
+    assert sorted(p.name for p in sub.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "RTE.tsv", "STS-B.tsv"]
+    rte = (sub / "RTE.tsv").read_text(encoding="utf-8").splitlines()
+    assert rte[0] == "index\tprediction" and len(rte) == 13
+    assert [r.split("\t")[0] for r in rte[1:]] == [str(i) for i in range(12)]
+    assert {r.split("\t")[1] for r in rte[1:]} <= {"entailment", "not_entailment"}
+    scores = [float(r.split("\t")[1]) for r in (sub / "STS-B.tsv").read_text().splitlines()[1:]]
+    assert len(scores) == 12 and all(x == x for x in scores)  # numbers, none NaN
+    assert len((sub / "AX.tsv").read_text().splitlines()) == 6
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert "| model | MNLI-m | MNLI-mm | STS-B | RTE | Average |" in md
+    # the published row, and its mean over these four columns (80.05)
+    assert "| *BERT-base (paper)* | *84.6* | *83.4* | *85.8* | *66.4* | *80.0* |" in md
+    assert "± " in md and (out / "scores.png").stat().st_size > 1000
+    assert "Training sets cut to their first 20 examples." in md
+    # every run's command line was printed, and runs the same from a shell
+    assert stdout.count("== tiny RTE lr 0.002 batch 8 seed 0") == 1 and "torchbert finetune --task rte" in stdout
+
+
+@pytest.mark.e2e
+def test_the_local_suite_scores_what_the_same_finetune_by_hand_scores(tmp_path, capsys, minilm_dir):
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    out = tmp_path / "b"
+    proto = protocol_file(tmp_path / "p.json", lrs=[1e-3], seeds=1)
+    code, _, err = cli(capsys, "benchmark", "local", "--model", f"tiny={tiny}", "--out", out, "--protocol", proto,
+                       "--max-train", "40", "--tasks", "sentiment", "ner")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    for task, kind, ext, metric in (("sentiment", "classification", "tsv", "accuracy"),
+                                    ("ner", "token", "conll", "f1")):
+        data = out / "data" / task
+        assert len(read_examples(data / f"train.{ext}", kind)) == 40
+        run = tmp_path / f"hand-{task}"
+        code, _, err = cli(capsys, "finetune", "--task", kind, "--model", tiny, "--train", data / f"train.{ext}",
+                           "--dev", data / f"dev.{ext}", "--out", run, "--epochs", "1", "--max-length", "32",
+                           "--batch-size", "8", "--lr", "1e-3", "--seed", "0", "--quiet")
+        assert code == 0, err
+        code, _, err = cli(capsys, "evaluate", "--model", run, "--data", data / f"test.{ext}", "--out", run / "t.json",
+                           "--quiet")
+        assert code == 0, err
+        by_hand = json.loads((run / "t.json").read_text(encoding="utf-8"))[metric]
+        assert s["results"]["tiny"][task]["columns"][task]["value"] == by_hand
+    assert "wnut16" not in s["results"]["tiny"]
+
+
+@pytest.mark.e2e
+def test_a_killed_suite_resumes_without_rerunning_a_finished_run(tmp_path, minilm_dir):
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    proto = protocol_file(tmp_path / "p.json", lrs=[1e-3, 5e-4], seeds=2)
+    args = [sys.executable, "-m", "torchbert", "benchmark", "local", "--model", f"tiny={tiny}", "--protocol",
+            str(proto), "--max-train", "40", "--tasks", "sentiment"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    whole = tmp_path / "whole"
+    subprocess.run([*args, "--out", str(whole)], env=env, check=True, capture_output=True, timeout=600)
+    cut = tmp_path / "cut"
+    victim = subprocess.Popen([*args, "--out", str(cut)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not list(cut.glob("runs/tiny/sentiment/*/cell.json")):
+        assert victim.poll() is None and time.time() < deadline, "the benchmark ended before it could be killed"
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    (finished,) = cut.glob("runs/tiny/sentiment/*/cell.json")
+    before = finished.stat().st_mtime_ns
+    done = subprocess.run([*args, "--out", str(cut), "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert finished.stat().st_mtime_ns == before  # not run again
+    cell = json.loads(finished.read_text(encoding="utf-8"))
+    name = f"tiny sentiment lr {cell['lr']:g} batch {cell['batch_size']} seed {cell['seed']}"
+    assert f"== {name} (" in victim.stdout.read().decode() and f"== {name} (" not in done.stdout
+    got = json.loads((cut / "summary.json").read_text())["results"]["tiny"]["sentiment"]
+    want = json.loads((whole / "summary.json").read_text())["results"]["tiny"]["sentiment"]
+    assert got["columns"] == want["columns"] and got["grid_dev"] == want["grid_dev"]
