@@ -69,6 +69,32 @@ def test_interrupted_run_resumes_bit_identically(tmp_path):
     assert strip(ref_log) == strip(run_log)
 
 
+def scalars(run) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars of a run folder, as TensorBoard itself reads them (purged steps gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_every_metrics_line_is_also_a_tensorboard_scalar_and_a_resume_purges_the_killed_steps(tmp_path):
+    run = tmp_path / "run"
+    killed(run, 7, steps=10, save_every=3)  # logged steps 1-7, then resumed from the checkpoint of step 6
+    before = scalars(run)
+    assert [s for s, _ in before["lr"]] == list(range(1, 8))
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), run, resume=True,
+          log=lambda s: None)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    got = scalars(run)
+    assert {"mlm_loss", "lr", "tokens", "tokens_per_second"} <= set(got)
+    for key in ("mlm_loss", "lr", "tokens"):  # steps 1-10 once each: 7 of the killed run purged, resumed at 6
+        assert got[key] == [(x["step"], pytest.approx(x[key], rel=1e-6)) for x in lines], key
+    off = tmp_path / "off"
+    train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=2, log_to="none"), off, log=lambda s: None)
+    assert (off / "metrics.jsonl").is_file() and not (off / "tensorboard").exists()
+
+
 def test_a_signal_in_the_last_step_still_stops_the_process_once_the_run_is_saved(tmp_path):
     import signal
 

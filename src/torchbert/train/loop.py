@@ -65,7 +65,7 @@ from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_c
                              remove_leftovers, save_checkpoint)
 from ..settings import Checked, setting
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state, unwrap
-from .metrics import Window, append_jsonl, postfix, progress_bar, truncate_metrics
+from .metrics import Scalars, Window, append_jsonl, postfix, progress_bar, truncate_metrics
 from .objectives import Objective
 from .optim import OPTIMIZERS, SCHEDULES, clipped_step, make_optimizer, make_scheduler
 
@@ -97,6 +97,9 @@ class TrainConfig(Checked):
     save_every: int = setting(0, "checkpoint every N steps (default: only at the end)", low=0)
     keep: int = setting(2, "checkpoints to keep", low=1)
     log_every: int = setting(10, "a metrics.jsonl line every N steps", low=1)
+    log_to: str = setting("tensorboard", "tensorboard: each metrics.jsonl line also as TensorBoard scalars in "
+                                         "RUN/tensorboard (`tensorboard --logdir RUN`); none: metrics.jsonl only",
+                          choices=("tensorboard", "none"))
     eval_every: int = setting(0, "held-out evaluation every N steps (default: only at the end)", low=0)
     precision: str = setting("fp32", "bf16: the forward and backward in bfloat16, the optimizer and the saved "
                                      "weights in fp32. In one CPU process the weights are held in bf16 for each step "
@@ -411,7 +414,8 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
         return Interrupted(caught or "a signal to another process", state.step, folder)
 
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
-            StopSignals(log) as signals, threads.busy():  # this job computes: others count it (fast/threads.py)
+            StopSignals(log) as signals, threads.busy(), \
+            Scalars(run_dir, cfg.log_to, resumed_at=saved_at, main=dist.is_main) as scalars:
         while state.step < cfg.steps:
             threads.tick()  # this job's share of the CPUs, when a command governs them
             micro = [stream.next() for _ in range(cfg.grad_accum)]
@@ -478,6 +482,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                     record.update({f"eval_{k}": v for k, v in last_eval.items()})
                 if dist.is_main:
                     append_jsonl(metrics_path, record)
+                    scalars.add(record)
             if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps:
                 checkpoint()
                 saved_at = step

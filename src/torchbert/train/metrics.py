@@ -116,6 +116,45 @@ def progress_bar(cfg, step: int):
                 mininterval=0.1 if sys.stderr.isatty() else 10)
 
 
+class Scalars:
+    """The figures of each metrics.jsonl line as TensorBoard scalars, in RUN/tensorboard (torch's
+    SummaryWriter), for watching a run as it goes: losses and accuracies, the learning rate, dev or
+    held-out scores (eval_*) and tokens/s, by step. A resumed run (`resumed_at`: its checkpoint's step)
+    writes a new event file that purges the later steps of the killed one, as metrics.jsonl is cut
+    back. log_to "none": nothing."""
+
+    def __init__(self, run_dir: Path, log_to: str, resumed_at: int | None = None, main: bool = True):
+        self.folder, self.resumed_at, self.main = Path(run_dir) / "tensorboard", resumed_at, main
+        self.on = main and log_to == "tensorboard"  # under torchrun, process 0 writes
+        self.writer = None
+
+    def __enter__(self) -> Scalars:
+        if self.main and self.resumed_at is None and self.folder.is_dir():  # a fresh run: an earlier one's scalars go
+            import shutil
+
+            shutil.rmtree(self.folder)
+        if self.on:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if self.resumed_at is None else self.resumed_at + 1
+            self.writer = SummaryWriter(str(self.folder), purge_step=purge)
+        return self
+
+    def add(self, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        step = record["step"]
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+        if record.get("seconds"):
+            self.writer.add_scalar("tokens_per_second", record["tokens"] / record["seconds"], step)
+
+    def __exit__(self, *exc) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
