@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import StudyInterrupted, UserError
 from ..io.files import atomic_write_text
 from ..settings import Checked, SettingError, setting
-from .stages import Stages
+from .stages import Stages, claim_folder
 from .suites import SUITES, Suite, SuiteTask
 
 MARKER = ".torchbert-benchmark"
@@ -302,12 +302,8 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
                            "models": {k: str(v) for k, v in plan.models.items()},
                            "tasks": [t.name for t in plan.tasks], "protocol": asdict(p), "max_train": max_train},
                           indent=2) + "\n"
-    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
-        raise UserError(f"--out {out}: the earlier benchmark there ran with other settings (suite, models, --data, "
-                        "--tasks, --protocol or --max-train); resume it with its own, or start again with --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("a folder of `torchbert benchmark`; --resume continues it\n", encoding="utf-8")
-    atomic_write_text(out / "settings.json", settings)
+    claim_folder(out, MARKER, "benchmark", settings,
+                 "suite, models, --data, --tasks, --protocol or --max-train")
     if plan.suite.write is not None:
         plan.suite.write(plan.data, max_train)
     train_files = {}

@@ -41,7 +41,7 @@ from ..tokenizer import TOKENIZER_FILES
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import RECIPES
 from ..train.recipes import TEXT as RECIPE_TEXT
-from .stages import Stages
+from .stages import Stages, claim_folder
 from .samples import (corpus_text, documents, peoples_daily_ner, peoples_daily_paragraphs,
                       sentiment_reviews, tsv_text)
 
@@ -365,13 +365,8 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
     b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, "tasks": TASKS_VERSION, "match": match,
                            **asdict(b)}, indent=2) + "\n"
-    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
-        raise UserError(f"--out {out}: the earlier compare there ran with other settings (--quick, --budget, "
-                        "--seed, --match, or an older torchbert's tasks); resume it with its own, or start again "
-                        "with --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("a folder of `torchbert compare`; --resume continues it\n", encoding="utf-8")
-    atomic_write_text(out / "settings.json", settings)
+    claim_folder(out, MARKER, "compare", settings,
+                 "--quick, --budget, --seed, --match, or an older torchbert's tasks")
     data = out / "data"
     r = Stages(out, log, total=stage_count(b, match))
     try:

@@ -35,7 +35,7 @@ from ..errors import StudyInterrupted, UserError
 from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import TEXT as RECIPE_TEXT
-from .stages import Stages
+from .stages import Stages, claim_folder
 
 MARKER = ".torchbert-demo"  # marks OUT as the demo's, so that the next demo may replace it
 TASKS = ("sentiment", "ner")
@@ -81,14 +81,7 @@ def run_demo(out: Path, quick: bool = False, budget: float = 1.0, seed: int = 0,
     `on_done()` after each stage. StudyInterrupted on a signal, RunFailed when a stage fails."""
     b = replace((QUICK if quick else FULL).scaled(budget), recipe=recipe)
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
-    if (out / "settings.json").is_file() and (out / "settings.json").read_text(encoding="utf-8") != settings:
-        raise UserError(f"--out {out}: the earlier demo there ran with other settings (--quick, --budget, --seed or "
-                        "--recipe); resume it with its own, or start again with --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    from ..io.files import atomic_write_text
-
-    (out / MARKER).write_text("a folder of `torchbert demo`; --resume continues it\n", encoding="utf-8")
-    atomic_write_text(out / "settings.json", settings)
+    claim_folder(out, MARKER, "demo", settings, "--quick, --budget, --seed or --recipe")
     r = Stages(out, log, total=stage_count(b), on_done=on_done)
     try:
         return _stages(out, r, b, quick, budget, seed, log)

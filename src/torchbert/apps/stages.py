@@ -207,6 +207,21 @@ class Stages:
         return self.run(name, argv, call)
 
 
+def claim_folder(out: Path, marker: str, command: str, settings: str, flags: str) -> None:
+    """A study's folder taken: `settings` (its settings.json text) must equal what an earlier run there
+    wrote (a --resume continues with the same settings, never a mix), then the marker that lets the next
+    run of `command` resume or replace it, and settings.json."""
+    from ..io.files import atomic_write_text
+
+    path = out / "settings.json"
+    if path.is_file() and path.read_text(encoding="utf-8") != settings:
+        raise UserError(f"--out {out}: the earlier {command} there ran with other settings ({flags}); resume it "
+                        "with its own, or start again with --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / marker).write_text(f"a folder of `torchbert {command}`; --resume continues it\n", encoding="utf-8")
+    atomic_write_text(path, settings)
+
+
 def _read_record(path: Path) -> dict:
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
