@@ -118,8 +118,27 @@ class Plan:
 
 
 def task_files(t: SuiteTask, data: Path) -> dict[str, Path]:
-    """The task's splits present in `data`."""
-    return {split: data / rel for split, rel in t.files.items() if (data / rel).is_file()}
+    """The task's splits present in `data` (of a split's "a|b", the first present)."""
+    found = {split: next((data / x for x in rel.split("|") if (data / x).is_file()), None)
+             for split, rel in t.files.items()}
+    return {split: path for split, path in found.items() if path is not None}
+
+
+def prepared_files(t: SuiteTask, data: Path, out: Path, log=print) -> dict[str, Path]:
+    """The task's splits as its family reads them: the suite's own files, or (a task with a layout of its
+    own) their conversions in OUT/data/TASK/, made once (a --resume finds them)."""
+    files = task_files(t, data)
+    if t.convert is None:
+        return files
+    done = {}
+    for split, src in files.items():
+        done[split] = out / "data" / t.name / f"{split}.{t.converted}"
+        if not done[split].is_file():
+            try:
+                t.convert(src, done[split], split not in t.submission, lambda m: log(f"note: {m}"))
+            except ValueError as e:
+                raise UserError(str(e)) from None
+    return done
 
 
 def first_examples(src: Path, dst: Path, n: int, header: bool) -> None:
@@ -156,8 +175,9 @@ def _stat(values: list[float], how: str) -> float:
 class Bench:
     """The runs of one benchmark, on the stages of a study."""
 
-    def __init__(self, plan: Plan, r: Stages, train_files: dict[str, Path], train_counts: dict[str, int]):
-        self.plan, self.r, self.train_files, self.train_counts = plan, r, train_files, train_counts
+    def __init__(self, plan: Plan, r: Stages, files: dict[str, dict[str, Path]], train_files: dict[str, Path],
+                 train_counts: dict[str, int]):
+        self.plan, self.r, self.files, self.train_files, self.train_counts = plan, r, files, train_files, train_counts
 
     def restarts(self, t: SuiteTask) -> bool:
         return restarts_apply(self.plan.protocol, self.train_counts[t.name])
@@ -165,7 +185,7 @@ class Bench:
     def run_one(self, model: str, t: SuiteTask, lr: float, batch: int, seed: int) -> dict[str, Any]:
         """One fine-tuning run and its scores on the task's labelled splits, or the ones on disk."""
         p, r = self.plan.protocol, self.r
-        files = task_files(t, self.plan.data)
+        files = self.files[t.name]
         later = [s for s in t.scored_splits() if s in files]
         run = self.plan.out / "runs" / model / t.name / f"lr{lr:g}-bs{batch}-seed{seed}"
         done = run / "cell.json"
@@ -181,7 +201,7 @@ class Bench:
         s, cfg = FinetuneSettings(
             task=t.task, model=self.plan.models[model], train=self.train_files[t.name], dev=files["dev"], out=run,
             epochs=p.epochs, warmup_ratio=p.warmup_ratio, resume=resume,
-            task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=p.max_length),
+            task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=t.max_length or p.max_length),
         ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay, progress=False)
         name = f"{model} {t.name} lr {lr:g} batch {batch} seed {seed}"
         r.finetune(name, s, cfg)
@@ -221,7 +241,7 @@ class Bench:
 
     def submit(self, model: str, t: SuiteTask, chosen: Path) -> list[str]:
         """The chosen run's predictions on the task's unlabelled splits, as the leaderboard's files."""
-        files = task_files(t, self.plan.data)
+        files = self.files[t.name]
         written = []
         for split, name in t.submission.items():
             if split not in files:
@@ -230,8 +250,7 @@ class Bench:
             if not out.is_file():
                 records = self.r.predict(f"{model} {t.name}: {split} predictions", chosen, files[split],
                                          chosen / f"predictions-{split}.jsonl")
-                rows = [f"{x['id']}\t{x['score'] if 'score' in x else x['label']}\n" for x in records]
-                atomic_write_text(out, "index\tprediction\n" + "".join(rows))
+                atomic_write_text(out, t.submit(records, task_files(t, self.plan.data)[split]))
             else:
                 self.r.found()
             written.append(str(out))
@@ -266,16 +285,18 @@ def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, 
         files = task_files(t, data)
         (present if "train" in files and "dev" in files else missing).append(t)
     if missing:
-        absent = sorted(f for t in missing for f in (t.files["train"], t.files["dev"]) if not (data / f).is_file())
+        absent = sorted(f.replace("|", " or ") for t in missing for s, f in t.files.items()
+                        if s in ("train", "dev") and s not in task_files(t, data))
         log(f"{data}: skipping {', '.join(t.name for t in missing)} (no {', '.join(absent)})")
     if not present:
-        expected = ", ".join(f"{t.files['train']} and {t.files['dev']}" for t in wanted[:3])
+        expected = ", ".join(f"{t.files['train']} and {t.files['dev']}".replace("|", " or ") for t in wanted[:3])
         raise UserError(f"--data {data}: holds none of {suite.title}'s tasks in its layout (expected {expected}"
                         f"{', ...' if len(wanted) > 3 else ''}; `torchbert benchmark --help` shows the layout)")
     return Plan(suite, models, data, protocol, present, out)
 
 
-def check_files(plan: Plan, train_files: dict[str, Path], log=print) -> dict[str, int]:
+def check_files(plan: Plan, files: dict[str, dict[str, Path]], train_files: dict[str, Path],
+                log=print) -> dict[str, int]:
     """Every split of every task read before the first run, as its run will read it (a bad line is an
     error now, not hours in); the training examples of each task."""
     from ..tasks.families import read_examples, task_settings
@@ -283,7 +304,7 @@ def check_files(plan: Plan, train_files: dict[str, Path], log=print) -> dict[str
     counts = {}
     for t in plan.tasks:
         ts = task_settings(t.task)
-        for split, path in {**task_files(t, plan.data), "train": train_files[t.name]}.items():
+        for split, path in {**files[t.name], "train": train_files[t.name]}.items():
             try:
                 n = len(read_examples(path, ts.type, ts.layout, labelled=split not in t.submission,
                                       warn=lambda m: log(f"note: {m}")))
@@ -306,26 +327,26 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
                  "suite, models, --data, --tasks, --protocol or --max-train")
     if plan.suite.write is not None:
         plan.suite.write(plan.data, max_train)
+    files = {t.name: prepared_files(t, plan.data, out, log) for t in plan.tasks}
     train_files = {}
     for t in plan.tasks:
-        train = plan.data / t.files["train"]
+        train = files[t.name]["train"]
         if max_train is not None and plan.suite.write is None:  # the first examples, copied beside the runs
-            train_files[t.name] = out / "data" / t.name / Path(t.files["train"]).name
+            train_files[t.name] = out / "data" / t.name / f"{train.stem}.first{max_train}{train.suffix}"
             if not train_files[t.name].is_file():
                 first_examples(train, train_files[t.name], max_train, t.header)
         else:
             train_files[t.name] = train
-    counts = check_files(plan, train_files, log)
+    counts = check_files(plan, files, train_files, log)
     grid = len(p.lrs) * len(p.batch_sizes)
     total = 0
     for t in plan.tasks:
-        files = task_files(t, plan.data)
-        later = [s for s in t.scored_splits() if s in files]
-        submissions = [s for s in t.submission if s in files]
+        later = [s for s in t.scored_splits() if s in files[t.name]]
+        submissions = [s for s in t.submission if s in files[t.name]]
         runs = grid + (p.restarts if restarts_apply(p, counts[t.name]) else p.seeds) - 1
         total += runs * (1 + len(later)) + len(submissions)
     r = Stages(out, log, total=total * len(plan.models), on_done=on_done, device=device)
-    bench = Bench(plan, r, train_files, counts)
+    bench = Bench(plan, r, files, train_files, counts)
     results: dict[str, dict[str, Any]] = {}
     try:
         for model in plan.models:

@@ -20,8 +20,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..io.files import atomic_write_text
+from . import clue
 
 
 @dataclass(frozen=True)
@@ -34,16 +36,32 @@ class Column:
     metric: str
 
 
+def submit_glue(records: list[dict[str, Any]], source: Path) -> str:
+    """GLUE's leaderboard file: a header, then "index<TAB>prediction" per test example."""
+    rows = [f"{x['id']}\t{x['score'] if 'score' in x else x['label']}\n" for x in records]
+    return "index\tprediction\n" + "".join(rows)
+
+
+# convert(src, dst, labelled, warn): an official file written in a layout the task's family reads
+Converter = Callable[[Path, Path, bool, Callable[[str], object]], None]
+
+
 @dataclass(frozen=True)
 class SuiteTask:
     name: str  # as the suite calls it: "CoLA"
     task: str  # finetune --task: a preset (tasks/formats.py TASK_PRESETS) or a task type
-    files: dict[str, str]  # split -> file in the suite's folder; "train" and "dev" always
+    files: dict[str, str]  # split -> file in the suite's folder ("a|b": the first present); "train", "dev" always
     columns: tuple[Column, ...]  # the first one's metric, on dev, picks the learning rate
     submission: dict[str, str] = field(default_factory=dict)  # an unlabelled split -> its leaderboard file
     averaged: bool = True  # counted in the suite's average (GLUE leaves WNLI out, as the BERT paper)
     header: bool = True  # the training file starts with a header line (GLUE's CoLA does not)
     pick: str | None = None  # the dev metric that picks the learning rate (default: the first column's)
+    # a layout of its own (CLUE's): each split converted into OUT/data/TASK/SPLIT.<converted> first
+    convert: Converter | None = None
+    converted: str = "jsonl"
+    # the text of a leaderboard file, from the chosen run's prediction records and the split's own file
+    submit: Callable[[list[dict[str, Any]], Path], str] = submit_glue
+    max_length: int | None = None  # tokens per sequence where the task needs more than the protocol's
 
     @property
     def select(self) -> str:
@@ -153,6 +171,64 @@ register_suite(Suite(
         Published("BERT-base (paper)", "Devlin et al. 2019, Table 2, SQuAD 1.1 dev", {"1.1 EM": 80.8, "1.1 F1": 88.5}),
         Published("BERT-large (paper)", "Devlin et al. 2019, Tables 2 and 3, dev",
                   {"1.1 EM": 84.1, "1.1 F1": 90.9, "2.0 EM": 78.7, "2.0 F1": 81.9})),
+))
+
+
+# -- CLUE -------------------------------------------------------------------------------------------
+# The folders as CLUE's download unzips them (TASK_public/), or named by the task alone. The average is
+# CLUE 1.0's classification score, the mean of AFQMC, TNEWS, IFLYTEK, CMNLI, CLUEWSC2020 and CSL (the
+# paper's 68.77 for BERT-base); OCNLI, CLUENER, CMRC 2018 and C3 are reported beside it.
+
+def _clue(name: str, folder: str, task: str, metric: str, submission: str, convert, averaged: bool = True,
+          train: str = "train.json", submit=clue.submit_labels, converted: str = "jsonl",
+          columns: tuple[Column, ...] | None = None, test: str = "test.json", **more) -> SuiteTask:
+    def where(*files: str) -> str:
+        return "|".join(f"{d}/{f}" for f in files for d in (f"{folder}_public", folder))
+
+    files = {"train": where(*train.split("|")), "dev": where("dev.json" if name != "C3" else "d-dev.json"),
+             "test": where(*test.split("|"))}
+    return SuiteTask(name, task, files, columns or (Column(name, "dev", metric),), submission={"test": submission},
+                     averaged=averaged, header=False, convert=convert, converted=converted, submit=submit, **more)
+
+
+CLUE_LAYOUT = """\
+CLUE, each task's folder as its download unzips it (TASK_public/, or TASK/; a missing one is skipped):
+  afqmc_public/ tnews_public/ iflytek_public/ cmnli_public/ csl_public/ cluewsc2020_public/ cluener_public/
+                                {train,dev,test}.json, JSON lines with each task's own keys
+  ocnli_public/train.50k.json, dev.json, test.json    pairs labelled "-" are left out, as CLUE does
+  cmrc2018_public/{train,dev,test}.json               SQuAD's format; EM and F1 by CMRC 2018's rules
+  c3_public/d-train.json + m-train.json, d-dev.json + m-dev.json, test1.1.json (or test.json)
+The test labels are hidden: the table shows dev (the average: CLUE 1.0's classification score over
+AFQMC, TNEWS, IFLYTEK, CMNLI, CLUEWSC2020, CSL), and the chosen runs' test predictions are written as the
+leaderboard's files (submission/afqmc_predict.json, tnews11_predict.json, ...)."""
+
+register_suite(Suite(
+    "clue", "CLUE",
+    tasks=(
+        _clue("AFQMC", "afqmc", "pair", "accuracy", "afqmc_predict.json",
+              clue.text_converter("AFQMC", ("sentence1", "sentence2"))),
+        _clue("TNEWS", "tnews", "classification", "accuracy", "tnews11_predict.json",
+              clue.text_converter("TNEWS", ("sentence",))),
+        _clue("IFLYTEK", "iflytek", "classification", "accuracy", "iflytek_predict.json",
+              clue.text_converter("IFLYTEK", ("sentence",))),
+        _clue("CMNLI", "cmnli", "pair", "accuracy", "cmnli_predict.json",
+              clue.text_converter("CMNLI", ("sentence1", "sentence2"), drop_unsure=True)),
+        _clue("OCNLI", "ocnli", "pair", "accuracy", "ocnli_50k_predict.json",
+              clue.text_converter("OCNLI", ("sentence1", "sentence2"), drop_unsure=True), averaged=False,
+              train="train.50k.json|train.json"),
+        _clue("WSC", "cluewsc2020", "classification", "accuracy", "cluewsc11_predict.json", clue.convert_wsc),
+        _clue("CSL", "csl", "pair", "accuracy", "csl_predict.json", clue.convert_csl),
+        _clue("CLUENER", "cluener", "token", "f1", "cluener_predict.json", clue.convert_cluener, averaged=False,
+              submit=clue.submit_entities, converted="conll"),
+        _clue("CMRC2018", "cmrc2018", "qa", "exact_match", "cmrc2018_predict.json", None, averaged=False,
+              submit=clue.submit_answers, pick="f1", max_length=384,
+              columns=(Column("CMRC2018 EM", "dev", "exact_match"), Column("CMRC2018 F1", "dev", "f1"))),
+        _clue("C3", "c3", "multiple-choice", "accuracy", "c311_predict.json", clue.convert_c3, averaged=False,
+              train="d-train.json", test="test1.1.json|test.json", submit=clue.submit_choices, max_length=512)),
+    protocol="paper", layout=CLUE_LAYOUT,
+    published=(Published("BERT-base (CLUE paper)", "Xu et al. 2020, CLUE 1.0 test (the six classification tasks)",
+                         {"AFQMC": 73.70, "TNEWS": 56.58, "IFLYTEK": 60.29, "CMNLI": 79.69, "WSC": 62.0,
+                          "CSL": 80.36}),),
 ))
 
 

@@ -6,7 +6,8 @@
 * Tagging (CoNLL, WNUT): entity-level precision / recall / F1 with conlleval's chunking rules, from
   seqeval's default mode, plus accuracy over all tags.
 * SQuAD v1.1 / v2.0: exact match and token F1, written out here to follow the official evaluation
-  scripts (normalization, max over gold answers, "" as the gold of an unanswerable question).
+  scripts (normalization, max over gold answers, "" as the gold of an unanswerable question). A
+  question whose gold answer is Chinese is scored as CMRC 2018's script scores it (see cmrc_scores).
 
 The official scripts report percentages; here every score is a fraction, so SQuAD EM 81.2 is 0.812.
 """
@@ -172,9 +173,63 @@ def _token_f1(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+# CMRC 2018's evaluation (Cui et al. 2019): a Chinese character is a token of its own, its marks below
+# are dropped before scoring, F1 is over the longest common run of tokens, EM compares the strings
+# without those marks. Runs of other characters are split into words and punctuation (the official
+# script gives them to NLTK's word tokenizer, which agrees on plain words and numbers).
+_CJK = re.compile(r"[\u4e00-\u9fa5]")
+_CMRC_MARKS = frozenset("-:_*^/\\~`+=，。：？！“”；’《》…·、「」（）－～『』")
+_WORDS = re.compile(r"\w+|[^\w\s]")
+
+
+def _cmrc_tokens(text: str) -> list[str]:
+    out, run = [], []
+    for ch in text.lower().strip():
+        if ch in _CMRC_MARKS:
+            continue
+        if _CJK.match(ch):
+            out += _WORDS.findall("".join(run))
+            run = []
+            out.append(ch)
+        else:
+            run.append(ch)
+    return out + _WORDS.findall("".join(run))
+
+
+def _longest_common_run(a: list[str], b: list[str]) -> int:
+    best, row = 0, [0] * (len(b) + 1)
+    for x in a:
+        prev, row = row, [0] * (len(b) + 1)
+        for j, y in enumerate(b, 1):
+            if x == y:
+                row[j] = prev[j - 1] + 1
+                best = max(best, row[j])
+    return best
+
+
+def cmrc_scores(answers: Sequence[str], pred: str) -> tuple[float, float]:
+    """(exact match, F1) of one prediction against its best gold, by CMRC 2018's rules."""
+    def bare(text: str) -> str:
+        return "".join(ch for ch in text.lower().strip() if ch not in _CMRC_MARKS)
+
+    exact, f1 = 0.0, 0.0
+    p = _cmrc_tokens(pred)
+    for a in answers:
+        exact = max(exact, float(bare(a) == bare(pred)))
+        g = _cmrc_tokens(a)
+        same = _longest_common_run(g, p)
+        if same:
+            precision, recall = same / len(p), same / len(g)
+            f1 = max(f1, 2 * precision * recall / (precision + recall))
+    return exact, f1
+
+
 def _question_scores(answers: Sequence[str], pred: str) -> tuple[float, float]:
     """(exact match, F1) of one prediction against its best gold; golds that normalize to "" are
-    dropped, and a question left with none has the single gold "" (the v2.0 script's rule)."""
+    dropped, and a question left with none has the single gold "" (the v2.0 script's rule). A
+    question with a Chinese gold answer is scored by CMRC 2018's rules (cmrc_scores)."""
+    if any(_CJK.search(a) for a in answers):
+        return cmrc_scores(answers, pred)
     golds = [a for a in answers if normalize_answer(a)] or [""]
     return (max(float(normalize_answer(a) == normalize_answer(pred)) for a in golds),
             max(_token_f1(a, pred) for a in golds))

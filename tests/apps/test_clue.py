@@ -1,0 +1,205 @@
+"""The CLUE suite: every task's files in CLUE's own layout (each task's keys, CSL's keyword lists,
+CLUEWSC2020's span offsets, CLUENER's entity offsets, C3's two-file JSON arrays, the "-" labels of
+CMNLI and OCNLI) read from a fixture of real Chinese text, and the leaderboard's files written back."""
+
+import json
+from pathlib import Path
+
+import pytest
+import realdata
+from clihelp import cli, tiny_bert
+
+from torchbert.apps import clue
+from torchbert.apps.benchmark import PROTOCOLS, plan_benchmark, prepared_files
+from torchbert.apps.samples import peoples_daily_ner
+from torchbert.apps.suites import SUITES
+from torchbert.eval.metrics import cmrc_scores, squad_scores
+from torchbert.tasks.families import read_examples, task_settings
+
+
+def jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def sentences(n: int, skip: int = 0) -> list[str]:
+    out = [s for s in realdata.peoples_daily_sentences() if 8 < len(s) < 60]
+    return out[skip:skip + n]
+
+
+def clue_folder(root: Path, n: int = 16) -> Path:
+    """CLUE's task folders as its download unzips them, from People's Daily: train n, dev and test n/2
+    each; test lines carry an id and no label. A pair is labelled by whether its two sentences are one."""
+    a, b = sentences(4 * n), sentences(4 * n, skip=4 * n)
+    c = root / "clue"
+    splits = {"train": range(0, n), "dev": range(n, n + n // 2), "test": range(n + n // 2, 2 * n)}
+
+    def put(folder: str, make, names=None) -> None:
+        for split, ids in splits.items():
+            rows = [make(i, split) for i in ids]
+            if split == "test":
+                rows = [{"id": k, **{key: v for key, v in r.items() if not key.startswith("label")}}
+                        for k, r in enumerate(rows)]
+            jsonl(c / folder / (names or {}).get(split, f"{split}.json"), rows)
+
+    put("afqmc_public", lambda i, s: {"sentence1": a[i], "sentence2": a[i] if i % 2 else b[i], "label": str(i % 2)})
+    put("tnews_public", lambda i, s: {"label": "102" if len(a[i]) > 30 else "101", "label_desc": "news",
+                                      "sentence": a[i], "keywords": ""})
+    put("iflytek_public", lambda i, s: {"label": str(i % 3), "label_des": "app", "sentence": a[i]})
+
+    def nli(i, s):
+        label = "-" if i % 7 == 3 and s != "test" else ["entailment", "neutral", "contradiction"][i % 3]
+        return {"sentence1": a[i], "sentence2": a[i] if label == "entailment" else b[i], "label": label}
+
+    put("cmnli_public", nli)
+    put("ocnli_public", lambda i, s: {"level": "easy", **nli(i, s), "label0": "neutral", "genre": "news",
+                                      "prem_id": f"p{i}", "id": i}, {"train": "train.50k.json"})
+
+    def wsc(i, s):
+        text = a[i]
+        return {"target": {"span2_index": len(text) - 3, "span1_index": 1, "span1_text": text[1:3],
+                           "span2_text": text[-3]}, "idx": i, "label": "true" if i % 2 else "false", "text": text}
+
+    put("cluewsc2020_public", wsc)
+    put("csl_public", lambda i, s: {"id": i, "abst": a[i], "keyword": [a[i][:2], b[i][:2]], "label": str(i % 2)})
+
+    ner = [x for x in peoples_daily_ner() if any(t != "O" for t in x[2])][:2 * n]
+
+    def cluener(i, s):
+        chars, tags = list(ner[i][1]), ner[i][2]
+        if i == 0:
+            chars[0] = " "  # CLUENER's texts hold spaces now and then
+        text = "".join(chars)
+        spans = clue.entities(text, tags)
+        return {"text": text, "label": spans}
+
+    put("cluener_public", cluener)
+
+    cmrc = c / "cmrc2018_public"
+    cmrc.mkdir()
+    for split, ids in splits.items():
+        paragraphs = []
+        for i in ids:
+            qa = {"id": f"TRAIN_{i}_QUERY_0", "question": f"{a[i][:4]}之后是什么？"}
+            if split != "test":
+                qa["answers"] = [{"text": a[i][4:8], "answer_start": 4}]
+            paragraphs.append({"id": f"P{i}", "context": a[i], "qas": [qa]})
+        (cmrc / f"{split}.json").write_text(json.dumps({"version": "v1.0", "data": [
+            {"id": "D0", "title": "t", "paragraphs": paragraphs}]}, ensure_ascii=False), encoding="utf-8")
+
+    def c3(ids, labelled: bool) -> list:
+        items = []
+        for i in ids:
+            q = {"question": f"{a[i][:3]}？", "choice": [a[i][3:6], b[i][3:6], b[i][6:9]], "answer": a[i][3:6]}
+            if not labelled:
+                q = {"question": q["question"], "choice": q["choice"], "id": i}
+            items.append([[a[i], b[i]], [q], f"doc{i}"])
+        return items
+
+    (c / "c3_public").mkdir()
+    for split, ids in splits.items():
+        if split == "test":
+            (c / "c3_public" / "test1.1.json").write_text(json.dumps(c3(ids, False), ensure_ascii=False), "utf-8")
+            continue
+        half = len(ids) // 2
+        for kind, part in (("d", list(ids)[:half]), ("m", list(ids)[half:])):
+            (c / "c3_public" / f"{kind}-{split}.json").write_text(json.dumps(c3(part, True), ensure_ascii=False),
+                                                                 "utf-8")
+    return c
+
+
+def test_every_clue_task_is_read_in_its_own_layout(tmp_path):
+    c = clue_folder(tmp_path)
+    notes = []
+    plan = plan_benchmark("clue", {"m": tmp_path}, c, tmp_path / "out", PROTOCOLS["paper"][0], log=notes.append)
+    assert [t.name for t in plan.tasks] == [t.name for t in SUITES["clue"].tasks] and notes == []
+    read = {}
+    for t in plan.tasks:
+        files = prepared_files(t, c, tmp_path / "out", log=notes.append)
+        assert set(files) == {"train", "dev", "test"}
+        ts = task_settings(t.task)
+        read[t.name] = {split: read_examples(path, ts.type, ts.layout, labelled=split != "test")
+                        for split, path in files.items()}
+    sizes = {name: tuple(len(x[s]) for s in ("train", "dev", "test")) for name, x in read.items()}
+    # "-" pairs (line indices 3 and 10 of train, 17 of dev) left out of CMNLI's and OCNLI's labelled splits
+    assert sizes["CMNLI"] == sizes["OCNLI"] == (14, 7, 8)
+    assert notes == [f"note: {c}/{d}/{f}: left out {k} pair(s) labelled '-' (the annotators did not agree), as "
+                     "CLUE does" for d, f, k in (("cmnli_public", "train.json", 2), ("cmnli_public", "dev.json", 1),
+                                                 ("ocnli_public", "train.50k.json", 2), ("ocnli_public", "dev.json", 1))]
+    for name in ("AFQMC", "TNEWS", "IFLYTEK", "WSC", "CSL", "CLUENER", "CMRC2018", "C3"):
+        assert sizes[name] == (16, 8, 8), name
+    afqmc = read["AFQMC"]
+    assert afqmc["train"][1].text_a == afqmc["train"][1].text_b and afqmc["train"][1].label == "1"
+    assert [e.id for e in afqmc["test"]] == [str(k) for k in range(8)]  # the test file's own ids
+    wsc = read["WSC"]["train"][0]
+    text = sentences(1)[0]
+    assert wsc.text_a == f"{text[0]}_{text[1:3]}_{text[3:-3]}[{text[-3]}]{text[-2:]}" and wsc.label == "false"
+    csl = read["CSL"]["dev"][0]
+    assert csl.text_a.split(" ")[0] == csl.text_b[:2]
+    ner = read["CLUENER"]["train"]
+    assert ner[0].words[0] == clue.SPACE  # a space of the text, as a token CoNLL can hold
+    assert any(t.startswith("B-") for t in ner[1].tags) and read["CLUENER"]["test"][0].tags is None
+    c3 = read["C3"]
+    assert [x.id for x in c3["train"][:2]] == ["doc0-0", "doc1-0"] and c3["train"][8].id == "doc8-0"  # d-, then m-
+    assert all(x.label == 0 and len(x.choices) == 3 for x in c3["train"])
+    assert c3["test"][0].id == "24"
+
+
+def test_a_bad_clue_line_is_one_error_naming_the_file_and_line(tmp_path, capsys, minilm_dir):
+    c = clue_folder(tmp_path)
+    path = c / "cluewsc2020_public" / "dev.json"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[2])
+    record["target"]["span1_index"] += 5
+    lines[2] = json.dumps(record, ensure_ascii=False)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "benchmark", "clue", "--model", minilm_dir, "--data", c, "--out", tmp_path / "b",
+                       "--tasks", "WSC")
+    assert code == 2 and f"{path}:3: span1_text" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b" / "runs").exists()
+
+
+def test_clue_entities_and_cmrc_scoring():
+    assert clue.entities("张三在北京", ["B-name", "I-name", "O", "B-address", "I-address"]) == {
+        "name": {"张三": [[0, 1]]}, "address": {"北京": [[3, 4]]}}
+    assert clue.entities("ab", ["I-x", "B-y"]) == {"x": {"a": [[0, 0]]}, "y": {"b": [[1, 1]]}}
+    # CMRC 2018's rules: marks dropped, a character a token, F1 over the longest common run
+    assert cmrc_scores(["北京大学"], "北京大学。") == (1.0, 1.0)
+    assert cmrc_scores(["北京大学"], "京大学生") == (0.0, pytest.approx(0.75))
+    assert cmrc_scores(["1990年"], "1990") == (0.0, pytest.approx(2 / 3))
+    # English questions keep SQuAD's rules in the same call
+    s = squad_scores({"a": ["北京大学"], "b": ["the cat"]}, {"a": "北京", "b": "cat"})
+    assert s["exact_match"] == 0.5 and s["f1"] == pytest.approx((2 / 3 + 1) / 2)
+
+
+@pytest.mark.e2e
+def test_clue_writes_the_leaderboard_files(tmp_path, capsys, minilm_dir):
+    c = clue_folder(tmp_path)
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    out = tmp_path / "b"
+    proto = tmp_path / "p.json"
+    proto.write_text(json.dumps({"lrs": [1e-3], "batch_sizes": [8], "epochs": 1, "max_length": 48, "seeds": 1,
+                                 "restarts": 0}), encoding="utf-8")
+    code, _, err = cli(capsys, "benchmark", "clue", "--model", f"tiny={tiny}", "--data", c, "--out", out,
+                       "--protocol", proto, "--tasks", "TNEWS", "CLUENER", "CMRC2018", "C3", "WSC")
+    assert code == 0, err
+    sub = out / "submission" / "tiny"
+    assert sorted(p.name for p in sub.iterdir()) == ["c311_predict.json", "cluener_predict.json",
+                                                    "cluewsc11_predict.json", "cmrc2018_predict.json",
+                                                    "tnews11_predict.json"]
+    tnews = [json.loads(x) for x in (sub / "tnews11_predict.json").read_text(encoding="utf-8").splitlines()]
+    assert [x["id"] for x in tnews] == list(range(8)) and {x["label"] for x in tnews} <= {"101", "102"}
+    ner = [json.loads(x) for x in (sub / "cluener_predict.json").read_text(encoding="utf-8").splitlines()]
+    texts = [json.loads(x)["text"] for x in (c / "cluener_public" / "test.json").read_text("utf-8").splitlines()]
+    assert [x["id"] for x in ner] == list(range(8))
+    s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    chosen = Path(s["results"]["tiny"]["CLUENER"]["chosen"])
+    tags = [json.loads(x)["tags"] for x in (chosen / "predictions-test.jsonl").read_text("utf-8").splitlines()]
+    assert [x["label"] for x in ner] == [clue.entities(text, t) for text, t in zip(texts, tags)]
+    answers = json.loads((sub / "cmrc2018_predict.json").read_text(encoding="utf-8"))
+    assert sorted(answers) == sorted(f"TRAIN_{i}_QUERY_0" for i in range(24, 32))
+    c3 = [json.loads(x) for x in (sub / "c311_predict.json").read_text(encoding="utf-8").splitlines()]
+    assert [x["id"] for x in c3] == list(range(24, 32)) and {x["label"] for x in c3} <= {0, 1, 2}
+    assert [x["title"] for x in s["columns"]] == ["TNEWS", "CLUENER", "CMRC2018 EM", "CMRC2018 F1", "C3", "WSC"]
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert "*BERT-base (CLUE paper)*" in md and "*56.6*" in md
