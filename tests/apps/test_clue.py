@@ -203,3 +203,12 @@ def test_clue_writes_the_leaderboard_files(tmp_path, capsys, minilm_dir):
     assert [x["title"] for x in s["columns"]] == ["TNEWS", "CLUENER", "CMRC2018 EM", "CMRC2018 F1", "C3", "WSC"]
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert "*BERT-base (CLUE paper)*" in md and "*56.6*" in md
+    assert "Average: the mean of TNEWS, WSC." in md  # CLUE 1.0's classification tasks among those run
+    # the table as the suite's own TensorBoard run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard" / "tiny"))
+    events.Reload()
+    tnews = s["results"]["tiny"]["TNEWS"]["columns"]["TNEWS"]["value"]
+    assert [e.value for e in events.Scalars("clue/TNEWS")] == [pytest.approx(100 * tnews)]
+    assert [e.value for e in events.Scalars("clue/Average")] == [pytest.approx(s["averages"]["tiny"])]

@@ -16,6 +16,7 @@ leaderboard's submission files.
     OUT/runs/MODEL/TASK/lr2e-05-bs32-seed0/    each run; cell.json last
     OUT/submission/MODEL/*.tsv  leaderboard files (GLUE: index, prediction)
     OUT/summary.md, summary.json, scores.png
+    OUT/tensorboard/MODEL/      the table as TensorBoard scalars (each run has its own in its folder)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import itertools
 import json
 import shutil
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -112,7 +114,7 @@ class Plan:
     suite: Suite
     models: dict[str, Path]  # name -> model folder
     data: Path  # the suite's folder (read) or OUT/data (written)
-    protocol: Protocol
+    protocol: Protocol | None  # None: a suite that fine-tunes nothing (retrieval)
     tasks: list[SuiteTask]  # those present
     out: Path
 
@@ -257,6 +259,46 @@ class Bench:
         return written
 
 
+def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> tuple[dict[str, Any], float]:
+    """A suite of datasets searched with each model's sentence embeddings (apps/beir.py), nothing
+    fine-tuned: a cell.json per model and dataset in OUT/runs/MODEL/DATASET/ (a --resume finds it)."""
+    from .beir import check, search_dataset
+
+    sets = {t.name: check(plan.data / Path(t.files["corpus"]).parent) for t in plan.tasks}  # every file first
+    r = Stages(plan.out, log, total=len(plan.models) * len(plan.tasks), on_done=on_done, device=device)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for model, folder in plan.models.items():
+            results[model] = {}
+            for t in plan.tasks:
+                run = plan.out / "runs" / model / t.name
+                done = run / "cell.json"
+                if done.is_file():
+                    cell = json.loads(done.read_text(encoding="utf-8"))
+                    r.found()
+                else:
+                    data = sets[t.name]
+                    log(f"\n== {model} {t.name} ({r.where()}): {len(data.queries):,} queries searched over "
+                        f"{len(data.docs):,} documents ({data.split} qrels)")
+                    start = time.perf_counter()
+                    cell = search_dataset(folder, data, r._device(), log=log)
+                    cell.update(version=VERSION, run=str(run), seconds=round(time.perf_counter() - start, 1))
+                    if data.left_out:
+                        log(f"note: {t.name}: {data.left_out} queries of the qrels have no document graded above 0; "
+                            "left out")
+                    log("  " + ", ".join(f"{k} {100 * v:.1f}" for k, v in cell["scores"].items()))
+                    atomic_write_text(done, json.dumps(cell, indent=2) + "\n")
+                    r.found()
+                split = cell["split"]
+                results[model][t.name] = {
+                    "runs": [cell["run"]], "chosen": cell["run"], "seconds": cell["seconds"], "submission": [],
+                    "columns": {c.title: {"value": cell["scores"][c.metric], "values": [cell["scores"][c.metric]],
+                                          "std": 0.0, "split": split, "metric": c.metric} for c in t.columns}}
+    except KeyboardInterrupt:
+        raise StudyInterrupted(r.done, r.total) from None
+    return results, r.seconds()
+
+
 def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, out: Path, protocol: Protocol,
                    tasks: list[str] | None = None, max_train: int | None = None, log=print) -> Plan:
     """What a benchmark will run: the suite's tasks present in `data` (the missing ones listed)."""
@@ -271,14 +313,19 @@ def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, 
     elif not data.is_dir():
         raise UserError(f"--data {data}: not a folder")
     wanted = suite.tasks
+    if suite.discover is not None:
+        wanted = tuple(suite.discover(data))
+        if not wanted:
+            raise UserError(f"--data {data}: holds no {suite.title} dataset in its layout (`torchbert benchmark "
+                            f"--help` shows it)")
     if tasks:
-        names = {t.name.lower(): t for t in suite.tasks}
+        names = {t.name.lower(): t for t in wanted}
         unknown = [x for x in tasks if x.lower() not in names]
         if unknown:
             raise UserError(f"--tasks {' '.join(unknown)}: not a task of {suite.name} "
-                            f"({', '.join(t.name for t in suite.tasks)})")
+                            f"({', '.join(t.name for t in wanted)})")
         wanted = tuple(names[x.lower()] for x in dict.fromkeys(tasks))
-    if suite.write is not None:
+    if suite.write is not None or suite.discover is not None:  # every task's files are there
         return Plan(suite, models, data, protocol, list(wanted), out)
     present, missing = [], []
     for t in wanted:
@@ -321,10 +368,12 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
     p, out = plan.protocol, plan.out
     settings = json.dumps({"version": VERSION, "suite": plan.suite.name, "data": str(plan.data),
                            "models": {k: str(v) for k, v in plan.models.items()},
-                           "tasks": [t.name for t in plan.tasks], "protocol": asdict(p), "max_train": max_train},
-                          indent=2) + "\n"
+                           "tasks": [t.name for t in plan.tasks], "protocol": asdict(p) if p else None,
+                           "max_train": max_train}, indent=2) + "\n"
     claim_folder(out, MARKER, "benchmark", settings,
                  "suite, models, --data, --tasks, --protocol or --max-train")
+    if plan.suite.discover is not None:
+        return _finish(plan, protocol_text, max_train, log, *search_suite(plan, log, on_done, device))
     if plan.suite.write is not None:
         plan.suite.write(plan.data, max_train)
     files = {t.name: prepared_files(t, plan.data, out, log) for t in plan.tasks}
@@ -358,13 +407,21 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
         raise
     except KeyboardInterrupt:
         raise StudyInterrupted(r.done, r.total) from None
+    return _finish(plan, protocol_text, max_train, log, results, r.seconds())
+
+
+def _finish(plan: Plan, protocol_text: str, max_train: int | None, log, results: dict[str, dict[str, Any]],
+            seconds: float) -> dict[str, Any]:
+    """summary.json, summary.md and scores.png of a finished benchmark."""
+    p, out = plan.protocol, plan.out
     summary = {"suite": plan.suite.name, "title": plan.suite.title, "data": str(plan.data),
-               "models": {k: str(v) for k, v in plan.models.items()}, "protocol": asdict(p),
+               "models": {k: str(v) for k, v in plan.models.items()}, "protocol": asdict(p) if p else None,
                "protocol_text": protocol_text, "max_train": max_train, "tasks": [t.name for t in plan.tasks],
                "columns": columns_of(plan), "results": results, "suite_averaged": plan.suite.averaged,
                "averages": averages(plan, results),
-               "published": [asdict(x) for x in plan.suite.published], "seconds": r.seconds()}
+               "published": [asdict(x) for x in plan.suite.published], "seconds": seconds}
     scores_plot(out / "scores.png", summary)
+    suite_scalars(out / "tensorboard", summary)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary))
     log("\n" + summary_markdown(summary))
@@ -374,8 +431,8 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
 # -- the table ----------------------------------------------------------------------------------------
 
 def columns_of(plan: Plan) -> list[dict[str, Any]]:
-    return [{"title": c.title, "task": t.name, "split": c.split, "metric": c.metric, "averaged": t.averaged}
-            for t in plan.tasks for c in t.columns]
+    return [{"title": c.title, "task": t.name, "split": c.split, "metric": c.metric,
+             "averaged": t.averaged and c.averaged} for t in plan.tasks for c in t.columns]
 
 
 def averages(plan: Plan, results: dict[str, dict]) -> dict[str, float | None]:
@@ -398,7 +455,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
              f"Protocol: {s['protocol_text']}.", ""]
     splits = sorted({c["split"] for c in cols})
     lines.append(f"Scores in percent on {', '.join(splits)} ({', '.join(sorted({c['metric'] for c in cols}))}); "
-                 "± is the standard deviation over the runs at the chosen setting."
+                 + ("± is the standard deviation over the runs at the chosen setting." if p else
+                    "each model's own sentence embeddings, nothing fine-tuned.")
                  + (f" Training sets cut to their first {s['max_train']:,} examples." if s["max_train"] else ""))
     average = s["suite_averaged"]
     lines += ["", "| model | " + " | ".join(c["title"] for c in cols) + (" | Average |" if average else " |"),
@@ -424,23 +482,46 @@ def summary_markdown(s: dict[str, Any]) -> str:
         avg = statistics.fmean(averaged) if averaged and None not in averaged else None
         lines.append(row(f"*{pub['name']}*", ["–" if v is None else f"*{v:.1f}*" for v in values],
                          "–" if avg is None else f"*{avg:.1f}*"))
+    if average and not all(c["averaged"] for c in cols):
+        lines += ["", "Average: the mean of " + ", ".join(c["title"] for c in cols if c["averaged"]) + "."]
     if s["published"]:
         lines += ["", "*Italic rows*: published figures, not run here (" +
                   "; ".join(f"{x['name']}: {x['source']}" for x in s["published"]) + ")."]
-    lines += ["", "Chosen settings (learning rate, batch; dev scores of the grid with the first seed):", ""]
-    for model, tasks in s["results"].items():
-        for task, x in tasks.items():
-            grid = ", ".join(f"{k} {100 * v:.1f}" for k, v in x["grid_dev"].items())
-            how = f"best of {len(x['runs'])} restarts on dev" if x["restarts"] else \
-                f"{p['statistic']} of {len(x['runs'])} seed(s)"
-            lines.append(f"- {model} {task}: lr {x['lr']:g}, batch {x['batch_size']} ({grid}); {how}; "
-                         f"{x['seconds']:.0f} s")
+    tuned = [(model, task, x) for model, tasks in s["results"].items() for task, x in tasks.items() if "lr" in x]
+    if tuned:
+        lines += ["", "Chosen settings (learning rate, batch; dev scores of the grid with the first seed):", ""]
+    for model, task, x in tuned:
+        grid = ", ".join(f"{k} {100 * v:.1f}" for k, v in x["grid_dev"].items())
+        how = f"best of {len(x['runs'])} restarts on dev" if x["restarts"] else \
+            f"{p['statistic']} of {len(x['runs'])} seed(s)"
+        lines.append(f"- {model} {task}: lr {x['lr']:g}, batch {x['batch_size']} ({grid}); {how}; "
+                     f"{x['seconds']:.0f} s")
     subs = [f for tasks in s["results"].values() for x in tasks.values() for f in x["submission"]]
     if subs:
         lines += ["", f"Leaderboard files: {len(subs)} in submission/ (the chosen runs' test predictions)."]
     lines += ["", f"Time: {s['seconds']:.0f} s in this process and those before --resume. Runs: runs/; "
               "every figure with its run folder: summary.json; plot: scores.png."]
     return "\n".join(lines) + "\n"
+
+
+def suite_scalars(folder: Path, s: dict[str, Any]) -> None:
+    """The table as TensorBoard scalars, a run per model (folder/MODEL), a tag per column and the
+    average, in percent: `tensorboard --logdir OUT` shows them beside every fine-tuning run's own."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    for model, tasks in s["results"].items():
+        writer = SummaryWriter(str(folder / model))
+        try:
+            for c in s["columns"]:
+                x = tasks[c["task"]]["columns"].get(c["title"])
+                if x is not None:
+                    writer.add_scalar(f"{s['suite']}/{c['title']}", 100 * x["value"], 0)
+            if s["averages"].get(model) is not None:
+                writer.add_scalar(f"{s['suite']}/Average", s["averages"][model], 0)
+        finally:
+            writer.close()
 
 
 def scores_plot(path: Path, s: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ class Column:
     title: str
     split: str
     metric: str
+    averaged: bool = True  # in the suite's average, when its task is (the retrieval suite's: nDCG@10 only)
 
 
 def submit_glue(records: list[dict[str, Any]], source: Path) -> str:
@@ -92,6 +93,9 @@ class Suite:
     averaged: bool = True  # the table ends with the mean of the averaged columns
     # suites whose files are written, not read from a folder: write(folder, max_train) -> the folder
     write: Callable[[Path, int | None], None] | None = None
+    # suites whose tasks are the datasets their folder holds, each searched with the models' sentence
+    # embeddings, nothing fine-tuned (no protocol): discover(folder) -> the tasks
+    discover: Callable[[Path], list[SuiteTask]] | None = None
 
     def task(self, name: str) -> SuiteTask:
         return next(t for t in self.tasks if t.name == name)
@@ -229,6 +233,38 @@ register_suite(Suite(
     published=(Published("BERT-base (CLUE paper)", "Xu et al. 2020, CLUE 1.0 test (the six classification tasks)",
                          {"AFQMC": 73.70, "TNEWS": 56.58, "IFLYTEK": 60.29, "CMNLI": 79.69, "WSC": 62.0,
                           "CSL": 80.36}),),
+))
+
+
+# -- retrieval: BEIR -----------------------------------------------------------------------------------
+# Thakur et al. 2021: each dataset's queries searched over its corpus, zero-shot; nDCG@10 is the
+# figure BEIR's tables give (and average), MRR@10 and recall@100 beside it.
+
+def _beir_datasets(data: Path) -> list[SuiteTask]:
+    from .beir import find_datasets, qrels_file
+
+    out = []
+    for folder in find_datasets(data):
+        rel = folder.relative_to(data)
+        name = folder.name if str(rel) != "." else data.name
+        files = {"corpus": str(rel / "corpus.jsonl"), "queries": str(rel / "queries.jsonl"),
+                 "qrels": str(qrels_file(folder).relative_to(data))}
+        split = qrels_file(folder).stem
+        out.append(SuiteTask(name, "embedding", files, (
+            Column(f"{name} nDCG@10", split, "ndcg@10"), Column(f"{name} MRR@10", split, "mrr@10", averaged=False),
+            Column(f"{name} R@100", split, "recall@100", averaged=False)), header=False))
+    return out
+
+
+register_suite(Suite(
+    "retrieval", "retrieval (BEIR)", tasks=(), protocol="", discover=_beir_datasets,
+    layout="retrieval, BEIR's layout: one dataset folder, or a folder of them (scifact/, nfcorpus/, ...):\n"
+           "  corpus.jsonl     {\"_id\", \"title\", \"text\"} a line\n"
+           "  queries.jsonl    {\"_id\", \"text\"} a line\n"
+           "  qrels/test.tsv   query-id, corpus-id, score, with a header (qrels/dev.tsv without a test split)\n"
+           "  each model's own sentence embeddings (its pooling, max_seq_length), cosine, exact search over the\n"
+           "  whole corpus; nothing fine-tuned. nDCG@10 (graded, as BEIR), MRR@10, recall@100; the average is\n"
+           "  over nDCG@10",
 ))
 
 

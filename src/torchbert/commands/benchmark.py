@@ -114,7 +114,13 @@ def run(args) -> None:
     s = settings_from(BenchmarkSettings, args)
     out = Path(s.out)
     suite = SUITES[s.suite]
-    protocol, text = read_protocol(s.protocol or suite.protocol)
+    if suite.discover is not None:  # searched with the models' own embeddings: nothing is trained
+        if s.protocol or s.max_train:
+            raise UserError(f"{'--protocol' if s.protocol else '--max-train'}: the {suite.name} suite fine-tunes "
+                            "nothing (each model's own sentence embeddings search each dataset)")
+        protocol, text = None, "none: each model's own sentence embeddings (its pooling), cosine, exact search"
+    else:
+        protocol, text = read_protocol(s.protocol or suite.protocol)
     models = models_of(s.model)
     data = Path(s.data) if s.data else None
     plan = plan_benchmark(s.suite, models, data, out, protocol, s.tasks, s.max_train, log=print)

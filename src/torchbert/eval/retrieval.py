@@ -15,7 +15,7 @@ A query with no relevant document is an error (it has no score).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,26 +46,32 @@ def search(queries: np.ndarray, docs: np.ndarray, k: int, chunk: int = 256) -> t
     return scores, ids
 
 
-def retrieval_scores(ranked: np.ndarray, relevant: Sequence[set[int]], ks: Sequence[int] = KS) -> dict[str, float]:
+def retrieval_scores(ranked: np.ndarray, relevant: Sequence[set[int] | Mapping[int, float]],
+                     ks: Sequence[int] = KS) -> dict[str, float]:
     """nDCG@10, MRR@10 and recall@k (ks) of ranked document ids [Q, >= max k] against each query's
-    relevant ids, means over the queries."""
+    relevant ids, means over the queries. A query's relevance is a set of ids (each of grade 1) or
+    graded, {id: grade} (BEIR's qrels): nDCG's gain is the grade (trec_eval's, which BEIR reports),
+    and a document is relevant for MRR and recall when its grade is above 0."""
     if len(ranked) != len(relevant):
         raise ValueError(f"{len(ranked)} rankings for {len(relevant)} queries")
-    empty = next((q for q, r in enumerate(relevant) if not r), None)
+    grades = [dict.fromkeys(r, 1.0) if isinstance(r, (set, frozenset)) else dict(r) for r in relevant]
+    empty = next((q for q, g in enumerate(grades) if not any(v > 0 for v in g.values())), None)
     if empty is not None:
         raise ValueError(f"query {empty} has no relevant document")
     discount = 1.0 / np.log2(np.arange(2, 12))  # ranks 0..9
     ndcg, mrr = [], []
     recall = {k: [] for k in ks}
-    for ids, rel in zip(ranked, relevant):
-        hits = np.fromiter((int(i) in rel for i in ids), dtype=bool, count=len(ids))
-        top10 = hits[:10]
-        ideal = discount[:min(len(rel), 10)].sum()
+    for ids, grade in zip(ranked, grades):
+        gains = np.fromiter((max(grade.get(int(i), 0.0), 0.0) for i in ids), dtype=np.float64, count=len(ids))
+        hits = gains > 0
+        best = np.sort(np.array([v for v in grade.values() if v > 0]))[::-1][:10]
+        ideal = (discount[:len(best)] * best).sum()
+        top10 = gains[:10]
         ndcg.append(float((discount[:len(top10)] * top10).sum() / ideal))
-        first = np.flatnonzero(top10)
+        first = np.flatnonzero(hits[:10])
         mrr.append(1.0 / (first[0] + 1) if len(first) else 0.0)
         for k in ks:
-            recall[k].append(hits[:k].sum() / len(rel))
+            recall[k].append(hits[:k].sum() / sum(v > 0 for v in grade.values()))
     out = {"ndcg@10": float(np.mean(ndcg)), "mrr@10": float(np.mean(mrr))}
     out.update({f"recall@{k}": float(np.mean(v)) for k, v in recall.items()})
     return out
