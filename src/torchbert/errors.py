@@ -29,6 +29,9 @@ class OutOfSpace(RunFailed):
                          "and run again")
         self.folder = folder
 
+    def __reduce__(self):
+        return type(self), (self.folder,)
+
 
 class NonFiniteOutput(RunFailed):
     """The model gave NaN or inf (its weights are finite: checked when loaded), for `where`."""
@@ -52,6 +55,9 @@ class StudyInterrupted(KeyboardInterrupt):
     def __init__(self, done: int, total: int | None) -> None:
         super().__init__(f"interrupted after {done} of {total or '?'} stages")
         self.done, self.total = done, total
+
+    def __reduce__(self):  # pickled from a worker process (benchmark --jobs) with its own arguments
+        return type(self), (self.done, self.total)
 
 
 def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -338,3 +338,70 @@ def test_a_killed_suite_resumes_without_rerunning_a_finished_run(tmp_path, minil
     got = json.loads((cut / "summary.json").read_text())["results"]["tiny"]["sentiment"]
     want = json.loads((whole / "summary.json").read_text())["results"]["tiny"]["sentiment"]
     assert got["columns"] == want["columns"] and got["grid_dev"] == want["grid_dev"]
+
+
+@pytest.mark.e2e
+def test_jobs_run_the_same_runs_side_by_side_in_workers(tmp_path, capsys, minilm_dir):
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    proto = protocol_file(tmp_path / "p.json", lrs=[1e-3, 5e-4], seeds=2)
+    args = ["benchmark", "local", "--model", f"tiny={tiny}", "--protocol", proto, "--max-train", "40", "--tasks",
+            "sentiment", "ner", "--threads", "1"]  # one thread each: the same sums, the same scores
+    code, _, err = cli(capsys, *args, "--out", tmp_path / "one")
+    assert code == 0, err
+    code, stdout, err = cli(capsys, *args, "--out", tmp_path / "two", "--jobs", "2")
+    assert code == 0, err
+    one, two = (json.loads((tmp_path / x / "summary.json").read_text())["results"]["tiny"] for x in ("one", "two"))
+    for task in ("sentiment", "ner"):
+        for key in ("columns", "grid_dev", "lr", "batch_size"):
+            assert two[task][key] == one[task][key], (task, key)
+    # each run announced here, its output in its own log; the grids first, then the seeds
+    assert stdout.count("== tiny ") == 6 and "(6 of 6 runs" in stdout
+    log = (tmp_path / "two" / "runs" / "tiny" / "ner" / "lr0.001-bs8-seed0.log").read_text(encoding="utf-8")
+    assert "torchbert finetune --task token" in log
+    lines = stdout.splitlines()
+    first_seed1 = next(i for i, x in enumerate(lines) if x.startswith("== ") and "seed 1" in x)
+    assert sum(x.startswith("done ") for x in lines[:first_seed1]) >= 2  # a task's grid finished before its seed
+    # --resume runs nothing again
+    code, stdout, err = cli(capsys, *args, "--out", tmp_path / "two", "--jobs", "2", "--resume")
+    assert code == 0 and "== " not in stdout and "done " not in stdout, err
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            out.append(int(status.parent.name))
+    return out
+
+
+@pytest.mark.e2e
+def test_a_stopped_parallel_suite_stops_its_workers_and_resumes(tmp_path, minilm_dir):
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    proto = protocol_file(tmp_path / "p.json", lrs=[1e-3, 5e-4], seeds=2)
+    out = tmp_path / "b"
+    args = [sys.executable, "-m", "torchbert", "benchmark", "local", "--model", f"tiny={tiny}", "--protocol",
+            str(proto), "--max-train", "40", "--tasks", "sentiment", "--out", str(out), "--jobs", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    victim = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while len(list(out.glob("runs/tiny/sentiment/*.log"))) < 2:  # both workers have started a run
+        assert victim.poll() is None and time.time() < deadline, victim.communicate()
+        time.sleep(0.05)
+    time.sleep(3)
+    workers = children(victim.pid)
+    assert len(workers) >= 2
+    victim.send_signal(signal.SIGTERM)
+    stdout, stderr = victim.communicate(timeout=300)
+    assert victim.returncode not in (0, 1), stderr  # interrupted, not failed
+    assert "--resume" in stderr
+    time.sleep(2)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # the workers stopped with it
+    done = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    s = json.loads((out / "summary.json").read_text())["results"]["tiny"]["sentiment"]
+    assert len(s["runs"]) == 2 and all((Path(r) / "cell.json").is_file() for r in s["runs"])

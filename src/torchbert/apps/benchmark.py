@@ -21,12 +21,15 @@ leaderboard's submission files.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
+import signal
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -109,6 +112,17 @@ def read_protocol(name_or_file: str) -> tuple[Protocol, str]:
 
 # -- the runs -----------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Cell:
+    """One fine-tuning run of the protocol: a model on a task at a learning rate, batch and seed."""
+
+    model: str
+    task: str
+    lr: float
+    batch: int
+    seed: int
+
+
 @dataclass
 class Plan:
     suite: Suite
@@ -184,16 +198,31 @@ class Bench:
     def restarts(self, t: SuiteTask) -> bool:
         return restarts_apply(self.plan.protocol, self.train_counts[t.name])
 
+    def stages_of(self, t: SuiteTask) -> int:
+        """The stages of one run: its finetune, and an evaluate per labelled split it scores after."""
+        return 1 + len([s for s in t.scored_splits() if s in self.files[t.name]])
+
+    def folder(self, c: Cell) -> Path:
+        return self.plan.out / "runs" / c.model / c.task / f"lr{c.lr:g}-bs{c.batch}-seed{c.seed}"
+
+    def on_disk(self, c: Cell) -> dict[str, Any] | None:
+        """The run's cell.json when it finished (with the files a later stage reads), else None."""
+        run = self.folder(c)
+        if self.r.complete(run, "cell.json", "model.safetensors", "config.json"):
+            return json.loads((run / "cell.json").read_text(encoding="utf-8"))
+        return None
+
     def run_one(self, model: str, t: SuiteTask, lr: float, batch: int, seed: int) -> dict[str, Any]:
         """One fine-tuning run and its scores on the task's labelled splits, or the ones on disk."""
         p, r = self.plan.protocol, self.r
         files = self.files[t.name]
         later = [s for s in t.scored_splits() if s in files]
-        run = self.plan.out / "runs" / model / t.name / f"lr{lr:g}-bs{batch}-seed{seed}"
+        run = self.folder(Cell(model, t.name, lr, batch, seed))
         done = run / "cell.json"
-        if r.complete(run, done.name, "model.safetensors", "config.json"):
+        found = self.on_disk(Cell(model, t.name, lr, batch, seed))
+        if found is not None:
             r.found(1 + len(later))
-            return json.loads(done.read_text(encoding="utf-8"))
+            return found
         from ..tasks.families import TaskSettings, resolve_task
         from ..train.finetune import FinetuneSettings
 
@@ -216,16 +245,20 @@ class Bench:
         atomic_write_text(done, json.dumps(cell, indent=2) + "\n")
         return cell
 
-    def task(self, model: str, t: SuiteTask) -> dict[str, Any]:
-        """The protocol on one task: the grid with the first seed, the best on dev, then its seeds or
-        restarts; the table's value of each column, with the spread over the runs."""
+    def steps(self, model: str, t: SuiteTask) -> Generator[list[Cell], list[dict[str, Any]], dict[str, Any]]:
+        """The protocol on one task, as the runs it needs, a batch at a time (the runs of a batch are
+        independent: `--jobs` runs them side by side): the grid with the first seed; then, at the setting
+        best on dev, the other seeds or restarts. Returns the table's value of each column, with the
+        spread over the runs."""
         p = self.plan.protocol
         grid = list(itertools.product(p.lrs, p.batch_sizes))
-        tried = {g: self.run_one(model, t, *g, p.seed) for g in grid}
+        done = yield [Cell(model, t.name, lr, batch, p.seed) for lr, batch in grid]
+        tried = dict(zip(grid, done))
         best = max(grid, key=lambda g: tried[g]["scores"]["dev"][t.select])
         restarts = self.restarts(t)
         n = p.restarts if restarts else p.seeds
-        runs = [tried[best]] + [self.run_one(model, t, *best, p.seed + k) for k in range(1, n)]
+        more = (yield [Cell(model, t.name, *best, p.seed + k) for k in range(1, n)]) if n > 1 else []
+        runs = [tried[best], *more]
         chosen = max(runs, key=lambda c: c["scores"]["dev"][t.select])
         columns = {}
         for c in t.columns:
@@ -239,7 +272,17 @@ class Bench:
         return {"lr": best[0], "batch_size": best[1], "restarts": restarts, "runs": [x["run"] for x in runs],
                 "chosen": chosen["run"],
                 "grid_dev": {f"lr {g[0]:g} batch {g[1]}": tried[g]["scores"]["dev"][t.select] for g in grid},
-                "columns": columns, "seconds": round(sum(x["seconds"] for x in [*tried.values(), *runs[1:]]), 1)}
+                "columns": columns, "seconds": round(sum(x["seconds"] for x in [*tried.values(), *more]), 1)}
+
+    def task(self, model: str, t: SuiteTask) -> dict[str, Any]:
+        """The protocol on one task, its runs one after another in this process."""
+        steps = self.steps(model, t)
+        try:
+            cells = next(steps)
+            while True:
+                cells = steps.send([self.run_one(model, t, c.lr, c.batch, c.seed) for c in cells])
+        except StopIteration as end:
+            return end.value
 
     def submit(self, model: str, t: SuiteTask, chosen: Path) -> list[str]:
         """The chosen run's predictions on the task's unlabelled splits, as the leaderboard's files."""
@@ -257,6 +300,142 @@ class Bench:
                 self.r.found()
             written.append(str(out))
         return written
+
+
+def _in_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run of `--jobs`, in a worker process: what Bench.run_one does in the benchmark's own,
+    its output into the run's log file, its threads shared with the other jobs (or `threads`)."""
+    import contextlib
+
+    from ..fast import threads
+
+    log_file = Path(spec["log"])
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a", encoding="utf-8", buffering=1) as f, contextlib.redirect_stdout(f), \
+            contextlib.redirect_stderr(f), threads.governed(spec["threads"]):
+        suite = SUITES[spec["suite"]]
+        t = suite.task(spec["task"])
+        plan = Plan(suite, {k: Path(v) for k, v in spec["models"].items()}, Path(spec["data"]),
+                    Protocol(**spec["protocol"]), [t], Path(spec["out"]))
+        r = Stages(plan.out, lambda m: print(m, flush=True), device=spec["device"], keep=False)
+        bench = Bench(plan, r, {t.name: {k: Path(v) for k, v in spec["files"].items()}},
+                      {t.name: Path(spec["train"])}, {t.name: spec["count"]})
+        c = spec["cell"]
+        return bench.run_one(c["model"], t, c["lr"], c["batch"], c["seed"])
+
+
+def _pin_device(counter, gpus: int) -> None:
+    """A worker's initializer: with several GPUs, each worker process computes on one of its own."""
+    import os
+
+    with counter.get_lock():
+        k, counter.value = counter.value, counter.value + 1
+    if gpus > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(k % gpus)
+
+
+class Parallel:
+    """The benchmark's runs in `jobs` worker processes: every task's grid at once, and each task's seeds
+    as soon as its grid is done (Bench.steps); runs found on disk are not run again. A worker's output
+    goes to the run's log file (runs/MODEL/TASK/RUN.log); each run is announced as it starts and ends
+    here, with the time left at the pace so far. Ctrl-C or SIGTERM: the workers are interrupted too
+    (each saves its checkpoint) and waited for; --resume continues every run."""
+
+    def __init__(self, bench: Bench, jobs: int, device: str, threads: int | None, log):
+        self.bench, self.jobs, self.device, self.threads, self.log = bench, jobs, device, threads, log
+        p = bench.plan.protocol
+        self.runs = len(bench.plan.models) * sum(len(p.lrs) * len(p.batch_sizes) - 1
+                                                 + (p.restarts if bench.restarts(t) else p.seeds)
+                                                 for t in bench.plan.tasks)
+        self.finished, self.seconds = 0, []
+
+    def spec(self, c: Cell) -> dict[str, Any]:
+        plan, b = self.bench.plan, self.bench
+        return {"suite": plan.suite.name, "task": c.task, "models": {k: str(v) for k, v in plan.models.items()},
+                "data": str(plan.data), "protocol": asdict(plan.protocol), "out": str(plan.out),
+                "files": {k: str(v) for k, v in b.files[c.task].items()}, "train": str(b.train_files[c.task]),
+                "count": b.train_counts[c.task], "cell": asdict(c), "device": self.device, "threads": self.threads,
+                "log": str(b.folder(c)) + ".log"}
+
+    def left(self) -> str:
+        if not self.seconds:
+            return ""
+        per = sum(self.seconds) / len(self.seconds)
+        return f", about {_minutes((self.runs - self.finished) * per / self.jobs)} left"
+
+    def run(self) -> dict[str, dict[str, Any]]:
+        import concurrent.futures as cf
+        import multiprocessing
+
+        gpus = 0
+        if self.device in ("auto", "cuda"):  # not one named: the workers spread over every GPU
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or CUDA state
+        pool = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_pin_device,
+                                      initargs=(ctx.Value("i", 0), gpus))
+        b, plan = self.bench, self.bench.plan
+        steps = {(m, t.name): b.steps(m, t) for m in plan.models for t in plan.tasks}
+        waiting: dict[tuple[str, str], list] = {}  # a task's batch of runs: their cells as they come, in order
+        results: dict[str, dict[str, Any]] = {m: {} for m in plan.models}
+        running: dict[cf.Future, tuple[tuple[str, str], int, Cell]] = {}
+
+        def register(key: tuple[str, str], cells: list[Cell]) -> None:
+            """A task's next batch: the runs on disk found, the others given to the workers."""
+            waiting[key] = [b.on_disk(c) for c in cells]
+            for k, (c, found) in enumerate(zip(cells, waiting[key])):
+                if found is not None:
+                    b.r.found(b.stages_of(plan.suite.task(c.task)))
+                    self.finished += 1
+                    continue
+                running[pool.submit(_in_worker, self.spec(c))] = (key, k, c)
+                self.log(f"== {c.model} {c.task} lr {c.lr:g} batch {c.batch} seed {c.seed}: in a worker, its "
+                         f"output in {b.folder(c)}.log")
+
+        def advance(key: tuple[str, str]) -> None:
+            """Once a task's batch is complete, its next one (or its result)."""
+            while all(x is not None for x in waiting[key]):
+                try:
+                    cells = steps[key].send(waiting.pop(key))
+                except StopIteration as end:
+                    results[key[0]][key[1]] = end.value
+                    return
+                register(key, cells)
+
+        try:
+            for key, gen in steps.items():
+                register(key, next(gen))
+                advance(key)
+            while running:
+                finished, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)
+                for future in finished:
+                    key, k, c = running.pop(future)
+                    try:
+                        cell = future.result()  # a failed run raises here, as it does in this process
+                    except StudyInterrupted:
+                        raise StudyInterrupted(b.r.done, b.r.total) from None
+                    self.finished += 1
+                    self.seconds.append(cell["seconds"])  # its training, as the worker timed it
+                    t = plan.suite.task(c.task)
+                    b.r.found(b.stages_of(t))
+                    self.log(f"done {c.model} {c.task} lr {c.lr:g} batch {c.batch} seed {c.seed}: dev {t.select} "
+                             f"{cell['scores']['dev'][t.select]:.4f} ({self.finished} of {self.runs} runs{self.left()})")
+                    waiting[key][k] = cell
+                    advance(key)
+        except BaseException as e:
+            if not isinstance(e, KeyboardInterrupt):  # Ctrl-C reached the workers already (one process group)
+                for process in list(getattr(pool, "_processes", {}).values()):  # each saves its checkpoint
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGTERM)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> tuple[dict[str, Any], float]:
@@ -363,8 +542,11 @@ def check_files(plan: Plan, files: dict[str, dict[str, Path]], train_files: dict
 
 
 def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, log=print,
-                  on_done: Callable[[], None] = lambda: None, device: str = "auto") -> dict[str, Any]:
-    """Every model on every task of the plan; summary.md, summary.json and scores.png in plan.out."""
+                  on_done: Callable[[], None] = lambda: None, device: str = "auto", jobs: int = 1,
+                  threads: int | None = None) -> dict[str, Any]:
+    """Every model on every task of the plan; summary.md, summary.json and scores.png in plan.out.
+    jobs > 1: the runs in that many worker processes side by side (Parallel), `threads` each (None:
+    they share the cores, fast/threads.py)."""
     p, out = plan.protocol, plan.out
     settings = json.dumps({"version": VERSION, "suite": plan.suite.name, "data": str(plan.data),
                            "models": {k: str(v) for k, v in plan.models.items()},
@@ -398,10 +580,13 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
     bench = Bench(plan, r, files, train_files, counts)
     results: dict[str, dict[str, Any]] = {}
     try:
+        if jobs > 1:
+            results = Parallel(bench, jobs, device, threads, log).run()
         for model in plan.models:
-            results[model] = {}
+            results.setdefault(model, {})
             for t in plan.tasks:
-                results[model][t.name] = bench.task(model, t)
+                if t.name not in results[model]:
+                    results[model][t.name] = bench.task(model, t)
                 results[model][t.name]["submission"] = bench.submit(model, t, Path(results[model][t.name]["chosen"]))
     except StudyInterrupted:
         raise

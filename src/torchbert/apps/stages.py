@@ -42,10 +42,10 @@ def _duration(seconds: float) -> str:
 
 class Stages:
     def __init__(self, out: Path, log: Callable[[str], None] = print, total: int | None = None,
-                 on_done: Callable[[], None] = lambda: None, device: str = "auto"):
-        self.out, self.log = out, log
+                 on_done: Callable[[], None] = lambda: None, device: str = "auto", keep: bool = True):
+        self.out, self.log, self.keep = out, log, keep  # keep: the seconds in OUT/RECORD (a worker's are not)
         self.total, self.done, self.on_done, self.device = total, 0, on_done, device
-        saved = _read_record(out / RECORD)  # a resumed study's earlier stages keep their seconds
+        saved = _read_record(out / RECORD) if keep else {}  # a resumed study's earlier stages keep their seconds
         self.times: dict[str, float] = saved.get("stages", {})
         self._earlier, self._started = float(saved.get("seconds", 0.0)), time.perf_counter()
         self._paced: list[float] = []  # the seconds of the stages run here whose kind sets the pace (PACED)
@@ -84,7 +84,9 @@ class Stages:
             self._paced.append(self.times[name])
         from ..io.files import atomic_write_text
 
-        atomic_write_text(self.out / RECORD, json.dumps({"stages": self.times, "seconds": self.seconds()}, indent=1))
+        if self.keep:
+            atomic_write_text(self.out / RECORD, json.dumps({"stages": self.times, "seconds": self.seconds()},
+                                                            indent=1))
         self.found()
         return result
 

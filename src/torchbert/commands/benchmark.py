@@ -79,12 +79,15 @@ class BenchmarkSettings:
                                       metavar="TASK")
     max_train: int | None = setting(None, "the first N training examples of each task (a quick look; the local "
                                           "suite's default is 1,000)", low=1, metavar="N")
+    jobs: int | None = setting(None, "runs side by side, each in a worker process of its own, sharing the cores "
+                                     "as torchbert jobs do (default: 1; with several GPUs, one run a GPU)",
+                               low=1, metavar="N")
 
 
 def add(sub) -> None:
     p = command(sub, __name__, epilog=epilog())
     add_flags(p, BenchmarkSettings)
-    shared_flags(p, "device", "resume", "overwrite",
+    shared_flags(p, "device", "threads", "resume", "overwrite",
                  resume="continue an earlier benchmark in --out: finished runs are kept")
 
 
@@ -103,6 +106,17 @@ def models_of(given: list[str]) -> dict[str, Path]:
             raise UserError(f"--model: two models are named {name!r}; name them apart with NAME=MODEL")
         models[name] = resolve_model(where)
     return models
+
+
+def jobs_of(given: int | None, device: str) -> int:
+    """--jobs, or its default: one run at a time, or one a GPU where the runs go to several."""
+    if given is not None:
+        return given
+    if device not in ("auto", "cuda"):  # the CPU, or one GPU named
+        return 1
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
 
 
 def run(args) -> None:
@@ -132,4 +146,5 @@ def run(args) -> None:
                        kept_until="has finished its first run")
     keep_memory(True)  # its runs train in this process, as finetune does in its own
     with folder.opened(Dist()):  # kept once a run finished (an earlier folder, or a fresh one, put back before)
-        run_benchmark(plan, text, s.max_train, log=print, on_done=folder.commit, device=args.device)
+        run_benchmark(plan, text, s.max_train, log=print, on_done=folder.commit, device=args.device,
+                      jobs=jobs_of(s.jobs, args.device), threads=getattr(args, "threads", None))
