@@ -21,11 +21,8 @@ leaderboard's submission files.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
-import signal
 import shutil
 import statistics
 import time
@@ -37,6 +34,7 @@ from typing import Any
 from ..errors import StudyInterrupted, UserError
 from ..io.files import atomic_write_text
 from ..settings import Checked, SettingError, setting
+from .benchmark_table import averages, columns_of, scores_plot, suite_scalars, summary_markdown
 from .stages import Stages, claim_folder
 from .suites import SUITES, Suite, SuiteTask
 
@@ -302,142 +300,6 @@ class Bench:
         return written
 
 
-def _in_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One run of `--jobs`, in a worker process: what Bench.run_one does in the benchmark's own,
-    its output into the run's log file, its threads shared with the other jobs (or `threads`)."""
-    import contextlib
-
-    from ..fast import threads
-
-    log_file = Path(spec["log"])
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a", encoding="utf-8", buffering=1) as f, contextlib.redirect_stdout(f), \
-            contextlib.redirect_stderr(f), threads.governed(spec["threads"]):
-        suite = SUITES[spec["suite"]]
-        t = suite.task(spec["task"])
-        plan = Plan(suite, {k: Path(v) for k, v in spec["models"].items()}, Path(spec["data"]),
-                    Protocol(**spec["protocol"]), [t], Path(spec["out"]))
-        r = Stages(plan.out, lambda m: print(m, flush=True), device=spec["device"], keep=False)
-        bench = Bench(plan, r, {t.name: {k: Path(v) for k, v in spec["files"].items()}},
-                      {t.name: Path(spec["train"])}, {t.name: spec["count"]})
-        c = spec["cell"]
-        return bench.run_one(c["model"], t, c["lr"], c["batch"], c["seed"])
-
-
-def _pin_device(counter, gpus: int) -> None:
-    """A worker's initializer: with several GPUs, each worker process computes on one of its own."""
-    import os
-
-    with counter.get_lock():
-        k, counter.value = counter.value, counter.value + 1
-    if gpus > 1:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(k % gpus)
-
-
-class Parallel:
-    """The benchmark's runs in `jobs` worker processes: every task's grid at once, and each task's seeds
-    as soon as its grid is done (Bench.steps); runs found on disk are not run again. A worker's output
-    goes to the run's log file (runs/MODEL/TASK/RUN.log); each run is announced as it starts and ends
-    here, with the time left at the pace so far. Ctrl-C or SIGTERM: the workers are interrupted too
-    (each saves its checkpoint) and waited for; --resume continues every run."""
-
-    def __init__(self, bench: Bench, jobs: int, device: str, threads: int | None, log):
-        self.bench, self.jobs, self.device, self.threads, self.log = bench, jobs, device, threads, log
-        p = bench.plan.protocol
-        self.runs = len(bench.plan.models) * sum(len(p.lrs) * len(p.batch_sizes) - 1
-                                                 + (p.restarts if bench.restarts(t) else p.seeds)
-                                                 for t in bench.plan.tasks)
-        self.finished, self.seconds = 0, []
-
-    def spec(self, c: Cell) -> dict[str, Any]:
-        plan, b = self.bench.plan, self.bench
-        return {"suite": plan.suite.name, "task": c.task, "models": {k: str(v) for k, v in plan.models.items()},
-                "data": str(plan.data), "protocol": asdict(plan.protocol), "out": str(plan.out),
-                "files": {k: str(v) for k, v in b.files[c.task].items()}, "train": str(b.train_files[c.task]),
-                "count": b.train_counts[c.task], "cell": asdict(c), "device": self.device, "threads": self.threads,
-                "log": str(b.folder(c)) + ".log"}
-
-    def left(self) -> str:
-        if not self.seconds:
-            return ""
-        per = sum(self.seconds) / len(self.seconds)
-        return f", about {_minutes((self.runs - self.finished) * per / self.jobs)} left"
-
-    def run(self) -> dict[str, dict[str, Any]]:
-        import concurrent.futures as cf
-        import multiprocessing
-
-        gpus = 0
-        if self.device in ("auto", "cuda"):  # not one named: the workers spread over every GPU
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or CUDA state
-        pool = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_pin_device,
-                                      initargs=(ctx.Value("i", 0), gpus))
-        b, plan = self.bench, self.bench.plan
-        steps = {(m, t.name): b.steps(m, t) for m in plan.models for t in plan.tasks}
-        waiting: dict[tuple[str, str], list] = {}  # a task's batch of runs: their cells as they come, in order
-        results: dict[str, dict[str, Any]] = {m: {} for m in plan.models}
-        running: dict[cf.Future, tuple[tuple[str, str], int, Cell]] = {}
-
-        def register(key: tuple[str, str], cells: list[Cell]) -> None:
-            """A task's next batch: the runs on disk found, the others given to the workers."""
-            waiting[key] = [b.on_disk(c) for c in cells]
-            for k, (c, found) in enumerate(zip(cells, waiting[key])):
-                if found is not None:
-                    b.r.found(b.stages_of(plan.suite.task(c.task)))
-                    self.finished += 1
-                    continue
-                running[pool.submit(_in_worker, self.spec(c))] = (key, k, c)
-                self.log(f"== {c.model} {c.task} lr {c.lr:g} batch {c.batch} seed {c.seed}: in a worker, its "
-                         f"output in {b.folder(c)}.log")
-
-        def advance(key: tuple[str, str]) -> None:
-            """Once a task's batch is complete, its next one (or its result)."""
-            while all(x is not None for x in waiting[key]):
-                try:
-                    cells = steps[key].send(waiting.pop(key))
-                except StopIteration as end:
-                    results[key[0]][key[1]] = end.value
-                    return
-                register(key, cells)
-
-        try:
-            for key, gen in steps.items():
-                register(key, next(gen))
-                advance(key)
-            while running:
-                finished, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)
-                for future in finished:
-                    key, k, c = running.pop(future)
-                    try:
-                        cell = future.result()  # a failed run raises here, as it does in this process
-                    except StudyInterrupted:
-                        raise StudyInterrupted(b.r.done, b.r.total) from None
-                    self.finished += 1
-                    self.seconds.append(cell["seconds"])  # its training, as the worker timed it
-                    t = plan.suite.task(c.task)
-                    b.r.found(b.stages_of(t))
-                    self.log(f"done {c.model} {c.task} lr {c.lr:g} batch {c.batch} seed {c.seed}: dev {t.select} "
-                             f"{cell['scores']['dev'][t.select]:.4f} ({self.finished} of {self.runs} runs{self.left()})")
-                    waiting[key][k] = cell
-                    advance(key)
-        except BaseException as e:
-            if not isinstance(e, KeyboardInterrupt):  # Ctrl-C reached the workers already (one process group)
-                for process in list(getattr(pool, "_processes", {}).values()):  # each saves its checkpoint
-                    with contextlib.suppress(OSError):
-                        os.kill(process.pid, signal.SIGTERM)
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return results
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-
-
 def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> tuple[dict[str, Any], float]:
     """A suite of datasets searched with each model's sentence embeddings (apps/beir.py), nothing
     fine-tuned: a cell.json per model and dataset in OUT/runs/MODEL/DATASET/ (a --resume finds it)."""
@@ -542,11 +404,11 @@ def check_files(plan: Plan, files: dict[str, dict[str, Path]], train_files: dict
 
 
 def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, log=print,
-                  on_done: Callable[[], None] = lambda: None, device: str = "auto", jobs: int = 1,
-                  threads: int | None = None) -> dict[str, Any]:
+                  on_done: Callable[[], None] = lambda: None, device: str = "auto",
+                  runner: Callable[[Bench], dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Every model on every task of the plan; summary.md, summary.json and scores.png in plan.out.
-    jobs > 1: the runs in that many worker processes side by side (Parallel), `threads` each (None:
-    they share the cores, fast/threads.py)."""
+    runner(bench): every task's results, its runs made elsewhere (benchmark_jobs.Parallel: in worker
+    processes side by side); by default one after another in this process."""
     p, out = plan.protocol, plan.out
     settings = json.dumps({"version": VERSION, "suite": plan.suite.name, "data": str(plan.data),
                            "models": {k: str(v) for k, v in plan.models.items()},
@@ -580,8 +442,8 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
     bench = Bench(plan, r, files, train_files, counts)
     results: dict[str, dict[str, Any]] = {}
     try:
-        if jobs > 1:
-            results = Parallel(bench, jobs, device, threads, log).run()
+        if runner is not None:
+            results = runner(bench)
         for model in plan.models:
             results.setdefault(model, {})
             for t in plan.tasks:
@@ -611,130 +473,3 @@ def _finish(plan: Plan, protocol_text: str, max_train: int | None, log, results:
     atomic_write_text(out / "summary.md", summary_markdown(summary))
     log("\n" + summary_markdown(summary))
     return summary
-
-
-# -- the table ----------------------------------------------------------------------------------------
-
-def columns_of(plan: Plan) -> list[dict[str, Any]]:
-    return [{"title": c.title, "task": t.name, "split": c.split, "metric": c.metric,
-             "averaged": t.averaged and c.averaged} for t in plan.tasks for c in t.columns]
-
-
-def averages(plan: Plan, results: dict[str, dict]) -> dict[str, float | None]:
-    """Each model's mean over the averaged columns (the paper's: GLUE's nine without WNLI), in percent;
-    None where one of them is missing; {} for a suite without an average (SQuAD)."""
-    out: dict[str, float | None] = {}
-    if not plan.suite.averaged:
-        return out
-    for model, tasks in results.items():
-        values = [tasks[c["task"]]["columns"].get(c["title"], {}).get("value") for c in columns_of(plan)
-                  if c["averaged"]]
-        out[model] = None if not values or None in values else 100 * statistics.fmean(values)
-    return out
-
-
-def summary_markdown(s: dict[str, Any]) -> str:
-    cols = s["columns"]
-    p = s["protocol"]
-    lines = [f"# torchbert benchmark {s['suite']}: {s['title']}", "",
-             f"Protocol: {s['protocol_text']}.", ""]
-    splits = sorted({c["split"] for c in cols})
-    lines.append(f"Scores in percent on {', '.join(splits)} ({', '.join(sorted({c['metric'] for c in cols}))}); "
-                 + ("± is the standard deviation over the runs at the chosen setting." if p else
-                    "each model's own sentence embeddings, nothing fine-tuned.")
-                 + (f" Training sets cut to their first {s['max_train']:,} examples." if s["max_train"] else ""))
-    average = s["suite_averaged"]
-    lines += ["", "| model | " + " | ".join(c["title"] for c in cols) + (" | Average |" if average else " |"),
-              "|---|" + "---:|" * (len(cols) + average)]
-
-    def row(name: str, values: list[str], avg: str | None) -> str:
-        return f"| {name} | " + " | ".join(values) + (f" | {avg} |" if average else " |")
-
-    for model, tasks in s["results"].items():
-        cells = []
-        for c in cols:
-            x = tasks[c["task"]]["columns"].get(c["title"])
-            if x is None:
-                cells.append("–")
-            else:
-                spread = f" ± {100 * x['std']:.1f}" if len(x["values"]) > 1 else ""
-                cells.append(f"{100 * x['value']:.1f}{spread}")
-        avg = s["averages"].get(model)
-        lines.append(row(model, cells, "–" if avg is None else f"{avg:.1f}"))
-    for pub in s["published"]:  # as published, in italics; their average over the same columns
-        values = [pub["scores"].get(c["title"]) for c in cols]
-        averaged = [pub["scores"].get(c["title"]) for c in cols if c["averaged"]]
-        avg = statistics.fmean(averaged) if averaged and None not in averaged else None
-        lines.append(row(f"*{pub['name']}*", ["–" if v is None else f"*{v:.1f}*" for v in values],
-                         "–" if avg is None else f"*{avg:.1f}*"))
-    if average and not all(c["averaged"] for c in cols):
-        lines += ["", "Average: the mean of " + ", ".join(c["title"] for c in cols if c["averaged"]) + "."]
-    if s["published"]:
-        lines += ["", "*Italic rows*: published figures, not run here (" +
-                  "; ".join(f"{x['name']}: {x['source']}" for x in s["published"]) + ")."]
-    tuned = [(model, task, x) for model, tasks in s["results"].items() for task, x in tasks.items() if "lr" in x]
-    if tuned:
-        lines += ["", "Chosen settings (learning rate, batch; dev scores of the grid with the first seed):", ""]
-    for model, task, x in tuned:
-        grid = ", ".join(f"{k} {100 * v:.1f}" for k, v in x["grid_dev"].items())
-        how = f"best of {len(x['runs'])} restarts on dev" if x["restarts"] else \
-            f"{p['statistic']} of {len(x['runs'])} seed(s)"
-        lines.append(f"- {model} {task}: lr {x['lr']:g}, batch {x['batch_size']} ({grid}); {how}; "
-                     f"{x['seconds']:.0f} s")
-    subs = [f for tasks in s["results"].values() for x in tasks.values() for f in x["submission"]]
-    if subs:
-        lines += ["", f"Leaderboard files: {len(subs)} in submission/ (the chosen runs' test predictions)."]
-    lines += ["", f"Time: {s['seconds']:.0f} s in this process and those before --resume. Runs: runs/; "
-              "every figure with its run folder: summary.json; plot: scores.png."]
-    return "\n".join(lines) + "\n"
-
-
-def suite_scalars(folder: Path, s: dict[str, Any]) -> None:
-    """The table as TensorBoard scalars, a run per model (folder/MODEL), a tag per column and the
-    average, in percent: `tensorboard --logdir OUT` shows them beside every fine-tuning run's own."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    if folder.is_dir():
-        shutil.rmtree(folder)
-    for model, tasks in s["results"].items():
-        writer = SummaryWriter(str(folder / model))
-        try:
-            for c in s["columns"]:
-                x = tasks[c["task"]]["columns"].get(c["title"])
-                if x is not None:
-                    writer.add_scalar(f"{s['suite']}/{c['title']}", 100 * x["value"], 0)
-            if s["averages"].get(model) is not None:
-                writer.add_scalar(f"{s['suite']}/Average", s["averages"][model], 0)
-        finally:
-            writer.close()
-
-
-def scores_plot(path: Path, s: dict[str, Any]) -> None:
-    """A bar per model in each column, its spread as an error bar; published rows as hollow bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..io.files import atomic_write
-
-    cols = s["columns"]
-    rows = [(m, [(t["columns"].get(c["title"]) or {}) for c, t in ((c, tasks[c["task"]]) for c in cols)])
-            for m, tasks in s["results"].items()]
-    n = len(rows) + len(s["published"])
-    width = 0.8 / max(1, n)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cols) + 2), 3.8))
-    xs = range(len(cols))
-    for i, (model, values) in enumerate(rows):
-        ax.bar([x + i * width for x in xs], [100 * v.get("value", 0.0) for v in values], width,
-               yerr=[100 * v.get("std", 0.0) for v in values], capsize=2, label=model)
-    for j, row in enumerate(s["published"]):
-        ax.bar([x + (len(rows) + j) * width for x in xs], [row["scores"].get(c["title"], 0.0) for c in cols], width,
-               fill=False, hatch="//", label=f"{row['name']} (published)")
-    ax.set_xticks([x + width * (n - 1) / 2 for x in xs], [c["title"] for c in cols], rotation=30)
-    ax.set_ylabel("score (%)")
-    ax.set_title(f"torchbert benchmark {s['suite']}")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import StudyInterrupted, UserError
+from ..errors import StudyInterrupted
 from ..eval.plots import errorbar_panels, line_plot, read_jsonl
 from ..io.files import atomic_write_text
 from ..tokenizer import TOKENIZER_FILES

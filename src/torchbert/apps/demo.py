@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import StudyInterrupted, UserError
+from ..errors import StudyInterrupted
 from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import TEXT as RECIPE_TEXT

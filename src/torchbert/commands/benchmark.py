@@ -146,5 +146,11 @@ def run(args) -> None:
                        kept_until="has finished its first run")
     keep_memory(True)  # its runs train in this process, as finetune does in its own
     with folder.opened(Dist()):  # kept once a run finished (an earlier folder, or a fresh one, put back before)
-        run_benchmark(plan, text, s.max_train, log=print, on_done=folder.commit, device=args.device,
-                      jobs=jobs_of(s.jobs, args.device), threads=getattr(args, "threads", None))
+        jobs = jobs_of(s.jobs, args.device)
+        runner = None
+        if jobs > 1:
+            from ..apps.benchmark_jobs import Parallel
+
+            def runner(bench):
+                return Parallel(bench, jobs, args.device, getattr(args, "threads", None), print).run()
+        run_benchmark(plan, text, s.max_train, log=print, on_done=folder.commit, device=args.device, runner=runner)
