@@ -375,7 +375,8 @@ def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, 
     if missing:
         absent = sorted(f.replace("|", " or ") for t in missing for s, f in t.files.items()
                         if s in ("train", "dev") and s not in task_files(t, data))
-        log(f"{data}: skipping {', '.join(t.name for t in missing)} (no {', '.join(absent)})")
+        shown = ", ".join(absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
+        log(f"{data}: skipping {', '.join(t.name for t in missing)} (no {shown})")
     if not present:
         expected = ", ".join(f"{t.files['train']} and {t.files['dev']}".replace("|", " or ") for t in wanted[:3])
         raise UserError(f"--data {data}: holds none of {suite.title}'s tasks in its layout (expected {expected}"
