@@ -223,3 +223,13 @@ def test_bench_rerank_trains_a_reranker_and_reorders_the_first_stage(tmp_path):
     rows = table_rows(out)
     assert [r[0].split(" (")[0] for r in rows if r[0] != "search"] == ["idf-weighted bag of tokens", "+ reranker"]
     assert re.search(r"the passage is among the top 5 for \d+\.\d% of the queries", out)
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "en_nli_presup").is_dir(),
+                    reason="needs ../shared/data (CI has it beside the clone)")
+def test_bench_suite_runs_the_benchmark_and_the_trainer_on_the_same_protocol(tmp_path):
+    out = run_bench("bench_suite.py", "--work", str(tmp_path), "--tasks", "MNLI", "--max-train", "24", "--seeds", "1",
+                    "--lrs", "1e-4", "--threads", "1")
+    assert re.search(r"\| MNLI-m \| \d+\.\d\d \| \d+\.\d\d \| [+-]\d+\.\d\d \|", out)
+    assert re.search(r"time: torchbert \d+ s .* transformers \d+ s .*\*\*\d\.\d\dx\*\*", out)
+    assert (tmp_path / "glue_data" / "MNLI" / "dev_matched.tsv").read_text().splitlines()[0].endswith("gold_label")
