@@ -18,6 +18,7 @@ nDCG@10 with the qrels' grades (trec_eval's, which BEIR reports), MRR@10, recall
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def _text(record: dict, key: str, where: str, optional: bool = False) -> str:
     return value or ""
 
 
-def _ids(path: Path, what: str, text: callable) -> tuple[list[str], list[str]]:
+def _ids(path: Path, what: str, text: Callable[[dict, str], str]) -> tuple[list[str], list[str]]:
     ids, texts, seen = [], [], {}
     for n, record in json_records(path):
         where = f"{path}:{n}"

@@ -215,9 +215,9 @@ class Bench:
         p, r = self.plan.protocol, self.r
         files = self.files[t.name]
         later = [s for s in t.scored_splits() if s in files]
-        run = self.folder(Cell(model, t.name, lr, batch, seed))
+        cell_of = Cell(model, t.name, lr, batch, seed)
+        run, found = self.folder(cell_of), self.on_disk(cell_of)
         done = run / "cell.json"
-        found = self.on_disk(Cell(model, t.name, lr, batch, seed))
         if found is not None:
             r.found(1 + len(later))
             return found
