@@ -141,7 +141,9 @@ def test_a_bf16_step_gives_fp32_gradients_close_to_fp32s_and_leaves_the_fp32_wei
             cos = torch.nn.functional.cosine_similarity(g.flatten(), grads16[n].flatten(), dim=0)
             assert cos > 0.99, (n, float(cos))
     every = torch.cat([g.flatten() for g in grads32.values()])
-    assert (torch.cat([grads16[n].flatten() for n in grads32]) - every).norm() < 0.02 * every.norm()
+    # all of them together: 1.98% of the norm apart with 2 threads, 2.05% with 1 (the sums' order differs);
+    # a gradient lost or scaled anywhere is tens of percent
+    assert (torch.cat([grads16[n].flatten() for n in grads32]) - every).norm() < 0.03 * every.norm()
     assert grads16["bert.embeddings.word.weight"].abs().sum() > 0
 
 
