@@ -25,8 +25,10 @@ Systems:
                  best epoch kept; DataCollatorWithPadding (padding to the longest in a batch, the
                  faster of run_glue's two options), no checkpoints saved. Timed: tokenizing and
                  Trainer.train() of every run.
-Both fp32 (the host multiplies nothing faster natively), the same threads, in one process: torchbert
-first, then transformers.
+Both fp32, or both bf16 (--precision bf16: torchbert's `--precision bf16`, its weights held in bf16 for
+each step and dev scored in fp32; the Trainer's `bf16=True`, torch.autocast for training and dev
+scoring: each side's own way on a CPU that multiplies bf16 natively); the same threads, in one
+process: torchbert first, then transformers.
 """
 
 from __future__ import annotations
@@ -82,13 +84,14 @@ TASKS = {"SST-2": ("SST-2/train.tsv", "SST-2/dev.tsv", ("sentence", None), "labe
 COLUMN = {"SST-2": "SST-2", "MNLI": "MNLI-m"}
 
 
-def run_torchbert(g: Path, work: Path, protocol: Path, max_train: int) -> tuple[dict[str, float], float, dict]:
+def run_torchbert(g: Path, work: Path, protocol: Path, max_train: int,
+                  precision: str) -> tuple[dict[str, float], float, dict]:
     from torchbert.cli import main
 
-    out = work / "torchbert"
+    out = work / f"torchbert-{precision}"
     start = time.perf_counter()
     code = main(["benchmark", "glue", "--model", "minilm", "--data", str(g), "--out", str(out), "--protocol",
-                 str(protocol), "--max-train", str(max_train), "--tasks", *TASKS])
+                 str(protocol), "--max-train", str(max_train), "--tasks", *TASKS, "--precision", precision])
     seconds = time.perf_counter() - start
     if code not in (0, None):
         raise SystemExit(f"torchbert benchmark failed ({code})")
@@ -97,7 +100,8 @@ def run_torchbert(g: Path, work: Path, protocol: Path, max_train: int) -> tuple[
     return {t: res[t]["columns"][COLUMN[t]]["value"] for t in TASKS}, seconds, res
 
 
-def run_transformers(g: Path, work: Path, p: dict, max_train: int) -> tuple[dict[str, float], float, dict]:
+def run_transformers(g: Path, work: Path, p: dict, max_train: int,
+                     precision: str) -> tuple[dict[str, float], float, dict]:
     import transformers
     from transformers import (BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
@@ -132,7 +136,8 @@ def run_transformers(g: Path, work: Path, p: dict, max_train: int) -> tuple[dict
                 per_device_eval_batch_size=64, num_train_epochs=p["epochs"], warmup_steps=p["warmup_ratio"],
                 weight_decay=p["weight_decay"], adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear",
                 eval_strategy="epoch", save_strategy="no", logging_strategy="no", report_to=[], seed=seed,
-                use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False)
+                use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False,
+                bf16=precision == "bf16")  # on the CPU: torch.autocast in bf16
             trainer = Trainer(model=model, args=args, train_dataset=train_f, eval_dataset=dev_f,
                               data_collator=DataCollatorWithPadding(tok),
                               compute_metrics=lambda ev: {"accuracy": float((ev.predictions.argmax(-1)
@@ -161,6 +166,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="run these tasks only")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="both systems' training precision: bf16 is torchbert's --precision bf16 (weights held in "
+                         "bf16 for each step) and the Trainer's bf16=True (torch.autocast); dev scored in fp32 by "
+                         "torchbert, under the Trainer's autocast by transformers")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for name in list(TASKS):
@@ -175,9 +184,10 @@ def main() -> None:
          "max_length": 128, "seeds": args.seeds, "restarts": 0, "seed": 0}
     protocol = work / "protocol.json"
     protocol.write_text(json.dumps(p), encoding="utf-8")
-    print(f"# {cpu_name()}, {args.threads} threads, torch {torch.__version__}; data in {work}", flush=True)
-    ours, our_s, our_detail = run_torchbert(g, work, protocol, args.max_train)
-    theirs, their_s, their_detail = run_transformers(g, work, p, args.max_train)
+    print(f"# {cpu_name()}, {args.threads} threads, {args.precision}, torch {torch.__version__}; data in {work}",
+          flush=True)
+    ours, our_s, our_detail = run_torchbert(g, work, protocol, args.max_train, args.precision)
+    theirs, their_s, their_detail = run_transformers(g, work, p, args.max_train, args.precision)
     print("\n| task | torchbert | transformers | difference (points) |\n|---|---:|---:|---:|")
     for t in TASKS:
         print(f"| {COLUMN[t]} | {100 * ours[t]:.2f} | {100 * theirs[t]:.2f} | {100 * (ours[t] - theirs[t]):+.2f} |")

@@ -105,10 +105,13 @@ def test_the_retrieval_suite_scores_as_beirs_pipeline(tmp_path, capsys, minilm_d
     assert 0.2 < got["pd nDCG@10"]["value"] < 1
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert "| model | pd nDCG@10 | pd MRR@10 | pd R@100 | Average |" in md and "Chosen settings" not in md
-    # a resume finds the cell; --protocol is refused
+    # a resume finds the cell; --protocol and --precision are refused
     code, stdout, err = cli(capsys, "benchmark", "retrieval", "--model", minilm_dir, "--data", folder.parent,
                             "--out", out, "--resume")
     assert code == 0 and "== " not in stdout
     code, _, err = cli(capsys, "benchmark", "retrieval", "--model", minilm_dir, "--data", folder.parent,
                        "--out", tmp_path / "c", "--protocol", "paper")
     assert code == 2 and "fine-tunes nothing" in err
+    code, _, err = cli(capsys, "benchmark", "retrieval", "--model", minilm_dir, "--data", folder.parent,
+                       "--out", tmp_path / "c", "--precision", "bf16")
+    assert code == 2 and "--precision: the retrieval suite fine-tunes nothing" in err

@@ -311,6 +311,35 @@ def test_the_local_suite_scores_what_the_same_finetune_by_hand_scores(tmp_path, 
 
 
 @pytest.mark.e2e
+def test_precision_bf16_trains_every_run_as_finetune_does_in_bf16_and_is_kept_on_resume(tmp_path, capsys,
+                                                                                         minilm_dir):
+    tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
+    out = tmp_path / "b"
+    proto = protocol_file(tmp_path / "p.json", lrs=[1e-3], seeds=1)
+    args = ["benchmark", "local", "--model", f"tiny={tiny}", "--out", out, "--protocol", proto, "--max-train", "40",
+            "--tasks", "sentiment"]
+    code, _, err = cli(capsys, *args, "--precision", "bf16")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    (run,) = s["results"]["tiny"]["sentiment"]["runs"]
+    assert json.loads((Path(run) / "torchbert.json").read_text())["training"]["precision"] == "bf16"
+    assert s["precision"] == "bf16" and "Trained in bf16, scored in fp32." in (out / "summary.md").read_text()
+    data = out / "data" / "sentiment"
+    hand = tmp_path / "hand"
+    code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", tiny, "--train", data / "train.tsv",
+                       "--dev", data / "dev.tsv", "--out", hand, "--epochs", "1", "--max-length", "32",
+                       "--batch-size", "8", "--lr", "1e-3", "--seed", "0", "--precision", "bf16", "--quiet")
+    assert code == 0, err
+    code, _, err = cli(capsys, "evaluate", "--model", hand, "--data", data / "test.tsv", "--out", hand / "t.json",
+                       "--quiet")
+    assert code == 0, err
+    by_hand = json.loads((hand / "t.json").read_text(encoding="utf-8"))["accuracy"]
+    assert s["results"]["tiny"]["sentiment"]["columns"]["sentiment"]["value"] == by_hand
+    code, _, err = cli(capsys, *args, "--resume")  # fp32 now: another benchmark's folder
+    assert code == 2 and "--precision" in err
+
+
+@pytest.mark.e2e
 def test_a_killed_suite_resumes_without_rerunning_a_finished_run(tmp_path, minilm_dir):
     tiny = tiny_bert(tmp_path / "tiny", minilm_dir)
     proto = protocol_file(tmp_path / "p.json", lrs=[1e-3, 5e-4], seeds=2)

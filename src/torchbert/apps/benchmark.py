@@ -129,6 +129,7 @@ class Plan:
     protocol: Protocol | None  # None: a suite that fine-tunes nothing (retrieval)
     tasks: list[SuiteTask]  # those present
     out: Path
+    precision: str = "fp32"  # the runs' training precision (TrainConfig.precision); scoring stays fp32
 
 
 def task_files(t: SuiteTask, data: Path) -> dict[str, Path]:
@@ -231,7 +232,8 @@ class Bench:
             task=t.task, model=self.plan.models[model], train=self.train_files[t.name], dev=files["dev"], out=run,
             epochs=p.epochs, warmup_ratio=p.warmup_ratio, resume=resume,
             task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=t.max_length or p.max_length),
-        ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay, progress=False)
+        ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay, precision=self.plan.precision,
+                  progress=False)
         name = f"{model} {t.name} lr {lr:g} batch {batch} seed {seed}"
         r.finetune(name, s, cfg)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
@@ -341,8 +343,10 @@ def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> t
 
 
 def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, out: Path, protocol: Protocol,
-                   tasks: list[str] | None = None, max_train: int | None = None, log=print) -> Plan:
-    """What a benchmark will run: the suite's tasks present in `data` (the missing ones listed)."""
+                   tasks: list[str] | None = None, max_train: int | None = None, log=print,
+                   precision: str = "fp32") -> Plan:
+    """What a benchmark will run: the suite's tasks present in `data` (the missing ones listed), its runs
+    trained in `precision`."""
     suite = SUITES[suite_name]
     if suite.write is not None:
         if data is not None:
@@ -367,7 +371,7 @@ def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, 
                             f"({', '.join(t.name for t in wanted)})")
         wanted = tuple(names[x.lower()] for x in dict.fromkeys(tasks))
     if suite.write is not None or suite.discover is not None:  # every task's files are there
-        return Plan(suite, models, data, protocol, list(wanted), out)
+        return Plan(suite, models, data, protocol, list(wanted), out, precision)
     present, missing = [], []
     for t in wanted:
         files = task_files(t, data)
@@ -381,7 +385,7 @@ def plan_benchmark(suite_name: str, models: dict[str, Path], data: Path | None, 
         expected = ", ".join(f"{t.files['train']} and {t.files['dev']}".replace("|", " or ") for t in wanted[:3])
         raise UserError(f"--data {data}: holds none of {suite.title}'s tasks in its layout (expected {expected}"
                         f"{', ...' if len(wanted) > 3 else ''}; `torchbert benchmark --help` shows the layout)")
-    return Plan(suite, models, data, protocol, present, out)
+    return Plan(suite, models, data, protocol, present, out, precision)
 
 
 def check_files(plan: Plan, files: dict[str, dict[str, Path]], train_files: dict[str, Path],
@@ -414,9 +418,11 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
     settings = json.dumps({"version": VERSION, "suite": plan.suite.name, "data": str(plan.data),
                            "models": {k: str(v) for k, v in plan.models.items()},
                            "tasks": [t.name for t in plan.tasks], "protocol": asdict(p) if p else None,
-                           "max_train": max_train}, indent=2) + "\n"
+                           "max_train": max_train,  # a folder of fp32 runs reads as before --precision was
+                           **({"precision": plan.precision} if plan.precision != "fp32" else {})},
+                          indent=2) + "\n"
     claim_folder(out, MARKER, "benchmark", settings,
-                 "suite, models, --data, --tasks, --protocol or --max-train")
+                 "suite, models, --data, --tasks, --protocol, --max-train or --precision")
     if plan.suite.discover is not None:
         return _finish(plan, protocol_text, max_train, log, *search_suite(plan, log, on_done, device))
     if plan.suite.write is not None:
@@ -464,7 +470,8 @@ def _finish(plan: Plan, protocol_text: str, max_train: int | None, log, results:
     p, out = plan.protocol, plan.out
     summary = {"suite": plan.suite.name, "title": plan.suite.title, "data": str(plan.data),
                "models": {k: str(v) for k, v in plan.models.items()}, "protocol": asdict(p) if p else None,
-               "protocol_text": protocol_text, "max_train": max_train, "tasks": [t.name for t in plan.tasks],
+               "protocol_text": protocol_text, "max_train": max_train, "precision": plan.precision,
+               "tasks": [t.name for t in plan.tasks],
                "columns": columns_of(plan), "results": results, "suite_averaged": plan.suite.averaged,
                "averages": averages(plan, results),
                "published": [asdict(x) for x in plan.suite.published], "seconds": seconds}

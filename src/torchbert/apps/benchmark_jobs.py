@@ -36,7 +36,7 @@ def _in_worker(spec: dict[str, Any]) -> dict[str, Any]:
         suite = SUITES[spec["suite"]]
         t = suite.task(spec["task"])
         plan = Plan(suite, {k: Path(v) for k, v in spec["models"].items()}, Path(spec["data"]),
-                    Protocol(**spec["protocol"]), [t], Path(spec["out"]))
+                    Protocol(**spec["protocol"]), [t], Path(spec["out"]), spec["precision"])
         r = Stages(plan.out, lambda m: print(m, flush=True), device=spec["device"], keep=False)
         bench = Bench(plan, r, {t.name: {k: Path(v) for k, v in spec["files"].items()}},
                       {t.name: Path(spec["train"])}, {t.name: spec["count"]})
@@ -73,6 +73,7 @@ class Parallel:
         plan, b = self.bench.plan, self.bench
         return {"suite": plan.suite.name, "task": c.task, "models": {k: str(v) for k, v in plan.models.items()},
                 "data": str(plan.data), "protocol": asdict(plan.protocol), "out": str(plan.out),
+                "precision": plan.precision,
                 "files": {k: str(v) for k, v in b.files[c.task].items()}, "train": str(b.train_files[c.task]),
                 "count": b.train_counts[c.task], "cell": asdict(c), "device": self.device, "threads": self.threads,
                 "log": str(b.folder(c)) + ".log"}

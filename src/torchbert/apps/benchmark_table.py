@@ -39,7 +39,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines.append(f"Scores in percent on {', '.join(splits)} ({', '.join(sorted({c['metric'] for c in cols}))}); "
                  + ("± is the standard deviation over the runs at the chosen setting." if p else
                     "each model's own sentence embeddings, nothing fine-tuned.")
-                 + (f" Training sets cut to their first {s['max_train']:,} examples." if s["max_train"] else ""))
+                 + (f" Training sets cut to their first {s['max_train']:,} examples." if s["max_train"] else "")
+                 + (f" Trained in {s['precision']}, scored in fp32." if s.get("precision", "fp32") != "fp32"
+                    else ""))
     average = s["suite_averaged"]
     lines += ["", "| model | " + " | ".join(c["title"] for c in cols) + (" | Average |" if average else " |"),
               "|---|" + "---:|" * (len(cols) + average)]
