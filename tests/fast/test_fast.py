@@ -106,6 +106,44 @@ def test_training_attention_path_matches_sdpa_without_dropout():
         assert_parity(a, b)
 
 
+def test_attention_in_blocks_of_like_length_equals_the_plain_path():
+    """A packed batch of sequences of 4 to 40 tokens attends in blocks of like length under
+    fast.training (less work than one block padded to 40); with a dropout too small to drop anything
+    (so that the path is taken and the masks are all ones) its values and gradients are the plain
+    model's, and a batch of equal lengths stays one block."""
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=1e-12,
+                        attention_probs_dropout_prob=1e-12)
+    torch.manual_seed(0)
+    model = BertModel(config).train()
+    lengths = torch.tensor([40, 4, 6, 33, 5, 38, 7, 36])
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()
+    ids = torch.randint(1, 120, (int(lengths.sum()),))
+    w = torch.randn(ids.numel(), config.hidden_size, generator=torch.Generator().manual_seed(1))
+
+    def run(fast_pieces: bool):
+        model.zero_grad(set_to_none=True)
+        with fast.training(model) if fast_pieces else contextlib.nullcontext():
+            out = model(ids, cu_seqlens=cu, max_seqlen=40).last_hidden_state  # [N, H]
+            (out * w).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    blocks = []
+    real = fast.attention.block_attention
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fast.attention, "block_attention", lambda qkv, layout, *a: blocks.append(layout.batch) or
+                   real(qkv, layout, *a))
+        ours = run(True)
+        assert sorted(blocks) == sorted([1, 1, 2, 4] * config.num_hidden_layers)  # 4, 5, 6, 7 | 33 | 36, 38 | 40
+        blocks.clear()
+        equal = fast.attention.length_blocks(model_module.packed_layout(torch.tensor([0, 9, 18, 27]).int(), 9, 27)[0])
+        assert equal is None
+    plain = run(False)
+    assert_parity(ours[0], plain[0])
+    for name, g in plain[1].items():
+        assert_parity(ours[1][name], g, name)
+
+
 def test_model_dropout_rate_in_training():
     """With hidden dropout only, the embeddings' output has the configured share of zeros."""
     config = BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -173,12 +211,16 @@ def autograd_attention(blocks, q, bias, beta, p):
     return (dropout(scores.softmax(-1), p) @ v).view(B, A, T, D)
 
 
-@pytest.mark.parametrize("inputs", ["packed", "padded"])
+@pytest.mark.parametrize("inputs", ["packed", "packed in groups", "padded"])
 def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     """Training on CPU with attention dropout runs fast.attention's _Heads, _Attention and _Tokens,
     whose backwards are written by hand; with the same seed (the same dropout masks) the plain
     model's layout steps and autograd through the same attention steps give the same loss and
-    gradients, packed (with padding) and padded."""
+    gradients, packed (with padding) and padded; and packed with the sequences in blocks of like
+    length (fast.attention.length_blocks), where the reference attends block by block too."""
+    grouped = inputs == "packed in groups"
+    if not grouped:
+        monkeypatch.setattr(fast.attention, "GROUPED_AT", 0.0)  # one block, padded to the longest
     cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).train()
@@ -187,7 +229,7 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     labels = torch.where((torch.rand(ids.shape) < 0.3) & mask.bool(), ids, -100)
     labels[0, 2] = ids[0, 2]
     nsp = torch.tensor([0, 1, 1, 0])
-    if inputs == "packed":
+    if inputs != "padded":
         flat, flat_labels, cu, T = unpad(ids, mask, labels)
         positions = (flat_labels != -100).nonzero().squeeze(1)
         kw = dict(input_ids=flat, cu_seqlens=cu, max_seqlen=T, mlm_positions=positions, mlm_labels=flat_labels[positions])
@@ -209,13 +251,22 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     for fn in (fast.attention._Heads, fast.attention._Attention, fast.attention._Tokens):
         monkeypatch.setattr(fn, "backward", staticmethod(lambda *a, b=fn.backward, n=fn.__name__: used.append(n) or b(*a)))
     ours = run()
-    L = cfg.num_hidden_layers
-    assert sorted(used) == sorted(["_Heads", "_Attention"] * L + ["_Tokens"] * (L if inputs == "packed" else 0))
+    L, blocks = cfg.num_hidden_layers, 4 if grouped else 1  # grouped: each sequence alone, so none padded
+    tokens = ["_Tokens"] * (L if inputs == "packed" else 0)
+    assert sorted(used) == sorted(["_Heads", "_Attention"] * L * blocks + tokens)
 
     def plain_layout_then(qkv, layout, heads, p):  # the model's own split and merge around the same steps
-        q, k, v = model_module.split_heads(qkv, layout, heads)
-        return model_module.merge_heads(autograd_attention(torch.stack([q, k, v]), None,
-                                                           *layout.score_bias(q, heads), p), layout), None
+        def attend(qkv, layout):
+            q, k, v = model_module.split_heads(qkv, layout, heads)
+            return model_module.merge_heads(autograd_attention(torch.stack([q, k, v]), None,
+                                                               *layout.score_bias(q, heads), p), layout)
+        if not grouped:
+            return attend(qkv, layout), None
+        rows, layouts, _ = fast.attention.length_blocks(layout)
+        out = torch.zeros(qkv.shape[0], qkv.shape[1] // 3)
+        for r, sub in zip(rows, layouts):
+            out = out.index_copy(0, r, attend(qkv[r], sub))
+        return out, None
 
     monkeypatch.setitem(model_module.ATTENTION, "cpu", plain_layout_then)
     reference = run()

@@ -12,7 +12,9 @@ each of those passes twice. Here:
   * _Attention: the products, softmax and dropout (the mask from fast/dropout.py), with 1 / sqrt(D)
     and the padding mask in one baddbmm; the backward writes the gradients of q, k and v into one
     block and scales inside its products;
-  * _Tokens: the output [B, A, T, D] -> packed [N, H] in one gather, and back.
+  * _Tokens: the output [B, A, T, D] -> packed [N, H] in one gather, and back;
+  * a packed batch of sequences of unlike lengths (sentence pairs of 20 to 128 tokens) attends in up
+    to four blocks of like length (length_blocks) rather than one padded to the longest.
 Everywhere else (no dropout, another device, autocast, the compiler) it is model.sdpa_attention.
 Tests hold it to model.eager_attention, values and gradients.
 """
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import ATTENTION, SelfAttention, sdpa_attention
-from ..packing import Layout
+from ..packing import Layout, length_groups, packed_layout
 from . import flash
 from .dropout import scaled_mask
 
@@ -167,19 +169,66 @@ def _fast_here(t: Tensor, p: float) -> bool:
 
 
 def fast_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> tuple[Tensor, None]:
-    """model.ATTENTION's signature: the three functions above when training on CPU in fp32 with
-    0 < p < 1, not causal; FlashAttention's varlen kernel on a packed half-precision batch on a CUDA
-    GPU (fast/flash.py); model.sdpa_attention otherwise."""
+    """model.ATTENTION's signature: the three functions above when training on CPU with 0 < p < 1,
+    not causal, on one block or on blocks of like length; FlashAttention's varlen kernel on a packed
+    half-precision batch on a CUDA GPU (fast/flash.py); model.sdpa_attention otherwise."""
     if flash.usable(qkv, layout, heads):
         return flash.flash_attention(qkv, layout, heads, p)
     if not _fast_here(qkv, p) or layout.causal:
         return sdpa_attention(qkv, layout, heads, p)
+    groups = length_blocks(layout)
+    if groups is not None:  # sequences of like length in a block of their own, the outputs put back in order
+        rows, layouts, back = groups
+        out = [block_attention(qkv.index_select(0, r), sub, heads, p) for r, sub in zip(rows, layouts)]
+        return torch.cat(out).index_select(0, back), None  # [N, H]
+    return block_attention(qkv, layout, heads, p), None
+
+
+def block_attention(qkv: Tensor, layout: Layout, heads: int, p: float) -> Tensor:
+    """The three functions on one padded block of the layout's sequences: [N, 3H] or [B, T, 3H] ->
+    [N, H] or [B, T, H]."""
     A = heads
     blocks = heads_block(qkv, layout, A, 3)  # [3, B, A, T, D]
     ctx = _Attention.apply(blocks, None, *layout.score_bias(blocks, A), p)  # [B, A, T, D]
     if layout.index is not None:
-        return _Tokens.apply(ctx, head_rows(layout, A), *head_sources(layout, A)), None  # [N, H]
-    return ctx.transpose(1, 2).reshape(*qkv.shape[:-1], -1), None  # [B, T, H], or [N, H] when all are full
+        return _Tokens.apply(ctx, head_rows(layout, A), *head_sources(layout, A))  # [N, H]
+    return ctx.transpose(1, 2).reshape(*qkv.shape[:-1], -1)  # [B, T, H], or [N, H] when all are full
+
+
+GROUPED_AT = 0.75  # a packed batch's attention is split when its groups need at most this share of one block's work
+
+
+def length_blocks(layout: Layout) -> tuple[list[Tensor], list[Layout], Tensor] | None:
+    """A packed batch whose sequences differ in length attends in up to four blocks of sequences of
+    like length (packing.length_groups) instead of one block padded to the longest: its attention
+    works on sum(size x longest^2) of the groups, not B x T^2 (GLUE-like pairs of 20 to 128 tokens:
+    2.4-5x less). Per block, the packed rows of its sequences [N_g] and its Layout; and the rows that
+    put the blocks' outputs, one after another, back in the batch's order [N]. None where the saving
+    is small (every sequence near the longest, as in pretraining) or the batch is padded."""
+    def make():
+        if layout.index is None or layout.cu_seqlens is None or layout.causal or layout.batch < 2:
+            return None
+        cu = layout.cu_seqlens.long()
+        lengths = cu.diff()  # [B]
+        whole = layout.batch * layout.seqlen ** 2
+        if float(lengths.square().sum()) > GROUPED_AT * whole:  # even perfect groups would save little
+            return None
+        sizes = lengths.tolist()
+        groups = length_groups(sizes)
+        if sum(len(g) * max(sizes[i] for i in g) ** 2 for g in groups) > GROUPED_AT * whole:
+            return None
+        rows, layouts = [], []
+        for g in groups:
+            g = sorted(g)
+            rows.append(torch.cat([torch.arange(cu[i], cu[i + 1], device=cu.device) for i in g]))  # [N_g]
+            cu_g = torch.zeros(len(g) + 1, dtype=torch.int32, device=cu.device)
+            cu_g[1:] = torch.tensor([sizes[i] for i in g], device=cu.device).cumsum(0)
+            layouts.append(packed_layout(cu_g, max(sizes[i] for i in g), rows[-1].numel())[0])
+        order = torch.cat(rows)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        return rows, layouts, back
+    return _cached(layout, ("groups",), make)
 
 
 ATTENTION["fast"] = fast_attention
