@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import json
+import re
 import statistics
 import sys
 import tempfile
