@@ -289,5 +289,9 @@ def test_tag_scores_per_word():
     assert got["accuracy"] == pytest.approx(3 / 5)
     # per gold tag: n P=2/3 R=2/3 F=2/3; v P=0 R=0 F=0; a P=1 R=1 F=1 -> macro (2/3 + 0 + 1) / 3
     assert got["macro_f1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+    # a tag predicted but never gold ("d") costs the gold tags' recall, and is not a class of its own:
+    # n P=2/2 R=2/3 F=0.8, v F=0, a F=1 -> (0.8 + 0 + 1) / 3, not (0.8 + 0 + 1 + 0) / 4
+    got = metrics.tag_scores(true, [["n", "d", "n"], ["a", "d"]])
+    assert got["macro_f1"] == pytest.approx((0.8 + 0 + 1) / 3)
     with pytest.raises(ValueError, match="sentence 1: 2 true tags but 1 predicted"):
         metrics.tag_scores(true, [["n", "n", "n"], ["a"]])

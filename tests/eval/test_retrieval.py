@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from torchbert.eval.retrieval import evaluate_retrieval, read_retrieval_set, retrieval_scores, search
+from torchbert.eval.retrieval import evaluate_retrieval, rank_scores, read_retrieval_set, retrieval_scores, search
 
 
 def test_scores_by_hand():
@@ -20,6 +20,24 @@ def test_scores_by_hand():
     assert s["recall@1"] == pytest.approx((0 + 0.5 + 0) / 3) and s["recall@3"] == pytest.approx((1 + 1 + 0) / 3)
     with pytest.raises(ValueError, match="query 1 has no relevant document"):
         retrieval_scores(ranked, [{1}, set(), {6}])
+
+
+def test_rank_scores_equal_retrieval_scores_with_the_one_relevant_document_at_that_rank():
+    """rank_scores (the embedding and reranker tasks' scores) is retrieval_scores for queries with one
+    relevant document, given its rank: the same figures for every rank, the cut-offs included (rank 9
+    is in the top 10, rank 10 is not; rank k - 1 counts for recall@k, rank k does not)."""
+    ranks = [0, 1, 2, 8, 9, 10, 11, 99, 100, 101, None]
+    ranked = np.tile(np.arange(1000, 1200), (len(ranks), 1))  # 200 documents that answer nothing
+    relevant = []
+    for q, r in enumerate(ranks):
+        if r is not None:
+            ranked[q, r] = q
+        relevant.append({q})
+    want = retrieval_scores(ranked, relevant)
+    got = rank_scores(ranks)
+    assert got.keys() == want.keys() and {"recall@1", "recall@10", "recall@100"} <= got.keys()
+    assert got == pytest.approx(want)
+    assert got["recall@10"] == pytest.approx(5 / 11) and got["recall@100"] == pytest.approx(8 / 11)
 
 
 def test_exact_search_is_a_full_sort_with_ties_to_the_lower_id():
