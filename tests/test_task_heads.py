@@ -130,8 +130,10 @@ def test_question_answering_matches_transformers(minilm_dir, tmp_path, tok, pair
     ours, theirs = both(BertForQuestionAnswering, transformers.BertForQuestionAnswering, folder)
     B, T = pairs["input_ids"].shape
     lengths = pairs["attention_mask"].sum(1)
-    # inside, inside, and one past the padded length (clamped and ignored by both)
-    starts = torch.stack([lengths // 2, lengths - 2, torch.full_like(lengths, T + 5)], 1)[torch.arange(B), torch.arange(B) % 3]
+    # inside, inside, at the padded length and past it (ignored by both), and at the row's own length
+    # (packed: past its last token, ignored; padded: a padding position, scored by both)
+    starts = torch.stack([lengths // 2, lengths - 2, torch.full_like(lengths, T), torch.full_like(lengths, T + 5),
+                          lengths], 1)[torch.arange(B), torch.arange(B) % 5]
     ends = torch.minimum(starts + 3, lengths - 1)
     ends[starts > T] = T + 9
     a = ours(**pairs, start_positions=starts, end_positions=ends)
@@ -145,8 +147,7 @@ def test_question_answering_matches_transformers(minilm_dir, tmp_path, tok, pair
     ids, types, cu, Tm = unpad(pairs["input_ids"], pairs["attention_mask"], pairs["token_type_ids"])
     p = ours(ids, token_type_ids=types, cu_seqlens=cu, max_seqlen=Tm, start_positions=starts, end_positions=ends)
     assert_parity(p.start_logits, a.start_logits[m])
-    keep = starts < lengths
-    ref = sum(torch.nn.functional.cross_entropy(x.masked_fill(~m, float("-inf"))[keep], pos[keep])
+    ref = sum(torch.nn.functional.cross_entropy(x.masked_fill(~m, float("-inf"))[pos < lengths], pos[pos < lengths])
               for x, pos in ((b.start_logits, starts), (b.end_logits, ends))) / 2
     assert_parity(p.loss, ref)
 

@@ -231,3 +231,27 @@ def test_a_reranker_is_scored_as_a_search_over_a_first_stage_in_one_command(mini
     assert main(["evaluate", "--model", str(minilm_dir), "--data", str(tmp_path / "test.jsonl"), "--first-stage",
                  str(minilm_dir), "--quiet"]) == 2
     assert "not a model fine-tuned by torchbert" in capsys.readouterr().err  # --model must be a reranker
+
+
+def test_the_listwise_loss_reads_graded_and_several_relevant_passages_as_a_distribution():
+    """Each query's labels are scaled to sum to 1 and compared with the softmax over its candidates:
+    two passages of relevance 1 each take half the target; grades 1 and 0.5 take 2/3 and 1/3."""
+    from torchbert.config import BertConfig
+    from torchbert.heads import BertForReranking
+
+    torch.manual_seed(0)
+    config = BertConfig.from_name("tiny", vocab_size=50)
+    config.extra["num_labels"] = 1
+    model = BertForReranking(config, loss="listwise").eval()
+    lengths = [5, 7, 4, 6, 3]  # query 0: three candidates, query 1: two
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    ids = torch.randint(5, 50, (int(cu[-1]),))
+    num_choices = torch.tensor([3, 2])
+    for labels, target in (([1.0, 0.0, 1.0, 1.0, 0.5], [[0.5, 0.0, 0.5], [2 / 3, 1 / 3]]),
+                           ([0.0, 1.0, 0.0, 0.0, 1.0], [[0.0, 1.0, 0.0], [0.0, 1.0]])):
+        with torch.no_grad():
+            out = model(ids, cu_seqlens=cu, max_seqlen=max(lengths), num_choices=num_choices,
+                        labels=torch.tensor(labels))
+        want = np.mean([-(torch.tensor(t) * F.log_softmax(out.logits[q, :len(t)], -1)).sum().item()
+                        for q, t in enumerate(target)])
+        assert out.loss.item() == pytest.approx(want, rel=1e-5)
