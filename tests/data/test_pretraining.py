@@ -118,6 +118,37 @@ def test_mask_replacement_split(static_dir, zh_tok):
     assert not np.isin(inputs[rand], tok.all_special_ids).any()
 
 
+def test_a_whole_word_never_crosses_sep_and_random_tokens_cover_the_vocabulary():
+    """mask_instances alone. A segment may begin inside a word (truncation cuts pairs at either end):
+    its first piece (##c after [SEP]) is a word of its own, never the tail of the word before [SEP].
+    A random replacement is drawn from every non-special token alike, not from the part of the
+    vocabulary that the 80/10/10 draw points to."""
+    from torchbert.data.masking import mask_instances
+
+    CLS, SEP, MASK = 1, 2, 3
+    #               [CLS] a  ##b [SEP] ##c  d  [SEP]
+    tokens = np.array([CLS, 10, 11, SEP, 12, 13, SEP])
+    starts = np.array([1, 1, 0, 1, 0, 1, 1], dtype=bool)
+    seen = set()
+    for seed in range(200):  # one token a time: `a ##b` (2 tokens) never fits; ##c and d do
+        m = mask_instances(tokens, starts, np.array([0, 7]), np.array([0]), special_ids=[0, CLS, SEP, MASK],
+                           never_mask=[0, CLS, SEP], mask_id=MASK, vocab_size=20, seed=seed, epoch=0,
+                           masked_lm_prob=0.5, max_predictions=1, whole_word=True)
+        seen |= set(m.positions.tolist())
+    assert seen == {4, 5}
+
+    rng = np.random.default_rng(0)
+    n, length, vocab = 4000, 20, 1000
+    tokens = np.concatenate([[CLS, *rng.integers(4, vocab, length - 2), SEP] for _ in range(n)])
+    m = mask_instances(tokens, np.ones(len(tokens), dtype=bool), np.arange(n + 1) * length, np.arange(n),
+                       special_ids=[0, CLS, SEP, MASK], never_mask=[0, CLS, SEP], mask_id=MASK, vocab_size=vocab,
+                       seed=0, epoch=0, replace=(0.8, 0.1))
+    random = m.input_ids[(m.input_ids != MASK) & (m.input_ids != m.labels)]
+    assert len(random) > 900
+    quarters = np.bincount(random * 4 // vocab, minlength=4) / len(random)  # each near 1/4
+    assert np.abs(quarters - 0.25).max() < 0.05, quarters
+
+
 @pytest.mark.parametrize("masking", ["static", "dynamic"])
 def test_mask_replace_sets_the_split(work, zh_corpus, zh_tok, masking):
     """--mask-replace 1 0: every masked token is shown as [MASK]; 0.5 0.5: half random, none kept."""
