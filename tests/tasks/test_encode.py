@@ -146,6 +146,11 @@ def test_encode_tokens_window_ownership_by_hand(tok):
                               [-1, -1, 7, 8, 9, -1]]
     assert enc.labels == [[IGNORE if w < 0 else w for w in row] for row in enc.word_index]
     assert enc.example_index == [0, 0, 0, 0]
+    # every sub-token labelled: one-piece words, so the same labels; a word in two windows is
+    # labelled in the one that owns it only (trained once)
+    every = encode_tokens(tok, [ex], max_length=6, stride=2, label2id={str(i): i for i in range(10)},
+                          label_all_subtokens=True)
+    assert every.labels == enc.labels
     # nine words, stride 3: [0,4) [3,7), and the last window starts as early as it can and still hold
     # the rest: [5,9), not [6,9)
     ex = TokenExample("y", words[:9], None)
