@@ -413,3 +413,24 @@ def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
     strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
                           for x in path.read_text().splitlines()]
     assert strip(log_file) == strip(tmp_path / "ref" / "metrics.jsonl")
+
+
+def test_a_step_weighs_each_part_of_the_objective_over_the_steps_targets():
+    """forward_backward: each part's sum over its targets, divided by the step's count of them (all
+    micro-batches), times the objective's weight for it (ELECTRA's replaced-token part: 50)."""
+    from torchbert.train.distributed import Dist
+    from torchbert.train.loop import forward_backward
+
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+
+    class TwoParts:
+        parts = ("mlm", "rtd")
+        weights = {"rtd": 50.0}
+
+        def forward(self, model, batch):  # sums over 4 and 2 targets
+            return {"mlm": (w.sum() * 3, torch.tensor(4)), "rtd": (w.prod(), torch.tensor(2))}
+
+    loss, parts = forward_backward(None, TwoParts(), None, {"mlm": 8, "rtd": 5}, "fp32", torch.device("cpu"),
+                                   Dist(), sync=True)
+    assert loss.item() == pytest.approx(3 * 3 / 8 + 50 * 2 / 5)
+    assert w.grad.tolist() == pytest.approx([3 / 8 + 50 * 2 / 5, 3 / 8 + 50 * 1 / 5])
