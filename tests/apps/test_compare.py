@@ -210,3 +210,26 @@ def test_random_init_is_seeded_whole_and_leaves_the_global_rng_alone(tmp_path, m
     assert not a["bert.encoder.layer.0.attention.self.query.weight"].equal(
         load_file(minilm_dir / "model.safetensors")["encoder.layer.0.attention.self.query.weight"])
     assert (tmp_path / "a" / "vocab.txt").is_file() and not list(tmp_path.glob(".*tmp"))
+
+
+def test_the_learning_rate_is_chosen_on_dev_and_reported_on_test(monkeypatch):
+    """compare's protocol for one cell: each rate with the first seed, the best on dev kept (the first
+    on a tie), the other seeds at that rate; the figure is their mean test score. A rate that would
+    win on test but not on dev is not chosen."""
+    from types import SimpleNamespace
+
+    import torchbert.apps.compare as compare
+
+    scores = {1e-4: (0.70, 0.90), 5e-5: (0.80, 0.60), 3e-5: (0.80, 0.95)}  # lr: (dev, test)
+    calls = []
+
+    def finetune_one(r, b, data, task, size, name, model, lr, seed):
+        calls.append((lr, seed))
+        dev, test = scores[lr]
+        return {"dev": dev, "test": test + seed / 100, "seconds": 1.0, "run": f"lr{lr:g}-seed{seed}"}
+
+    monkeypatch.setattr(compare, "finetune_one", finetune_one)
+    got = compare.cell(None, SimpleNamespace(seeds=3), None, "ner", "small", "bert", None, (1e-4, 5e-5, 3e-5), seed=10)
+    assert got["lr"] == 5e-5 and calls == [(1e-4, 10), (5e-5, 10), (3e-5, 10), (5e-5, 11), (5e-5, 12)]
+    assert got["test"] == pytest.approx([0.70, 0.71, 0.72]) and got["mean"] == pytest.approx(0.71)
+    assert got["grid_dev"] == {"0.0001": 0.70, "5e-05": 0.80, "3e-05": 0.80}
