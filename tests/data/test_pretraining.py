@@ -281,9 +281,13 @@ def test_nsp_pairs_follow_or_come_from_another_document(work):
     data = PretrainingData(out)
     tok = BertTokenizer.from_pretrained(tok_dir)
     checked_next = checked_random = 0
+    cut_front = cut_back = 0  # truncated segments (whole sentences start "dD" and end ".")
     for i in range(len(data)):
         inst = data.instance(i)
         pieces = tok.convert_ids_to_tokens(inst["tokens"].tolist())
+        segments = (pieces[1:inst["a_len"] - 1], pieces[inst["a_len"]:-1])  # [CLS] A [SEP], B [SEP]
+        cut_front += sum(not re.fullmatch(r"d\d+", seg[0]) for seg in segments)
+        cut_back += sum(seg[-1] != "." for seg in segments)
         a, b = _markers(pieces[:inst["a_len"]]), _markers(pieces[inst["a_len"]:])
         if not a or not b:
             continue
@@ -304,6 +308,8 @@ def test_nsp_pairs_follow_or_come_from_another_document(work):
     assert checked_next > 100 and checked_random > 100
     assert abs(checked_next / (checked_next + checked_random) - 0.5) < 0.1
     assert max(len(data.instance(i)["tokens"]) for i in range(len(data))) <= 64
+    # a token too many is dropped from the front or the back at random (Google's truncate_seq_pair)
+    assert cut_front > 50 and cut_back > 50 and 0.5 < cut_front / cut_back < 2, (cut_front, cut_back)
 
 
 # ----------------------------------------------------------------------------------------------
