@@ -172,3 +172,32 @@ def test_a_runs_generator_size_is_read_from_its_record_or_an_older_config(tmp_pa
     assert run_settings(tmp_path, config, spec) == ElectraSettings(0.75)  # the record's first
     assert run_settings(tmp_path, config, PRETRAINING["mlm"]) is None
     assert spec.model(tiny(), run_settings(tmp_path, config, spec)).generator_size == 0.75
+
+
+def test_the_discriminator_is_scored_on_what_the_generators_samples_changed():
+    """Replaced-token detection as the paper defines it: the generator's samples (drawn, not its
+    argmax) replace the masked tokens; a token is "replaced" where the sample differs from the original
+    (a sample that draws the original token counts as original); the loss is over the real tokens
+    only. A vocabulary of 12 makes the generator draw the original often; a discriminator head with
+    weights far from 0 makes each token's loss differ, so which tokens are scored shows."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = ElectraForPreTraining(tiny(vocab=12)).eval()
+    with torch.no_grad():
+        for p in model.rtd.parameters():
+            p.normal_(0, 1)
+    inputs, mask, types, labels = masked_batch(vocab=12)
+    chosen = labels != -100
+    original = torch.where(chosen, labels, inputs)
+    outs = [model(inputs, mask, types, labels=labels, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    for out in outs:
+        assert torch.equal(out.corrupted[~chosen], inputs[~chosen])
+        replaced = (chosen & (out.corrupted != original)).float()
+        assert torch.equal(out.rtd_labels, replaced)
+        losses = F.binary_cross_entropy_with_logits(out.rtd_logits, replaced, reduction="none")
+        assert_parity(out.rtd_loss, losses[mask.bool()].mean())
+        assert abs(out.rtd_loss - losses.mean()) > 1e-3  # the padding would change it
+    assert any((chosen & (out.corrupted == original)).any() for out in outs)  # originals drawn
+    assert any((chosen & (out.corrupted != original)).any() for out in outs)
+    assert not all(torch.equal(outs[0].corrupted, out.corrupted) for out in outs[1:])  # drawn anew
