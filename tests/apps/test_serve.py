@@ -300,7 +300,7 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
         first = [asyncio.create_task(b.submit([i, i], [1, 1])) for i in range(3)]  # 6 texts: the queue is full
         await until(lambda: b.waiting == 6, "three requests to queue")
         with pytest.raises(Rejected) as e:
-            await b.submit([9], [1])
+            await asyncio.wait_for(b.submit([9], [1]), 60)  # a queue that took it would wait for ever
         release.set()
         done = await asyncio.gather(*first)
         await b.stop()
