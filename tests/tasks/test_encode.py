@@ -386,6 +386,26 @@ def test_postprocess_qa_null_threshold_and_limits(tok):
     assert out["text"] == "brown fox jumps over" and out["score"] == 5.5
 
 
+def test_postprocess_qa_at_its_bounds(tok):
+    """A span of exactly max_answer_length tokens is allowed; an end before its start never is; a
+    null score that beats the best span by exactly the threshold still gives the span (the v2.0
+    script answers "" only when the difference is above it)."""
+    context = "the quick brown fox jumps over the lazy dog"
+    ex = QAExample("a", "who jumps ?", context)
+    enc = encode_qa(tok, [ex], 64, 16)
+    head = enc.offsets[0].index(next(o for o in enc.offsets[0] if o is not None))
+    s, e = np.full(len(enc.input_ids[0]), -1.0), np.full(len(enc.input_ids[0]), -1.0)
+    s[0], e[0] = 3.0, 3.0  # null score 6
+    s[head + 2], e[head + 3] = 2.0, 2.0  # "brown fox": 4, two tokens
+    assert postprocess_qa([ex], enc, [s], [e], max_answer_length=2)["a"]["text"] == "brown fox"
+    assert postprocess_qa([ex], enc, [s], [e], max_answer_length=1)["a"]["text"] != "brown fox"
+    out = postprocess_qa([ex], enc, [s], [e], v2=True, null_threshold=2.0)["a"]
+    assert out["text"] == "brown fox" and out["score"] == 4.0
+    s[head + 1], e[head + 1] = 0.5, 9.0  # "quick": the best end, before the best start ("brown": 2.0)
+    out = postprocess_qa([ex], enc, [s], [e])["a"]
+    assert out["text"] == "quick" and out["score"] == 9.5  # not "brown" .. "quick" (11.0), which runs backwards
+
+
 def test_postprocess_qa_null_score_is_min_over_windows(tok):
     ex = _squad_examples(1)[0]
     enc = encode_qa(tok, [ex], 48, 12)
