@@ -424,7 +424,7 @@ def test_one_failing_text_fails_only_its_own_request():
         await b.start()
         jobs = [asyncio.create_task(b.submit(items, [1] * len(items)))
                 for items in (["a"], ["b", "c"], ["bad", "d"], ["e"], ["f"], ["g"])]
-        got = await asyncio.gather(*jobs, return_exceptions=True)
+        got = await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 120)  # not for ever
         await b.stop()
         return got
 
