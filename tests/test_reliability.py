@@ -386,6 +386,18 @@ def test_truncated_encoding_reads_only_a_head_and_equals_the_whole(minilm_dir):
         tok.encode_ids(["word " * 600], max_length=512, truncation=True)[0]
 
 
+def test_a_head_never_ends_inside_a_word(minilm_dir):
+    """The head's cut is at whitespace (or between two CJK characters), never inside a word: here a
+    word of 150 letters ([UNK] whole, letters pieces if cut) crosses where the head is first cut."""
+    from torchbert.tokenizer import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    text = ("x" + " " * 15) * 509 + "ab" * 75 + " tail" * 2000  # the word spans characters 8,144-8,294
+    whole = [e.ids for chunk in tok._encode_chunks([text], add_special_tokens=True, truncate_to=512) for e in chunk]
+    assert whole[0][-2] == tok.unk_token_id
+    assert tok.encode_ids([text], max_length=512, truncation=True) == whole
+
+
 def test_vocab_cuts_long_lines_at_spaces_and_learns_the_same_words(tmp_path):
     from torchbert.tokenizer import MAX_LINE, BertTokenizer, _bounded_lines
 
@@ -402,6 +414,13 @@ def test_vocab_cuts_long_lines_at_spaces_and_learns_the_same_words(tmp_path):
     assert a.vocab == b.vocab and len(a.vocab) > 150
     with pytest.raises(ValueError, match="vocab_size must be in"):
         BertTokenizer.train([tmp_path / "lines.txt"], vocab_size=10**9, show_progress=False)
+    # a line of Chinese (no spaces) is cut between characters, one of tab-separated words at a tab
+    chinese = "中文字符天安门北京" * 4000  # 108,000 bytes; MAX_LINE falls inside a character
+    tabbed = "\t".join(f"w{i % 97}x" for i in range(20_000))
+    (tmp_path / "zh.txt").write_text(chinese + "\n" + tabbed + "\n", encoding="utf-8")
+    cut = _bounded_lines(tmp_path / "zh.txt", tmp_path / "zh-copy.txt").read_bytes().decode("utf-8").split("\n")
+    assert "".join(line for line in cut if "w" not in line) == chinese
+    assert "\t".join(line for line in cut if "w" in line).split() == tabbed.split()
 
 
 # -- serve: one bad text fails only its own request; no NaN as a text/plain 500; limits that contradict ---

@@ -570,6 +570,19 @@ def test_training_again_gives_the_same_vocabulary(trained, limit_alphabet):
         assert sum(len(t) == 1 for t in runs[0]) == 3000  # the alphabet was cut there
 
 
+def test_the_alphabet_is_cut_by_count_then_by_code_point(tmp_path):
+    """Where --limit-alphabet cuts among characters of equal count, the lower code points are kept (the
+    trainer alone keeps a random few of them), and the more frequent first whatever their code point."""
+    import string
+
+    tied = [c for c in string.ascii_lowercase[:20]]  # a..t, 10 times each
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(("z y x " * 30 + " ".join(tied) + "\n") * 10, encoding="utf-8")
+    for _ in range(2):
+        tok = BertTokenizer.train([corpus], vocab_size=100, min_frequency=1, limit_alphabet=13, show_progress=False)
+        assert {t for t in tok.vocab if len(t) == 1} == set("xyz") | set("abcdefghij")
+
+
 def test_train_refuses_a_vocabulary_smaller_than_its_special_tokens(tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size must be in \[6, 1,048,576\] \(the special tokens and one more; .*\), got 5"):
         BertTokenizer.train([tmp_path / "never-read.txt"], vocab_size=5)
@@ -649,6 +662,72 @@ def test_vocab_without_mask_and_with_crlf(tmp_path):
     assert BertTokenizer.from_pretrained(tmp_path / "saved").mask_token_id is None
 
 
+def test_vocab_files_at_their_edges(tmp_path):
+    """A byte order mark is not part of the first token; an empty line, ids that skip a number, and a
+    vocab.txt one line longer than its model's vocab_size are refused, naming the file (and line)."""
+    bom = BertTokenizer.from_pretrained(write_vocab(tmp_path / "bom", b"\xef\xbb\xbf" + GOOD_VOCAB.encode()))
+    assert bom.pad_token_id == 0 and bom.tokenize("hello worlds") == ["hello", "world", "##s"]
+    with pytest.raises(VocabError, match=r"blank/vocab\.txt:9: empty line"):
+        BertTokenizer.from_pretrained(write_vocab(tmp_path / "blank", (GOOD_VOCAB + "\nmore\n").encode()))
+    with pytest.raises(VocabError, match=r"token ids must be 0\.\.4, each used once"):
+        BertTokenizer({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "gap": 5})
+    for size, fits in ((8, True), (7, False)):  # GOOD_VOCAB has 8 tokens
+        folder = write_vocab(tmp_path / f"model-{size}", GOOD_VOCAB.encode())
+        (folder / "config.json").write_text(json.dumps({"vocab_size": size}))
+        if fits:
+            assert BertTokenizer.from_pretrained(folder).vocab_size == 8
+        else:
+            with pytest.raises(ValueError, match=r"vocab\.txt: more tokens than the 7 of .*config\.json's vocab_size"):
+                BertTokenizer.from_pretrained(folder)
+
+
+def test_tokenizer_config_settings_are_checked_not_coerced(tmp_path):
+    """do_lower_case "false" (a string) would be true in Python: refused, naming the key and the file."""
+    for key, value in (("do_lower_case", "false"), ("strip_accents", 0), ("tokenize_chinese_chars", "yes")):
+        folder = write_vocab(tmp_path / key, GOOD_VOCAB.encode())
+        (folder / "tokenizer_config.json").write_text(json.dumps({key: value}))
+        with pytest.raises(ValueError, match=rf"tokenizer_config\.json: {key} must be bool.*got {value!r}"):
+            BertTokenizer.from_pretrained(folder)
+
+
+def test_a_tokenizer_json_is_bert_s_own_and_fits_its_model(tmp_path, minilm_dir):
+    """Beside a tokenizer.json: tokenizer_config.json's settings rule, BERT's defaults where it is silent,
+    as in transformers (which rebuilds the normalizer from them); a tokenizer.json whose normalizer says
+    otherwise is a warning. Pieces marked other than `##`, or more tokens than the model's vocab_size,
+    are refused naming the file."""
+    import warnings
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    spec = json.loads((minilm_dir / "tokenizer.json").read_text())
+    config = json.loads((minilm_dir / "config.json").read_text())
+    spec["normalizer"].update(lowercase=False, strip_accents=False, handle_chinese_chars=False)  # a cased one
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "config.json").write_text(json.dumps(config))
+    texts = ["Héllo Wörld, 北京天安门 THE End"] + list(realdata.english_texts()[:20])
+    for given, warned in (({"model_max_length": 256}, True),
+                          ({"do_lower_case": False, "strip_accents": False, "tokenize_chinese_chars": False}, False)):
+        (folder / "tokenizer_config.json").write_text(json.dumps(given))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = BertTokenizer.from_pretrained(folder)
+        said = [str(w.message) for w in caught if "disagrees with tokenizer_config.json" in str(w.message)]
+        assert said == ([f"{folder / 'tokenizer.json'}: its normalizer disagrees with tokenizer_config.json (or "
+                         "BERT's defaults where that is silent): lowercase False there, True here; strip_accents "
+                         "False there, None here; tokenize_chinese_chars False there, True here; following "
+                         "tokenizer_config.json, as transformers does"] if warned else [])
+        assert ours.lowercase is warned and ours.model_max_length == given.get("model_max_length", 512)
+        assert ours.encode_ids(texts) == AutoTokenizer.from_pretrained(folder)(texts)["input_ids"]
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": len(spec["model"]["vocab"]) - 1}))
+    with pytest.raises(ValueError, match=r"tokenizer\.json: 30,522 tokens, more than the 30,521 of .*vocab_size"):
+        BertTokenizer.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    spec["model"]["continuing_subword_prefix"] = "@@"
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(VocabError, match=r"tokenizer\.json: normalizer BertNormalizer, .* pieces '@@'"):
+        BertTokenizer.from_pretrained(folder)
+
+
 def test_non_str_input(tok):
     for bad in (123, None, b"bytes", ["ok", 3], {"a": 1}):
         with pytest.raises(TypeError, match=r"text(\[1\])? must be (a )?str"):
@@ -670,8 +749,14 @@ def test_bad_options(tok):
         tok("a", padding="max")
     with pytest.raises(ValueError, match="return_tensors"):
         tok("a", return_tensors="tf")
-    with pytest.raises(ValueError, match="max_length"):
-        tok("a", max_length=0, truncation=True)
+    for kw in (dict(truncation=True), dict(padding="max_length")):
+        with pytest.raises(ValueError, match=r"max_length must be a positive int or None, got 0"):
+            tok("a", max_length=0, **kw)
+    with pytest.raises(ValueError, match=r"max_length=1 leaves no room for \[CLS\] and \[SEP\]"):
+        tok.encode_ids(["a"], max_length=1, truncation=True)
+    for bad in (-1, tok.vocab_size):
+        with pytest.raises(IndexError, match=f"token id {bad} is out of range"):
+            tok.convert_ids_to_tokens(bad)
     with pytest.raises(ValueError, match="special tokens"):
         tok("a", "b", max_length=2, truncation=True)
 
@@ -683,6 +768,8 @@ def test_empty_and_whitespace_only_text(tok, hf):
         assert tok.tokenize(text) == []
     assert tok("", "")["input_ids"] == cls_sep + [tok.sep_token_id]
     assert tok([], return_tensors="pt")["input_ids"].shape == (0, 0)
+    for kind in ("pt", "np"):  # offsets keep their pairs' axis
+        assert tuple(tok([], return_offsets_mapping=True, return_tensors=kind)["offset_mapping"].shape) == (0, 0, 2)
 
 
 def test_long_sequence_is_not_truncated_without_truncation(tok, hf, chinese):

@@ -29,6 +29,7 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -263,7 +264,11 @@ class BertTokenizer:
 
     @classmethod
     def _from_tokenizer_json(cls, path: Path) -> "BertTokenizer":
-        """A folder with a BERT tokenizer.json and no vocab.txt (transformers 5 writes only the former)."""
+        """A folder with a BERT tokenizer.json and no vocab.txt (transformers 5 writes only the former).
+
+        The vocabulary is tokenizer.json's; the casing, accents and CJK settings are tokenizer_config.json's,
+        BERT's defaults where it is silent, as transformers (4 and 5) reads such a folder: it rebuilds the
+        normalizer from those settings, whatever tokenizer.json's says. Where the two disagree, a warning."""
         config = path / "config.json"
         try:
             size = read_json(config, dict, "config.json", CONFIG_BYTES).get("vocab_size") if config.is_file() else None
@@ -272,13 +277,19 @@ class BertTokenizer:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             size = None
         # the model's vocab_size bounds the file: one far too large is refused before it is parsed
-        vocab, settings = read_tokenizer_json(path / "tokenizer.json", tokenizer_json_bytes(size))
+        vocab, in_file = read_tokenizer_json(path / "tokenizer.json", tokenizer_json_bytes(size))
         if size is not None and len(vocab) > size:
             raise ValueError(f"{path / 'tokenizer.json'}: {len(vocab):,} tokens, more than the {size:,} of {config}'s "
                              "vocab_size; the vocabulary does not belong to this model")
-        limit = read_tokenizer_config(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() \
+        given = read_tokenizer_config(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() \
             else {}
-        return cls(vocab, **settings, **{k: v for k, v in limit.items() if k == "model_max_length"})
+        settings = {"lowercase": True, "strip_accents": None, "tokenize_chinese_chars": True, **given}
+        differ = [f"{k} {in_file[k]} there, {settings[k]} here" for k in in_file if in_file[k] != settings[k]]
+        if differ:
+            warnings.warn(f"{path / 'tokenizer.json'}: its normalizer disagrees with tokenizer_config.json (or BERT's "
+                          f"defaults where that is silent): {'; '.join(differ)}; following tokenizer_config.json, as "
+                          "transformers does", stacklevel=3)
+        return cls(vocab, **settings)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json.
