@@ -83,14 +83,8 @@ DEFAULT_MODEL_MAX_LENGTH = 512
 
 CHUNK = 256  # inputs encoded at a time (see BertTokenizer._encode_chunks)
 _PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest", "max_length": "max_length"}
-_TRUNCATION = {
-    False: None,
-    "do_not_truncate": None,
-    True: "longest_first",
-    "longest_first": "longest_first",
-    "only_first": "only_first",
-    "only_second": "only_second",
-}
+_TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first", "longest_first": "longest_first",
+               "only_first": "only_first", "only_second": "only_second"}
 
 
 class BatchEncoding(dict):
@@ -299,13 +293,8 @@ class BertTokenizer:
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        specials = {
-            "unk_token": UNK,
-            "sep_token": SEP,
-            "pad_token": PAD,
-            "cls_token": CLS,
-            **({"mask_token": MASK} if MASK in self.vocab else {}),
-        }
+        specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+                    **({"mask_token": MASK} if MASK in self.vocab else {})}
         config = {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": self.lowercase,
