@@ -32,6 +32,23 @@ def test_our_reader_gives_every_tensor_tensorflow_read():
     assert int(ckpt.tensor("global_step")) == 1000
 
 
+def test_a_bfloat16_variable_is_read_as_the_float32_it_is_the_top_half_of():
+    """TPU runs save some variables in bfloat16 (TensorFlow dtype 14): each value's 16 bits are the high
+    half of a float32's. The fixture has none, so one entry is made to point at bfloat16 bytes."""
+    import dataclasses
+
+    from torchbert.io.tf import BFLOAT16
+
+    ckpt = TFCheckpoint(FIXTURE / "bert_model.ckpt")
+    name = "bert/embeddings/LayerNorm/gamma"
+    values = np.array([[1.0, -2.5, 0.15625], [65536.0, -0.0078125, 3.0]], dtype=np.float32)  # exact in bfloat16
+    bits = (values.view(np.uint32) >> 16).astype("<u2")
+    ckpt.entries[name] = dataclasses.replace(ckpt.entries[name], dtype=BFLOAT16, shape=(2, 3), size=12, crc=None)
+    ckpt.raw = lambda _: bits.tobytes()
+    got = ckpt.tensor(name)
+    assert got.dtype == np.float32 and np.array_equal(got, values)
+
+
 @pytest.mark.parametrize("given", ["bert_model.ckpt", "bert_model.ckpt.index", "."])
 def test_convert_gives_the_outputs_of_transformers_own_converter(given, tmp_path, capsys):
     """The converted folder, read by transformers (5.x, no TensorFlow) and by torchbert, gives what
@@ -184,3 +201,100 @@ def test_a_config_whose_sizes_do_not_fit_the_weights_is_refused_before_anything_
     line = err.strip().splitlines()[-1]
     assert code == 2 and f"{folder / 'bert_config.json'}: its sizes imply about" in line, err
     assert "the config does not belong to these weights" in line and not (tmp_path / "o").exists()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, value: int | bytes) -> bytes:
+    """A protocol buffer field: a varint for an int, length-delimited for bytes."""
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def test_an_index_that_lies_about_its_entries_is_refused_naming_what_it_claims(monkeypatch):
+    """Entries made by hand, checksums valid: a dimension of -1 (TensorFlow's unknown size), more dimensions
+    than a tensor of BERT's has, a shard past the bundle's, a key that shares more than the previous key
+    holds, a big-endian bundle: each a one-line CheckpointError, never numpy's or a wrong tensor."""
+    import dataclasses
+
+    from torchbert.io import tf
+    from torchbert.io.tf import CheckpointError, _entry, _masked_crc
+
+    def shape(*dims):  # TensorShapeProto: a dim (field 2) per size (field 1 of Dim), as uint64
+        return _field(2, b"".join(_field(2, _field(1, d & (2**64 - 1))) for d in dims))
+
+    assert _entry("w", _field(1, 1) + shape(3, 4) + _field(5, 48), "x").shape == (3, 4)
+    with pytest.raises(CheckpointError, match=r"^x: w has more than 8 dimensions; the index is damaged"):
+        _entry("w", _field(1, 1) + shape(*[1] * 9), "x")
+    ckpt = TFCheckpoint(FIXTURE / "bert_model.ckpt")
+    name = "bert/embeddings/word_embeddings"
+    ckpt.entries[name] = _entry(name, _field(1, 1) + shape(-1, 16) + _field(5, 64), "x")
+    with pytest.raises(CheckpointError, match=r"shape \[-1, 16\] of 4-byte values does not fit the 64 bytes"):
+        ckpt.tensor(name)
+    ckpt.entries[name] = dataclasses.replace(ckpt.entries[name], shard=1)
+    with pytest.raises(CheckpointError, match=f"{name} is in shard 1, but the bundle has 1"):
+        ckpt.raw(name)
+
+    def block(*entries):  # a table block: (shared, fresh key, value) entries, one restart point, checksummed
+        body = b"".join(_varint(s) + _varint(len(k)) + _varint(len(v)) + k + v for s, k, v in entries)
+        body += (0).to_bytes(4, "little") + (1).to_bytes(4, "little")
+        return body, body + b"\x00" + _masked_crc(body + b"\x00").to_bytes(4, "little") + bytes(48)
+
+    body, data = block((0, b"ab", b"1"), (1, b"c", b"2"))
+    assert list(ckpt._records(data, 0, len(body), "a block")) == [(b"ab", b"1"), (b"ac", b"2")]
+    body, data = block((0, b"ab", b"1"), (3, b"c", b"2"))  # shares 3 bytes of a 2-byte key
+    with pytest.raises(CheckpointError, match="a block: an entry runs past its block"):
+        list(ckpt._records(data, 0, len(body), "a block"))
+
+    real = TFCheckpoint._records
+
+    def big_endian(self, data, offset, size, what):
+        for key, value in real(self, data, offset, size, what):
+            yield key, (_field(1, 1) + _field(2, 1) if key == b"" and what != "the index block" else value)
+
+    monkeypatch.setattr(tf.TFCheckpoint, "_records", big_endian)
+    with pytest.raises(CheckpointError, match="the tensors are big-endian, which is not read here"):
+        TFCheckpoint(FIXTURE / "bert_model.ckpt")
+
+
+def test_names_left_out_refused_and_sizes_read_from_shapes():
+    """What a mixed-precision run saves beside the model (loss scale, step counts) is skipped; ELECTRA has
+    no pooler; an ELECTRA's heads are 64 wide (small 4, base 12, large 16); a vocabulary with a few
+    capitals among 30,000 tokens is still an uncased one."""
+    from torchbert.io.tf import electra_config, electra_name, hf_name
+
+    for name in ("global_step", "good_steps", "bad_steps", "loss_scale", "current_loss_scale",
+                 "bert/pooler/dense/kernel/adam_v", "electra/encoder/layer_0/output/dense/bias/adam_m"):
+        assert hf_name(name) is None and electra_name(name) is None, name
+    assert electra_name("electra/encoder/layer_3/output/dense/kernel") == ("encoder.layer.3.output.dense.weight", True)
+    for name in ("electra/pooler/dense/kernel", "electra/encoder/layer_0/rotary/kernel"):
+        with pytest.raises(KeyError):
+            electra_name(name)
+
+    class Sizes:  # the shapes electra_config reads, of an ELECTRA with `hidden` and 12 layers
+        index = "model.ckpt.index"
+
+        def __init__(self, hidden):
+            self.entries = {"electra/embeddings/word_embeddings": (30522, hidden),
+                            "electra/embeddings/position_embeddings": (512, hidden),
+                            "electra/embeddings/token_type_embeddings": (2, hidden),
+                            **{f"electra/encoder/layer_{i}/intermediate/dense/kernel": (hidden, 4 * hidden)
+                               for i in range(12)}}
+
+        def shape(self, name):
+            return self.entries[name]
+
+    for hidden, heads in ((256, 4), (768, 12), (1024, 16)):
+        config = electra_config(Sizes(hidden))
+        assert (config["num_attention_heads"], config["num_hidden_layers"], config["intermediate_size"]) == \
+            (heads, 12, 4 * hidden)
+    words = [f"w{i}" for i in range(30_000)]
+    assert guess_lowercase({t: i for i, t in enumerate(words[:-25] + [f"X{i}" for i in range(25)])})
