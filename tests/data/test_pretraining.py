@@ -336,9 +336,12 @@ def test_padded_equals_packed(static_dir):
     assert b.padded(pad_to=128)["input_ids"].shape == (8, 128)
     moved = b.to("cpu")
     assert torch.equal(moved.input_ids, b.input_ids) and moved.max_seqlen == b.max_seqlen
-    # token types: 0 through the first [SEP], then 1
-    first = b.token_type_ids[cu[0]:cu[1]]
-    assert first[0] == 0 and first[-1] == 1 and (first.diff() >= 0).all()
+    # token types: 0 through the first [SEP] ([CLS] A [SEP]), then 1 (B [SEP]); [SEP] is never masked
+    sep = data.manifest["special_ids"]["sep"]
+    for r in range(8):
+        ids, types = b.input_ids[cu[r]:cu[r + 1]], b.token_type_ids[cu[r]:cu[r + 1]]
+        a_end = int((ids == sep).nonzero()[0]) + 1
+        assert 1 < a_end < len(ids) and (types[:a_end] == 0).all() and (types[a_end:] == 1).all()
 
 
 def test_padded_runs_in_transformers(static_dir):
@@ -412,8 +415,13 @@ def test_manifest_and_files(static_dir, zh_tok):
     data.check_vocab(BertTokenizer.from_pretrained(static_dir))
 
 
-def test_shards_split(work, zh_corpus, zh_tok, static_dir):
-    out = _prepare(work, "sharded", zh_corpus, zh_tok, dupe_factor=2, seed=1, shard_size=1000)
+@pytest.fixture(scope="module")
+def sharded_dir(work, zh_corpus, zh_tok):
+    return _prepare(work, "sharded", zh_corpus, zh_tok, dupe_factor=2, seed=1, shard_size=1000)
+
+
+def test_shards_split(sharded_dir, static_dir):
+    out = sharded_dir
     a, b = PretrainingData(static_dir), PretrainingData(out)
     assert b.manifest["counts"]["shards"] > 3 and len(a) == len(b)
     assert b.manifest["counts"] == {**a.manifest["counts"], "shards": b.manifest["counts"]["shards"]}
@@ -431,6 +439,26 @@ def test_check_vocab_mismatch(static_dir, work):
     data = PretrainingData(static_dir)
     with pytest.raises(ValueError, match=r"vocab mismatch.*3\d\d\d tokens.*"):
         data.check_vocab(realdata.minilm_dir())
+    lines = (static_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    lines[-1] += "x"  # as many tokens, one of them another: other ids
+    (work / "other-vocab").mkdir(exist_ok=True)
+    (work / "other-vocab" / "vocab.txt").write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"vocab mismatch: .* {len(lines)} tokens \(sha256 \w+\), but .* has "
+                                         rf"{len(lines)} tokens"):
+        data.check_vocab(work / "other-vocab")
+
+
+def test_instances_by_index_and_the_tokens_of_every_shard(static_dir, sharded_dir):
+    data = PretrainingData(static_dir)
+    for bad in (-1, len(data)):
+        with pytest.raises(IndexError, match=f"instance {bad} out of range for {len(data)} instances"):
+            data.instance(bad)
+    sharded = PretrainingData(sharded_dir)
+    whole = np.concatenate(list(sharded.token_arrays()))
+    first = len(sharded._shards[0]["tokens"])
+    for limit in (10, first, first + 10):  # within the first shard, all of it, into the second
+        got = list(sharded.token_arrays(limit))
+        assert len(got) == 1 + (limit > first) and np.array_equal(np.concatenate(got), whole[:limit])
 
 
 # ----------------------------------------------------------------------------------------------

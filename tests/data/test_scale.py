@@ -204,6 +204,8 @@ def test_notnext_partners_come_from_the_whole_corpus(work):
     m = prepare([path], tok_dir, out, PrepareSettings(format="bert", block_mb=0.005, max_seq_len=48,
                                                        masking="dynamic", dupe_factor=2, workers=1))
     assert m["counts"]["shards"] >= 10
+    blocks = -(-path.stat().st_size // int(0.005 * (1 << 20)))  # the plan's count: the text over --block-mb
+    assert {e["name"].split("-")[1] for e in m["shards"]} == {f"{b:05d}" for b in range(blocks)}  # each dealt some
     data = PretrainingData(out)
     tok = BertTokenizer.from_pretrained(tok_dir)
     from_second = total = 0
@@ -219,6 +221,31 @@ def test_notnext_partners_come_from_the_whole_corpus(work):
             from_second += b_words[0][0] == "b"
     assert total > 500
     assert abs(from_second / total - 0.5) < 0.1, (from_second, total)
+
+
+def test_each_block_draws_its_own_pairs_and_masks(work, docs, tok):
+    """Two blocks of the same documents (a corpus that repeats itself) pair and mask them apart: a block's
+    draws come from (seed, pass, block), not from (seed, pass) alone, and its instances are numbered for
+    static masks apart from another block's (packed sentences, drawn without pairs, show the masks alone)."""
+    from torchbert.data.pipeline import build_instances
+    from torchbert.data.pretraining import tokenize_corpus
+
+    tokenizer = BertTokenizer.from_pretrained(tok)
+    corpus = tokenize_corpus([d.split("\n") for d in docs[:30]], tokenizer)
+
+    def draw(block, pairs, name):
+        folder = work / f"own-draws-{name}"
+        info = build_instances(corpus, tokenizer, PrepareSettings(max_seq_len=64, pairs=pairs), folder, block,
+                               prefix=f"shard-{block:05d}-")
+        shard = folder / info["shards"][0]["name"]
+        return {n: np.load(shard / f"{n}.npy") for n in ("tokens", "a_len", "random_next", "mlm_positions")}
+
+    one, two = draw(1, "nsp", "1"), draw(2, "nsp", "2")
+    assert len(one["a_len"]) > 100
+    assert not np.array_equal(one["a_len"], two["a_len"]) and not np.array_equal(one["random_next"], two["random_next"])
+    one, two = draw(1, "none", "1-packed"), draw(2, "none", "2-packed")
+    assert np.array_equal(one["tokens"], two["tokens"]) and not np.array_equal(one["mlm_positions"], two["mlm_positions"])
+    assert np.array_equal(draw(2, "none", "2-again")["mlm_positions"], two["mlm_positions"])  # and again the same
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,13 +391,13 @@ def test_bad_inputs_name_the_file_and_line_and_leave_nothing(work, tok):
     bad = work / "bad"
     bad.mkdir()
     gz = bad / "a.txt.gz"
-    gz.write_bytes(gzip.compress("好的。\n\n很好。\n".encode() * 1000 + b"ok\n\xff bad\n"))
+    gz.write_bytes(gzip.compress("好的。\n\n很好。\n".encode() * 1000 + b"ok\nok \xff bad\n"))
     zst = bad / "b.jsonl.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "x"}\n' * 500 + b'{"text": 3}\n'))
     missing = bad / "c.jsonl"
     missing.write_text('{"body": "x"}\n', encoding="utf-8")
     cases = [
-        ([gz], r"a\.txt\.gz:3002: not valid UTF-8"),
+        ([gz], r"a\.txt\.gz:3002: not valid UTF-8 \(byte b'\\xff' at column 4\)"),
         ([zst], r"b\.jsonl\.zst:501: expected an object with a string 'text' field"),
         ([missing], r"c\.jsonl:1: expected an object with a string 'text' field"),
         ([str(bad / "*.nothing")], r"no corpus file matches"),
@@ -380,6 +407,22 @@ def test_bad_inputs_name_the_file_and_line_and_leave_nothing(work, tok):
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             prepare(paths, tok, out, PrepareSettings(block_mb=0.01, workers=2))
         assert not out.exists() and not (work / "bad-out.partial").exists()
+
+
+def test_a_byte_order_mark_is_not_text(work):
+    """A file that begins with a UTF-8 byte order mark (as Windows tools write them): its first record
+    parses as JSON, its first sentence does not begin with U+FEFF."""
+    from torchbert.data.pretraining import split_sentences
+    from torchbert.data.sources import Piece, piece_documents
+
+    for name, layout, text in (("bom.jsonl", "jsonl", '\ufeff{"text": "第一句。第二句。"}\n{"text": "再一句。"}\n'),
+                               ("bom.txt", "text", "\ufeff第一句。第二句。\n\n再一句。\n")):
+        path = work / name
+        path.write_text(text, encoding="utf-8")
+        size = path.stat().st_size
+        docs = [d for part, _ in piece_documents(Piece(str(path), layout, 0, size, size, 1), 1 << 16, split_sentences)
+                for d in part]
+        assert docs == [["第一句。", "第二句。"], ["再一句。"]], name
 
 
 def test_parquet_without_the_text_column_is_named(work, tok):

@@ -177,14 +177,17 @@ def test_bf16_trains_with_bf16_weights_and_fp32_masters_and_resumes_exactly(prep
 def test_heldout_documents_are_prepared_apart_and_evaluated(prepared, tmp_path, capsys):
     data = tmp_path / "data"
     code, out, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
-                         "--out", data, "--max-seq-len", "64", "--dupe-factor", "1", "--heldout-docs", "10", "--quiet")
+                         "--out", data, "--max-seq-len", "64", "--dupe-factor", "1", "--heldout-docs", "10", "--quiet",
+                         "--masking", "dynamic")
     assert code == 0, err
     assert "held out: 10 documents" in out
     main_manifest = json.loads((data / "manifest.json").read_text())
     held_manifest = json.loads((data / "heldout" / "manifest.json").read_text())
     assert main_manifest["counts"]["documents"] == 90 and held_manifest["counts"]["documents"] == 10
     assert main_manifest["heldout"]["instances"] == held_manifest["counts"]["instances"] > 0
-    assert held_manifest["settings"]["masking"] == "static" and held_manifest["vocab_sha256"] == main_manifest["vocab_sha256"]
+    assert held_manifest["vocab_sha256"] == main_manifest["vocab_sha256"]
+    # the held-out set is masked once, the same for every evaluation, whatever the training data's masking
+    assert (main_manifest["settings"]["masking"], held_manifest["settings"]["masking"]) == ("dynamic", "static")
     # the held-out documents' text is not in the training instances
     from torchbert.data.shards import PretrainingData
 
@@ -201,9 +204,16 @@ def test_heldout_documents_are_prepared_apart_and_evaluated(prepared, tmp_path, 
     assert "held-out: MLM loss" in out
     assert set(json.loads((run / "metrics.json").read_text())["eval"]) >= {"mlm_accuracy", "nsp_accuracy"}
 
+    for k in (1, 99):  # NotNext partners need two documents on each side
+        code, _, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
+                           "--out", tmp_path / "x", "--heldout-docs", str(k), "--quiet")
+        assert code == 2 and f"cannot spare {k} for evaluation (each side needs at least 2" in err
+    # another --seed draws other documents
     code, _, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
-                       "--out", tmp_path / "x", "--heldout-docs", "99", "--quiet")
-    assert code == 2 and "cannot spare 99 for evaluation" in err
+                       "--out", tmp_path / "seed2", "--max-seq-len", "64", "--dupe-factor", "1", "--heldout-docs", "10",
+                       "--quiet", "--seed", "2")
+    assert code == 0, err
+    assert texts(tmp_path / "seed2" / "heldout") & texts(data)  # some were training documents under seed 1
 
 
 @pytest.mark.slow
