@@ -55,6 +55,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 def test_interrupted_run_resumes_bit_identically(tmp_path):
     reference = tiny_model()
     train(reference, RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), tmp_path / "ref", log=lambda s: None)
+    assert [p.name for p in list_checkpoints(tmp_path / "ref")] == ["step-00000006", "step-00000009", "step-00000010"]  # keep=3
 
     run = tmp_path / "run"
     killed(run, 7, steps=10, save_every=3)  # during step 8, after the checkpoint of step 6
@@ -434,3 +435,34 @@ def test_a_step_weighs_each_part_of_the_objective_over_the_steps_targets():
                                    Dist(), sync=True)
     assert loss.item() == pytest.approx(3 * 3 / 8 + 50 * 2 / 5)
     assert w.grad.tolist() == pytest.approx([3 / 8 + 50 * 2 / 5, 3 / 8 + 50 * 1 / 5])
+
+
+def test_each_process_takes_back_its_own_random_state():
+    """A checkpoint of 2 processes holds process 1's torch RNG state beside process 0's: resumed, process
+    1 takes its own (its dropout masks go on as they would have), and a process the saving run did not
+    have takes process 0's."""
+    from torchbert.io.checkpoint import Checkpoint, rng_state
+
+    before = torch.get_rng_state()
+    try:
+        plain, tensors = rng_state()
+        torch.manual_seed(1)
+        one = torch.get_rng_state()
+        saved = Checkpoint({}, {}, {}, {}, plain, {**tensors, "torch_rank1": one})
+        for rank, want in ((0, tensors["torch"]), (1, one), (2, tensors["torch"])):
+            torch.manual_seed(99)
+            saved.restore_rng(rank)
+            assert torch.equal(torch.get_rng_state(), want), rank
+    finally:
+        torch.set_rng_state(before)
+
+
+def test_resume_and_overwrite_together_are_refused_before_anything_is_touched(tmp_path):
+    from torchbert.errors import UserError
+    from torchbert.train.rundir import RunFolder
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match=r"^--resume and --overwrite contradict each other; pick one$"):
+        RunFolder(tmp_path / "run", resume=True, overwrite=True, inputs={})
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
