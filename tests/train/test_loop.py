@@ -466,3 +466,23 @@ def test_resume_and_overwrite_together_are_refused_before_anything_is_touched(tm
     with pytest.raises(UserError, match=r"^--resume and --overwrite contradict each other; pick one$"):
         RunFolder(tmp_path / "run", resume=True, overwrite=True, inputs={})
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_a_run_resumed_on_more_processes_shares_its_batch_among_them(tmp_path):
+    """A run of 16 sequences a step (1 process x 16) resumed on 2 processes takes 8 each; on 3, which
+    cannot share 16 evenly, it is refused."""
+    import dataclasses
+
+    from torchbert.errors import UserError
+    from torchbert.io.record import with_training
+    from torchbert.train.rundir import fixed, resumed_config
+
+    run = cfg(batch_size=16)
+    with_training(tmp_path, fixed(run, 1), "pretrain")
+    two, _ = resumed_config(tmp_path, run, given=(), world_size=2)
+    assert (two.batch_size, two.lr, two.steps) == (8, run.lr, run.steps)
+    with pytest.raises(UserError, match="took 16 sequences a micro-batch, which 3 processes cannot share evenly"):
+        resumed_config(tmp_path, run, given=(), world_size=3)
+    # and the precision it learned in is kept: another one, given, is refused
+    with pytest.raises(UserError, match=r"^--precision bf16: the run in .* started with fp32"):
+        resumed_config(tmp_path, dataclasses.replace(run, precision="bf16"), given=("precision",))
