@@ -298,3 +298,33 @@ def test_names_left_out_refused_and_sizes_read_from_shapes():
             (heads, 12, 4 * hidden)
     words = [f"w{i}" for i in range(30_000)]
     assert guess_lowercase({t: i for i, t in enumerate(words[:-25] + [f"X{i}" for i in range(25)])})
+
+
+def test_a_crafted_tensorflow_index_is_refused_before_anything_is_allocated(monkeypatch):
+    import dataclasses
+
+    from torchbert.io import tf
+    from torchbert.io.tf import CheckpointError
+
+    fixture = FIXTURE / "bert_model.ckpt"
+    ckpt = TFCheckpoint(fixture)
+    name = "bert/embeddings/word_embeddings"
+    e = ckpt.entries[name]
+    ckpt.entries[name] = dataclasses.replace(e, size=2**50)  # b0c3a35: "unexpected MemoryError"
+    with pytest.raises(CheckpointError, match=f"{name}: the shard ends .* it places 1,125,899,906,842,624 bytes at byte"):
+        ckpt.raw(name)
+    with pytest.raises(CheckpointError, match="shape \\[60, 16\\] of 4-byte values does not fit the 1,125,899"):
+        ckpt.tensor(name)
+    ckpt.entries[name] = dataclasses.replace(e, shape=(2**32, 2**32))  # b0c3a35: numpy's reshape message
+    with pytest.raises(CheckpointError, match=rf"{name}: shape \[4294967296, 4294967296\] of 4-byte values"):
+        ckpt.tensor(name)
+
+    real = TFCheckpoint._records
+
+    def records(self, data, offset, size, what):
+        for key, value in real(self, data, offset, size, what):
+            yield key, (_field(1, 2**40) if key == b"" and what != "the index block" else value)
+
+    monkeypatch.setattr(tf.TFCheckpoint, "_records", records)  # b0c3a35 looked for 2^40 shard files for ever
+    with pytest.raises(CheckpointError, match="the header claims 1099511627776 data shards"):
+        TFCheckpoint(fixture)
