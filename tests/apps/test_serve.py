@@ -93,6 +93,21 @@ def test_a_long_text_is_cut_and_the_response_says_so(client, minilm_dir):
     assert body["truncated"]["indexes"] == [1] and body["truncated"]["max_tokens"] == 64
     got = np.array(body["data"][1]["embedding"], dtype=np.float32)
     assert_parity(got, offline(minilm_dir, [long])[0])  # embed truncates the same way
+    # 62 words of one piece each, with [CLS] and [SEP]: 64 tokens, whole; one word more is cut
+    body = client.post("/v1/embeddings", json={"input": ["word " * 62, "word " * 63]}).json()
+    assert body["truncated"]["indexes"] == [1] and body["usage"]["total_tokens"] == 128
+
+
+def test_a_max_length_past_the_models_positions_is_the_models(minilm_dir, search_runs):
+    """serve --max-length 100000 on a model of 512 positions cuts at 512 (a longer row has no position)."""
+    from torchbert.apps.endpoints import Embedder, Reranker
+
+    assert Embedder(minilm_dir, name="m", max_length=100000, load=False).max_length == 512
+    assert Embedder(minilm_dir, name="m", max_length=100, load=False).max_length == 100
+    runs, _ = search_runs
+    positions = json.loads((runs["reranker"] / "config.json").read_text())["max_position_embeddings"]
+    assert Reranker(runs["reranker"], name="r", max_length=100000, load=False).ts.max_length == positions
+    assert Reranker(runs["reranker"], name="r", max_length=20, load=False).ts.max_length == 20
 
 
 @pytest.mark.parametrize("payload, status, words", [
@@ -106,12 +121,14 @@ def test_a_long_text_is_cut_and_the_response_says_so(client, minilm_dir):
     (b'{"input": "x", "model": 7}', 400, "'model'"),
     (json.dumps({"input": ["a"] * 9}).encode(), 413, "at most 8 per request"),
     (json.dumps({"input": ["a", "b" * 2001]}).encode(), 413, "'input[1]' is 2001 characters"),
-    (b"x" * 100000, 413, "bytes"),
+    (b"x" * 100000, 413, "the body is 100,000 bytes; at most 70,144"),  # its Content-Length: refused unread
     # issue 37: client mistakes that were 500s, and what OpenAI's API refuses
     (b'{"input": ["ok", "\\ud800"]}', 400, "'input[1]' holds a lone surrogate (\\ud800 at character 0)"),
     (b"[" * 5000 + b"]" * 5000, 400, "nests arrays or objects too deeply"),
     (b'{"input": "x", "dimensions": 5}', 400, "'dimensions' is 5: this model's embeddings have 384 dimensions"),
     (b'{"input": "x", "dimensions": "5"}', 400, "'dimensions' must be a positive integer"),
+    (b'{"input": "x", "dimensions": true}', 400, "'dimensions' must be a positive integer, got true"),
+    (b'{"input": "x", "dimensions": 0}', 400, "'dimensions' must be a positive integer, got 0"),
     (b'{"input": "x", "model": "text-embedding-3-small"}', 404, "is not served here; this server serves \"minilm\""),
 ])
 def test_bad_requests_get_their_status_and_a_one_line_message(client, payload, status, words):
@@ -133,6 +150,20 @@ def test_only_json_bodies_are_read_and_dimensions_may_only_be_the_models_own(cli
     assert r.status_code == 200
     r = client.post("/v1/embeddings", json={"input": "x", "dimensions": 384})
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+
+
+def test_a_request_at_the_limits_is_answered_and_a_body_without_a_length_is_bounded_as_it_streams(client):
+    """8 texts, one of 2,000 characters: what the limits allow (the client fixture's), answered. A body
+    sent in chunks gives no Content-Length: it is refused once it passes the limit."""
+    r = client.post("/v1/embeddings", json={"input": ["a"] * 7 + ["b" * 2000]})
+    assert r.status_code == 200 and len(r.json()["data"]) == 8, r.text
+
+    def chunks():
+        for _ in range(100):
+            yield b"x" * 1000
+
+    r = client.post("/v1/embeddings", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["message"] == "the body is over 70,144 bytes"
 
 
 def test_a_failure_of_the_server_tells_the_client_that_and_nothing_more(embedder, caplog):
@@ -173,7 +204,32 @@ def test_an_api_key_guards_the_model_endpoints_and_leaves_health_open(embedder, 
                 assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
                 assert r.json()["error"]["type"] == "authentication_error"
             assert c.post(path, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+            assert c.post(path, json=body, headers={"Authorization": "bearer  s3cret"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+def test_an_embedders_batch_runs_in_pieces_of_its_token_budget(embedder, monkeypatch):
+    """A batch the batcher hands over runs through the model in pieces of at most max_batch_tokens
+    (a longer text alone), and gives what one pass gives."""
+    import torchbert.features
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Embedder
+
+    texts = list(realdata.english_texts()[:6]) + list(realdata.peoples_daily_sentences()[:6])
+    ids, _ = embedder.tokenize(texts)
+    assert max(len(x) for x in ids) < 64 < sum(len(x) for x in ids)
+    whole = embedder(ids)
+    pieces, plain = [], torchbert.features.embed_ids
+
+    def counted(model, rows, **kw):
+        pieces.append(sum(len(x) for x in rows))
+        return plain(model, rows, **kw)
+
+    monkeypatch.setattr(torchbert.features, "embed_ids", counted)
+    small = Embedder(None, name="m", model=embedder.model, tokenizer=embedder.tokenizer, max_length=64,
+                     limits=Limits(max_batch_tokens=64))
+    assert_parity(small(ids), whole)
+    assert len(pieces) > 1 and max(pieces) <= 64 and sum(pieces) == sum(len(x) for x in ids)
 
 
 def test_health_and_prometheus_metrics(client):
@@ -185,6 +241,16 @@ def test_health_and_prometheus_metrics(client):
     assert 'torchbert_requests_total{endpoint="embeddings",status="400"}' in text
     assert "torchbert_request_seconds_bucket" in text and "torchbert_batch_texts_count" in text
     assert 'torchbert_queue_texts{endpoint="embeddings"} 0.0' in text
+
+    def counter(name):
+        line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith(name))
+        return float(line.split()[-1])
+
+    texts, tokens = counter('torchbert_texts_total{endpoint="embeddings"}'), \
+        counter('torchbert_tokens_total{endpoint="embeddings"}')
+    client.post("/v1/embeddings", json={"input": ["one two", "three"]})  # [CLS] one two [SEP], [CLS] three [SEP]
+    assert counter('torchbert_texts_total{endpoint="embeddings"}') == texts + 2
+    assert counter('torchbert_tokens_total{endpoint="embeddings"}') == tokens + 7
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_rows():
@@ -255,6 +321,7 @@ def test_token_budget_closes_a_batch_and_a_full_queue_is_refused():
 
     assert [list(x) for x in budget_batches([3, 9, 5, 1], 10)] == [[1], [2, 0], [3]]
     assert [list(x) for x in budget_batches([8, 3, 8, 4], 100)] == [[0, 2, 3], [1]]  # 3 < 8 / 2: a new batch
+    assert [list(x) for x in budget_batches([5, 5, 5], 10)] == [[0, 1], [2]]  # exactly the budget: one batch
     release = threading.Event()
     sizes = []
 
@@ -316,6 +383,59 @@ def test_requests_share_batches_in_turns_so_a_small_one_waits_one_batch_behind_a
     assert batches[1] == [4, 5, 1000, 2000] and batches[2] == [6, 7, 2001]
     assert all(sum(100 if x < 40 else 5 if x == 1000 else 150 for x in b) <= 400 for b in batches)
     assert [x for b in batches for x in b if x < 40] == list(range(40))
+
+
+def test_a_text_over_the_budget_goes_alone_and_the_others_go_on():
+    """A text longer than max_batch_tokens (serve --max-batch-tokens 256, a text of 512 tokens) is run
+    in a batch of its own, not held back for ever with the requests behind it."""
+    from torchbert.apps.batcher import Batcher, Limits
+
+    batches = []
+
+    def run(items):
+        batches.append(list(items))
+        return items
+
+    async def main():
+        b = Batcher(run, Limits(max_batch_tokens=10, max_wait_ms=20))
+        await b.start()
+        got = await asyncio.wait_for(asyncio.gather(b.submit(["long"], [50]), b.submit(["a", "b"], [5, 5])), 60)
+        await b.stop()
+        return got
+
+    assert asyncio.run(main()) == [["long"], ["a", "b"]]
+    assert ["long"] in batches and all(len(x) == 1 or "long" not in x for x in batches)
+
+
+def test_a_request_whose_client_went_away_is_not_computed_and_stop_answers_what_is_queued():
+    from torchbert.apps.batcher import Batcher, Limits
+
+    running, release, batches = threading.Event(), threading.Event(), []
+
+    def run(items):
+        batches.append(list(items))
+        if len(batches) == 1:
+            running.set()
+            assert release.wait(300), "never released"
+        return items
+
+    async def main():
+        b = Batcher(run, Limits(max_wait_ms=0))
+        await b.start()
+        first = asyncio.create_task(b.submit(["first"], [1]))
+        await until(running.is_set, "a first batch to hold the model")
+        gone = asyncio.create_task(b.submit(["gone"], [1]))
+        kept = asyncio.create_task(b.submit(["kept"], [1]))
+        await until(lambda: b.waiting == 3, "two requests to queue")
+        gone.cancel()  # the client disconnected while its request waited
+        await until(lambda: b.waiting == 2, "the cancelled request to leave the count")
+        release.set()
+        await b.stop()  # finishes what is queued before it returns
+        assert kept.done() and first.done()
+        return first.result(), kept.result()
+
+    assert asyncio.run(main()) == (["first"], ["kept"])
+    assert batches == [["first"], ["kept"]]
 
 
 def test_a_request_left_out_of_a_full_batch_goes_first_in_the_next():
@@ -597,6 +717,7 @@ def test_a_worker_process_answers_like_offline_a_dead_one_gets_503_and_a_bad_mod
             process.join()
         r = c.post("/v1/embeddings", json={"input": texts})
         assert r.status_code == 503 and "the inference process has stopped" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "unavailable"  # the server's state, not the client's mistake
         assert c.get("/health").status_code == 503
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 503  # and stays so, at once
     bad = tmp_path / "bad"
@@ -852,6 +973,23 @@ def test_predict_names_the_field_of_a_bad_example(finetuned, task, inputs, words
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
 
 
+def test_predict_holds_a_request_to_the_servers_limits(finetuned):
+    """--max-texts examples a request, --max-chars characters an example (all its strings): at the
+    limit answered, past it a 413 naming the field."""
+    from torchbert.apps.batcher import Limits, Rejected
+    from torchbert.apps.endpoints import Predictor
+
+    p = Predictor(finetuned["classification"][0], name="m", load=False)
+    limits = Limits(max_texts=2, max_chars=10)
+    assert len(p.decode({"inputs": [{"sentence": "x" * 10}, {"sentence": "y"}]}, limits).items) == 2
+    for inputs, words in (([{"sentence": "a"}] * 3, "field 'inputs' holds 3 examples; at most 2 per request"),
+                          ([{"sentence": "a"}, {"sentence": "abcdef", "id": "abcde"}],
+                           "field 'inputs[1]' holds 11 characters; at most 10")):
+        with pytest.raises(Rejected) as e:
+            p.decode({"inputs": inputs}, limits)
+        assert e.value.status == 413 and e.value.message == words
+
+
 @pytest.mark.e2e
 def test_serve_cli_on_a_fine_tuned_folder_serves_predict_and_its_encoders_embeddings(finetuned, monkeypatch, capsys):
     import uvicorn
@@ -945,6 +1083,8 @@ def test_an_endpoint_is_one_registered_class(minilm_dir):
     try:
         with pytest.raises(ValueError, match="registered already"):
             register_endpoint(Count)
+        with pytest.raises(ValueError, match="at /v1/embeddings is registered already"):
+            register_endpoint(type("Other", (Count,), {"endpoint": "other", "path": "/v1/embeddings"}))
         served = build(Spec(str(minilm_dir), "m"), load=True)
         assert [x.endpoint for x in served] == ["embeddings", "count"]
         with TestClient(create_app(served, Limits())) as c:
@@ -1045,6 +1185,12 @@ def test_dimensions_shorten_the_vectors_of_a_matryoshka_model(minilm_dir, tmp_pa
         assert r.status_code == 400 and "'dimensions' is 32: this model was trained for 64, 128, 384 dimensions" \
             in r.text
         assert len(c.post("/v1/embeddings", json={"input": "x", "dimensions": 384}).json()["data"][0]["embedding"]) == 384
+    # unnormalized (serve --no-normalize): the first 64 dimensions as they are
+    with TestClient(create_app(Embedder(folder, name="m", max_length=64, normalize=False), Limits())) as c:
+        full = np.array([d["embedding"] for d in c.post("/v1/embeddings", json={"input": texts}).json()["data"]])
+        short = c.post("/v1/embeddings", json={"input": texts, "dimensions": 64}).json()["data"]
+    assert_parity(np.array([d["embedding"] for d in short]), full[:, :64])
+    assert np.abs(np.linalg.norm(full[:, :64], axis=1) - 1).min() > 0.1  # not unit length: renormalizing would show
 
 
 @pytest.fixture(scope="module")
@@ -1104,11 +1250,20 @@ def test_rerank_answers_cohere_and_jinas_shape_with_cross_encoder_scores(search_
             ({"query": query, "documents": ["a", 3]}, 400, "field 'documents[1]' must be a non-empty string"),
             ({"query": query, "documents": docs, "top_n": 0}, 400, "field 'top_n' must be a positive integer"),
             ({"query": query, "documents": docs, "return_documents": "yes"}, 400, "field 'return_documents'"),
+            ({"query": query, "documents": docs, "top_n": True}, 400, "field 'top_n' must be a positive integer"),
+            ({"query": " \t", "documents": docs}, 400, "field 'query' must be a non-empty string"),
+            ({"query": query, "documents": ["a", " "]}, 400, "field 'documents[1]' must be a non-empty string"),
+            ({"query": "q" * 2001, "documents": docs}, 413, "field 'query' is 2001 characters; at most 2000"),
             ({"query": query, "documents": ["d"] * 9}, 413, "holds 9 documents; at most 8"),
             ({"query": query, "documents": docs, "model": "other"}, 404, "is not served here"),
         ]:
             r = c.post("/v1/rerank", json=payload)
             assert r.status_code == status and words in r.json()["error"]["message"], (payload, r.text)
+        # at the limit (8 documents) answered; documents of equal score in the order they came
+        same = c.post("/v1/rerank", json={"query": query, "documents": [docs[0]] * 4 + docs[1:5]}).json()["results"]
+        assert len(same) == 8
+        assert [x["index"] for x in same if x["index"] < 4] == [0, 1, 2, 3]
+        assert len({x["relevance_score"] for x in same if x["index"] < 4}) == 1
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 404
         assert c.post("/predict", json={"inputs": [{"text": "x"}]}).status_code == 404
 
