@@ -476,3 +476,114 @@ def test_unknown_tag_names_its_line(tmp_path):
     with pytest.raises(ValueError, match=at(dev, 4) + r": label 'B-LOC' is not one of the 3 labels seen in training: "
                                          r"'B-ORG', 'B-PER', 'O'$"):
         tags.check(read_conll(dev))
+
+
+# ----------------------------------------------------------------------------------------------
+# what each reader takes and refuses at its edges (each case failed no test before; a mutation audit)
+
+
+def test_tables_skip_blank_rows_take_leading_quotes_as_text_and_find_columns_in_any_case(tmp_path):
+    """A TSV row of only spaces and tabs is blank; a TSV field that starts with a quote is text (GLUE's
+    are never quoted), not a quoted field running on across lines; a header's names match ignoring case
+    and spaces; a .json file is read as JSON Lines."""
+    path = write(tmp_path / "t.tsv", tsv([" Sentence ", "LABEL"], ['"Quoted start', "1"], [" ", "\t"], ["next", "0"]))
+    ex = read_examples(path, "classification")
+    assert [(e.text_a, e.label, e.where) for e in ex] == [('"Quoted start', "1", f"{path}:2"), ("next", "0", f"{path}:4")]
+    lines = write(tmp_path / "t.json", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n')
+    assert [e.text_a for e in read_examples(lines, "classification")] == ["a", "b"]
+
+
+def test_a_csv_row_with_a_stray_quote_names_its_line(tmp_path):
+    path = write(tmp_path / "t.csv", 'sentence,label\nfine,1\nx,"bad"quote\n')
+    with pytest.raises(ValueError, match=at(path, 3) + r": not a valid CSV row"):
+        read_examples(path, "classification")
+
+
+def test_the_first_pair_of_columns_by_preference_and_labels_as_written(tmp_path):
+    """sentence1 + sentence2 before question + sentence; a label's spaces are not part of it; an empty
+    id is no id (the line number stands in)."""
+    path = write(tmp_path / "t.jsonl", json.dumps({"question": "q", "sentence": "s", "sentence1": "a",
+                                                   "sentence2": "b", "label": " yes ", "id": ""}) + "\n")
+    (e,) = read_examples(path, "pair")
+    assert (e.text_a, e.text_b, e.label, e.id) == ("a", "b", "yes", "1")
+
+
+@pytest.mark.parametrize("task, record, words", [
+    ("classification", {"text": "a", "label": "  "}, "empty 'label'; expected a label"),
+    ("classification", {"text": "a", "label": True}, "label True is a bool; expected a string or an integer"),
+    ("regression", {"text": "a", "label": "nan"}, "label 'nan' is not a number"),
+    ("regression", {"text": "a", "label": "inf"}, "label 'inf' is not a number"),
+])
+def test_a_label_that_is_blank_a_boolean_or_not_finite_is_refused(tmp_path, task, record, words):
+    path = write(tmp_path / "t.jsonl", json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=at(path, 1) + ": " + re.escape(words)):
+        read_examples(path, task)
+
+
+def test_glue_cola_with_a_header_and_qqps_rows_cut_short(tmp_path):
+    """A CoLA file with a header (sentence, label) reads by it; QQP's rows with fewer fields than its
+    header (a line break inside a question) are left out with a note, as GLUE's reader does."""
+    cola = write(tmp_path / "cola.tsv", tsv(["sentence", "label"], ["Fine.", "1"]))
+    (e,) = read_examples(cola, "classification", layout="glue-cola")
+    assert (e.text_a, e.label) == ("Fine.", "1")
+    header, row = GLUE_CASES["glue-qqp"][0]
+    qqp = write(tmp_path / "qqp.tsv", tsv(header, row, ["1", "2", "3", "How is the"], ["cat?", "0"], row))
+    notes = []
+    ex = read_examples(qqp, "pair", layout="glue-qqp", warn=notes.append)
+    assert [e.where for e in ex] == [f"{qqp}:2", f"{qqp}:5"]
+    assert notes == [f"{qqp}: left out 2 rows whose fields are not the header's 6 (lines 3, 4), as GLUE's own "
+                     "reader does"]
+    other = write(tmp_path / "rte.tsv", tsv(*GLUE_CASES["glue-rte"][0], ["1", "short"]))
+    with pytest.raises(ValueError, match=at(other, 3) + ": 2 tab-separated fields; expected 4"):
+        read_examples(other, "pair", layout="glue-rte")
+
+
+def test_a_tab_separated_conll_token_may_hold_a_space(tmp_path):
+    path = write(tmp_path / "t.conll", "New York\tB-LOC\nis\tO\n")
+    assert read_conll(path)[0].words == ["New York", "is"]
+
+
+@pytest.mark.parametrize("qa, words", [
+    ({"id": True, "question": "?", "answers": []}, 'qas[0]: expected a question object with an "id"'),
+    ({"id": "q", "question": "?", "answers": [{"text": "c", "answer_start": 0}], "is_impossible": True},
+     "question q: is_impossible is true but the question has 1 answers"),
+    ({"id": "q", "question": "?", "answers": [{"text": "c", "answer_start": True}]},
+     'question q: answer {"text": "c", "answer_start": true}; expected'),
+])
+def test_squad_ids_answers_and_starts_of_the_wrong_kind_are_refused(tmp_path, qa, words):
+    path = write(tmp_path / "t.json", squad({"cat": [qa]}))
+    with pytest.raises(ValueError, match=at(path) + ".*" + re.escape(words)):
+        read_squad(path, v2=True)
+
+
+def test_an_empty_squad_answer_is_dropped_with_a_note(tmp_path):
+    path = write(tmp_path / "t.json", squad({"cat": [
+        {"id": "q", "question": "?", "answers": [{"text": "", "answer_start": 0}, {"text": "ca", "answer_start": 0}]}]}))
+    notes = []
+    (e,) = read_squad(path, v2=False, warn=notes.append)
+    assert e.answers == [Answer("ca", 0)] and "an answer's text is empty" in notes[0]
+
+
+@pytest.mark.parametrize("label, words", [(-1, "label -1 is out of range; expected 0 to 1"),
+                                          (True, "label True is not a choice index")])
+def test_a_choice_label_below_zero_or_boolean_is_refused(tmp_path, label, words):
+    path = write(tmp_path / "t.jsonl", json.dumps({"context": "c", "choices": ["x", "y"], "label": label}) + "\n")
+    with pytest.raises(ValueError, match=at(path, 1) + ": " + re.escape(words)):
+        read_choices(path)
+
+
+def test_swag_endings_without_gaps_a_startphrase_beside_sent1_and_blank_endings(tmp_path):
+    from torchbert.tasks.choice import encode_choices
+    from torchbert.tokenizer import BertTokenizer
+
+    gap = write(tmp_path / "gap.csv", "startphrase,ending0,ending2,label\na,b,c,0\n")
+    with pytest.raises(ValueError, match=at(gap, 1) + ": ending columns must be ending0, ending1, ... without gaps"):
+        read_choices(gap)
+    phrase = write(tmp_path / "p.csv", "sent1,startphrase,ending0,ending1,label\nhalf,A man,runs.,sits.,0\n")
+    (e,) = read_choices(phrase)
+    assert (e.context, e.question) == ("A man", "")  # sent1 without sent2: the startphrase
+    empty_id = write(tmp_path / "t.jsonl", json.dumps({"id": "", "context": "c", "choices": ["x", " "]}) + "\n")
+    (e,) = read_choices(empty_id, labelled=False)
+    assert e.id == "1"
+    with pytest.raises(ValueError, match=r"choice 1 is empty"):
+        encode_choices(BertTokenizer.from_pretrained(realdata.minilm_dir()), [e], 32)

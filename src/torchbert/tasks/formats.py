@@ -144,21 +144,6 @@ def no_examples(path: Path, what: str) -> ValueError:
     return ValueError(f"{path}: no examples in the file; expected {what}")
 
 
-# ----------------------------------------------------------------------------------------------
-# text tasks: classification, pair, regression
-
-
-# ----------------------------------------------------------------------------------------------
-# token tagging: CoNLL
-
-
-# ----------------------------------------------------------------------------------------------
-# extractive QA: SQuAD JSON
-
-
-# ----------------------------------------------------------------------------------------------
-# multiple choice: SWAG CSV or JSON Lines
-
 def text_field(record: dict, key: str, where: str) -> str:
     value = record.get(key)
     if not isinstance(value, str):
