@@ -260,3 +260,52 @@ def test_a_folder_that_is_not_a_model_says_what_it_holds_and_what_model_takes(tm
                            str(tmp_path / "e.npy"))
         assert code == 2 and f"--model {folder}: no config.json in this folder, which holds {what}" in err, err
         assert "--model takes a model folder" in err and err.count("\n") == 1
+
+
+def test_a_model_name_is_a_folder_or_a_hub_id_and_says_which_it_was_not(tmp_path, monkeypatch):
+    """A run that wrote only checkpoints says so; an existing file, a path, or a name with two slashes is
+    no hub id (refused without the network); `org/name` goes to the hub, whose failure is one line."""
+    import huggingface_hub
+
+    from torchbert.commands.common import resolve_model
+    from torchbert.errors import UserError
+
+    asked = []
+
+    def offline(name, **kw):
+        asked.append(name)
+        raise OSError("no network\nsecond line")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    run_folder, a_file = tmp_path / "run", tmp_path / "weights.bin"
+    (run_folder / "checkpoints").mkdir(parents=True)
+    a_file.write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    for name, words in ((str(run_folder), "which holds only the checkpoints of a run that has not finished"),
+                        ("weights.bin", "--model weights.bin: not a folder"),
+                        ("a/b/c", "--model a/b/c: not a folder"),
+                        ("org/name", "--model org/name: no such folder, and the hub download failed "
+                                     "(OSError: no network)")):
+        with pytest.raises(UserError) as e:
+            resolve_model(name)
+        assert words in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    assert asked == ["org/name"]
+
+
+def test_a_study_budget_of_zero_is_refused(tmp_path, capsys):
+    code, _, err = run(capsys, "demo", "--out", str(tmp_path / "d"), "--budget", "0")
+    assert code == 2 and "--budget must be > 0, got 0" in err and not (tmp_path / "d").exists()
+
+
+def test_resume_with_overwrite_and_a_cuda_device_without_cuda_are_refused_before_any_work(tmp_path, capsys):
+    import torch
+
+    code, _, err = run(capsys, "finetune", "--task", "classification", "--model", "minilm", "--train",
+                       str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "run"), "--resume", "--overwrite")
+    assert code == 2 and "--resume and --overwrite contradict each other (--resume continues what is in --out" in err
+    if not torch.cuda.is_available():
+        from torchbert.commands.common import pick_device
+        from torchbert.errors import UserError
+
+        with pytest.raises(UserError, match=r"^--device cuda:1: no CUDA device is available$"):
+            pick_device("cuda:1")
