@@ -210,3 +210,37 @@ def test_a_feature_based_tagger_is_refused_in_words(tmp_path, capsys):
     code, _, err = cli(capsys, "export", "--model", run, "--out", tmp_path / "onnx")
     assert code == 2 and "a feature-based tagger (finetune --frozen) does not export" in err, err
     assert not (tmp_path / "onnx").exists()
+
+
+def test_the_check_runs_on_other_shapes_reports_its_worst_int8_row_and_refuses_a_graph_past_tolerance(
+        minilm_onnx, minilm_dir, tmp_path, monkeypatch):
+    """export.json: the fp32 check ran on 8 texts of more than the 16 traced tokens; int8's cosine_min is
+    the worst row, under the mean; the weights of the quantized products are per output channel (one
+    scale each); and a graph further from PyTorch than the tolerance writes nothing."""
+    import onnx
+    from onnx import numpy_helper
+
+    import torchbert.apps.export as export
+
+    report = json.loads((minilm_onnx / "export.json").read_text())
+    assert report["checked_on"]["batch"] == 8 and report["checked_on"]["sequence"] > 16
+    closeness = report["int8"]["last_hidden_state"]
+    assert closeness["cosine_min"] < closeness["cosine"]
+    graph = onnx.load(str(minilm_onnx / "model.int8.onnx")).graph
+    values = {w.name: numpy_helper.to_array(w) for w in graph.initializer}
+    zero_points = [values[n.input[3]] for n in graph.node if n.op_type == "MatMulInteger" and n.input[3] in values]
+    assert zero_points and all(z.size > 1 for z in zero_points)  # per channel: [out_features]
+
+    monkeypatch.setattr(export, "TOLERANCE", 0.0)
+    with pytest.raises(RuntimeError, match="differs from PyTorch by .* nothing was written"):
+        export.export_onnx(minilm_dir, tmp_path / "strict", log=lambda _: None)
+    assert not (tmp_path / "strict").exists()
+
+
+def test_a_pair_tasks_sample_is_pairs(minilm_dir):
+    from torchbert.apps.export import _texts, sample_inputs
+    from torchbert.tokenizer import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    assert sample_inputs(tok, "pair", _texts()[:4], 32)["token_type_ids"].max() == 1
+    assert sample_inputs(tok, "encoder", _texts()[:4], 32)["token_type_ids"].max() == 0

@@ -370,3 +370,10 @@ def test_multiple_choice_matches_transformers_double_heads_both_ways(tmp_path):
     ours.save_pretrained(tmp_path / "ours")
     back = transformers.OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "ours").eval()
     assert_parity(ours(ids).logits, back(ids, mc_token_ids=last).mc_logits)
+
+
+def test_export_refuses_a_gpt_in_words(theirs):
+    from torchbert.apps.export import load_for_export
+
+    with pytest.raises(ValueError, match=r": export handles BERT models; this is a .*GPT.* model$"):
+        load_for_export(theirs[1])
