@@ -407,9 +407,9 @@ def test_a_text_over_the_budget_goes_alone_and_the_others_go_on():
     assert ["long"] in batches and all(len(x) == 1 or "long" not in x for x in batches)
 
 
-def test_a_request_whose_client_went_away_is_not_computed_and_stop_answers_what_is_queued():
-    from torchbert.apps.batcher import Batcher, Limits
-
+def held_model():
+    """A model for a Batcher that records its batches and holds the first until `release` is set
+    (`running` says it has it): what arrives meanwhile queues. (run, running, release, batches)."""
     running, release, batches = threading.Event(), threading.Event(), []
 
     def run(items):
@@ -418,6 +418,14 @@ def test_a_request_whose_client_went_away_is_not_computed_and_stop_answers_what_
             running.set()
             assert release.wait(300), "never released"
         return items
+
+    return run, running, release, batches
+
+
+def test_a_request_whose_client_went_away_is_not_computed_and_stop_answers_what_is_queued():
+    from torchbert.apps.batcher import Batcher, Limits
+
+    run, running, release, batches = held_model()
 
     async def main():
         b = Batcher(run, Limits(max_wait_ms=0))
@@ -442,14 +450,7 @@ def test_a_request_left_out_of_a_full_batch_goes_first_in_the_next():
     """Three requests of long texts, two texts to a batch: they take turns, none waits for the others."""
     from torchbert.apps.batcher import Batcher, Limits
 
-    running, release, batches = threading.Event(), threading.Event(), []
-
-    def run(items):
-        batches.append(list(items))
-        if len(batches) == 1:
-            running.set()
-            assert release.wait(300), "never released"
-        return items
+    run, running, release, batches = held_model()
 
     async def main():
         b = Batcher(run, Limits(max_batch_tokens=2048, max_wait_ms=0))
