@@ -77,6 +77,10 @@ def test_classification_errors():
         classification_scores([0, 2], [0, 1], 2)
     with pytest.raises(ValueError, match="1-D"):
         classification_scores([[0.1, 0.9]], [1], 2)
+    with pytest.raises(ValueError, match=r"labels must be class ids in \[0, 2\), found -1\.\.1"):
+        classification_scores([0, 1], [-1, 1], 2)
+    with pytest.raises(ValueError, match="num_labels >= 2, got 1"):
+        classification_scores([0, 0], [0, 0], 1)
     with pytest.raises(ValueError, match="no predictions to score"):
         accuracy([], [])
 
@@ -96,6 +100,9 @@ def test_constant_predictions_have_zero_correlation():
     s = regression_scores([2.0, 2.0, 2.0], [1.0, 2.0, 4.0])
     assert s == pytest.approx({"pearson": 0.0, "spearman": 0.0, "mse": (1 + 0 + 4) / 3})
     assert regression_scores([1.0], [3.0]) == {"pearson": 0.0, "spearman": 0.0, "mse": 4.0}
+    # constant labels are as undefined as constant predictions
+    assert regression_scores([1.0, 2.0, 4.0], [2.0, 2.0, 2.0]) == pytest.approx(
+        {"pearson": 0.0, "spearman": 0.0, "mse": (1 + 0 + 4) / 3})
     with pytest.raises(ValueError, match="2 predictions but 3 labels"):
         regression_scores([1.0, 2.0], [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="no predictions to score"):
@@ -161,6 +168,13 @@ def test_entity_errors():
         entity_scores([["O"]], [["O"]], scheme="BILOU")
     with pytest.raises(ValueError, match="sentence 0: tag 'PER'"):
         entity_scores([["O"]], [["PER"]])
+    # the prefix is a whole tag or is followed by "-": "BPER" and "Bogus" are neither
+    for odd in ("BPER", "Bogus"):
+        with pytest.raises(ValueError, match=f"sentence 0: tag '{odd}'"):
+            entity_scores([["O"]], [[odd]])
+    # IOB1 has no E- (nor S-)
+    with pytest.raises(ValueError, match="prefix E do not belong to scheme IOB1"):
+        entity_scores([["B-PER", "E-PER"]], [["B-PER", "I-PER"]], scheme="IOB1")
 
 
 def test_wnut_real_tags():
@@ -295,3 +309,24 @@ def test_tag_scores_per_word():
     assert got["macro_f1"] == pytest.approx((0.8 + 0 + 1) / 3)
     with pytest.raises(ValueError, match="sentence 1: 2 true tags but 1 predicted"):
         metrics.tag_scores(true, [["n", "n", "n"], ["a"]])
+    with pytest.raises(ValueError, match="no predictions to score"):
+        metrics.tag_scores([[]], [[]])
+
+
+def test_cmrc_longest_common_run_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = list(rng.choice(list("abc"), rng.integers(0, 8)))
+        b = list(rng.choice(list("abc"), rng.integers(0, 8)))
+        brute = max([k for i in range(len(a)) for j in range(len(b)) for k in range(1, min(len(a) - i, len(b) - j) + 1)
+                     if a[i:i + k] == b[j:j + k]], default=0)
+        assert metrics._longest_common_run(a, b) == brute, (a, b)
+
+
+def test_cmrc_rules_in_detail():
+    # Latin letters are lower-cased inside a Chinese answer, for F1 as for EM
+    assert metrics.cmrc_scores(["北京ABC"], "北京abc") == (1.0, 1.0)
+    # the best gold counts, not the last: "北京" alone would give P 2/4, R 1
+    assert metrics.cmrc_scores(["北京大学", "北京"], "北京大学") == (1.0, 1.0)
+    # one Chinese gold puts the whole question under CMRC's rules: "。" is dropped there, kept by SQuAD's
+    assert squad_scores({"q": ["北京", "Beijing"]}, {"q": "北京。"})["exact_match"] == 1.0
