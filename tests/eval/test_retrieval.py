@@ -20,6 +20,36 @@ def test_scores_by_hand():
     assert s["recall@1"] == pytest.approx((0 + 0.5 + 0) / 3) and s["recall@3"] == pytest.approx((1 + 1 + 0) / 3)
     with pytest.raises(ValueError, match="query 1 has no relevant document"):
         retrieval_scores(ranked, [{1}, set(), {6}])
+    with pytest.raises(ValueError, match="query 0 has no relevant document"):  # judged, but none relevant
+        retrieval_scores(ranked[:1], [{5: 0.0, 1: -1.0}])
+    with pytest.raises(ValueError, match="3 rankings for 2 queries"):
+        retrieval_scores(ranked, [{1}, {0}])
+
+
+def test_graded_scores_equal_scikit_learn_ndcg():
+    """Graded relevance ({id: grade}, BEIR's qrels): nDCG@10 with the grade as gain is scikit-learn's
+    ndcg_score (linear gains, log2 discount) over every document; a negative grade gains nothing, as 0;
+    recall and MRR count the documents graded above 0."""
+    from sklearn.metrics import ndcg_score
+
+    rng = np.random.default_rng(1)
+    n = 40
+    for _ in range(30):
+        grades = {int(i): float(g) for i, g in zip(rng.choice(n, 14, replace=False), rng.integers(-1, 4, 14))}
+        if not any(g > 0 for g in grades.values()):
+            grades[0] = 2.0
+        scores = rng.permutation(n).astype(np.float64)  # distinct: no ties for scikit-learn to average
+        ranked = np.argsort(-scores)[None]
+        got = retrieval_scores(ranked, [grades], ks=(5, 40))
+        true = np.zeros(n)
+        for i, g in grades.items():
+            true[i] = max(g, 0.0)
+        assert got["ndcg@10"] == pytest.approx(ndcg_score(true[None], scores[None], k=10))
+        relevant = {i for i, g in grades.items() if g > 0}
+        hits = [int(i) in relevant for i in ranked[0]]
+        assert got["recall@5"] == pytest.approx(sum(hits[:5]) / len(relevant)) and got["recall@40"] == 1.0
+        first = hits.index(True)
+        assert got["mrr@10"] == pytest.approx(1 / (first + 1) if first < 10 else 0.0)
 
 
 def test_rank_scores_equal_retrieval_scores_with_the_one_relevant_document_at_that_rank():
@@ -51,6 +81,19 @@ def test_exact_search_is_a_full_sort_with_ties_to_the_lower_id():
     tied = np.ones((3, 2), dtype=np.float32)
     assert search(np.ones((1, 2), dtype=np.float32), tied, k=3)[1].tolist() == [[0, 1, 2]]
     assert search(q, d[:5], k=10)[1].shape == (50, 5)  # k beyond the corpus: all of it
+    with pytest.raises(ValueError, match=r"queries \(50, 8\) and documents \(300, 4\) must be"):
+        search(q, d[:, :4], k=3)
+    with pytest.raises(ValueError, match=r"queries \(8,\) and documents"):
+        search(q[0], d, k=3)
+    with pytest.raises(ValueError, match="no queries to score"):
+        rank_scores([])
+
+
+def test_evaluate_retrieval_ranks_ten_for_ndcg_whatever_the_recall_cutoffs():
+    q = np.eye(1, 20, dtype=np.float32)
+    d = np.linspace(1, 0, 20, dtype=np.float32)[:, None] * np.eye(1, 20, dtype=np.float32)  # doc i scores 1 - i/19
+    s = evaluate_retrieval(q, d, [{7}], ks=(1,))
+    assert s["recall@1"] == 0.0 and s["ndcg@10"] == pytest.approx(1 / math.log2(9)) and s["mrr@10"] == pytest.approx(1 / 8)
 
 
 def test_a_retrieval_file_is_read_with_one_document_per_text(tmp_path):
@@ -60,6 +103,9 @@ def test_a_retrieval_file_is_read_with_one_document_per_text(tmp_path):
     r = read_retrieval_set(path)
     assert r.queries == ["q1", "q2"] and r.corpus == ["a", "b", "c", "d"] and r.relevant == [{0}, {2, 3}]
     for bad, message in (('{"query": "q", "positive": ""}', r"r.jsonl:2: \"positive\" is \"\""),
+                         ('{"query": "q", "positive": " "}', r"r.jsonl:2: \"positive\" is \" \""),
+                         ('{"query": "q", "positive": []}', r"r.jsonl:2: \"positive\" is \[\]"),
+                         ('{"query": "q", "positive": "a", "negative": [2]}', r"r.jsonl:2: \"negative\" is \[2\]"),
                          ('{"query": "q"}', r"r.jsonl:2: \"positive\" is null"),
                          ('[1]', r"r.jsonl:2: expected a JSON object"), ('{"query": ', r"r.jsonl:2: not valid JSON")):
         path.write_text(json.dumps(rows[0]) + "\n" + bad + "\n")
@@ -68,6 +114,10 @@ def test_a_retrieval_file_is_read_with_one_document_per_text(tmp_path):
     path.write_text("\n")
     with pytest.raises(ValueError, match="no queries"):
         read_retrieval_set(path)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
+        read_retrieval_set(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match="is a folder, not a regular file"):
+        read_retrieval_set(tmp_path)
 
 
 def test_scores_equal_sentence_transformers_on_real_queries(minilm_dir, tmp_path):
