@@ -9,6 +9,7 @@ import torch
 
 from torchbert.cli import main
 from torchbert.data.shards import Batch, PretrainingData
+from torchbert.eval import yardsticks as ys
 from torchbert.eval.yardsticks import MAX_GAP, CountTables, neighbours, queries, score, yardsticks
 
 CLS, SEP, MASK = 1, 2, 3
@@ -58,6 +59,36 @@ def test_distances_count_tokens_further_away_and_never_across_a_special():
     assert got["neighbours"].tolist() == [11, 6, 10]
 
 
+def test_the_right_neighbour_is_counted_up_to_the_last_token_and_never_across_a_special():
+    # 11 follows 5 most often; but between 5 and the final [SEP] of the array stands 10 only
+    train = [np.array([CLS, 5, 11, 7, SEP, CLS, 5, 11, 8, SEP, CLS, 5, 10, SEP])]
+    tables, q = tables_for(train, [(5, SEP, 1, 1)])
+    assert tables.predict(*q)["neighbours"].tolist() == [10]
+    # 5 ? . 6 with a [SEP] in the gap on the right is no context for (5, 6, 1, 2): left table's 9
+    train = [np.array([CLS, 5, 9, 7, SEP, CLS, 5, 10, SEP, 6, SEP])]
+    tables, q = tables_for(train, [(5, 6, 1, 2)])
+    assert tables.predict(*q)["neighbours"].tolist() == [9]
+
+
+def test_longer_runs_of_masks_are_left_to_the_unigram_table():
+    # a run of MAX_GAP + 1 masks: 5 . . [x] . . 6 with x = 10 in training, yet 12 is the most frequent token
+    run = [CLS, 5, 7, 7, 10, 7, 7, 6, SEP]
+    assert len(run) - 4 == MAX_GAP + 1
+    train = [np.array(run), np.array([CLS, 12, 12, 12, 12, 12, 12, 12, 12, 12, SEP])]
+    tables, q = tables_for(train, [(5, 6, 3, 3)])
+    got = tables.predict(*q)
+    assert got["left"].tolist() == got["neighbours"].tolist() == [12]
+    with pytest.raises(ValueError, match="distances to a neighbour are at least 1"):
+        tables_for(train, [(5, 6, 0, 1)])
+
+
+def test_membership_survives_collisions_of_the_bitmap():
+    wanted = np.array([5, 9])
+    x = np.array([5, 5 + ys._PRIME, 9 + 2 * ys._PRIME, 9, 6])
+    assert ys._member(x, wanted).tolist() == [True, False, False, True, False]
+    assert ys._member(x, np.zeros(0, np.int64)).tolist() == [False] * 5
+
+
 def test_ties_go_to_the_smallest_id():
     tables, q = tables_for([np.array([CLS, 4, 9, SEP, CLS, 4, 8, SEP])], [(4, SEP, 1, 1)], vocab_size=10)
     assert tables.predict(*q)["left"].tolist() == [8]
@@ -70,6 +101,11 @@ def test_neighbours_skip_masked_tokens_and_stay_in_their_instance():
                                    batch.mlm_positions.numpy())
     assert left.tolist() == [21, 21, CLS] and right.tolist() == [SEP, SEP, 25]
     assert d.tolist() == [1, 2, 1] and e.tolist() == [2, 1, 1]
+    # the final [SEP] of an instance masked: its right neighbour would be the next instance's [CLS]
+    for masked in ([4], [5 + 3], [0]):
+        batch = packed([[CLS, 21, 22, 23, SEP], [CLS, 24, 25, SEP]], masked=masked)
+        with pytest.raises(ValueError, match="without an unmasked token on each side in its instance"):
+            neighbours(batch.input_ids.numpy(), batch.cu_seqlens.numpy().astype(np.int64), batch.mlm_positions.numpy())
 
 
 def test_score_counts_each_table_right_on_the_masks():
@@ -83,6 +119,8 @@ def test_score_counts_each_table_right_on_the_masks():
     q = queries([packed([[CLS, 5, 7, 7, SEP]], masked=[2])])
     tables = CountTables(train, 20, SPECIAL, q["left"], q["right"], q["d"], q["e"])
     assert score(tables, q) == {"unigram": 0.0, "left": 0.0, "neighbours": 0.0, "masked": 1}
+    with pytest.raises(ValueError, match="no masked tokens to score"):
+        score(tables, queries([]))
 
 
 def brute_force(data: PretrainingData, batches) -> dict[str, float]:

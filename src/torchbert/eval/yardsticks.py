@@ -42,7 +42,8 @@ def neighbours(input_ids: np.ndarray, cu_seqlens: np.ndarray, positions: np.ndar
     idx = np.arange(N)
     last_open = np.maximum.accumulate(np.where(masked, -1, idx))                     # nearest unmasked at or before
     next_open = np.minimum.accumulate(np.where(masked, N, idx)[::-1])[::-1]          # at or after
-    left, right = last_open[positions - 1], next_open[np.minimum(positions + 1, N - 1)]
+    left = np.where(positions > 0, last_open[positions - 1], -1)                     # position 0 has none
+    right = next_open[np.minimum(positions + 1, N - 1)]
     start = np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
     end = np.repeat(cu_seqlens[1:], np.diff(cu_seqlens))
     if (left < start[positions]).any() or (right >= end[positions]).any():
