@@ -33,6 +33,19 @@ def test_no_decay_on_biases_and_layernorm():
     assert len(decay["params"]) == 4
 
 
+def test_no_decay_on_named_biases_and_scalars_and_nothing_frozen():
+    """A bias by any of its names (relative_bias, bias_ih_l0), and a scalar (a learned temperature),
+    are not decayed; a frozen parameter is in neither group."""
+    m = nn.Module()
+    m.weight = nn.Parameter(torch.ones(2, 2))
+    m.relative_bias = nn.Parameter(torch.ones(2))
+    m.temperature = nn.Parameter(torch.tensor(0.05))
+    m.frozen = nn.Parameter(torch.ones(2, 2), requires_grad=False)
+    decay, no_decay = parameter_groups(m, 0.1)
+    assert [id(p) for p in decay["params"]] == [id(m.weight)]
+    assert {id(p) for p in no_decay["params"]} == {id(m.relative_bias), id(m.temperature)}
+
+
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_schedules_match_transformers(name):
     warmup, total = 10, 100
@@ -54,6 +67,7 @@ def test_schedules_match_transformers(name):
 
 def test_schedule_shapes():
     assert lr_factor("linear", 0, 10, 100) == 0.0
+    assert lr_factor("linear", 0, 0, 100) == 1.0 and lr_factor("cosine", 0, 0, 100) == 1.0  # no warmup: the peak
     assert lr_factor("linear", 10, 10, 100) == 1.0
     assert lr_factor("linear", 55, 10, 100) == pytest.approx(0.5)
     assert lr_factor("cosine", 55, 10, 100) == pytest.approx(0.5)
@@ -96,6 +110,13 @@ def test_lamb_matches_the_algorithm():
     b.grad = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     opt.step()
     assert_parity(b, -0.5 * b.grad / (b.grad.abs() + 1e-6))  # m_hat / (sqrt(v_hat) + eps) = g / (|g| + eps)
+    # eps reaches LAMB through make_optimizer; a closure's loss comes back
+    opt = make_optimizer(nn.Linear(2, 2), "lamb", eps=1e-3)
+    assert all(g["eps"] == 1e-3 for g in opt.param_groups)
+    assert opt.step(lambda: torch.tensor(2.5)) == 2.5
+    for bad in ({"lr": 0.0}, {"betas": (0.9, 1.0)}, {"betas": (1.0, 0.999)}, {"eps": 0.0}):
+        with pytest.raises(ValueError, match="invalid LAMB settings"):
+            Lamb([b], **bad)
 
 
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
@@ -167,6 +188,21 @@ def test_clipped_step_equals_clip_grad_norm_then_step(name, grad_size):
             # Adam's update hardly sees a gradient's scale; its moments do: they hold the clipped gradients
             for key in ("exp_avg", "exp_avg_sq"):
                 assert_parity(opt_a.state[p][key], opt_b.state[q][key], f"{n} {key}")
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_a_non_finite_loss_skips_the_step_though_the_gradients_are_finite(name):
+    model = nn.Linear(3, 2)
+    opt = make_optimizer(model, name)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    for loss in (float("nan"), float("inf")):
+        assert clipped_step(opt, model.parameters(), 1.0, loss=torch.tensor(loss)) is False
+        assert bool(clipped_step(opt, model.parameters(), 1.0, loss=torch.tensor(loss), defer=True)) is False
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert clipped_step(opt, model.parameters(), 1.0, loss=torch.tensor(0.5)) is True
+    assert not any(torch.equal(p, q) for p, q in zip(model.parameters(), before))
 
 
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
