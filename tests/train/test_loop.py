@@ -1,6 +1,7 @@
 """The training loop: learning, exact gradient accumulation, exact resume, bad steps, checkpoints."""
 
 import json
+import math
 import warnings
 
 import numpy as np
@@ -395,6 +396,64 @@ def test_a_torn_last_log_line_is_dropped_at_every_byte_and_a_damaged_earlier_one
     path.write_bytes(lines[0] + b'{"step": 2, "lo\n' + lines[2])
     with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON record"):
         truncate_metrics(path, 3, lambda s: None)
+    path.write_bytes(lines[0] + b'[2]\n' + lines[2])  # JSON, but no record
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON record \(not a JSON object\)"):
+        truncate_metrics(path, 3, lambda s: None)
+
+
+def test_a_log_window_counts_only_the_steps_taken():
+    """Window: a discarded step adds nothing; a deferred step's figures count once its verdict is read
+    true; flush gives per part the mean loss and accuracy (nan without targets) and their losses' sum."""
+    from types import SimpleNamespace
+
+    from torchbert.train.distributed import Dist
+    from torchbert.train.metrics import Window, postfix
+
+    def step(w, loss, correct, n, tokens=10):
+        w.add({"mlm": (torch.tensor(loss), torch.tensor(correct)), "nsp": (torch.tensor(1.0), torch.tensor(1))},
+              {"mlm": n, "nsp": 2}, tokens)
+
+    w = Window(("mlm", "nsp"), Dist(), torch.device("cpu"))
+    step(w, 100.0, 100, 100)
+    w.discard()  # a skipped step
+    step(w, 6.0, 3, 4)
+    w.commit(torch.tensor(True))
+    step(w, 50.0, 50, 50)
+    w.commit(torch.tensor(False))  # its figures never count, nor its counts once read
+    assert w.settle() == [True, False] and w.settle() == []
+    step(w, 2.0, 1, 4, tokens=5)
+    w.commit()
+    state = SimpleNamespace(tokens=0, seconds=2.0)
+    got = w.flush(state)
+    assert got == {"loss": pytest.approx(8 / 8 + 2 / 4), "mlm_loss": 1.0, "mlm_accuracy": 0.5, "nsp_loss": 0.5,
+                   "nsp_accuracy": 0.5}
+    assert state.tokens == 15 and postfix(got, state, 1e-4)["tok/s"] == "8"
+    assert math.isnan(w.flush(state)["mlm_accuracy"])  # a fresh window: no targets
+    # a checkpoint's window, loaded by a second process, keeps its counts on process 0 alone
+    step(w, 6.0, 3, 4)
+    w.commit()
+    saved = w.saved()
+    other = Window(("mlm", "nsp"), Dist(rank=1, world_size=2), torch.device("cpu"))
+    other.load(saved)
+    assert other.counts == [0, 0, 0] and other.figures.tolist() == [[6.0, 3.0], [1.0, 1.0]]
+
+
+def test_scalars_are_the_numbers_of_a_record_and_the_bar_is_quiet_in_a_log_file(tmp_path, monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from torchbert.train.metrics import Scalars, progress_bar
+
+    written = []
+    with Scalars(tmp_path, "none") as s:
+        s.writer = SimpleNamespace(add_scalar=lambda *a: written.append(a), close=lambda: None)
+        s.add({"step": 3, "loss": 1.5, "skipped": True, "tag": "x", "tokens": 400, "seconds": 2.0})
+    assert written == [("loss", 1.5, 3), ("tokens", 400, 3), ("seconds", 2.0, 3), ("tokens_per_second", 200.0, 3)]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)  # a log file
+    bar = progress_bar(SimpleNamespace(progress=True, steps=5), 0)
+    assert bar.mininterval == 10
+    bar.close()
+    assert progress_bar(SimpleNamespace(progress=False, steps=5), 0) is None
 
 
 def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
