@@ -414,3 +414,31 @@ def test_inference_attention_is_the_plain_path_on_cpu_and_is_put_back():
             inside = model(ids, cu_seqlens=cu, max_seqlen=14).last_hidden_state
     assert {layer.attention.impl for layer in model.layers} == {"sdpa"}
     assert torch.equal(plain, inside)
+    model.layers[0].attention.impl = "eager"  # the user's choice stays, inside the block and after it
+    with fast.inference(model):
+        assert [layer.attention.impl for layer in model.layers] == ["eager", "fast"]
+    assert [layer.attention.impl for layer in model.layers] == ["eager", "sdpa"]
+
+
+def test_training_leaves_an_in_place_dropout_alone():
+    """fast.dropout.Dropout writes a new tensor; a dropout its user made in place stays torch's."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1, inplace=True), torch.nn.Dropout(0.1))
+    with fast.training(model):
+        assert type(model[1]) is torch.nn.Dropout and type(model[2]) is Dropout
+    assert type(model[2]) is torch.nn.Dropout
+
+
+def test_sparse_rows_zero_every_row_they_filled_and_forget_them():
+    """Two densify calls before a reset (rows from both are zeroed); after reset no row is kept, so a
+    long run's list of rows does not grow step by step."""
+    emb = torch.nn.Embedding(10, 3)
+    rows = fast.SparseRows(emb)
+    with rows:
+        for ids in ([1, 2], [7]):
+            emb(torch.tensor(ids)).sum().backward()
+            rows.densify()
+            emb.weight.grad = None  # the next backward's rows come sparse again
+        assert rows.buffers[emb.weight][[1, 2, 7]].abs().sum() > 0
+        assert rows.norms()[emb.weight] == pytest.approx(float(rows.buffers[emb.weight].norm()))
+        rows.reset()
+    assert not rows.buffers[emb.weight].any() and rows.rows == {}
