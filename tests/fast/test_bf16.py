@@ -147,6 +147,35 @@ def test_a_bf16_step_gives_fp32_gradients_close_to_fp32s_and_leaves_the_fp32_wei
     assert grads16["bert.embeddings.word.weight"].abs().sum() > 0
 
 
+def test_bf16_weights_cover_frozen_parameters_refresh_trained_ones_and_collect_on_exit():
+    """Inside the block every fp32 parameter is bf16, a frozen one too (one dtype throughout); a
+    trained one is read again from its fp32 weights at each entry (the optimizer changed them); the
+    last backward's gradients reach the fp32 ones on exit without a collect()."""
+    torch.manual_seed(0)
+    frozen, trained = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    frozen.requires_grad_(False)
+    model = torch.nn.Sequential(frozen, trained)
+    weights = fast.BF16Weights(model)
+    x = torch.randn(3, 4)
+    with weights:
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        model(x.bfloat16()).float().sum().backward()
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert trained.weight.grad.dtype == torch.float32 and trained.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        trained.weight.add_(1.0)  # an optimizer step
+    with weights:
+        assert torch.equal(trained.weight, weights.masters[trained.weight].bfloat16())
+
+
+def test_bf16_outputs_are_fp32_down_to_every_hidden_state():
+    model = bf16(BertModel(BertConfig.from_name("tiny", vocab_size=50)).eval())
+    with torch.no_grad():
+        out = model(torch.randint(5, 50, (2, 7)), output_hidden_states=True)
+    assert out.last_hidden_state.dtype == out.pooler_output.dtype == torch.float32
+    assert len(out.hidden_states) == 3 and {h.dtype for h in out.hidden_states} == {torch.float32}
+
+
 def test_the_fast_pieces_run_in_bf16_as_the_plain_path_does():
     """Under BF16Weights the fast attention (its hand-written backward), dropout and fused decoder run
     in bf16: the same dropout masks give gradients close to the plain model's in bf16."""

@@ -442,3 +442,56 @@ def test_sparse_rows_zero_every_row_they_filled_and_forget_them():
         assert rows.norms()[emb.weight] == pytest.approx(float(rows.buffers[emb.weight].norm()))
         rows.reset()
     assert not rows.buffers[emb.weight].any() and rows.rows == {}
+
+
+def test_the_fused_cross_entropy_skips_ignored_targets_as_cross_entropy_does():
+    """Called with targets that hold IGNORE (-100), the fused loss and every gradient equal
+    F.cross_entropy's with ignore_index: an ignored row passes no gradient."""
+    torch.manual_seed(0)
+    h = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    b = torch.randn(11, requires_grad=True)
+    targets = torch.tensor([3, -100, 0, 10, -100, 7])
+    loss, logits = fast.decoder._DecoderCrossEntropy.apply(h, w, b, targets)
+    loss.backward()
+    fused = [h.grad.clone(), w.grad.clone(), b.grad.clone()]
+    for p in (h, w, b):
+        p.grad = None
+    plain = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b), targets, ignore_index=-100)
+    plain.backward()
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
+    for got, want in zip(fused, (h.grad, w.grad, b.grad)):
+        assert torch.allclose(got, want, atol=1e-6)
+    assert not fused[0][[1, 4]].any()  # the ignored rows' hidden states get nothing
+
+
+def test_the_loss_gradient_buffers_keep_the_two_largest_and_room_to_grow(monkeypatch):
+    """_FREE holds the two largest buffers given back; a new one has a quarter to spare, so that the
+    next batches' few more masked tokens fit it."""
+    monkeypatch.setattr(fast.decoder, "_FREE", [])
+    for n in (10, 30, 20):
+        fast.decoder._give_buffer(torch.empty(n))
+    assert [b.numel() for b in fast.decoder._FREE] == [30, 20]
+    assert fast.decoder._take_buffer(torch.empty(25), torch.float32).numel() == 30
+    assert fast.decoder._take_buffer(torch.empty(100), torch.float32).numel() == 125
+    assert [b.numel() for b in fast.decoder._FREE] == [20]
+
+
+def test_the_fused_head_runs_only_with_gradients_and_without_autocast_and_keeps_nothing(monkeypatch):
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=300))
+    ids = torch.randint(5, 300, (2, 9))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:4] = ids[:, 2:4]
+    real = fast.decoder._DecoderCrossEntropy.apply
+    calls = []
+    monkeypatch.setattr(fast.decoder._DecoderCrossEntropy, "apply", lambda *a: calls.append(1) or real(*a))
+    with fast.training(model):
+        with torch.no_grad():
+            model(ids, labels=labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(ids, labels=labels)
+        assert calls == []  # the plain head in eval and under autocast
+        model(ids, labels=labels).mlm_loss.backward()
+        assert calls == [1]
+        assert model.mlm.tied is None  # the step's tied embeddings are not kept past its forward
