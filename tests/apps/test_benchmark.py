@@ -5,6 +5,7 @@ suite against the same runs made by hand, and a killed suite resumed without rer
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -451,3 +452,54 @@ def test_with_several_gpus_each_worker_computes_on_one_of_its_own(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _pin_device(counter, 1)
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_the_table_by_hand():
+    """summary.md from a summary written out by hand: a row per model (spread only over several runs,
+    "–" for a missing column), the average over the averaged columns only (none when one is missing),
+    published rows in italics with their own average, and what each figure means under the table."""
+    from types import SimpleNamespace as NS
+
+    from torchbert.apps.benchmark_table import averages, columns_of, summary_markdown
+
+    col = lambda title, averaged=True: NS(title=title, split="dev", metric="accuracy", averaged=averaged)  # noqa: E731
+    plan = NS(suite=NS(averaged=True), tasks=[NS(name="A", averaged=True, columns=[col("A")]),
+                                              NS(name="B", averaged=True, columns=[col("B-1"), col("B-2", False)]),
+                                              NS(name="C", averaged=False, columns=[col("C")])])
+    cols = columns_of(plan)
+    assert [(c["title"], c["averaged"]) for c in cols] == [("A", True), ("B-1", True), ("B-2", False), ("C", False)]
+
+    def cell(*values):
+        return {"value": sum(values) / len(values), "values": list(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+    results = {"ours": {"A": {"columns": {"A": cell(0.8, 0.9)}},
+                        "B": {"columns": {"B-1": cell(0.5), "B-2": cell(0.1)}}, "C": {"columns": {"C": cell(0.3)}}},
+               "half": {"A": {"columns": {"A": cell(0.7)}}, "B": {"columns": {}}, "C": {"columns": {}}}}
+    avg = averages(plan, results)
+    assert avg["ours"] == pytest.approx(100 * (0.85 + 0.5) / 2) and avg["half"] is None
+    assert averages(NS(suite=NS(averaged=False), tasks=plan.tasks), results) == {}
+    s = {"suite": "toy", "title": "a toy suite", "protocol_text": "lr on dev", "columns": cols, "results": results,
+         "protocol": {"statistic": "median"}, "max_train": 1000, "precision": "bf16", "suite_averaged": True,
+         "averages": avg, "seconds": 12.0,
+         "published": [{"name": "BERT-base", "source": "the paper", "scores": {"A": 84.0, "B-1": 70.0, "C": 1.0}},
+                       {"name": "other", "source": "elsewhere", "scores": {"A": 80.0}}]}
+    for m in results.values():
+        for x in m.values():
+            x["submission"] = []
+    md = summary_markdown(s).splitlines()
+    assert "| model | A | B-1 | B-2 | C | Average |" in md and "|---|---:|---:|---:|---:|---:|" in md
+    assert "| ours | 85.0 ± 7.1 | 50.0 | 10.0 | 30.0 | 67.5 |" in md
+    assert "| half | 70.0 | – | – | – | – |" in md
+    assert "| *BERT-base* | *84.0* | *70.0* | – | *1.0* | *77.0* |" in md
+    assert "| *other* | *80.0* | – | – | – | – |" in md
+    assert "Average: the mean of A, B-1." in md
+    assert any("Training sets cut to their first 1,000 examples. Trained in bf16, scored in fp32." in x for x in md)
+    assert "*Italic rows*: published figures, not run here (BERT-base: the paper; other: elsewhere)." in md
+    s.update(suite_averaged=False, averages={}, published=[], max_train=None, precision="fp32")
+    md = summary_markdown(s)
+    assert "| model | A | B-1 | B-2 | C |\n|---|---:|---:|---:|---:|\n" in md and "Average" not in md
+    assert "Italic" not in md
+    s.update(suite_averaged=True, averages=avg, columns=[c for c in cols if c["averaged"]])
+    assert "Average: the mean" not in summary_markdown(s)  # said only when some column is left out
+    assert "cut to" not in md and "Trained in" not in md
