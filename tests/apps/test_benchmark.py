@@ -503,3 +503,55 @@ def test_the_table_by_hand():
     s.update(suite_averaged=True, averages=avg, columns=[c for c in cols if c["averaged"]])
     assert "Average: the mean" not in summary_markdown(s)  # said only when some column is left out
     assert "cut to" not in md and "Trained in" not in md
+
+
+def test_the_protocol_picks_the_setting_on_dev_then_runs_the_seeds_or_the_restarts_there():
+    """Bench.steps driven with made-up scores: the grid with the first seed; at the setting best on dev
+    (its pick metric), the other seeds (their mean or median is the score) or the restarts (the run
+    best on dev is the score); the spread over those runs; a split some runs lack averages the others."""
+    from types import SimpleNamespace as NS
+
+    from torchbert.apps.benchmark import Bench, Protocol
+    from torchbert.apps.suites import Column, SuiteTask
+
+    t = SuiteTask("T", "sst2", {"train": "t", "dev": "d"}, (Column("T", "dev", "acc"), Column("T-test", "test", "acc")),
+                  pick="f1")
+    dev_f1 = {(1e-4, 16): 0.5, (1e-4, 32): 0.6, (2e-4, 16): 0.9, (2e-4, 32): 0.7}
+
+    def run(cell, acc, f1, test=None, seconds=1.0):
+        scores = {"dev": {"acc": acc, "f1": f1}} | ({"test": {"acc": test}} if test is not None else {})
+        return {"run": f"{cell.lr:g}-{cell.batch}-{cell.seed}", "scores": scores, "seconds": seconds}
+
+    def drive(statistic, restarts):
+        p = Protocol(lrs=[1e-4, 2e-4], batch_sizes=[16, 32], seeds=1 if restarts else 3, statistic=statistic,
+                     restarts=3 if restarts else 0, seed=7)
+        steps = Bench.steps(NS(plan=NS(protocol=p), restarts=lambda task: restarts), "m", t)
+        grid = next(steps)
+        assert [(c.lr, c.batch, c.seed) for c in grid] == [(1e-4, 16, 7), (1e-4, 32, 7), (2e-4, 16, 7), (2e-4, 32, 7)]
+        # dev accuracy disagrees with dev F1 on the best setting: F1 (the pick) rules
+        more = steps.send([run(c, acc=1 - dev_f1[c.lr, c.batch], f1=dev_f1[c.lr, c.batch], test=0.4) for c in grid])
+        assert [(c.lr, c.batch, c.seed) for c in more] == [(2e-4, 16, 8), (2e-4, 16, 9)]
+        with pytest.raises(StopIteration) as end:
+            steps.send([run(more[0], acc=0.3, f1=0.95, test=0.8), run(more[1], acc=0.8, f1=0.1, seconds=2.0)])
+        return end.value.value
+
+    got = drive("median", restarts=False)
+    assert got["lr"] == 2e-4 and got["batch_size"] == 16 and got["restarts"] is False
+    assert got["runs"] == ["0.0002-16-7", "0.0002-16-8", "0.0002-16-9"] and got["chosen"] == "0.0002-16-8"
+    dev = got["columns"]["T"]
+    assert dev["values"] == pytest.approx([0.1, 0.3, 0.8]) and dev["value"] == pytest.approx(0.3)  # the median
+    assert dev["std"] == pytest.approx(statistics.stdev([0.1, 0.3, 0.8]))
+    assert got["columns"]["T-test"]["values"] == [0.4, 0.8] and got["columns"]["T-test"]["value"] == pytest.approx(0.6)
+    assert got["grid_dev"] == {"lr 0.0001 batch 16": 0.5, "lr 0.0001 batch 32": 0.6, "lr 0.0002 batch 16": 0.9,
+                               "lr 0.0002 batch 32": 0.7}
+    assert got["seconds"] == 4 * 1.0 + 1.0 + 2.0
+    assert drive("mean", restarts=False)["columns"]["T"]["value"] == pytest.approx(0.4)
+    got = drive("mean", restarts=True)  # the run best on dev (seed 8: F1 0.95), not a mean
+    assert got["restarts"] is True and got["columns"]["T"]["value"] == pytest.approx(0.3)
+    assert got["columns"]["T-test"]["value"] == pytest.approx(0.8)
+    # restarts replace the seeds on a task smaller than `small` training examples, when there are 2 or more
+    from torchbert.apps.benchmark import restarts_apply
+
+    p = Protocol(lrs=[1e-4], batch_sizes=[16], restarts=5, small=100)
+    assert restarts_apply(p, 99) and not restarts_apply(p, 100)
+    assert not restarts_apply(Protocol(lrs=[1e-4], batch_sizes=[16], restarts=1, small=100), 10)
