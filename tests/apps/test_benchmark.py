@@ -180,13 +180,28 @@ def test_protocols_by_name_and_from_a_file(tmp_path):
     f.write_text(json.dumps({"lrs": [3e-5], "seeds": 3}), encoding="utf-8")
     p, text = read_protocol(str(f))
     assert p == Protocol(**{**PROTOCOLS["paper"][0].__dict__, "lrs": [3e-5], "seeds": 3}) and str(f) in text
+    assert text == f"{f} (over the paper's)"
     for bad, message in (({"lr": [1e-5]}, "lr is not a protocol setting"), ({"lrs": []}, "lrs must be a non-empty"),
-                         ({"seeds": 0}, "seeds must be >= 1"), ({"lrs": [-1.0]}, "lrs must be > 0")):
+                         ({"seeds": 0}, "seeds must be >= 1"), ({"lrs": [-1.0]}, "lrs must be > 0"),
+                         # each value of the field's type: JSON's null, a bool, a float for a whole number
+                         ({"lrs": 3e-5}, r"lrs must be a non-empty list of numbers, got 3e-05"),
+                         ({"lrs": [None]}, r"lrs must be a non-empty list of numbers, got \[null\]"),
+                         ({"batch_sizes": [16.5]}, r"batch_sizes must be a non-empty list of whole numbers"),
+                         ({"batch_sizes": []}, r"batch_sizes must be a non-empty list"),
+                         ({"epochs": None}, "epochs must be a number, got null"),
+                         ({"seeds": True}, "seeds must be a whole number, got true"),
+                         ({"statistic": "mode"}, "statistic must be one of mean, median"),
+                         ({"warmup_ratio": 1.0}, r"warmup_ratio must be in \[0, 1\)"),
+                         ({"max_length": 4}, "max_length must be >= 8"),
+                         ([{"lrs": [1e-5]}], "expected a JSON object of protocol settings")):
         f.write_text(json.dumps(bad), encoding="utf-8")
         with pytest.raises(UserError, match=f"{f}: {message}"):
             read_protocol(str(f))
     with pytest.raises(UserError, match="neither a protocol"):
         read_protocol(str(tmp_path / "nothing.json"))
+    f.write_text('{"lrs": [1e-5],', encoding="utf-8")
+    with pytest.raises(UserError, match=f"{f}: not JSON"):
+        read_protocol(str(f))
 
 
 def test_first_examples_keep_the_header_and_whole_sentences(tmp_path):

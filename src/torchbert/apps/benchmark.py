@@ -80,6 +80,18 @@ PROTOCOLS: dict[str, tuple[Protocol, str]] = {
 }
 
 
+# what a protocol file's value of each field type may be: (Python types, the words of an error)
+_JSON_KINDS = {"float": ((int, float), "a number"), "int": ((int,), "a whole number"), "str": ((str,), "a text"),
+               "list[float]": (None, "a non-empty list of numbers"), "list[int]": (None, "a non-empty list of whole numbers")}
+
+
+def _fits(kind: str, value: Any) -> bool:
+    """Whether a JSON value has a Protocol field's type (a bool is no number; a list is not empty)."""
+    if kind.startswith("list["):
+        return isinstance(value, list) and bool(value) and all(_fits(kind[5:-1], v) for v in value)
+    return isinstance(value, _JSON_KINDS[kind][0]) and not isinstance(value, bool)
+
+
 def read_protocol(name_or_file: str) -> tuple[Protocol, str]:
     """A protocol by name, or from a JSON file of Protocol's fields over the paper's (`{"lrs": [3e-5]}`)."""
     if name_or_file in PROTOCOLS:
@@ -97,14 +109,13 @@ def read_protocol(name_or_file: str) -> tuple[Protocol, str]:
     unknown = sorted(set(given) - names)
     if unknown:
         raise UserError(f"{path}: {', '.join(unknown)} is not a protocol setting; settings: {', '.join(sorted(names))}")
-    for key in ("lrs", "batch_sizes"):
-        if key in given and not (isinstance(given[key], list) and given[key]):
-            raise UserError(f"{path}: {key} must be a non-empty list")
+    kinds = {f.name: f.type for f in fields(Protocol)}  # "list[float]", "int", ...: annotations are text here
+    for key, value in given.items():
+        if not _fits(kinds[key], value):
+            raise UserError(f"{path}: {key} must be {_JSON_KINDS[kinds[key]][1]}, got {json.dumps(value)[:60]}")
     try:
         return Protocol(**{**asdict(PROTOCOLS["paper"][0]), **given}), f"{path} (over the paper's)"
     except SettingError as e:
-        raise UserError(f"{path}: {e}") from None
-    except TypeError as e:
         raise UserError(f"{path}: {e}") from None
 
 
