@@ -2,6 +2,7 @@
 protocol's outputs (not who wins: a few steps decide nothing), and data kept apart."""
 
 import json
+import statistics
 
 import pytest
 
@@ -233,3 +234,49 @@ def test_the_learning_rate_is_chosen_on_dev_and_reported_on_test(monkeypatch):
     assert got["lr"] == 5e-5 and calls == [(1e-4, 10), (5e-5, 10), (3e-5, 10), (5e-5, 11), (5e-5, 12)]
     assert got["test"] == pytest.approx([0.70, 0.71, 0.72]) and got["mean"] == pytest.approx(0.71)
     assert got["grid_dev"] == {"0.0001": 0.70, "5e-05": 0.80, "3e-05": 0.80}
+    assert got["std"] == pytest.approx(statistics.stdev([0.70, 0.71, 0.72]))  # over the seeds, n - 1
+    assert got["dev"] == [0.80, 0.80, 0.80] and got["run"] == "lr5e-05-seed10"
+    assert got["seconds"] == 5.0  # every run once: 3 at the chosen rate, 1 at each other
+
+
+def test_the_paper_order_is_strict_and_ranks_best_first():
+    from torchbert.apps.compare import paper_order
+
+    def cells(**means):
+        return {f"ner/full/{k}": {"mean": v} for k, v in means.items()}
+
+    got = paper_order(cells(bert=0.9, gpt=0.8, elmo=0.7, random=0.1))["ner/full"]
+    assert got["ranking"] == ["bert", "gpt", "elmo", "random"] and got["paper_order_held"] and got["bert_beats_random"]
+    got = paper_order(cells(bert=0.5, gpt=0.8, elmo=0.8, random=0.5))["ner/full"]
+    assert got["ranking"][0] == "gpt" and not got["paper_order_held"]  # a tie is no order
+    assert not got["bert_beats_random"]  # nor is a tie with random init a win
+    assert not paper_order(cells(bert=0.9, gpt=0.8, elmo=0.8, random=0.1))["ner/full"]["paper_order_held"]
+
+
+def test_held_out_paragraphs_come_from_the_end_test_first():
+    """hold_out: whole paragraphs from the last, test first, until each split holds n sentences and
+    n / 2 pair examples (2 per adjacent sentences, so a paragraph of 1 sentence gives none)."""
+    from torchbert.apps.compare import hold_out
+
+    by_paragraph = {p: ["s"] * k for p, k in enumerate([3, 3, 1, 1, 1, 1, 2, 4])}
+    # n = 4: test takes paragraph 7 (4 sentences, 6 pair examples: enough); dev takes 6 (2 sentences, 2
+    # examples), 5 and 4 (4 sentences, still 2 examples: n / 2 = 2 is enough, so dev stops there)
+    assert hold_out(by_paragraph, 4) == {"test": [7], "dev": [6, 5, 4]}
+    assert hold_out({p: ["s"] * 2 for p in range(6)}, 4) == {"test": [5, 4], "dev": [3, 2]}
+    # four paragraphs of one sentence: n sentences, but no pair example; test goes on to paragraph 1
+    assert hold_out({p: ["s"] * k for p, k in enumerate([3, 3, 1, 1, 1, 1])}, 4) == {"test": [5, 4, 3, 2, 1],
+                                                                                     "dev": [0]}
+
+
+def test_the_budget_scales_pretraining_and_the_full_training_sets_and_counts_every_stage(tmp_path):
+    from torchbert.apps.compare import QUICK, run_compare, stage_count
+
+    b = QUICK.scaled(2)
+    assert (b.train, b.pretrain_steps, b.low) == (2 * QUICK.train, 2 * QUICK.pretrain_steps, QUICK.low)
+    # vocab and prepare, 3 pretrainings (+2 at matched seconds); per task (3) and size (2), each system's
+    # runs (its 1 rate + 1 more seed), a finetune and a test each
+    assert stage_count(QUICK, "tokens") == 2 + 3 + 3 * 2 * (4 * 2) * 2
+    assert stage_count(QUICK, "both") == 2 + 3 + 2 + 3 * 2 * (6 * 2) * 2
+    with pytest.raises(ValueError, match="match 'seconds' is not one of"):
+        run_compare(tmp_path / "compare", quick=True, match="seconds")
+    assert not (tmp_path / "compare").exists()  # refused before the folder is made
