@@ -212,3 +212,81 @@ def test_clue_writes_the_leaderboard_files(tmp_path, capsys, minilm_dir):
     tnews = s["results"]["tiny"]["TNEWS"]["columns"]["TNEWS"]["value"]
     assert [e.value for e in events.Scalars("clue/TNEWS")] == [pytest.approx(100 * tnews)]
     assert [e.value for e in events.Scalars("clue/Average")] == [pytest.approx(s["averages"]["tiny"])]
+
+
+def convert(tmp_path, converter, rows, labelled=True, warn=None):
+    """What a converter writes of one file of these JSON lines, as text."""
+    src, dst = tmp_path / "in.json", tmp_path / "out.txt"
+    jsonl(src, rows)
+    converter(src, dst, labelled, warn or (lambda m: None))
+    return dst.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("converter, row, message", [
+    (clue.text_converter("AFQMC", ("sentence1", "sentence2")), {"sentence1": "a", "sentence2": "b", "label": ""},
+     "in.json:1: no label; a labelled AFQMC line has sentence1, sentence2, label"),
+    (clue.convert_csl, {"keyword": ["a", 2], "abst": "b", "label": "1"}, "in.json:1: 'keyword' is \\[\"a\", 2\\]"),
+    (clue.convert_csl, {"keyword": ["a"], "abst": "b"}, "in.json:1: no label; a labelled CSL line"),
+    (clue.convert_wsc, {"text": "abc", "label": "true"}, "in.json:1: no 'target' object"),
+    (clue.convert_wsc, {"text": "abcdef", "label": "true", "target": {"span1_index": 0, "span1_text": "ab",
+                                                                     "span2_index": 3, "span2_text": "x"}},
+     "in.json:1: span2_text 'x' is not at span2_index 3"),
+    (clue.convert_wsc, {"text": "abcdef", "label": "yes", "target": {"span1_index": 0, "span1_text": "ab",
+                                                                    "span2_index": 3, "span2_text": "d"}},
+     "in.json:1: label 'yes'; a labelled CLUEWSC2020 line"),
+    (clue.convert_cluener, {"text": "  ", "label": {}}, "in.json:1: an empty text"),
+    (clue.convert_cluener, {"text": "张三来了", "label": ["name"]}, "in.json:1: 'label' is not an object"),
+    (clue.convert_cluener, {"text": "张三来了", "label": {"name": {"张三": [[1, 2]]}}},
+     r"in.json:1: name '张三' is not at \[1, 2\] of the text"),
+])
+def test_a_bad_line_of_each_layout_is_named(tmp_path, converter, row, message):
+    with pytest.raises(ValueError, match=message):
+        convert(tmp_path, converter, [row])
+
+
+def test_each_layout_converts_as_clue_reads_it(tmp_path):
+    # ids: the file's own ("id", or WSC's "idx"; an empty one is none), else the line's index from 0
+    afqmc = clue.text_converter("AFQMC", ("sentence1", "sentence2"), drop_unsure=True)
+    warned = []
+    rows = [{"sentence1": "a", "sentence2": "b", "label": 1}, {"sentence1": "c", "sentence2": "d", "label": "-"},
+            {"idx": 7, "sentence1": "e", "sentence2": "f", "label": "0"}, {"id": "", "sentence1": "g", "sentence2": "h",
+                                                                          "label": "0"}]
+    got = [json.loads(x) for x in convert(tmp_path, afqmc, rows, warn=warned.append).splitlines()]
+    assert [(x["id"], x["label"]) for x in got] == [("0", "1"), ("7", "0"), ("3", "0")]
+    assert len(warned) == 1 and "left out 1 pair(s) labelled '-'" in warned[0]
+    # WSC: both spans marked at their offsets, the later one first so the earlier offsets hold
+    wsc = {"text": "abcdef", "label": "true", "target": {"span2_index": 4, "span2_text": "e", "span1_index": 1,
+                                                         "span1_text": "bc"}}
+    assert json.loads(convert(tmp_path, clue.convert_wsc, [wsc]))["sentence"] == "a_bc_d[e]f"
+    # CLUENER: an entity's last character (end included) tagged I-
+    text = convert(tmp_path, clue.convert_cluener, [{"text": "在北京大学", "label": {"org": {"北京大学": [[1, 4]]}}}])
+    assert text.splitlines() == ["在\tO", "北\tB-org", "京\tI-org", "大\tI-org", "学\tI-org"]
+
+
+def test_c3_reads_both_files_and_checks_each_question(tmp_path):
+    def item(answer="b", choices=("a", "b")):
+        return [["文"], [{"question": "问？", "choice": list(choices), "answer": answer}], "d0"]
+
+    (tmp_path / "d-dev.json").write_text(json.dumps([item()]), encoding="utf-8")
+    (tmp_path / "m-dev.json").write_text(json.dumps([item("a")]), encoding="utf-8")
+    dst = tmp_path / "out.jsonl"
+    clue.convert_c3(tmp_path / "d-dev.json", dst, True, print)
+    assert [json.loads(x)["label"] for x in dst.read_text().splitlines()] == [1, 0]  # d-, then m-
+    for bad, message in ((item("c"), "the answer 'c' is not a choice"), (item("a", ("a",)), "2 or more")):
+        (tmp_path / "d-dev.json").write_text(json.dumps([bad]), encoding="utf-8")
+        with pytest.raises(ValueError, match=f"d-dev.json: item 0, question 0: .*{message}"):
+            clue.convert_c3(tmp_path / "d-dev.json", dst, True, print)
+
+
+def test_leaderboard_files_use_the_official_ids_and_entities():
+    assert clue.submit_labels([{"id": "12", "label": "1"}, {"id": "x-3", "label": "0"}], Path("-")) == \
+        '{"id": 12, "label": "1"}\n{"id": "x-3", "label": "0"}\n'
+    # an I- tag of another type starts an entity of its own
+    assert clue.entities("abcd", ["B-x", "I-y", "I-y", "O"]) == {"x": {"a": [[0, 0]]}, "y": {"bc": [[1, 2]]}}
+
+
+def test_entities_are_written_back_one_line_per_test_line(tmp_path):
+    src = tmp_path / "test.json"
+    jsonl(src, [{"id": 0, "text": "张三"}, {"id": 1, "text": "李四"}])
+    with pytest.raises(ValueError, match="test.json: 2 lines, but 1 predictions"):
+        clue.submit_entities([{"tags": ["B-name", "I-name"]}], src)
