@@ -15,8 +15,9 @@ import pytest
 import realdata
 from clihelp import cli, squad_file, tiny_bert
 
-from torchbert.apps.benchmark import PROTOCOLS, Protocol, first_examples, plan_benchmark, read_protocol
-from torchbert.apps.suites import SUITES
+from torchbert.apps.benchmark import (PROTOCOLS, Bench, Protocol, first_examples, plan_benchmark, read_protocol,
+                                      restarts_apply)
+from torchbert.apps.suites import SUITES, Column, SuiteTask
 from torchbert.errors import UserError
 from torchbert.tasks.families import read_examples, task_settings
 
@@ -526,9 +527,6 @@ def test_the_protocol_picks_the_setting_on_dev_then_runs_the_seeds_or_the_restar
     best on dev is the score); the spread over those runs; a split some runs lack averages the others."""
     from types import SimpleNamespace as NS
 
-    from torchbert.apps.benchmark import Bench, Protocol
-    from torchbert.apps.suites import Column, SuiteTask
-
     t = SuiteTask("T", "sst2", {"train": "t", "dev": "d"}, (Column("T", "dev", "acc"), Column("T-test", "test", "acc")),
                   pick="f1")
     dev_f1 = {(1e-4, 16): 0.5, (1e-4, 32): 0.6, (2e-4, 16): 0.9, (2e-4, 32): 0.7}
@@ -565,8 +563,6 @@ def test_the_protocol_picks_the_setting_on_dev_then_runs_the_seeds_or_the_restar
     assert got["restarts"] is True and got["columns"]["T"]["value"] == pytest.approx(0.3)
     assert got["columns"]["T-test"]["value"] == pytest.approx(0.8)
     # restarts replace the seeds on a task smaller than `small` training examples, when there are 2 or more
-    from torchbert.apps.benchmark import restarts_apply
-
     p = Protocol(lrs=[1e-4], batch_sizes=[16], restarts=5, small=100)
     assert restarts_apply(p, 99) and not restarts_apply(p, 100)
     assert not restarts_apply(Protocol(lrs=[1e-4], batch_sizes=[16], restarts=1, small=100), 10)

@@ -5,6 +5,7 @@ test, is a whole objective: a flag value, a model, a loss, a held-out line and a
 import json
 
 import pytest
+import torch
 from clihelp import cli
 
 from dataclasses import dataclass
@@ -102,8 +103,6 @@ def test_a_run_without_an_objective_in_its_record_resumes_by_its_config(prepared
 
 def toy_batch(seed=0, vocab=40, lengths=(7, 5, 9), masks=(1, 2, 0)):
     """A packed Batch of random tokens: `masks[i]` masked positions inside instance i (not its ends)."""
-    import torch
-
     from torchbert.data.shards import Batch
 
     g = torch.Generator().manual_seed(seed)
@@ -125,8 +124,6 @@ def _ce_sum(logits, targets):
 def test_each_objective_sums_its_losses_and_counts_its_right_answers():
     """Every part: the summed loss over its targets, and how many of them the argmax gets right,
     against the model's own logits; counts known from the batch alone."""
-    import torch
-
     from torchbert.baselines.elmo import ELMoBiLM
     from torchbert.baselines.gpt import OpenAIGPTLMHeadModel
     from torchbert.config import ELMoConfig, GPTConfig
@@ -198,8 +195,6 @@ def test_each_objective_sums_its_losses_and_counts_its_right_answers():
 def test_a_batch_without_targets_adds_a_finite_zero_that_still_reaches_the_weights():
     """A micro-batch with no masks (or sequences of one token, for the LMs) has no mean loss (nan);
     its part is 0, and backward still runs through the model (every process takes part in DDP)."""
-    import torch
-
     from torchbert.baselines.gpt import OpenAIGPTLMHeadModel
     from torchbert.config import GPTConfig
     from torchbert.heads import BertForMaskedLM, BertForPreTraining
