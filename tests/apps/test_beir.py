@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 from clihelp import cli
 
-from torchbert.apps.beir import read_beir
+from torchbert.apps.beir import check, find_datasets, max_seq_length, read_beir, search_dataset
+from torchbert.apps.benchmark import Plan
+from torchbert.apps.benchmark_table import columns_of
+from torchbert.apps.suites import SUITES
+from torchbert.errors import UserError
 from torchbert.apps.samples import inverse_cloze, peoples_daily_paragraphs
 from torchbert.eval.retrieval import retrieval_scores
 
@@ -54,6 +58,100 @@ def test_beir_layout_is_read_with_its_grades(tmp_path):
     corpus.write_text(corpus.read_text(encoding="utf-8") + '{"_id": "d0", "text": "again"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"corpus.jsonl:81: _id 'd0' again \(first on line 1\)"):
         read_beir(folder)
+
+
+def jsonl(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_beirs_qrels_as_its_datasets_write_them(tmp_path):
+    """qrels with or without a header (a first grade of -1 is data), TREC's four columns, blank lines;
+    queries in the queries file's order; those with no document graded above 0 left out and counted;
+    judged documents the corpus lacks each their own; _id a number or a string."""
+    d = tmp_path / "set"
+    jsonl(d / "corpus.jsonl", [{"_id": 1, "title": None, "text": "one"}, {"_id": "b", "text": "two"}])
+    jsonl(d / "queries.jsonl", [{"_id": "q0", "text": "a"}, {"_id": "q1", "text": "b"}, {"_id": "q2", "text": "c"}])
+    (d / "qrels").mkdir()
+    (d / "qrels" / "test.tsv").write_text("q1\tb\t-1\n\nq1\tgone\t2\nq0\tQ0\t1\t1\nq0\tlost\t1\nq2\tb\t0\n",
+                                          encoding="utf-8")
+    b = read_beir(d)
+    assert b.doc_ids == ["1", "b"] and b.docs == ["one", "two"] and b.split == "test"
+    assert b.query_ids == ["q0", "q1"] and b.left_out == 1
+    assert b.relevant == [{0: 1.0, -2: 1.0}, {1: -1.0, -1: 2.0}]
+    (d / "qrels" / "dev.tsv").write_text("q0\t1\t1\n", encoding="utf-8")  # test, where there is one
+    assert read_beir(d).split == "test" and find_datasets(d) == [d]
+    (d / "qrels" / "test.tsv").unlink()
+    assert read_beir(d).split == "dev"
+    (task,) = SUITES["retrieval"].discover(tmp_path)
+    assert task.name == "set" and {c.split for c in task.columns} == {"dev"}
+    cols = columns_of(Plan(SUITES["retrieval"], {}, tmp_path, None, [task], tmp_path))
+    assert [c["title"] for c in cols if c["averaged"]] == ["set nDCG@10"]  # BEIR averages nDCG@10 only
+    (d / "qrels" / "dev.tsv").write_text("q0\t1\t0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="dev.tsv: no query has a document graded above 0"):
+        read_beir(d)
+    # dataset folders found in a folder: in order of name, with all three files
+    for name in ("b", "a"):
+        jsonl(tmp_path / "many" / name / "corpus.jsonl", [{"_id": "d", "text": "x"}])
+        jsonl(tmp_path / "many" / name / "queries.jsonl", [{"_id": "q", "text": "x"}])
+        (tmp_path / "many" / name / "qrels").mkdir()
+        (tmp_path / "many" / name / "qrels" / "test.tsv").write_text("q\td\t1\n", encoding="utf-8")
+    (tmp_path / "many" / "a" / "queries.jsonl").rename(tmp_path / "many" / "a" / "q.jsonl")
+    (tmp_path / "many" / "c").mkdir()
+    assert find_datasets(tmp_path / "many") == [tmp_path / "many" / "b"]
+    (tmp_path / "many" / "a" / "q.jsonl").rename(tmp_path / "many" / "a" / "queries.jsonl")
+    assert find_datasets(tmp_path / "many") == [tmp_path / "many" / "a", tmp_path / "many" / "b"]
+
+
+@pytest.mark.parametrize("file,rows,message", [
+    ("corpus.jsonl", [{"_id": "d", "text": 5}], r"corpus.jsonl:1: 'text' is 5; expected a string"),
+    ("corpus.jsonl", [{"_id": "d", "title": 3, "text": "x"}], r"corpus.jsonl:1: 'title' is 3; expected a string"),
+    ("corpus.jsonl", [{"_id": "", "text": "x"}], r"corpus.jsonl:1: no \"_id\""),
+    ("queries.jsonl", [{"_id": None, "text": "x"}], r"queries.jsonl:1: no \"_id\""),
+    ("queries.jsonl", [], r"queries.jsonl: no queries lines"),
+])
+def test_a_bad_beir_line_is_named(tmp_path, file, rows, message):
+    d = tmp_path / "set"
+    jsonl(d / "corpus.jsonl", [{"_id": "d", "text": "x"}])
+    jsonl(d / "queries.jsonl", [{"_id": "q", "text": "x"}])
+    (d / "qrels").mkdir()
+    (d / "qrels" / "test.tsv").write_text("q\td\t1\n", encoding="utf-8")
+    jsonl(d / file, rows)
+    with pytest.raises(UserError, match=message):
+        check(d)
+
+
+def test_a_query_is_searched_over_the_corpus_without_its_own_document(tmp_path, monkeypatch, minilm_dir):
+    """BEIR's default: a document with the query's own id is left out of its ranking, and the ranking
+    still reaches 100 documents (recall@100); the model's own sentence embeddings, unit length, at its
+    max_seq_length."""
+    import torchbert.eval.retrieval as retrieval
+    import torchbert.features as features
+
+    embedded, asked = [], []
+    monkeypatch.setattr(features, "embed", lambda model, tok, texts, **kw: embedded.append(kw) or
+                        np.ones((len(texts), 4), dtype=np.float32))
+
+    def search(queries, docs, k):  # every query ranks document 101 at 101st, 100 last
+        asked.append(k)
+        return None, np.tile(np.array([*range(100), 101, 100])[:k], (len(queries), 1))
+
+    monkeypatch.setattr(retrieval, "search", search)
+    ids = [f"d{i}" for i in range(102)]
+    data = read_beir_like(ids, ["d0", "q1"], [{101: 1.0}, {101: 1.0}])
+    got = search_dataset(minilm_dir, data)
+    assert asked == [101] and got["scores"]["recall@100"] == 0.5  # found within 100 by d0 only: d0 left out
+    assert got["max_length"] == 256 == max_seq_length(minilm_dir)
+    assert all(kw["normalize"] and kw["max_length"] == 256 for kw in embedded) and len(embedded) == 2
+    for bad in ('{"max_seq_length": 1}', "[256]", "{"):
+        (tmp_path / "sentence_bert_config.json").write_text(bad, encoding="utf-8")
+        assert max_seq_length(tmp_path) is None, bad
+
+
+def read_beir_like(doc_ids, query_ids, relevant):
+    from torchbert.apps.beir import BeirSet
+
+    return BeirSet(doc_ids, ["x"] * len(doc_ids), query_ids, ["y"] * len(query_ids), relevant, "test", 0)
 
 
 def test_graded_ndcg_is_trec_evals():

@@ -10,7 +10,8 @@ import realdata
 from clihelp import cli, tiny_bert
 
 from torchbert.apps import clue
-from torchbert.apps.benchmark import PROTOCOLS, plan_benchmark, prepared_files
+from torchbert.apps.benchmark import PROTOCOLS, Plan, first_examples, plan_benchmark, prepared_files
+from torchbert.apps.benchmark_table import columns_of
 from torchbert.apps.samples import peoples_daily_ner
 from torchbert.apps.suites import SUITES
 from torchbert.eval.metrics import cmrc_scores, squad_scores
@@ -143,6 +144,36 @@ def test_every_clue_task_is_read_in_its_own_layout(tmp_path):
     assert [x.id for x in c3["train"][:2]] == ["doc0-0", "doc1-0"] and c3["train"][8].id == "doc8-0"  # d-, then m-
     assert all(x.label == 0 and len(x.choices) == 3 for x in c3["train"])
     assert c3["test"][0].id == "24"
+
+
+def test_clues_average_is_its_classification_score_and_the_current_files_are_read(tmp_path):
+    """CLUE 1.0's score: the mean of its six classification tasks (68.77 for the paper's BERT-base); of
+    C3's test files the one CLUE 1.1 scores (test1.1.json), of OCNLI's the 50k training set; a training
+    file cut to its first examples (--max-train) keeps them all, converted files having no header."""
+    suite = SUITES["clue"]
+    cols = columns_of(Plan(suite, {}, tmp_path, None, list(suite.tasks), tmp_path))
+    averaged = [c["title"] for c in cols if c["averaged"]]
+    assert averaged == ["AFQMC", "TNEWS", "IFLYTEK", "CMNLI", "WSC", "CSL"]
+    (published,) = suite.published
+    assert round(sum(published.scores[t] for t in averaged) / 6, 2) == 68.77
+    assert suite.task("CMRC2018").select == "f1"
+    c = clue_folder(tmp_path)
+    (c / "c3_public" / "test.json").write_text(json.dumps([[["文"], [{"question": "问？", "choice": ["a", "b"],
+                                                                      "id": 0}], "old"]]), "utf-8")
+    old = (c / "ocnli_public" / "train.50k.json").read_text(encoding="utf-8").splitlines(keepends=True)
+    (c / "ocnli_public" / "train.json").write_text("".join(old[:4]), encoding="utf-8")
+    notes = []
+    for t in suite.tasks:
+        ts = task_settings(t.task)
+        files = prepared_files(t, c, tmp_path / "out", log=notes.append)
+        sizes = {split: len(read_examples(path, ts.type, ts.layout, labelled=split != "test"))
+                 for split, path in files.items()}
+        assert sizes == ({"train": 14, "dev": 7, "test": 8} if t.name in ("CMNLI", "OCNLI") else
+                         {"train": 16, "dev": 8, "test": 8}), t.name
+        cut = tmp_path / "cut" / f"{t.name}{files['train'].suffix}"
+        first_examples(files["train"], cut, 5, t.header)
+        got = read_examples(cut, ts.type, ts.layout)
+        assert [e.id for e in got] == [e.id for e in read_examples(files["train"], ts.type, ts.layout)][:5], t.name
 
 
 def test_a_bad_clue_line_is_one_error_naming_the_file_and_line(tmp_path, capsys, minilm_dir):
