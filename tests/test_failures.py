@@ -760,6 +760,13 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("finetune: --max-length 2", [*f, "--max-length", "2"], 2, "max_length=2"),
         ("finetune: --out is --train", [*f[:10], ft / "train.conll", *f[11:]], 2, "is the input --train"),
         ("finetune: --features without --frozen", [*f, "--features", "last"], 2, "--frozen"),
+        ("finetune: --frozen on a text task", [f[0], "--task", "classification", *f[3:], "--frozen"], 2,
+         "--frozen trains a tagger on a frozen BERT's token features: it needs a token task, but --task "
+         "classification is classification"),
+        ("finetune: --frozen on the last four of two layers", [*f, "--frozen"], 2,
+         "--features concat_last_four: concat_last_four needs at least 4 layers; this model has 2"),
+        ("finetune: --max-length past the positions", [*f, "--max-length", "513"], 2,
+         "--max-length 513 is longer than the model's max_position_embeddings 512"),
         ("finetune: dev label never trained", [*f[:8], p / "odd.conll", *f[9:]], 2, "B-planet"),
         ("finetune: resume nothing", [*f, "--resume"], 2, "nothing to resume"),
         ("evaluate: model never fine-tuned", ["evaluate", "--model", minilm, "--data", ft / "dev.conll"], 2,

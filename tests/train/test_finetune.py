@@ -324,29 +324,3 @@ def test_evaluate_refuses_labels_the_model_never_had_and_untrained_heads(ner_run
                        tmp_path / "p.jsonl", "--quiet")
     assert code == 2 and "not a model fine-tuned by torchbert" in err
     assert not (tmp_path / "p.jsonl").exists()
-
-
-def test_the_best_epoch_on_dev_is_kept_the_first_on_a_tie_and_lower_mse_is_better(tmp_path):
-    """finetune keeps the weights of its best dev evaluation in RUN/best: the highest score, the first
-    one on a tie; for mse the lowest. A resumed run forgets the evaluations after its checkpoint."""
-    from torchbert.train.distributed import Dist
-    from torchbert.train.finetune import _Best
-
-    class Saves:
-        def __init__(self, epoch):
-            self.epoch = epoch
-
-        def save_pretrained(self, folder):
-            (folder / "model.safetensors").write_text(str(self.epoch))
-
-    for name, values, want in (("accuracy", [0.5, 0.7, 0.7, 0.6], 2), ("mse", [0.5, 0.3, 0.3, 0.4], 2)):
-        out = tmp_path / name
-        out.mkdir()
-        best = _Best(out, name, Dist())
-        for epoch, v in enumerate(values, 1):
-            best.offer(Saves(epoch), {name: v}, [{"id": epoch}], step=10 * epoch, epoch=epoch)
-        assert best.epoch() == want and best.metrics() == {name: values[want - 1]}
-        assert (out / "best" / "model.safetensors").read_text() == str(want)
-        again = _Best(out, name, Dist())  # as --resume reads it, from step 20
-        again.resumed_at(20)
-        assert [h["step"] for h in again.history()] == [10, 20] and again.epoch() == want
