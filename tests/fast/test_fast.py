@@ -144,6 +144,54 @@ def test_attention_in_blocks_of_like_length_equals_the_plain_path():
         assert_parity(ours[1][name], g, name)
 
 
+def test_causal_attention_and_a_dropout_of_one_train_as_the_plain_path():
+    """Under fast.training a GPT's attention stays causal (its packed and padded batches take the plain
+    path: a token never sees the ones after it), and a BERT whose attention drops everything (a
+    config may say 1.0) gives what the plain path gives rather than dividing by 1 - p."""
+    from torchbert.baselines.gpt import OpenAIGPTLMHeadModel
+    from torchbert.config import GPTConfig
+
+    torch.manual_seed(0)
+    gpt = OpenAIGPTLMHeadModel(GPTConfig(vocab_size=120, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                         resid_pdrop=1e-12, embd_pdrop=1e-12, attn_pdrop=1e-12)).train()
+    ids = torch.randint(1, 120, (2, 12))
+    cu = torch.tensor([0, 12, 24], dtype=torch.int32)
+    plain = gpt(ids).logits, gpt(ids.flatten(), cu_seqlens=cu, max_seqlen=12).logits
+    with fast.training(gpt):
+        ours = gpt(ids).logits, gpt(ids.flatten(), cu_seqlens=cu, max_seqlen=12).logits
+    for a, b in zip(ours, plain):
+        assert_parity(a, b)
+    assert_parity(plain[0][:, :5], gpt(ids[:, :5]).logits)  # causal: the first five never saw the rest
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=1.0)
+    bert = BertModel(config).train()
+    mask = (torch.arange(12) < torch.tensor([12, 7])[:, None]).long()
+    want = bert(ids, mask).last_hidden_state
+    with fast.training(bert):
+        assert_parity(bert(ids, mask).last_hidden_state, want)
+
+
+def test_the_fast_attention_is_left_to_autocast_and_to_the_plain_path_without_dropout(monkeypatch):
+    """fast.attention's functions run in fp32 training with 0 < p < 1 only: under autocast (bf16
+    training) and in eval the attention is the plain path's."""
+    calls = []
+    real = fast.attention.block_attention
+    monkeypatch.setattr(fast.attention, "block_attention", lambda *a: calls.append(1) or real(*a))
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32)
+    bert = BertModel(config).train()
+    ids = torch.randint(1, 120, (2, 12))
+    with fast.training(bert):
+        bert(ids)
+        assert len(calls) == 1  # the path is taken in fp32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bert(ids)
+        bert.eval()
+        bert(ids)
+    assert len(calls) == 1
+
+
 def test_model_dropout_rate_in_training():
     """With hidden dropout only, the embeddings' output has the configured share of zeros."""
     config = BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
