@@ -190,6 +190,13 @@ def test_the_fast_attention_is_left_to_autocast_and_to_the_plain_path_without_dr
         bert.eval()
         bert(ids)
     assert len(calls) == 1
+    # asked for the attention weights, the last layer under a head that reads a few rows gives them
+    model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=120)).train()
+    labels = torch.full((2, 12), -100)
+    labels[:, 3] = 7
+    with fast.training(model):
+        out = model(ids, labels=labels, output_attentions=True)
+    assert len(out.attentions) == 2 and out.attentions[-1].shape == (2, 2, 12, 12)
 
 
 def test_model_dropout_rate_in_training():
