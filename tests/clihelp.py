@@ -32,7 +32,13 @@ def squad_file(path, items, v2, first=0):
                                                                                  paragraphs}]}), encoding="utf-8")
 
 
-def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0):
+def jsonl(path, rows: list) -> None:
+    """JSON Lines, one row a line, in UTF-8 (its folder made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0, positions: int = 512):
     """A tiny random BERT (2 layers, hidden 128) with MiniLM's vocab and tokenizer files: fine-tuning
     runs through every real code path in seconds."""
     import shutil
@@ -43,7 +49,7 @@ def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = BertConfig.from_name("tiny", vocab_size=30522, hidden_dropout_prob=dropout,
-                               attention_probs_dropout_prob=dropout)
+                               attention_probs_dropout_prob=dropout, max_position_embeddings=positions)
     BertModel(cfg).save_pretrained(folder)
     for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         if (minilm_dir / f).is_file():

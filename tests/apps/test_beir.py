@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clihelp import cli
+from clihelp import cli, jsonl
 
-from torchbert.apps.beir import check, find_datasets, max_seq_length, read_beir, search_dataset
+from torchbert.apps.beir import BeirSet, check, find_datasets, max_seq_length, read_beir, search_dataset
 from torchbert.apps.benchmark import Plan
 from torchbert.apps.benchmark_table import columns_of
+from torchbert.apps.samples import inverse_cloze, peoples_daily_paragraphs
 from torchbert.apps.suites import SUITES
 from torchbert.errors import UserError
-from torchbert.apps.samples import inverse_cloze, peoples_daily_paragraphs
 from torchbert.eval.retrieval import retrieval_scores
 
 
@@ -26,10 +26,9 @@ def beir_folder(root: Path, n: int = 40) -> Path:
     folder = root / "beir" / "pd"
     (folder / "qrels").mkdir(parents=True)
     docs = [{"_id": f"d{i}", "title": "标题" if i % 3 == 0 else "", "text": p["positive"]} for i, p in enumerate(pairs)]
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), "utf-8")
+    jsonl(folder / "corpus.jsonl", docs)
     queries = [{"_id": f"q{i}", "text": p["query"]} for i, p in enumerate(pairs[:n])]
-    (folder / "queries.jsonl").write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries),
-                                          "utf-8")
+    jsonl(folder / "queries.jsonl", queries)
     rows = ["query-id\tcorpus-id\tscore"]
     for i in range(n):
         rows.append(f"q{i}\td{i}\t2")
@@ -58,11 +57,6 @@ def test_beir_layout_is_read_with_its_grades(tmp_path):
     corpus.write_text(corpus.read_text(encoding="utf-8") + '{"_id": "d0", "text": "again"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"corpus.jsonl:81: _id 'd0' again \(first on line 1\)"):
         read_beir(folder)
-
-
-def jsonl(path: Path, rows: list) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
 def test_beirs_qrels_as_its_datasets_write_them(tmp_path):
@@ -138,7 +132,7 @@ def test_a_query_is_searched_over_the_corpus_without_its_own_document(tmp_path, 
 
     monkeypatch.setattr(retrieval, "search", search)
     ids = [f"d{i}" for i in range(102)]
-    data = read_beir_like(ids, ["d0", "q1"], [{101: 1.0}, {101: 1.0}])
+    data = BeirSet(ids, ["x"] * len(ids), ["d0", "q1"], ["y", "y"], [{101: 1.0}, {101: 1.0}], "test", 0)
     got = search_dataset(minilm_dir, data)
     assert asked == [101] and got["scores"]["recall@100"] == 0.5  # found within 100 by d0 only: d0 left out
     assert got["max_length"] == 256 == max_seq_length(minilm_dir)
@@ -146,12 +140,6 @@ def test_a_query_is_searched_over_the_corpus_without_its_own_document(tmp_path, 
     for bad in ('{"max_seq_length": 1}', "[256]", "{"):
         (tmp_path / "sentence_bert_config.json").write_text(bad, encoding="utf-8")
         assert max_seq_length(tmp_path) is None, bad
-
-
-def read_beir_like(doc_ids, query_ids, relevant):
-    from torchbert.apps.beir import BeirSet
-
-    return BeirSet(doc_ids, ["x"] * len(doc_ids), query_ids, ["y"] * len(query_ids), relevant, "test", 0)
 
 
 def test_graded_ndcg_is_trec_evals():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import realdata
-from clihelp import cli, tiny_bert
+from clihelp import cli, jsonl, tiny_bert
 
 from torchbert.apps import clue
 from torchbert.apps.benchmark import PROTOCOLS, Plan, first_examples, plan_benchmark, prepared_files
@@ -16,11 +16,6 @@ from torchbert.apps.samples import peoples_daily_ner
 from torchbert.apps.suites import SUITES
 from torchbert.eval.metrics import cmrc_scores, squad_scores
 from torchbert.tasks.families import read_examples, task_settings
-
-
-def jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
 def sentences(n: int, skip: int = 0) -> list[str]:

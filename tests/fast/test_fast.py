@@ -145,9 +145,9 @@ def test_attention_in_blocks_of_like_length_equals_the_plain_path():
 
 
 def test_causal_attention_and_a_dropout_of_one_train_as_the_plain_path():
-    """Under fast.training a GPT's attention stays causal (its packed and padded batches take the plain
-    path: a token never sees the ones after it), and a BERT whose attention drops everything (a
-    config may say 1.0) gives what the plain path gives rather than dividing by 1 - p."""
+    """Under fast.training a GPT's attention stays causal, packed and padded (a token never sees the
+    ones after it), and a BERT whose attention drops everything (a config may say 1.0) gives what the
+    plain path gives rather than dividing by 1 - p."""
     from torchbert.baselines.gpt import OpenAIGPTLMHeadModel
     from torchbert.config import GPTConfig
 
@@ -190,7 +190,11 @@ def test_the_fast_attention_is_left_to_autocast_and_to_the_plain_path_without_dr
         bert.eval()
         bert(ids)
     assert len(calls) == 1
-    # asked for the attention weights, the last layer under a head that reads a few rows gives them
+
+
+def test_the_attention_weights_asked_for_come_back_from_every_layer_under_fast_training():
+    """The last layer under a head that reads a few rows (RowsSelfAttention) still gives its weights."""
+    ids = torch.randint(1, 120, (2, 12))
     model = BertForPreTraining(BertConfig.from_name("tiny", vocab_size=120)).train()
     labels = torch.full((2, 12), -100)
     labels[:, 3] = 7

@@ -1,5 +1,6 @@
-"""finetune's pieces that need no training: the loop's defaults as `finetune` resolves them, the lines
-it prints at the end, and what a --resume of another task or other labels is told."""
+"""finetune's pieces, tested without a real run: the loop's defaults as `finetune` resolves them, the
+lines it prints at the end, what a --resume of another task or other labels is told, the best epoch
+kept; then one tiny run for what finetune derives from its epochs."""
 
 import json
 
@@ -67,19 +68,14 @@ def test_a_resumed_run_is_refused_another_task_or_other_labels(tmp_path):
 def tiny_run(tmp_path, minilm_dir, name: str, **more):
     """A tiny BERT (64 positions; its config.json holds an older torchbert's record key) fine-tuned on
     32 real reviews for 1.4 epochs of 4 batches: 6 steps, dev scored at steps 4 and 6."""
-    import shutil
+    from clihelp import tiny_bert
 
-    import torch
-
-    from torchbert import BertConfig, BertModel
     from torchbert.apps.samples import sentiment_reviews
     from torchbert.train.finetune import run_finetuning
 
     model = tmp_path / "tiny"
     if not model.is_dir():
-        torch.manual_seed(0)
-        BertModel(BertConfig.from_name("tiny", vocab_size=30522, max_position_embeddings=64)).save_pretrained(model)
-        shutil.copyfile(minilm_dir / "vocab.txt", model / "vocab.txt")
+        tiny_bert(model, minilm_dir, positions=64)
         config = json.loads((model / "config.json").read_text(encoding="utf-8"))
         (model / "config.json").write_text(json.dumps({**config, "torchbert_objective": "mlm"}), encoding="utf-8")
         rows = sentiment_reviews()[:48]

@@ -1,22 +1,26 @@
-"""pretrain's checks and choices that need no training: the model's config from a preset or a file,
-a --recipe against the flags beside it, the objective a run or a resume trains, the settings that
-shape a model against what its objective takes, a resumed run's config, the held-out batches, and the
-report's lines."""
+"""pretrain's checks and choices, tested without a real run: the model's config from a preset or a
+file, a --recipe against the flags beside it, the objective a run or a resume trains, the settings
+that shape a model against what its objective takes, a resumed run's config, the held-out batches and
+the report's lines; then one tiny run of one step per model family."""
 
+import json
+import shutil
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from torchbert.cli import main
 from torchbert.config import BertConfig, ELMoConfig, GPTConfig
 from torchbert.errors import UserError
+from torchbert.heads import BertForPreTraining
 from torchbert.io.record import RunRecord, write_record
-from torchbert.train.objectives import ElectraSettings
+from torchbert.train.loop import TrainConfig
+from torchbert.train.objectives import PRETRAINING, ElectraSettings
 from torchbert.train.pretrain import (PretrainSettings, check_options, check_resumed, chosen_objective, evaluator,
                                       heldout_batches, model_config, report_lines, resumed_config, run_objective,
-                                      run_settings, with_dropout, with_recipe)
-from torchbert.train.objectives import PRETRAINING
+                                      run_pretraining, run_settings, with_dropout, with_recipe)
 
 
 def test_the_models_config_comes_from_a_preset_or_a_file_and_fits_the_data(tmp_path):
@@ -197,12 +201,6 @@ def test_a_fresh_run_builds_the_model_its_flags_say_and_scores_its_held_out_set(
     """No --config: the small preset; --dropout and --positions in the saved config; the data's heldout/
     scored without --eval-data, with the count tables for a masked objective and without them for GPT;
     the same seed, the same first weights."""
-    import json
-
-    from torchbert.cli import main
-    from torchbert.train.loop import TrainConfig
-    from torchbert.train.pretrain import run_pretraining
-
     data = tmp_path / "data"
     assert main(["prepare", "--corpus", str(prepared / "train.txt"), "--tokenizer", str(prepared / "tok"), "--out",
                  str(data), "--max-seq-len", "32", "--heldout-docs", "10", "--quiet"]) == 0
@@ -223,10 +221,6 @@ def test_a_fresh_run_builds_the_model_its_flags_say_and_scores_its_held_out_set(
     run("again", model="gpt", config="tiny")
     assert (tmp_path / "gpt" / "model.safetensors").read_bytes() == (tmp_path / "again" / "model.safetensors").read_bytes()
     # an --init model must hold the data's sequences
-    import shutil
-
-    from torchbert.heads import BertForPreTraining
-
     short = tmp_path / "short"
     BertForPreTraining(BertConfig.from_name("tiny", vocab_size=config["vocab_size"], max_position_embeddings=16)
                        ).save_pretrained(short)
