@@ -750,6 +750,7 @@ def sweep_cases(p: Path, ft: Path, minilm: Path) -> list[tuple[str, list, int, s
         ("pretrain: --eval-data not prepared", [*t, "--eval-data", folder], 2, str(folder)),
         ("pretrain: --optimizer bogus", [*t, "--optimizer", "sgdd"], 2, "--optimizer"),
         ("pretrain: --schedule bogus", [*t, "--schedule", "cosinus"], 2, "--schedule"),
+        ("pretrain: --fsdp in one process", [*t, "--fsdp"], 2, "--fsdp needs several processes"),
         ("pretrain: --dropout with --init", [*t, "--init", ft / "tiny", "--dropout", "0"], 2,
          "--dropout sets a fresh model's dropout; an --init model keeps its config's"),
         ("pretrain: --positions with --init", [*t, "--init", ft / "tiny", "--positions", "rotary"], 2,
