@@ -49,6 +49,19 @@ def test_bad_arguments(tmp_path, capsys):
     code, _, err = cli(capsys, "samples", "imdb", "--out", tmp_path / "x")
     assert code == 2 and "NAME must be one of wnut16, " in err and "got 'imdb'" in err
     assert not (tmp_path / "x").exists()
+    code, _, err = cli(capsys, "samples", "wnut16", "--out", tmp_path, "--overwrite")  # a folder of the user's
+    assert code == 2 and "which torchbert did not write" in err and sorted(p.name for p in tmp_path.iterdir()) == [
+        "keep.txt"]
+
+
+def test_each_file_written_is_listed_with_its_lines_and_a_second_run_needs_overwrite(tmp_path, capsys):
+    code, out, _ = cli(capsys, "samples", "wnut16", "--out", tmp_path / "w")
+    files = sorted((tmp_path / "w").glob("*.conll"))
+    assert code == 0 and len(files) == 3
+    code, _, err = cli(capsys, "samples", "wnut16", "--out", tmp_path / "w")  # its own folder, not empty
+    assert code == 2 and "the folder is not empty; pass --overwrite to write the sample into it" in err
+    assert sorted(out.splitlines()) == sorted(
+        f"{p}  ({p.read_text(encoding='utf-8').count(chr(10)):,} lines)" for p in files)
 
 
 def test_peoples_daily_retrieval_is_the_inverse_cloze_task_with_apart_splits(tmp_path, capsys):

@@ -108,7 +108,8 @@ def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
 def test_a_cluster_lost_mid_prepare_is_one_line_and_resumes_here(work, corpus, tok, capsys):
     """Issue 59: a killed scheduler printed two Dask tracebacks and "unexpected FutureCancelledError".
     Now: one line naming the address, that OUT.partial keeps what finished, and --resume; resumed here
-    (without the cluster), the shards of a run that was never interrupted."""
+    (without the cluster), the shards of a run that was never interrupted. Dask's client logs the lost
+    connection itself, with a logger whose level Dask sets when it is imported: the command quiets it."""
     import threading
 
     distributed = pytest.importorskip("distributed")
@@ -128,10 +129,11 @@ def test_a_cluster_lost_mid_prepare_is_one_line_and_resumes_here(work, corpus, t
 
     killer = threading.Thread(target=kill_once_a_piece_is_done)
     killer.start()
-    capsys.readouterr()
-    code = main([*args, "--out", str(out), "--cluster", address])
+    # a process of its own, as a user runs it: what Dask's loggers write reaches its stderr, past capsys
+    done = subprocess.run([sys.executable, "-m", "torchbert", *args, "--out", str(out), "--cluster", address],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     killer.join()
-    err = capsys.readouterr().err
+    code, err = done.returncode, done.stderr
     assert code == 1, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err and "unexpected" not in err, err
     assert f"--cluster {address}: lost the Dask scheduler mid-run" in err and f"{partial} keeps the pieces" in err

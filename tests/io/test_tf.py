@@ -328,3 +328,17 @@ def test_a_crafted_tensorflow_index_is_refused_before_anything_is_allocated(monk
     monkeypatch.setattr(tf.TFCheckpoint, "_records", records)  # b0c3a35 looked for 2^40 shard files for ever
     with pytest.raises(CheckpointError, match="the header claims 1099511627776 data shards"):
         TFCheckpoint(fixture)
+
+
+def test_convert_writes_neither_over_its_checkpoint_nor_into_a_folder_of_files(tmp_path, capsys):
+    folder = _copy(tmp_path)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    for out in (folder, folder / "converted"):  # the checkpoint's own folder, or one under it
+        code, stdout, err = cli(capsys, "convert", "--tf-checkpoint", folder / "bert_model.ckpt", "--out", out)
+        assert code == 2 and "--tf-checkpoint" in err and stdout == "", err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    code, _, err = cli(capsys, "convert", "--tf-checkpoint", folder, "--out", users)
+    assert code == 2 and "--overwrite" in err and sorted(p.name for p in users.iterdir()) == ["notes.txt"], err

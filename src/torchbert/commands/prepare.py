@@ -96,6 +96,19 @@ def rates(counts: dict, timings: dict, seconds: float, resumed: bool) -> str:
             f"{counts['tokens'] / seconds:,.0f} instance tokens/s overall")
 
 
+def quiet_dask_logs() -> None:
+    """Dask's loggers in this process at CRITICAL. Its client's logger has a level of its own (Dask's
+    logging config, read when distributed is imported), which the "distributed" logger's level does
+    not override: each is set after the import."""
+    import contextlib
+    import logging
+
+    with contextlib.suppress(ImportError):  # without distributed, --cluster is refused with its own error
+        import distributed  # noqa: F401
+    for name in ["distributed", *(n for n in logging.root.manager.loggerDict if n.startswith("distributed."))]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def run(args) -> None:
     from ..data.pipeline import prepare
     from ..data.plan import partial_folder
@@ -108,9 +121,7 @@ def run(args) -> None:
     if not Path(s.tokenizer).is_dir():
         raise UserError(f"--tokenizer {s.tokenizer}: no such folder")
     if settings.cluster is not None:  # distributed logs a lost scheduler as tracebacks; the error says it in one line
-        import logging
-
-        logging.getLogger("distributed").setLevel(logging.CRITICAL)
+        quiet_dask_logs()
     start = time.perf_counter()
     try:
         m = prepare(s.corpus, s.tokenizer, s.out, settings, overwrite=args.overwrite, resume=args.resume,

@@ -1,0 +1,230 @@
+"""What each command prints and hands on, held to what it wrote: the lines a user reads after a run
+(counts from the manifest, rates, notes), what --quiet leaves out, and the flags each command passes
+to the library. The library's own behaviour is tested beside it; these are the commands' own lines."""
+
+import json
+import re
+
+import pytest
+import realdata
+from clihelp import cli, tiny_bert
+
+from torchbert.commands import prepare as prepare_command
+
+# -- prepare ----------------------------------------------------------------------------------------
+
+
+def test_prepare_rates_are_of_what_this_run_read_and_made():
+    counts = {"corpus_tokens": 1000, "tokens": 5000}
+    assert prepare_command.rates(counts, {"read_tokenize": 0.5}, 2.0, False) == \
+        "2,000 corpus tokens/s read, 2,500 instance tokens/s overall"
+    # resumed after every piece was read: this run read nothing, whatever the corpus holds
+    assert prepare_command.rates(counts, {}, 2.0, True) == \
+        "this run read 0 of the corpus tokens (0 tokens/s), the rest was read before --resume"
+    assert prepare_command.rates(counts, {"read_tokens": 300, "read_tokenize": 0.5}, 2.0, True) == \
+        "this run read 300 of the corpus tokens (600 tokens/s), the rest was read before --resume"
+
+
+def test_prepare_says_what_it_wrote_as_its_manifest_counts_it(prepared, tmp_path, capsys):
+    out = tmp_path / "d"
+    code, stdout, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
+                            "--out", out, "--whole-word", "--heldout-docs", "3", "--max-seq-len", "64",
+                            "--dupe-factor", "1")
+    assert code == 0, err
+    m = json.loads((out / "manifest.json").read_text())
+    c, h = m["counts"], m["heldout"]
+    first, held = stdout.splitlines()
+    assert first.startswith(f"wrote {out}: {c['instances']:,} instances, {c['tokens']:,} tokens in {c['shards']} "
+                            f"shard(s) from {c['documents']:,} documents, {c['corpus_tokens']:,} corpus tokens "
+                            "(static masking, whole word) in "), first
+    seconds, read, made = re.fullmatch(r".* in ([\d.]+)s: ([\d,]+) corpus tokens/s read, ([\d,]+) instance "
+                                       r"tokens/s overall", first).groups()
+    seconds, made = float(seconds), int(made.replace(",", ""))
+    assert c["tokens"] / (seconds + 0.05) <= made <= c["tokens"] / max(seconds - 0.05, 1e-3)  # shown to 0.1 s
+    assert held == f"  held out: {h['documents']} documents -> {h['instances']} instances in {out}/heldout " \
+                   "(torchbert pretrain evaluates on it)"
+    assert h["documents"] == 3 and "read + tokenize" in err and "pairs + masks" in err  # the progress bars
+
+    code, stdout, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
+                            "--out", tmp_path / "packed", "--pairs", "none", "--masking", "dynamic", "--quiet")
+    assert code == 0 and err == ""
+    assert "(dynamic masking, packed sentences) in " in stdout and len(stdout.splitlines()) == 1
+
+
+
+# -- vocab -------------------------------------------------------------------------------------------
+
+
+def test_vocab_says_why_it_stopped_short_and_blames_chinese_characters_only_where_they_are(tmp_path, capsys):
+    from torchbert.tokenizer import BertTokenizer
+
+    corpus = tmp_path / "en.txt"
+    corpus.write_text("\n".join(realdata.english_texts()[:300]) + "\n", encoding="utf-8")
+    out = tmp_path / "v"
+    code, stdout, err = cli(capsys, "vocab", "--corpus", corpus, "--vocab-size", "50000", "--out", out,
+                            "--no-lowercase", "--quiet")
+    n = BertTokenizer.from_pretrained(out).vocab_size
+    assert code == 0 and n < 50000
+    assert re.fullmatch(rf"wrote {re.escape(str(out))}: vocab of {n} tokens \(cased\) in [\d.]+s\n", stdout)
+    assert err == (f"note: {n:,} tokens, fewer than --vocab-size 50,000: every pair of pieces that the corpus holds at "
+                   "least --min-frequency 2 times was merged and none is left; more text, or a lower --min-frequency, "
+                   "gives more\n")
+
+
+# -- what an inference command hands the library ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bert_folder(minilm_dir, tmp_path_factory):
+    """A tiny random BERT with MiniLM's tokenizer: what the commands check of a model (its config) is there."""
+    return tiny_bert(tmp_path_factory.mktemp("m") / "tiny", minilm_dir)
+
+
+def spy(monkeypatch, module, name, result):
+    """Replace module.name with a stand-in that records its calls and returns result."""
+    calls = []
+    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append((a, k)), result)[1])
+    return calls
+
+
+def test_predict_hands_on_its_flags_and_writes_readable_utf8(bert_folder, tmp_path, capsys, monkeypatch):
+    from torchbert.tasks import predict
+
+    texts = tmp_path / "in.jsonl"
+    texts.write_text('{"text": "很好"}\n{"text": "不好"}\n', encoding="utf-8")
+    calls = spy(monkeypatch, predict, "run_predict", [{"text": "很好", "label": "正面"}, {"text": "不好", "label": "负面"}])
+    out = tmp_path / "p.jsonl"
+    code, stdout, err = cli(capsys, "predict", "--model", bert_folder, "--input", texts, "--out", out,
+                            "--batch-size", "7", "--precision", "bf16", "--quiet")
+    assert code == 0, err
+    (model_dir, data, device, batch), kw = calls[0]
+    assert (model_dir, data, device.type, batch) == (bert_folder, texts, "cpu", 7)
+    assert kw == {"progress": False, "precision": "bf16"}
+    assert out.read_text(encoding="utf-8") == '{"text": "很好", "label": "正面"}\n{"text": "不好", "label": "负面"}\n'
+    assert stdout == f"wrote {out}: 2 predictions\n"
+
+
+def test_evaluate_hands_on_its_flags_prints_the_scores_and_writes_them(bert_folder, tmp_path, capsys, monkeypatch):
+    from torchbert.tasks import predict, reranker
+
+    data = tmp_path / "dev.jsonl"
+    data.write_text('{"text": "很好", "label": "正面"}\n', encoding="utf-8")
+    scores = {"accuracy": 0.5, "f1": 0.25}
+    calls = spy(monkeypatch, predict, "run_evaluate", (scores, []))
+    out = tmp_path / "scores.json"
+    code, stdout, err = cli(capsys, "evaluate", "--model", bert_folder, "--data", data, "--task", "classification",
+                            "--batch-size", "5", "--out", out, "--quiet")
+    assert code == 0, err
+    (model_dir, path, task, device, batch), kw = calls[0]
+    assert (model_dir, path, task, device.type, batch, kw) == (bert_folder, data, "classification", "cpu", 5,
+                                                               {"progress": False, "precision": "fp32"})
+    assert json.loads(stdout) == scores and json.loads(out.read_text()) == scores
+
+    # a reranker: searched over the file by the first stage, its top k reordered
+    calls = spy(monkeypatch, reranker, "run_rerank_evaluate", {"ndcg@10": 0.5})
+    code, stdout, err = cli(capsys, "evaluate", "--model", bert_folder, "--data", data, "--first-stage", bert_folder,
+                            "--top-k", "7", "--quiet")
+    assert code == 0 and json.loads(stdout) == {"ndcg@10": 0.5}, err
+    (model_dir, path, first, top_k, device, batch), kw = calls[0]
+    assert (model_dir, path, first, top_k, batch) == (bert_folder, data, bert_folder, 7, 64)
+    code, _, err = cli(capsys, "evaluate", "--model", bert_folder, "--data", data, "--first-stage", bert_folder,
+                       "--task", "classification")
+    assert code == 2 and "--task: a reranker is scored as a search with --first-stage; leave --task out" in err
+    code, _, err = cli(capsys, "evaluate", "--model", bert_folder, "--data", data, "--first-stage", tmp_path / "nope")
+    assert code == 2 and err.startswith(f"torchbert: error: --first-stage {tmp_path / 'nope'}"), err
+
+
+# -- inspect-data ------------------------------------------------------------------------------------
+
+
+def expected_instance(data, tok, i, epoch=0):
+    """Instance i as its shards hold it: (tokens shown, original tokens, masked positions, A's length, NotNext)."""
+    it = data.instance(i)
+    b = data.batch([i], epoch=epoch)
+    original = tok.convert_ids_to_tokens(it["tokens"].tolist())
+    return (tok.convert_ids_to_tokens(b.input_ids.tolist()), original, b.mlm_positions.tolist(), it["a_len"],
+            it["random_next"])
+
+
+def test_inspect_data_shows_each_instance_as_its_shards_hold_it(prepared, capsys):
+    from torchbert.data.shards import PretrainingData
+    from torchbert.tokenizer import BertTokenizer
+
+    folder = prepared / "eval"
+    data, tok = PretrainingData(folder), BertTokenizer.from_pretrained(folder)
+    code, stdout, _ = cli(capsys, "inspect-data", folder, "--n", "100000", "--jsonl")  # more than there are
+    rows = [json.loads(line) for line in stdout.splitlines()]
+    assert code == 0 and len(rows) == len(data) > 10
+    for i, row in enumerate(rows):
+        shown, original, positions, a_len, random_next = expected_instance(data, tok, i)
+        assert row == {"index": i, "tokens": shown, "token_type_ids": [0] * a_len + [1] * (len(shown) - a_len),
+                       "masked_positions": positions, "masked_labels": [original[p] for p in positions],
+                       "is_random_next": random_next}
+    assert {r["is_random_next"] for r in rows} == {True, False}
+
+    code, stdout, _ = cli(capsys, "inspect-data", folder, "--n", "12")
+    m = data.manifest
+    want = [f"{folder}: {len(data)} instances, {m['counts']['tokens']} tokens, static masking, max_seq_len 64; "
+            "showing 12"]
+    for i in range(12):
+        shown, original, positions, a_len, random_next = expected_instance(data, tok, i)
+        marked = list(shown)
+        for p in positions:
+            marked[p] = f"[{shown[p]}→{original[p]}]" if shown[p] != original[p] else f"[={original[p]}]"
+        want += ["", f"#{i}  is_random_next={random_next}  tokens={len(shown)}  masked={len(positions)}",
+                 "  A: " + " ".join(marked[:a_len]), "  B: " + " ".join(marked[a_len:]),
+                 "  masked: " + ", ".join(f"{p}:{original[p]}" for p in positions)]
+    assert stdout.splitlines() == want
+    assert "[=" in stdout and "→" in stdout  # a masked token left as it was, and a replaced one
+
+
+def test_inspect_data_draws_dynamic_masks_with_its_seed_and_checks_the_vocab(prepared, tmp_path, capsys):
+    import shutil
+
+    from torchbert.data.shards import PretrainingData
+    from torchbert.tokenizer import BertTokenizer
+
+    folder = tmp_path / "dyn"
+    assert cli(capsys, "prepare", "--corpus", prepared / "eval.txt", "--tokenizer", prepared / "tok", "--out", folder,
+               "--masking", "dynamic", "--max-seq-len", "64", "--quiet")[0] == 0
+    tok = BertTokenizer.from_pretrained(folder)
+    shown = {}
+    for seed in (0, 7):
+        code, stdout, _ = cli(capsys, "inspect-data", folder, "--n", "6", "--jsonl", "--seed", seed)
+        data = PretrainingData(folder, seed=seed)
+        shown[seed] = [json.loads(line)["masked_positions"] for line in stdout.splitlines()]
+        assert shown[seed] == [expected_instance(data, tok, i)[2] for i in range(6)]
+    assert shown[0] != shown[7]
+    assert "dynamic masking" in cli(capsys, "inspect-data", folder, "--n", "0")[1]
+
+    other = tmp_path / "other-vocab"
+    shutil.copytree(folder, other)
+    vocab = other / "vocab.txt"
+    vocab.write_text(vocab.read_text(encoding="utf-8") + "extra\n", encoding="utf-8")
+    code, stdout, err = cli(capsys, "inspect-data", other)
+    assert code == 2 and "vocab mismatch" in err and stdout == "", err
+
+
+def test_export_hands_on_its_flags_and_says_in_a_line_what_it_cannot_export(bert_folder, tmp_path, capsys,
+                                                                           monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from torchbert.apps import export
+
+    calls = spy(monkeypatch, export, "export_onnx", {})
+    code, _, err = cli(capsys, "export", "--model", bert_folder, "--out", tmp_path / "onnx", "--int8", "--opset", "17")
+    assert code == 0, err
+    (model_dir, out), kw = calls[0]
+    assert (model_dir, out, kw["int8"], kw["opset"]) == (bert_folder, tmp_path / "onnx", True, 17)
+
+    def refuse(*a, **k):
+        raise ValueError("this head has no ONNX form")
+
+    monkeypatch.setattr(export, "export_onnx", refuse)
+    code, _, err = cli(capsys, "export", "--model", bert_folder, "--out", tmp_path / "onnx2")
+    assert code == 2 and err == "torchbert: error: this head has no ONNX form\n"
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    code, _, err = cli(capsys, "export", "--model", bert_folder, "--out", users, "--overwrite")
+    assert code == 2 and "which torchbert did not write" in err and (users / "notes.txt").read_text() == "mine"
