@@ -228,3 +228,92 @@ def test_export_hands_on_its_flags_and_says_in_a_line_what_it_cannot_export(bert
     (users / "notes.txt").write_text("mine")
     code, _, err = cli(capsys, "export", "--model", bert_folder, "--out", users, "--overwrite")
     assert code == 2 and "which torchbert did not write" in err and (users / "notes.txt").read_text() == "mine"
+
+
+# -- embed -------------------------------------------------------------------------------------------
+
+
+def test_embed_names_a_bad_layers_before_it_reads_the_model(tmp_path, capsys):
+    code, stdout, err = cli(capsys, "embed", "--model", tmp_path / "no-model", "--input", tmp_path / "none.txt",
+                            "--out", tmp_path / "e.npy", "--layers", "bogus")
+    assert code == 2 and err.startswith("torchbert: error: --layers bogus: unknown layer strategy 'bogus'"), err
+
+
+def test_embed_of_a_plain_model_folder_is_not_normalized_and_reaches_the_models_length(minilm_dir, tmp_path, capsys):
+    import numpy as np
+
+    model = tiny_bert(tmp_path / "m", minilm_dir, positions=40)  # no sentence-transformers files
+    texts = tmp_path / "queries.JSONL"  # the suffix in capitals is still JSON Lines
+    texts.write_text("".join(json.dumps({"query": t}) + "\n" for t in realdata.english_texts()[:5]), encoding="utf-8")
+    out = tmp_path / "e.npy"
+    code, stdout, err = cli(capsys, "embed", "--model", model, "--input", texts, "--text-field", "query", "--out", out,
+                            "--max-length", "40", "--quiet")
+    assert code == 0, err
+    norms = np.linalg.norm(np.load(out), axis=1)
+    assert norms.shape == (5,) and not np.allclose(norms, 1.0, atol=1e-2) and "normalized" not in stdout
+    code, _, err = cli(capsys, "embed", "--model", model, "--input", texts, "--text-field", "query", "--out", out,
+                       "--max-length", "41")
+    assert code == 2 and "--max-length must be in [2, 40] for this model, got 41" in err
+
+
+def test_embed_hands_on_its_flags_and_writes_nothing_when_a_row_is_not_finite(bert_folder, tmp_path, capsys,
+                                                                             monkeypatch):
+    import numpy as np
+
+    from torchbert import features
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    rows = np.ones((3, 4), dtype=np.float32)
+    calls = spy(monkeypatch, features, "embed", rows)
+    out = tmp_path / "e.npy"
+    code, stdout, err = cli(capsys, "embed", "--model", bert_folder, "--input", texts, "--out", out, "--batch-size", "3",
+                            "--max-length", "16", "--layers", "second_to_last", "--pooling", "max", "--normalize",
+                            "--precision", "fp32", "--quiet")
+    assert code == 0 and err == "", err
+    (_, _, given), kw = calls[0]
+    assert given == ["one", "two", "three"]
+    assert kw == {"pooling": "max", "layers": "second_to_last", "normalize": True, "batch_size": 3, "max_length": 16,
+                  "progress": False}
+    assert np.array_equal(np.load(out), rows)
+    assert stdout.startswith(f"wrote {out}: 3 x 4 float32 (max pooling, layers second_to_last, normalized; computed in "
+                             "fp32) in ")
+
+    rows[1, 2] = np.nan
+    rows[2, 0] = np.inf
+    out.unlink()
+    code, stdout, err = cli(capsys, "embed", "--model", bert_folder, "--input", texts, "--out", out,
+                            "--precision", "fp32", "--quiet")
+    assert code == 1 and not out.exists() and stdout == ""
+    assert err == (f"torchbert: error: --model {bert_folder}: the embeddings of 2 text(s) hold NaN or inf (the first: "
+                   f"line 2 of {texts}); nothing was written\n")
+
+
+def test_embed_in_bf16_is_close_to_fp32_and_not_the_same_numbers(minilm_dir, tmp_path, capsys):
+    import numpy as np
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join([*realdata.english_texts()[:4], *realdata.peoples_daily_sentences()[:4]]) + "\n",
+                     encoding="utf-8")
+    got = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"{precision}.npy"
+        code, stdout, err = cli(capsys, "embed", "--model", minilm_dir, "--input", texts, "--out", out,
+                                "--precision", precision, "--quiet")
+        assert code == 0 and f"computed in {precision})" in stdout, err
+        got[precision] = np.load(out)
+    a, b = got["fp32"], got["bf16"]
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert not np.array_equal(a, b) and cosine.min() > 0.99
+
+
+def test_the_neighbour_shown_is_the_nearest_other_text_by_cosine_and_long_texts_are_clipped(capsys):
+    import numpy as np
+
+    from torchbert.commands.embed import show_neighbours
+
+    texts = ["x" * 100, "long vector", "same direction"]
+    # by dot product row 1 is nearest to row 0; by cosine row 2 is; each row is nearest to itself
+    emb = np.array([[1.0, 0.0], [10.0, 3.0], [1.0, 0.01]], dtype=np.float32)
+    show_neighbours(texts, emb, 1)
+    assert capsys.readouterr().out == f"  {'x' * 69 + '…'!r}\n    -> 'same direction'  (cosine 1.000)\n"

@@ -73,7 +73,10 @@ def run(args) -> None:
     check_output_file(out, inputs=[("--input", s.input), *model_inputs(args.model)])  # first: a link to the input
     if out.suffix not in (".npy", ".safetensors"):
         raise UserError(f"--out {out}: must end in .npy or .safetensors")
-    parse_strategy(s.layers)
+    try:
+        parse_strategy(s.layers)  # before the model is read
+    except ValueError as e:
+        raise UserError(f"--layers {s.layers}: {e}") from None
     model_dir = resolve_model(args.model)
     try:
         # the last layer pooled is the model's sentence embedding: its own pooling; other layers are features
