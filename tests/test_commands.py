@@ -10,6 +10,7 @@ import realdata
 from clihelp import cli, tiny_bert
 
 from torchbert.commands import prepare as prepare_command
+from torchbert.errors import UserError
 
 # -- prepare ----------------------------------------------------------------------------------------
 
@@ -317,3 +318,46 @@ def test_the_neighbour_shown_is_the_nearest_other_text_by_cosine_and_long_texts_
     emb = np.array([[1.0, 0.0], [10.0, 3.0], [1.0, 0.01]], dtype=np.float32)
     show_neighbours(texts, emb, 1)
     assert capsys.readouterr().out == f"  {'x' * 69 + '…'!r}\n    -> 'same direction'  (cosine 1.000)\n"
+
+
+# -- pretrain and finetune ----------------------------------------------------------------------------
+
+
+def test_pretrain_refuses_the_settings_of_two_objectives_at_once(monkeypatch):
+    """Only ELECTRA has settings of its own today; a second objective that registers some must not
+    have both sets taken silently."""
+    import argparse
+    from dataclasses import dataclass, replace
+
+    from torchbert.commands.pretrain import objective_settings
+    from torchbert.settings import Checked, setting
+    from torchbert.train.objectives import PRETRAINING, ElectraSettings
+
+    @dataclass
+    class OtherSettings(Checked):
+        other_width: int = setting(3, "a second objective's own setting", low=1)
+
+    monkeypatch.setitem(PRETRAINING, "other", replace(PRETRAINING["electra"], name="other", settings=OtherSettings))
+    args = argparse.Namespace(generator_size=0.5, other_width=4, given=("generator_size",))
+    assert objective_settings(args) == ElectraSettings(generator_size=0.5)
+    assert objective_settings(argparse.Namespace(**{**vars(args), "given": ("other_width",)})) == OtherSettings(4)
+    assert objective_settings(argparse.Namespace(**{**vars(args), "given": ("data",)})) is None
+    with pytest.raises(UserError, match="is a setting of .*another objective's: give one objective's settings"):
+        objective_settings(argparse.Namespace(**{**vars(args), "given": ("generator_size", "other_width")}))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tagger", "linear"], "--features and --tagger set up the tagger of --frozen; add --frozen, or leave them out"),
+    (["--features", "last"], "--features and --tagger set up the tagger of --frozen; add --frozen, or leave them out"),
+    (["--task", "nerr"], "--task: "),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--epochs", "0"], "--epochs must be "),
+])
+def test_finetune_names_the_flag_at_fault_before_it_reads_the_model(tmp_path, capsys, flags, message):
+    args = {"--task": "token", "--model": tmp_path / "no-model", "--train": tmp_path / "t.conll",
+            "--dev": tmp_path / "d.conll", "--out": tmp_path / "run"}
+    for flag, value in zip(flags[::2], flags[1::2]):
+        args[flag] = value
+    code, _, err = cli(capsys, "finetune", *[x for kv in args.items() for x in kv])
+    assert code == 2 and err.startswith("torchbert: error: " + message) and err.count("\n") == 1, err
+    assert "no-model" not in err and not (tmp_path / "run").exists()
