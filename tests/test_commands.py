@@ -361,3 +361,240 @@ def test_finetune_names_the_flag_at_fault_before_it_reads_the_model(tmp_path, ca
     code, _, err = cli(capsys, "finetune", *[x for kv in args.items() for x in kv])
     assert code == 2 and err.startswith("torchbert: error: " + message) and err.count("\n") == 1, err
     assert "no-model" not in err and not (tmp_path / "run").exists()
+
+
+# -- compare and demo: what they hand the study, and the folders they refuse ------------------------------
+
+
+@pytest.fixture
+def kept_memory(monkeypatch):
+    """Calls of glibc's keep-freed-memory setting (fast.memory), which these commands own their process to make."""
+    import torchbert.fast
+
+    calls = []
+    monkeypatch.setattr(torchbert.fast, "keep_freed_memory", lambda: calls.append(True))
+    return calls
+
+
+@pytest.mark.parametrize("command, app, fn", [("compare", "compare", "run_compare"), ("demo", "demo", "run_demo")])
+def test_a_study_hands_on_its_flags_keeps_freed_memory_and_keeps_a_fresh_folder_that_failed(
+        command, app, fn, tmp_path, capsys, monkeypatch, kept_memory):
+    import importlib
+
+    module = importlib.import_module(f"torchbert.apps.{app}")
+    calls = []
+
+    def study(out, **kw):
+        calls.append(kw)
+        (out / module.MARKER).write_text("")
+        (out / "pretrain").mkdir()
+        if kw["seed"] == 7:
+            raise ValueError("the disk broke")
+
+    monkeypatch.setattr(module, fn, study)
+    flags = ["--quick", "--budget", "2", "--seed", "3", "--recipe", "paper"]
+    extra = {"match": "tokens"} if command == "compare" else {}
+    code, _, err = cli(capsys, command, "--out", tmp_path / "s", *flags, *(f"--{k}={v}" for k, v in extra.items()))
+    assert code == 0, err
+    assert {k: calls[0][k] for k in ("quick", "budget", "seed", "recipe", *extra)} == \
+        {"quick": True, "budget": 2.0, "seed": 3, "recipe": "paper", **extra}
+    assert kept_memory == [True]
+    # a fresh folder whose study failed keeps what it made, for --resume
+    code, _, err = cli(capsys, command, "--out", tmp_path / "f", "--seed", "7")
+    assert code == 2 and "the disk broke" in err
+    assert (tmp_path / "f" / "pretrain").is_dir() and (tmp_path / "f" / module.MARKER).is_file()
+
+
+@pytest.mark.parametrize("command", ["compare", "demo"])
+def test_a_study_refuses_a_folder_it_did_not_write_and_leaves_it_alone(command, tmp_path, capsys, monkeypatch,
+                                                                       kept_memory):
+    import torchbert.apps.compare
+    import torchbert.apps.demo
+
+    for module, fn in ((torchbert.apps.compare, "run_compare"), (torchbert.apps.demo, "run_demo")):
+        monkeypatch.setattr(module, fn, lambda out, **kw: pytest.fail("the study ran"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    code, _, err = cli(capsys, command, "--out", mine)
+    assert code == 2 and "the folder is not empty" in err and "--overwrite" in err, err
+    code, _, err = cli(capsys, command, "--out", mine, "--resume")
+    assert code == 2 and f"holds no earlier {command} to resume" in err, err
+    code, _, err = cli(capsys, command, "--out", mine, "--resume", "--overwrite")
+    assert code == 2, err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and kept_memory == []
+
+
+# -- serve: what it builds and hands uvicorn (the served app itself: tests/apps/test_serve.py) ---------
+
+
+@pytest.fixture
+def serve_spy(monkeypatch):
+    """serve's run up to uvicorn, recorded: the Spec the endpoints are built from (and whether they load
+    here), the worker pool and its shutdown, create_app's arguments and uvicorn's settings."""
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    import torchbert.apps.serve
+    import torchbert.apps.worker
+
+    seen = {"shutdown": []}
+    endpoints = [SimpleNamespace(path="/v1/embeddings")]
+
+    def build(spec, load=True):
+        seen.update(spec=spec, load=load)
+        return endpoints
+
+    def worker_pool(spec):
+        seen["pool"] = spec
+        return SimpleNamespace(shutdown=lambda **kw: seen["shutdown"].append(kw))
+
+    def create_app(served, limits, workers, api_key=None):
+        seen.update(app_args=(served, limits, workers), api_key=api_key)
+        return "app"
+
+    monkeypatch.setattr(torchbert.apps.worker, "build", build)
+    monkeypatch.setattr(torchbert.apps.worker, "worker_pool", worker_pool)
+    monkeypatch.setattr(torchbert.apps.serve, "create_app", create_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(run=(app, kw)))
+    monkeypatch.delenv("TORCHBERT_API_KEY", raising=False)
+    seen["endpoints"] = endpoints
+    return seen
+
+
+def test_serve_builds_its_spec_from_the_flags_and_the_folder(serve_spy, minilm_dir, capsys, monkeypatch):
+    from torchbert.apps.endpoints import EmbedderSettings
+
+    monkeypatch.setenv("TORCHBERT_API_KEY", "from-env")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--port", "0", "--threads", "1", "--precision", "bf16",
+                       "--max-length", "64", "--pooling", "cls", "--no-normalize")
+    assert code == 0, err
+    spec = serve_spy["spec"]
+    assert (spec.name, spec.threads, spec.precision, spec.max_length, spec.device) == \
+        (minilm_dir.name, 1, "bf16", 64, "cpu")
+    assert spec.options == {"embeddings": EmbedderSettings(pooling="cls", normalize=False)}  # its own flags
+    assert serve_spy["load"] is False and serve_spy["pool"] is spec  # the models load in the worker process
+    assert serve_spy["api_key"] == "from-env" and "warning" not in err  # the variable, not shown by ps
+    assert serve_spy["run"][1]["port"] == 0 and serve_spy["run"][0] == "app"
+    assert f"serving {minilm_dir} as {minilm_dir.name!r} on http://127.0.0.1:0 (POST /v1/embeddings, GET /health" in err
+    assert serve_spy["shutdown"] == []  # uvicorn's lifespan shuts the pool down when it stops
+    # the key on the command line: used, and a warning unless it is the variable's
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "from-env", "--name", "mine")
+    assert code == 0 and serve_spy["api_key"] == "from-env" and "warning" not in err, err
+    assert serve_spy["spec"].name == "mine" and "as 'mine'" in err
+
+
+def test_serve_names_a_fine_tuned_folders_task_and_int8_loads_here(serve_spy, minilm_dir, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from torchbert import hardware
+
+    serve_spy["endpoints"][:] = [SimpleNamespace(path="/predict", ts=SimpleNamespace(type="classification"))]
+    monkeypatch.setattr(hardware, "cpu", lambda: hardware.CPU("AVX2 only", frozenset({"avx2", "fma"})))
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--int8")
+    assert code == 0, err
+    assert serve_spy["spec"].precision == "int8" and serve_spy["load"] is True and "pool" not in serve_spy
+    assert serve_spy["app_args"][2] is None  # ONNX Runtime lets go of the lock: no worker process
+    assert "note: --int8: exporting the encoder to ONNX" in err
+    assert f"as {minilm_dir.name!r}, a classification model on http://" in err
+
+
+def test_serve_refuses_an_empty_key_and_a_length_past_the_model_and_stops_its_worker(serve_spy, minilm_dir, capsys,
+                                                                                    monkeypatch):
+    import uvicorn
+
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", " ")
+    assert code == 2 and err.startswith("torchbert: error: --api-key is empty"), err
+    monkeypatch.setenv("TORCHBERT_API_KEY", "")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir)
+    assert code == 2 and "$TORCHBERT_API_KEY is set but empty" in err, err
+    monkeypatch.delenv("TORCHBERT_API_KEY")
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--max-length", "513")
+    assert code == 2 and "--max-length must be in [2, 512] for this model, got 513" in err, err
+    assert "spec" not in serve_spy  # refused before anything is built
+
+    def fails(app, **kw):
+        raise OSError("address already in use")
+
+    monkeypatch.setattr(uvicorn, "run", fails)
+    code, _, err = cli(capsys, "serve", "--model", minilm_dir)
+    assert code != 0 and serve_spy["shutdown"] == [{"wait": True, "cancel_futures": True}]
+
+
+# -- benchmark: what it hands the planner and the runner, and what it refuses first -------------------
+
+
+@pytest.fixture
+def bench_spy(monkeypatch):
+    import torchbert.apps.benchmark
+
+    seen = {}
+
+    def plan(suite, models, data, out, protocol, tasks=None, max_train=None, log=print, precision="fp32"):
+        seen["plan"] = dict(suite=suite, models=models, data=data, out=out, protocol=protocol, tasks=tasks,
+                            max_train=max_train, precision=precision)
+        return "the plan"
+
+    def run(plan, text, max_train=None, log=print, on_done=None, device="auto", runner=None):
+        seen["run"] = dict(plan=plan, max_train=max_train, device=device, runner=runner)
+        return {}
+
+    monkeypatch.setattr(torchbert.apps.benchmark, "plan_benchmark", plan)
+    monkeypatch.setattr(torchbert.apps.benchmark, "run_benchmark", run)
+    return seen
+
+
+def test_benchmark_hands_on_its_flags(bench_spy, minilm_dir, tmp_path, capsys, kept_memory):
+    from torchbert.apps.benchmark import PROTOCOLS
+
+    (tmp_path / "glue").mkdir()
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", f"a={minilm_dir}", f"{minilm_dir}/", "--data",
+                       tmp_path / "glue", "--tasks", "RTE", "MRPC", "--max-train", "5", "--precision", "bf16",
+                       "--device", "cpu", "--out", tmp_path / "b")
+    assert code == 0, err
+    plan, run = bench_spy["plan"], bench_spy["run"]
+    assert plan == dict(suite="glue", models={"a": minilm_dir, minilm_dir.name: minilm_dir}, data=tmp_path / "glue",
+                        out=tmp_path / "b", protocol=PROTOCOLS["paper"][0], tasks=["RTE", "MRPC"], max_train=5,
+                        precision="bf16")
+    assert run == dict(plan="the plan", max_train=5, device="cpu", runner=None) and kept_memory == [True]
+    code, _, err = cli(capsys, "benchmark", "local", "--model", minilm_dir, "--jobs", "2", "--out", tmp_path / "j")
+    assert code == 0 and callable(bench_spy["run"]["runner"]), err  # two runs side by side, in workers
+    assert bench_spy["run"]["device"] == "auto"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "=x"], "--model =x: expected a model, or NAME=MODEL"),
+    (["--model", "a="], "--model a=: expected a model, or NAME=MODEL"),
+    (["--model", "minilm", "minilm"], "--model: two models are named 'minilm'; name them apart with NAME=MODEL"),
+    (["--model", "minilm", "--max-train", "5"], "--max-train: the retrieval suite fine-tunes nothing"),
+    (["--model", "minilm", "--protocol", "paper"], "--protocol: the retrieval suite fine-tunes nothing"),
+    (["--model", "minilm", "--precision", "bf16"], "--precision: the retrieval suite fine-tunes nothing"),
+])
+def test_benchmark_refuses_bad_models_and_flags_of_training_before_it_plans(bench_spy, tmp_path, capsys, flags,
+                                                                           message):
+    code, _, err = cli(capsys, "benchmark", "retrieval", "--out", tmp_path / "b", *flags)
+    assert code == 2 and err.startswith("torchbert: error: " + message), err
+    assert "plan" not in bench_spy and not (tmp_path / "b").exists()
+
+
+def test_benchmark_keeps_its_output_apart_from_its_inputs_and_resumes_only_its_own(bench_spy, minilm_dir, tmp_path,
+                                                                                  capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(minilm_dir, model)
+    (tmp_path / "glue").mkdir()
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", model, "--data", tmp_path / "glue", "--out",
+                       model / "bench")
+    assert code == 2 and f"the input --model {model}" in err, err
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", model, "--data", tmp_path / "glue", "--out",
+                       tmp_path / "glue" / "bench")
+    assert code == 2 and f"the input --data {tmp_path / 'glue'}" in err, err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    code, _, err = cli(capsys, "benchmark", "glue", "--model", model, "--data", tmp_path / "glue", "--out",
+                       tmp_path / "mine", "--resume")
+    assert code == 2 and "holds no earlier benchmark to resume" in err, err
+    assert "run" not in bench_spy and sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    assert not (model / "bench").exists() and not (tmp_path / "glue" / "bench").exists()

@@ -69,11 +69,8 @@ def run(args) -> None:
         if not args.resume and not args.overwrite:
             raise UserError(f"--out {out}: the folder is not empty; pass --resume to continue an earlier compare or "
                             "--overwrite to replace it")
-        if args.overwrite:
-            from ..io.files import check_replaceable
-
-            check_replaceable(out)
-    # --overwrite: the earlier folder is put back if this compare fails before its pretraining is done
+    # --overwrite (of a folder torchbert wrote: RunFolder checks): the earlier folder is put back if this
+    # compare fails before its pretraining is done
     folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs={}, log=print,
                        kept_until="has pretrained its models")
     keep_memory(True)  # its stages train in this process, as pretrain and finetune do in theirs

@@ -67,9 +67,7 @@ def check_demo_out(out: Path, overwrite: bool, resume: bool = False) -> bool:
     from ..apps.demo import MARKER
     from ..io.files import check_replaceable
 
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pick one")
-    if not holds_files(out):
+    if not holds_files(out):  # (--resume with --overwrite: refused with the shared flags, common.check_shared)
         return False
     earlier = (out / MARKER).is_file()
     if resume:
