@@ -425,3 +425,128 @@ def test_scored_pairs_are_read_with_file_and_line_errors(tmp_path):
     j.write_text(json.dumps({"sentence1": "A", "sentence2": "", "score": 2}) + "\n")
     with pytest.raises(ValueError, match=r"sts.jsonl:1: \"sentence2\" is \"\""):
         read_pairs(j)
+
+
+@pytest.mark.parametrize("name, text, want", [
+    ("p.json", '{"query": "q1", "positive": "p1", "id": ""}\n', [("1", "q1", "p1", [])]),  # an empty id: its line
+    ("p.JSONL", '{"query": "q1", "positive": "p1", "negative": "n1"}\n', [("1", "q1", "p1", ["n1"])]),
+    ("p.csv", "query,positive,negative\nq1,\"p1, with a comma\",n1\n", [("2", "q1", "p1, with a comma", ["n1"])]),
+    ("c.TXT", "one line\n", [("1", "one line", "one line", [])]),
+])
+def test_pair_files_are_read_by_their_suffix_in_any_case(tmp_path, name, text, want):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    assert [(e.id, e.query, e.positive, e.negatives) for e in read_pairs(path)] == want
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("p.jsonl", '{"query": "  ", "positive": "p"}\n', r"p.jsonl:1: \"query\" is \"  \"; expected a non-empty string"),
+    ("p.tsv", "q1\tp1\tn1\tx\n", r"p.tsv:1: 4 columns; expected query, positive and an optional negative"),
+    ("p.tsv", "q1\tp1\t \n", r"p.tsv:1: \"negative\" is \" \""),
+])
+def test_a_blank_text_and_a_fourth_column_are_errors(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        read_pairs(path)
+
+
+def test_nli_and_scored_pairs_are_read_from_csv_and_labels_in_any_case(tmp_path):
+    nli = tmp_path / "nli.csv"
+    nli.write_text("sentence1,sentence2,label\nA man plays.,Music is made.,Entailment\nA man plays.,Nobody plays.,"
+                   "CONTRADICTION\n", encoding="utf-8")
+    assert [(e.query, e.positive, e.negatives) for e in read_pairs(nli)] == [
+        ("A man plays.", "Music is made.", ["Nobody plays."])]
+    sts = tmp_path / "sts.csv"
+    sts.write_text("sentence1,sentence2,score\nA cat.,A dog.,1.5\n", encoding="utf-8")
+    assert [(e.query, e.positive, e.score) for e in read_pairs(sts)] == [("A cat.", "A dog.", 1.5)]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("sts.jsonl", '{"sentence1": "A", "sentence2": "B", "score": true}\n', r"sts.jsonl:1: \"score\" is true; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tinf\n", r"sts.tsv:2: \"score\" is \"inf\"; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tnan\n", r"sts.tsv:2: \"score\" is \"nan\"; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\n", r"sts.tsv:2: 2 columns; the header names 3"),
+])
+def test_a_score_that_is_not_a_finite_number_or_a_short_row_is_named(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        read_pairs(path)
+
+
+def test_dev_records_rank_each_querys_own_passage_by_cosine_among_the_distinct_passages():
+    """records() against a search written out here: every distinct passage of the file once (a passage
+    that is one query's negative and another's positive is one passage), cosine of the full vectors
+    and of each Matryoshka prefix made unit length on its own, ranks past 100 None; scored pairs
+    (STS) get their cosine."""
+    import numpy as np
+
+    from torchbert.eval.retrieval import rank_scores
+    from torchbert.tasks.embedding import EmbeddingSettings
+    from torchbert.tasks.families import family
+
+    fam = family("embedding")
+    rng = np.random.default_rng(0)
+    n = 150  # past 100 passages: some own passages rank beyond the search's depth
+    positives = [f"p{i}" for i in range(n)]
+    examples = [PairExample(str(i), f"q{i}", positives[i], [positives[(i + 1) % n]] if i % 3 == 0 else [])
+                for i in range(n)]
+    vectors = {t: rng.normal(size=8) * rng.uniform(0.1, 10) for t in positives}  # rows of any length
+    queries = [vectors[ex.positive] * 0.3 + rng.normal(size=8) * rng.uniform(0.1, 10) for ex in examples]
+    outputs = [np.stack([q, *(vectors[t] for t in (ex.positive, *ex.negatives))]) for q, ex in zip(queries, examples)]
+    ts = EmbeddingSettings(type="embedding", matryoshka=[3])
+    records = fam.records(examples, None, outputs, ts, None)
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    docs = np.stack([vectors[t] for t in positives])
+    for d in (8, 3):
+        sims = unit(np.stack(queries)[:, :d]) @ unit(docs[:, :d]).T
+        ranks = [int((row > row[i]).sum()) for i, row in enumerate(sims)]
+        want = [r if r < 100 else None for r in ranks]
+        got = [r["rank"] if d == 8 else r["ranks"]["3"] for r in records]
+        assert got == want, d
+        if d == 8:
+            assert None in want and 0 in want
+            assert [r["score"] for r in records] == pytest.approx([sims[i, i] for i in range(n)], abs=1e-5)
+    scores = fam.score(records, examples, None)
+    assert scores["ndcg@10"] == rank_scores([r["rank"] for r in records])["ndcg@10"]
+    assert scores["ndcg@10_d3"] == rank_scores([r["ranks"]["3"] for r in records])["ndcg@10"]
+    # scored pairs: each pair's cosine, and the run picks its epoch by Spearman's correlation
+    sts = [PairExample(str(i), "a", "b", [], score=float(i)) for i in range(3)]
+    pairs = [np.stack([rng.normal(size=8) * 5, rng.normal(size=8) * 0.2]) for _ in sts]
+    got = fam.records(sts, None, pairs, EmbeddingSettings(type="embedding"), None)
+    assert [r["cosine"] for r in got] == pytest.approx([float(unit(a) @ unit(b)) for a, b in pairs], abs=1e-6)
+    assert fam.best_metric(None, None, dev=sts) == "spearman" and fam.best_metric(None, None, dev=examples) == "ndcg@10"
+
+
+def test_the_head_gets_the_embedding_settings_and_scored_pairs_do_not_train(minilm_dir, tmp_path):
+    import shutil
+
+    from clihelp import tiny_bert
+
+    from torchbert.config import BertConfig
+    from torchbert.tasks.embedding import EmbeddingSettings
+    from torchbert.tasks.families import family
+    from torchbert.tokenizer import BertTokenizer
+
+    fam = family("embedding")
+    ts = EmbeddingSettings(type="embedding", temperature=0.1, learn_temperature=True, mini_batch=4)
+    assert fam.head_arguments(ts) == {"temperature": 0.1, "learn_temperature": True, "mini_batch": 4}
+    sts = [PairExample("1", "a", "b", [], "sts.tsv:2", score=1.0)]
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    with pytest.raises(ValueError, match=r"sts.tsv:2: scored pairs \(sentence1, sentence2, score\) are for evaluation"):
+        fam.encode(tokenizer, sts, ts, None, training=True)
+    assert fam.encode(tokenizer, sts, ts, None, training=False).num_choices == [2]
+    # the pooling: the folder's sentence-transformers files before its config.json, else mean
+    plain = tiny_bert(tmp_path / "plain", minilm_dir)
+    assert fam.configure(BertConfig.load(plain), None, EmbeddingSettings(type="embedding"), plain).extra["pooling"] \
+        == "mean"
+    folder = tmp_path / "st"
+    shutil.copytree(minilm_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pooling": "cls"}))
+    assert fam.configure(BertConfig.load(folder), None, EmbeddingSettings(type="embedding"), folder).extra[
+        "pooling"] == "mean"  # MiniLM's 1_Pooling says mean
