@@ -255,3 +255,117 @@ def test_the_listwise_loss_reads_graded_and_several_relevant_passages_as_a_distr
         want = np.mean([-(torch.tensor(t) * F.log_softmax(out.logits[q, :len(t)], -1)).sum().item()
                         for q, t in enumerate(target)])
         assert out.loss.item() == pytest.approx(want, rel=1e-5)
+
+
+def test_labelled_pairs_are_read_from_csv_a_header_in_any_case_and_ids_are_lines(tmp_path):
+    c = tmp_path / "p.csv"
+    c.write_text('Query,Passage,Label\nq1,"a, b",1\nq2,c,0\nq1,d,0\n', encoding="utf-8")
+    got = read_reranking(c)
+    assert [(e.id, e.query, e.passages, e.labels) for e in got] == [("2", "q1", ["a, b", "d"], [1, 0]),
+                                                                  ("3", "q2", ["c"], [0])]
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"id": "", "query": "q", "documents": ["a"]}\n{"id": 7, "query": "q", "documents": ["b"]}\n')
+    assert [e.id for e in read_reranking(j)] == ["1", "7"]  # an empty id is its line's
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": true}\n', r"p.jsonl:1: \"label\" is true; expected a number"),
+    ("p.jsonl", '{"query": "q", "passage": "a"}\n', r"p.jsonl:1: \"label\" is null; expected a number"),
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": 1}\n["q", "b", 0]\n',
+     r"p.jsonl:2: expected a JSON object, found list"),
+    ("p.jsonl", '{"query": "q", "documents": "a b"}\n', r"p.jsonl:1: \"documents\" is \"a b\"; expected a non-empty list"),
+    ("p.tsv", "query\tpassage\tlabel\nq\ta\t1\tx\n", r"p.tsv:2: 4 columns; expected query, passage and label"),
+])
+def test_more_bad_files_are_named_by_file_and_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_reranking(path)
+
+
+def test_pairs_are_cut_longest_first_as_the_cross_encoders_tokenizer_cuts_them(minilm_dir):
+    import transformers
+
+    from torchbert.tasks.reranker import encode_reranking
+    from torchbert.tokenizer import BertTokenizer
+
+    query = "what does a very long question about the history of the city of paris ask for " * 2
+    examples = [RerankExample("1", query, ["a short passage", "a passage " * 30], None),
+                RerankExample("2", "short query", ["another passage " * 20], None)]
+    enc = encode_reranking(BertTokenizer.from_pretrained(minilm_dir), examples, 24)
+    theirs = transformers.AutoTokenizer.from_pretrained(minilm_dir)(
+        [query, query, "short query"], ["a short passage", "a passage " * 30, "another passage " * 20],
+        truncation="longest_first", max_length=24)
+    assert enc.input_ids == theirs["input_ids"] and enc.token_type_ids == theirs["token_type_ids"]
+    assert enc.num_choices == [2, 1] and enc.labels is None
+
+
+def test_records_rank_every_candidate_and_score_the_queries_with_a_relevant_one(minilm_dir):
+    """An evaluated query's candidates include its sampled negatives: they take ranks, but its ranking
+    lists its own passages only; a label of 0.5 is relevant; a query without a relevant passage is
+    left out of the scores. Unlabelled examples get no sampled negatives."""
+    from types import SimpleNamespace
+
+    from torchbert.eval.retrieval import retrieval_scores
+    from torchbert.tasks.families import family
+    from torchbert.tasks.reranker import RerankerSettings
+    from torchbert.tokenizer import BertTokenizer
+
+    fam = family("reranker")
+    ts = RerankerSettings(type="reranker")
+    examples = [RerankExample("a", "q", ["p0", "p1", "p2"], [0.0, 0.5, 1.0]), RerankExample("b", "q", ["x", "y"], [0, 0])]
+    outputs = [[0.9, 0.1, 0.5, 0.95], [0.3, 0.2]]  # the first with one sampled negative, scored best
+    records = fam.records(examples, None, outputs, ts, None)
+    assert records[0] == {"id": "a", "scores": [0.9, 0.1, 0.5], "ranking": [0, 2, 1], "rank": 2,
+                          "relevant_ranks": [2, 3], "candidates": 4}
+    assert records[1]["rank"] is None and records[1]["relevant_ranks"] == []
+    scores = fam.score(records, examples, None)
+    want = retrieval_scores([np.arange(4)], [{2, 3}], ks=(1,))
+    assert scores == {**{f"candidates_{k}": v for k, v in want.items()}, "candidates_per_query": 4.0}
+    # a query is right when its best-scored candidate is relevant: a label of 0.5 counts
+    batch = SimpleNamespace(labels=torch.tensor([0.0, 0.5, 1.0, 0.0]), num_choices=torch.tensor([2, 2]), max_choices=2)
+    assert fam.correct(SimpleNamespace(logits=torch.tensor([[0.1, 0.9], [0.2, 0.8]])), batch) == 1
+    assert fam.head_arguments(RerankerSettings(type="reranker", rerank_loss="pointwise")) == {"loss": "pointwise"}
+    unlabelled = [RerankExample("1", "q", ["a", "b"], None), RerankExample("2", "r", ["c"], None)]
+    enc = fam.encode(BertTokenizer.from_pretrained(minilm_dir), unlabelled, ts, None, training=False)
+    assert enc.num_choices == [2, 1]
+
+
+def test_a_first_stage_reads_at_its_own_length_and_the_model_must_be_a_reranker(monkeypatch, tmp_path):
+    """run_rerank_evaluate before any model runs: a --model fine-tuned for another task is refused; the
+    first stage reads at its embedding run's --max-length (else the embedding family's default), its k
+    clipped to the file's passages."""
+    import torchbert.tasks.predict
+    import torchbert.tasks.reranker as reranker
+    from torchbert.tasks.embedding import EmbeddingSettings
+    from torchbert.tasks.families import TaskSettings
+    from torchbert.tasks.reranker import RerankerSettings, run_rerank_evaluate
+
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps({"query": f"q{i}", "positive": f"p{i}"}) + "\n" for i in range(3)))
+    task = {"ts": TaskSettings(type="classification")}
+    monkeypatch.setattr(torchbert.tasks.predict, "load_finetuned", lambda *a, **k: (None, None, task["ts"], None))
+    with pytest.raises(ValueError, match=r"run was fine-tuned for classification \(evaluate it without --first-stage"):
+        run_rerank_evaluate(tmp_path / "run", data, tmp_path / "emb", 5, torch.device("cpu"))
+    task["ts"] = RerankerSettings(type="reranker")
+
+    def of(folder):
+        if folder.name != "emb":
+            raise ValueError("not a model fine-tuned by torchbert")
+        return EmbeddingSettings(type="embedding", max_length=24)
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def first_stage(model_dir, queries, passages, k, device, batch_size, precision, max_length, progress):
+        seen.append((k, max_length))
+        raise Stop
+
+    monkeypatch.setattr(TaskSettings, "of", staticmethod(of))
+    monkeypatch.setattr(reranker, "first_stage", first_stage)
+    for folder in ("emb", "plain"):
+        with pytest.raises(Stop):
+            run_rerank_evaluate(tmp_path / "run", data, tmp_path / folder, 5, torch.device("cpu"))
+    assert seen == [(3, 24), (3, TaskSettings(type="embedding").max_length)]

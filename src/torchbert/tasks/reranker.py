@@ -105,9 +105,7 @@ def read_reranking(path: PathLike, labelled: bool = True) -> list[RerankExample]
         if records and isinstance(records[0][1], dict) and "passage" in records[0][1]:
             grouped = _Grouped()
             for n, row in records:
-                where = f"{path}:{n}"
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: expected a JSON object with \"query\", \"passage\" and \"label\"")
+                where = f"{path}:{n}"  # each row an object (json_records)
                 grouped.add(_text(row.get("query"), "query", where), _text(row.get("passage"), "passage", where),
                             _label(row.get("label"), where), where)
             out = list(grouped.examples.values())
