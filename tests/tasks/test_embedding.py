@@ -443,8 +443,12 @@ def test_pair_files_are_read_by_their_suffix_in_any_case(tmp_path, name, text, w
     ("p.jsonl", '{"query": "  ", "positive": "p"}\n', r"p.jsonl:1: \"query\" is \"  \"; expected a non-empty string"),
     ("p.tsv", "q1\tp1\tn1\tx\n", r"p.tsv:1: 4 columns; expected query, positive and an optional negative"),
     ("p.tsv", "q1\tp1\t \n", r"p.tsv:1: \"negative\" is \" \""),
+    ("sts.jsonl", '{"sentence1": "A", "sentence2": "B", "score": true}\n', r"sts.jsonl:1: \"score\" is true; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tinf\n", r"sts.tsv:2: \"score\" is \"inf\"; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tnan\n", r"sts.tsv:2: \"score\" is \"nan\"; expected a number"),
+    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\n", r"sts.tsv:2: 2 columns; the header names 3"),
 ])
-def test_a_blank_text_and_a_fourth_column_are_errors(tmp_path, name, text, message):
+def test_a_blank_text_a_fourth_column_and_a_score_not_finite_are_named_by_file_and_line(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
@@ -460,19 +464,6 @@ def test_nli_and_scored_pairs_are_read_from_csv_and_labels_in_any_case(tmp_path)
     sts = tmp_path / "sts.csv"
     sts.write_text("sentence1,sentence2,score\nA cat.,A dog.,1.5\n", encoding="utf-8")
     assert [(e.query, e.positive, e.score) for e in read_pairs(sts)] == [("A cat.", "A dog.", 1.5)]
-
-
-@pytest.mark.parametrize("name, text, message", [
-    ("sts.jsonl", '{"sentence1": "A", "sentence2": "B", "score": true}\n', r"sts.jsonl:1: \"score\" is true; expected a number"),
-    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tinf\n", r"sts.tsv:2: \"score\" is \"inf\"; expected a number"),
-    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\tnan\n", r"sts.tsv:2: \"score\" is \"nan\"; expected a number"),
-    ("sts.tsv", "sentence1\tsentence2\tscore\nA\tB\n", r"sts.tsv:2: 2 columns; the header names 3"),
-])
-def test_a_score_that_is_not_a_finite_number_or_a_short_row_is_named(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ValueError, match=message):
-        read_pairs(path)
 
 
 def test_dev_records_rank_each_querys_own_passage_by_cosine_among_the_distinct_passages():

@@ -39,6 +39,12 @@ def test_pairs_and_labelled_pairs_are_read(tmp_path):
     ("p.jsonl", '{"query": "q", "documents": []}\n', r"p.jsonl:1: \"documents\" is \[\]; expected a non-empty list"),
     ("p.tsv", "query\tpassage\tlabel\nq\ta\n", r"p.tsv:2: 2 columns; expected query, passage and label"),
     ("p.tsv", "query\tpassage\tlabel\n", r"p.tsv: no examples in the file"),
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": true}\n', r"p.jsonl:1: \"label\" is true; expected a number"),
+    ("p.jsonl", '{"query": "q", "passage": "a"}\n', r"p.jsonl:1: \"label\" is null; expected a number"),
+    ("p.jsonl", '{"query": "q", "passage": "a", "label": 1}\n["q", "b", 0]\n',
+     r"p.jsonl:2: expected a JSON object, found list"),
+    ("p.jsonl", '{"query": "q", "documents": "a b"}\n', r"p.jsonl:1: \"documents\" is \"a b\"; expected a non-empty list"),
+    ("p.tsv", "query\tpassage\tlabel\nq\ta\t1\tx\n", r"p.tsv:2: 4 columns; expected query, passage and label"),
 ])
 def test_bad_files_are_named_by_file_and_line(tmp_path, name, text, message):
     path = tmp_path / name
@@ -267,20 +273,6 @@ def test_labelled_pairs_are_read_from_csv_a_header_in_any_case_and_ids_are_lines
     j.write_text('{"id": "", "query": "q", "documents": ["a"]}\n{"id": 7, "query": "q", "documents": ["b"]}\n')
     assert [e.id for e in read_reranking(j)] == ["1", "7"]  # an empty id is its line's
 
-
-@pytest.mark.parametrize("name,text,message", [
-    ("p.jsonl", '{"query": "q", "passage": "a", "label": true}\n', r"p.jsonl:1: \"label\" is true; expected a number"),
-    ("p.jsonl", '{"query": "q", "passage": "a"}\n', r"p.jsonl:1: \"label\" is null; expected a number"),
-    ("p.jsonl", '{"query": "q", "passage": "a", "label": 1}\n["q", "b", 0]\n',
-     r"p.jsonl:2: expected a JSON object, found list"),
-    ("p.jsonl", '{"query": "q", "documents": "a b"}\n', r"p.jsonl:1: \"documents\" is \"a b\"; expected a non-empty list"),
-    ("p.tsv", "query\tpassage\tlabel\nq\ta\t1\tx\n", r"p.tsv:2: 4 columns; expected query, passage and label"),
-])
-def test_more_bad_files_are_named_by_file_and_line(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ValueError, match=message):
-        read_reranking(path)
 
 
 def test_pairs_are_cut_longest_first_as_the_cross_encoders_tokenizer_cuts_them(minilm_dir):
