@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from torchbert.heads import BertForSequenceClassification
+from torchbert.tokenizer import BertTokenizer
 from torchbert.tasks import formats, hub
 from torchbert.tasks.batches import TaskData
 from torchbert.losses import IGNORE
 from torchbert.tasks.choice import ChoiceExample
 from torchbert.tasks.encode import Encoded
 from torchbert.tasks.examples import LabelMap
-from torchbert.tasks.families import FAMILIES, TaskSettings, family, layouts
+from torchbert.tasks.families import FAMILIES, TaskSettings, family, layouts, task_settings
 from torchbert.tasks.qa import Answer, QAExample
 from torchbert.tasks.tagging import TokenExample
 from torchbert.tasks.text import TextExample
@@ -113,7 +114,10 @@ def test_batches_carry_each_familys_targets():
     b, data = batch("multiple-choice", [1], num_choices=[3])
     assert len(data) == 1 and b.units.tolist() == [0] and b.rows.tolist() == [0, 1, 2]
     assert b.labels.tolist() == [1] and b.num_choices.tolist() == [3]
+    assert family("multiple-choice").targets(b)["max_choices"] == 3  # known on the host: the head needs no sync
     assert family("multiple-choice").count(b) == 1 == family("multiple-choice").total(data) == b.num_targets
+    assert family("classification").total(TaskData(Encoded(rows, types, [0, 1, 2], labels=[1, 0, 1]),
+                                                   family("classification"))) == 3
 
 
 def test_task_settings_come_back_from_the_run_record_or_an_older_config(tmp_path):
@@ -135,3 +139,78 @@ def test_task_settings_come_back_from_the_run_record_or_an_older_config(tmp_path
     config.extra["torchbert_task"] = {"type": "token", "max_length": 32}
     config.save(old / "config.json")
     assert (TaskSettings.of(old).type, TaskSettings.of(old).max_length) == ("token", 32)
+
+
+def test_task_settings_of_a_preset_keep_its_name_and_layout_and_flags_are_the_cli_ones():
+    """A preset's settings name it and read its layout (its files are GLUE's, not ours); a short
+    --max-length still has a doc stride of one token or more; `flags()` is what --resume compares:
+    the family's command-line settings only, not its type, preset or layout."""
+    from torchbert.tasks.families import task_settings
+
+    ts = task_settings("sst2")
+    assert (ts.type, ts.preset, ts.layout) == ("classification", "sst2", "glue-sst2")
+    assert (task_settings("classification").preset, task_settings("classification").layout) == (None, "auto")
+    assert TaskSettings(type="token", max_length=2).doc_stride == 1
+    assert set(task_settings("conll2003").flags()) == {"max_length", "doc_stride", "label_all_subtokens"}
+
+
+def test_a_run_record_of_an_unknown_task_type_is_not_a_fine_tuned_model(tmp_path):
+    from torchbert.io.record import RunRecord, write_record
+
+    write_record(tmp_path, RunRecord("finetune", task={"type": "summarization", "max_length": 64}))
+    with pytest.raises(ValueError, match="not a model fine-tuned by torchbert"):
+        TaskSettings.of(tmp_path)
+
+
+def test_a_layout_no_family_reads_or_one_of_another_family_is_named(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"sentence": "a", "label": "x"}\n')
+    with pytest.raises(ValueError, match=r"unknown layout 'glue-sst3'; expected one of auto, "):
+        family("classification").read(path, "glue-sst3")
+    with pytest.raises(ValueError, match=r"layout 'squad' does not fit a classification task; expected auto, "
+                                         r"glue-cola, .* or [a-z-]+$"):
+        family("classification").read(path, "squad")
+
+
+def test_only_label_set_families_keep_labels_and_predict_inputs_drop_theirs(minilm_dir):
+    """Classes and tags make a label map (config.json's id2label), scores and spans none. Prediction
+    inputs (use_labels=False) lose the labels the model never saw, and sentences tagged in part are
+    encoded without tags rather than failing on the first untagged one."""
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    text = [TextExample("0", "good", None, "pos"), TextExample("1", "bad", None, "neg")]
+    assert family("classification").label_map(text).labels == ["neg", "pos"]
+    assert family("regression").label_map([TextExample("0", "a", "b", 1.0)]) is None
+    qa = [QAExample("q1", "where?", "in Paris", [Answer("Paris", 3)])]
+    assert family("qa").label_map(qa) is None
+    ts, labels = task_settings("classification"), LabelMap(["neg", "pos"])
+    fam = family("classification")
+    assert fam.encode(tokenizer, text, ts, labels, training=False).labels == [1, 0]
+    assert fam.encode(tokenizer, text, ts, labels, training=False, use_labels=False).labels is None
+    some = [TokenExample("0", ["EU", "rejects"], None), TokenExample("1", ["it"], ["O"])]  # tagged in part
+    assert family("token").encode(tokenizer, some, task_settings("token"), LabelMap(["B-ORG", "O"]),
+                                  training=False).labels is None
+
+
+def test_correct_counts_the_argmax_and_grouped_outputs_keep_each_examples_own_rows():
+    from types import SimpleNamespace
+
+    logits = torch.tensor([[0.1, 2.0, 0.3], [3.0, 0.0, 1.0], [0.0, 0.5, 0.2]])
+    batch = SimpleNamespace(labels=torch.tensor([1, 2, 1]))
+    assert int(family("classification").correct(SimpleNamespace(logits=logits), batch)) == 2
+    rows = [[101, 7, 102]] * 5
+    data = TaskData(Encoded(rows, [[0] * 3] * 5, [0, 0, 1, 1, 1], labels=[0, 2], num_choices=[2, 3]),
+                    family("multiple-choice"))
+    (b,) = data.all_batches(8)
+    scores = torch.tensor([[0.0, 1.0, float("-inf")], [2.0, 0.0, 0.0]])[b.units]  # [E, max_choices]
+    out = dict(family("multiple-choice").outputs(SimpleNamespace(logits=scores), b, {}))
+    assert [len(out[0]), len(out[1])] == [2, 3]
+    assert out[0] == pytest.approx(torch.tensor([0.0, 1.0]).softmax(-1).tolist())
+    assert family("multiple-choice").total(data) == 2
+
+
+def test_layouts_are_listed_once_and_unknown_task_types_name_the_file(tmp_path):
+    from torchbert.tasks.families import read_examples
+
+    assert len(layouts()) == len(set(layouts())) and layouts()[0] == "auto"
+    with pytest.raises(ValueError, match=r"^x.jsonl: unknown task type 'ner'; expected one of classification, "):
+        read_examples("x.jsonl", "ner")

@@ -105,3 +105,18 @@ def test_without_datasets_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(ValueError, match="pip install datasets"):
         read_examples("hf:glue:sst2:train", "classification")
+
+
+def test_a_split_with_hidden_labels_reads_as_prediction_input(monkeypatch):
+    """GLUE's test splits label every row -1: they are written unlabelled, which predict reads
+    (labelled=False) and training refuses, naming the split by the name it was given."""
+
+    class Split(list):
+        features = {"sentence": Value(), "label": ClassLabel("negative", "positive")}
+
+    rows = Split([{"sentence": "a fine film", "label": -1}])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, split: rows))
+    (e,) = read_examples("hf:nyu-mll/glue:sst2:test", "classification", labelled=False)
+    assert (e.text_a, e.label) == ("a fine film", None)
+    with pytest.raises(ValueError, match=r"^hf:nyu-mll/glue:sst2:test:1: no label column"):  # not a temporary file
+        read_examples("hf:nyu-mll/glue:sst2:test", "classification")

@@ -143,7 +143,14 @@ class TaskFamily:
         if hub.is_hub(path):  # written out in our layout and read from there
             with tempfile.TemporaryDirectory(prefix="torchbert-hub.") as folder:
                 local = hub.export(str(path), self.file_format, Path(folder))
-                return self.read(local, "auto", labelled, warn)  # our layout, not a benchmark's own (GLUE's)
+
+                def named(text: str) -> str:  # the split the user gave, not a file that is gone
+                    return text.replace(str(local), str(path))
+
+                try:  # our layout, not a benchmark's own (GLUE's)
+                    return self.read(local, "auto", labelled, lambda message: warn(named(message)))
+                except ValueError as e:
+                    raise ValueError(named(str(e))) from None
         if layout not in self.layouts:
             raise ValueError(f"{path}: layout {layout!r} does not fit a {self.type} task; "
                              f"expected {', '.join(self.layouts[:-1])} or {self.layouts[-1]}")
