@@ -169,6 +169,10 @@ def test_the_state_dict_is_the_tagger_and_loads_back_onto_the_same_encoder():
     assert all(torch.equal(v, b.bert.state_dict()[k]) for k, v in encoder.items())
     _, _, flat, cu, T = tiny_batch()
     assert torch.equal(a(flat, cu_seqlens=cu, max_seqlen=T).logits, b(flat, cu_seqlens=cu, max_seqlen=T).logits)
+    torch.manual_seed(2)
+    c = FeatureTagger(*tiny_config()).eval()
+    c.load_state_dict({**state, **{f"bert.{k}": v for k, v in a.bert.state_dict().items()}})  # an encoder given: read
+    assert torch.equal(a(flat, cu_seqlens=cu, max_seqlen=T).logits, c(flat, cu_seqlens=cu, max_seqlen=T).logits)
 
 
 @torch.no_grad()
@@ -187,10 +191,87 @@ def test_save_and_load_round_trip(tmp_path):
     # a tagger that does not fit the settings (here: more labels) is refused, naming the file
     config["id2label"]["3"] = "B-y"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=TAGGER_FILE):
+    with pytest.raises(ValueError, match=f"{TAGGER_FILE}: does not fit .*size mismatch for classifier.weight"):
         FeatureTagger.from_pretrained(tmp_path)
     (tmp_path / TAGGER_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="no feature-based tagger"):
+        FeatureTagger.from_pretrained(tmp_path)
+
+
+@torch.no_grad()
+def test_a_new_tagger_starts_as_bert_heads_do_on_an_encoder_in_eval_mode():
+    """The classifier starts as BERT's heads (normal weights of std initializer_range, zero bias); the
+    encoder is in eval mode from the start; dropout runs between LSTM layers only when there are two."""
+    torch.manual_seed(0)
+    config, settings = tiny_config("linear")
+    config.initializer_range = 0.5
+    model = FeatureTagger(config, settings)
+    assert not model.bert.training
+    assert 0.4 < float(model.classifier.weight.std()) < 0.6 and not model.classifier.bias.any()
+    assert FeatureTagger(*tiny_config("bilstm", dropout=0.3)).lstm.dropout == pytest.approx(0.3)
+    config, settings = tiny_config("bilstm", dropout=0.3)
+    settings.lstm_layers = 1
+    assert FeatureTagger(config, settings).lstm.dropout == 0.0  # (nn.LSTM would warn that it does nothing)
+
+
+def test_dropout_falls_on_the_features_and_on_the_tagger_s_output_in_training():
+    """Dropout (the tagger's rate) on the frozen features before the BiLSTM, and before the classifier."""
+    torch.manual_seed(0)
+    model = FeatureTagger(*tiny_config("bilstm", dropout=0.5)).train()
+    seen = {}
+    model.lstm.register_forward_pre_hook(lambda m, args: seen.__setitem__("lstm", args[0].data))
+    model.classifier.register_forward_pre_hook(lambda m, args: seen.__setitem__("classifier", args[0]))
+    _, _, flat, cu, T = tiny_batch()
+    model(flat, cu_seqlens=cu, max_seqlen=T)
+    for name, x in seen.items():
+        assert 0.4 < float((x == 0).float().mean()) < 0.6, name
+    model.eval()
+    model(flat, cu_seqlens=cu, max_seqlen=T)
+    assert all(float((x == 0).float().mean()) < 0.01 for x in seen.values())
+
+
+@torch.no_grad()
+def test_labelled_only_logits_are_those_at_the_given_positions():
+    torch.manual_seed(0)
+    model = FeatureTagger(*tiny_config("linear")).eval()
+    _, _, flat, cu, T = tiny_batch()
+    labels = torch.full(flat.shape, IGNORE)
+    labels[[0, 4, 7, 9]] = torch.tensor([0, 1, 2, 1])
+    every = model(flat, cu_seqlens=cu, max_seqlen=T).logits
+    out = model(flat, cu_seqlens=cu, max_seqlen=T, labels=labels, labelled_only=True)
+    assert torch.equal(out.logits, every[[0, 4, 7, 9]])
+    some = model(flat, cu_seqlens=cu, max_seqlen=T, labels=labels, labelled_only=True,
+                 label_positions=torch.tensor([4, 9]))  # the host's count of the labelled tokens, when given
+    assert torch.equal(some.logits, every[[4, 9]])
+
+
+def test_settings_of_an_older_tagger_come_from_its_run_record(tmp_path):
+    """A tagger.safetensors without settings in its metadata (an older torchbert's): they are in the run
+    record's task; settings this torchbert does not know are left out; none at all is an error."""
+    from safetensors.torch import save_file
+    from torchbert.io.record import RunRecord, write_record
+
+    torch.manual_seed(0)
+    model = FeatureTagger(*tiny_config("linear", "sum_last_four")).eval()
+    model.save_pretrained(tmp_path)
+    save_file(load_file(tmp_path / TAGGER_FILE), tmp_path / TAGGER_FILE, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"{TAGGER_FILE}: names no tagger settings"):
+        TaggerSettings.of(tmp_path)
+    write_record(tmp_path, RunRecord("finetune", task={"type": "token", "tagger": "linear"}))
+    with pytest.raises(ValueError, match="names no tagger settings"):
+        TaggerSettings.of(tmp_path)
+    tagger = {"kind": "linear", "strategy": "sum_last_four", "lstm_size": 16, "crf": False}  # crf: a later field
+    write_record(tmp_path, RunRecord("finetune", task={"type": "token", "tagger": tagger}))
+    assert TaggerSettings.of(tmp_path) == TaggerSettings(kind="linear", strategy="sum_last_four", lstm_size=16)
+    _, _, flat, cu, T = tiny_batch()
+    loaded = FeatureTagger.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(flat, cu_seqlens=cu, max_seqlen=T).logits,
+                           model(flat, cu_seqlens=cu, max_seqlen=T).logits)
+    state = load_file(tmp_path / TAGGER_FILE)
+    del state["classifier.bias"]
+    save_file(state, tmp_path / TAGGER_FILE, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f'{TAGGER_FILE}: does not fit .*Missing key.*"classifier.bias"'):
         FeatureTagger.from_pretrained(tmp_path)
 
 

@@ -172,9 +172,10 @@ class FeatureTagger(nn.Module):
         model = cls.from_encoder(path, BertConfig.load(path), TaggerSettings.of(path))
         try:
             model.load_state_dict(read_weights(file))
-        except RuntimeError as e:
+        except RuntimeError as e:  # torch's first line only says that loading failed; the next, what
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             raise ValueError(f"{file}: does not fit the tagger that config.json describes "
-                             f"({str(e).splitlines()[0]})") from None
+                             f"({lines[min(1, len(lines) - 1)]})") from None
         return model
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
