@@ -4,6 +4,7 @@ The `datasets` library and a network are optional and never needed here: rows sh
 (GLUE, MNLI, CoNLL-2003, SQuAD v2, SWAG) go through the writer, and a stand-in `datasets` module
 checks the path from `read_examples`."""
 
+import json
 import sys
 import types
 
@@ -120,3 +121,65 @@ def test_a_split_with_hidden_labels_reads_as_prediction_input(monkeypatch):
     assert (e.text_a, e.label) == ("a fine film", None)
     with pytest.raises(ValueError, match=r"^hf:nyu-mll/glue:sst2:test:1: no label column"):  # not a temporary file
         read_examples("hf:nyu-mll/glue:sst2:test", "classification")
+
+
+def fake_datasets(monkeypatch, rows, features, error=None):
+    """A stand-in `datasets` whose load_dataset gives `rows` with `features` (or raises `error`)."""
+
+    class Split(list):
+        pass
+
+    found = Split(rows)
+    found.features = features
+
+    def load_dataset(name, config, split):
+        if error is not None:
+            raise error
+        return found
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+
+
+def test_export_names_its_file_after_the_split_and_keeps_unnamed_labels(monkeypatch, tmp_path):
+    """The file is named after the spec, its slashes and colons made safe; a label column without
+    class names (a plain integer) is written as it is."""
+    fake_datasets(monkeypatch, [{"sentence": "a fine film", "label": 3}], {"sentence": Value(), "label": Value()})
+    path = hub.export("hf:user/stars:default:train", "text", tmp_path)
+    assert path == tmp_path / "user_stars_default_train.jsonl"
+    assert path.read_text() == '{"sentence": "a fine film", "label": 3}\n'
+    fake_datasets(monkeypatch, [], {}, error=ValueError("Bad split: nope.\nAvailable splits: ['train']"))
+    with pytest.raises(ValueError, match=r"could not load it with datasets \(ValueError: Bad split: nope.\)$"):
+        hub.export("hf:user/stars:nope", "text", tmp_path)
+
+
+def test_what_the_writers_write_and_refuse(tmp_path):
+    with pytest.raises(ValueError, match="unknown task file format 'xml'; expected one of text, conll"):
+        hub.write_rows([{"sentence": "a"}], {}, "xml", tmp_path / "x")
+    with pytest.raises(ValueError, match="^hf:a:train: the split is empty$"):
+        hub.write_rows([], {}, "text", tmp_path / "x.jsonl", source="hf:a:train")
+    # text: Chinese as it is, labels already named kept, a folder made; one of a pair's columns is not a pair
+    path = hub.write_rows([{"text": "很好看", "label": "pos"}], {"label": ["neg", "pos"]}, "text",
+                          tmp_path / "new" / "c.jsonl")
+    assert path.read_text(encoding="utf-8") == '{"sentence": "很好看", "label": "pos"}\n'
+    with pytest.raises(ValueError, match="no text columns for a sentence task; it has label, sentence1"):
+        hub.write_rows([{"sentence1": "a", "label": 0}], {}, "text", tmp_path / "p.jsonl")
+    # conll: no blank line for an empty sentence; words need tags
+    path = hub.write_rows([{"tokens": ["a", "b"], "tags": ["O", "O"]}, {"tokens": [], "tags": []},
+                           {"tokens": ["c"], "tags": ["O"]}], {}, "conll", tmp_path / "t.conll")
+    assert path.read_text() == "a\tO\nb\tO\n\nc\tO\n\n"
+    with pytest.raises(ValueError, match=r"a token task needs a word column \(tokens/words\) and a tag column"):
+        hub.write_rows([{"tokens": ["a"], "id": "0"}], {}, "conll", tmp_path / "u.conll")
+    # squad: the title and the version kept; the four columns it needs
+    row = {"id": "q", "title": "T", "context": "c", "question": "q?", "answers": {"text": ["c"], "answer_start": [0]}}
+    squad = json.loads(hub.write_rows([row], {}, "squad-v2", tmp_path / "s.json").read_text())
+    assert (squad["version"], squad["data"][0]["title"]) == ("v2.0", "T")
+    assert json.loads(hub.write_rows([row], {}, "squad", tmp_path / "s1.json").read_text())["version"] == "1.1"
+    with pytest.raises(ValueError, match="needs id, context, question and answers; missing answers, question"):
+        hub.write_rows([{"id": "q", "context": "c"}], {}, "squad", tmp_path / "s2.json")
+    # swag: ending0..ending10 in number order, other ending* columns left out, a hidden label (-1) unlabelled
+    endings = {f"ending{i}": f"e{i}" for i in range(11)}
+    (line,) = hub.write_rows([{"sent1": "s", "ending_note": "x", **endings, "label": -1}], {}, "swag",
+                             tmp_path / "w.jsonl").read_text().splitlines()
+    assert json.loads(line) == {"id": "0", "context": "s", "question": "", "choices": [f"e{i}" for i in range(11)]}
+    with pytest.raises(ValueError, match="a multiple-choice split needs SWAG's sent1"):
+        hub.write_rows([{"startphrase": "s", **endings}], {}, "swag", tmp_path / "w2.jsonl")

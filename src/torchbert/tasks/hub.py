@@ -83,8 +83,7 @@ def write_rows(rows: Iterable[dict], label_names: dict[str, Sequence[str]], file
     text = FORMATS[file_format][0](rows, set(rows[0]), name_of, source)
     from ..io.files import atomic_write_text
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, text)
+    atomic_write_text(path, text)  # its folder made
     return path
 
 
