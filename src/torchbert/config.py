@@ -90,7 +90,6 @@ class _JsonConfig:
     MODEL_TYPE: ClassVar[str]
     REQUIRED: ClassVar[tuple[str, ...]]
     READS_SEGMENTS: ClassVar[bool] = False  # token_type_ids reach the model (BERT's segments A and B)
-    WRITTEN: ClassVar[dict[str, Any]] = {}  # fixed fields written with every config
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config"):
@@ -100,9 +99,6 @@ class _JsonConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names}
-        for k, v in cls.WRITTEN.items():
-            if extra.get(k, v) != v:
-                raise ValueError(f"{source}: {k} {extra[k]!r} is not supported, only {v!r}")
         try:
             return cls(**known, extra=extra)
         except (TypeError, ValueError) as e:
@@ -110,7 +106,7 @@ class _JsonConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return {"model_type": self.MODEL_TYPE, **self.WRITTEN, **self.extra, **d}
+        return {"model_type": self.MODEL_TYPE, **self.extra, **d}
 
     @classmethod
     def load(cls, path: str | os.PathLike):
@@ -176,10 +172,6 @@ class BertConfig(_JsonConfig):
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is not an id of the vocabulary of {self.vocab_size}")
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def head_size(self) -> int:
@@ -322,8 +314,6 @@ class ELMoConfig(_JsonConfig):
         if self.cell_size <= self.projection_dim:
             raise ValueError(f"cell_size {self.cell_size} must be larger than projection_dim {self.projection_dim} "
                              "(each LSTM layer projects its cells down)")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
 
     def parameter_estimate(self) -> int:
         """About how many parameters the biLM has (see BertConfig's)."""
