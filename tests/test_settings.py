@@ -1,6 +1,8 @@
 """Settings declared once (settings.py): a field's default, help and bounds make the command line's flag,
 and the Python API refuses what the command line refuses."""
 
+from __future__ import annotations  # annotations as text, as the settings modules write them
+
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -62,6 +64,90 @@ def test_the_flags_are_the_fields_with_their_defaults_help_and_names():
         p.parse_args([])  # --name is required: it has no default
     err = pytest.raises(SettingError, from_args, Example, p.parse_args(["--name", "n", "--timeout", "0"])).value
     assert err.as_flag() == "--timeout must be > 0, got 0"  # named as the user typed it
+
+
+@dataclass
+class Shapes(Checked):
+    """Settings of the shapes the command line also takes: choices any iterable gives (once), a list
+    of values each within the bounds, a bound from above only, a tuple, a type whose name holds another's."""
+
+    letter: str = setting("a", "from a generator", choices=(c for c in "ab"))
+    found: str = setting("a", "from a registry asked when checked", choices=lambda: (c for c in "ab"))
+    sizes: list[int] | None = setting(None, "one or more", low=1, metavar="N")
+    under: float = setting(1.0, "below five", below=5)
+    at_most: int = setting(1, "five or fewer", high=5)
+    betas: tuple[float, float] = setting((0.9, 0.999), "two rates", metavar=("B1", "B2"))
+    checkpoint: Checkpoint | None = setting(None, "a type whose name holds int")
+
+
+class Checkpoint:
+    """A type named in an annotation: its name holds "int", and it is no whole number."""
+
+
+@pytest.mark.parametrize("given,message", [
+    (dict(letter="c"), "letter must be one of a, b, got 'c'"),
+    (dict(found="c"), "found must be one of a, b, got 'c'"),
+    (dict(sizes=[2, 0]), "sizes must be >= 1, got 0"),
+    (dict(under=5), "under must be < 5, got 5"),
+    (dict(at_most=6), "at_most must be <= 5, got 6"),
+])
+def test_settings_of_every_shape_are_checked(given, message):
+    for _ in range(2):  # a generator's choices are kept, not used up by the first check
+        Shapes(letter="b", found="b", sizes=[1, 3])
+    with pytest.raises(SettingError, match=f"^{re.escape(message)}$"):
+        Shapes(**given)
+
+
+@dataclass(kw_only=True)
+class Words(Checked):
+    """A positional argument (optional: it has a default), a field without help, and help with a %."""
+
+    level: int = setting(2)
+    share: float = setting(0.5, "a share of 100% or less", low=0, high=1)
+    where: str = setting(".", "the folder", flag="where")
+    name: str = setting(help="required")
+
+
+def test_positional_arguments_bare_defaults_and_the_words_that_give_them():
+    """add_flags' flags, and as_flags' words for an object: positional arguments first, then each flag
+    whose value differs from its default (a command's own defaults count), in field order or `only`'s."""
+    import argparse
+
+    from torchbert.settings import as_flags
+
+    p = argparse.ArgumentParser()
+    add_flags(p, Words)
+    assert vars(p.parse_args(["--name", "n"])) == {"where": ".", "level": 2, "share": 0.5, "name": "n"}
+    assert p.parse_args(["runs", "--name", "n"]).where == "runs"
+    helps = {a.dest: a.help for a in p._actions}
+    assert helps["level"] == "(default: 2)" and "100%% or less (default: 0.5)" in helps["share"]
+    assert "a share of 100% or less" in p.format_help()
+    words = Words(where="runs", level=3, share=0.25, name="n")
+    assert as_flags(words) == ["runs", "--level", "3", "--share", "0.25", "--name", "n"]
+    assert as_flags(Words(name="n")) == ["--name", "n"]  # the required one, always
+    assert as_flags(words, only=["share", "level"]) == ["--share", "0.25", "--level", "3"]
+    assert as_flags(words, only=["share", "level"], skip=["level"]) == ["--share", "0.25"]
+    assert as_flags(words, skip=["where"], defaults={"name": "n", "level": 3}) == ["--share", "0.25"]
+    args = p.parse_args(as_flags(words))
+    assert from_args(Words, args) == words  # the words give the object back
+
+
+def test_flags_of_every_shape_and_readable_numbers():
+    import argparse
+
+    from torchbert.settings import readable_number
+
+    p = argparse.ArgumentParser()
+    add_flags(p, Shapes)
+    text = " ".join(p.format_help().split())
+    assert "two rates (default: 0.9 0.999)" in text and "--letter {a,b}" in text
+    args = p.parse_args(["--sizes", "2", "3", "--betas", "0.8", "0.99", "--checkpoint", "step-100"])
+    assert (args.sizes, args.betas, args.checkpoint) == ([2, 3], [0.8, 0.99], "step-100")
+    assert from_args(Shapes, args).betas == (0.8, 0.99)
+    with pytest.raises(KeyError, match="Shapes has no setting 'colour' for the command line"):
+        add_flags(argparse.ArgumentParser(), Shapes, only=["colour"])
+    assert [readable_number(x) for x in (1_048_576, -2_000_000, 999_999, 0.5, 2.5e-05)] == [
+        "1,048,576", "-2,000,000", "999999", "0.5", "2.5e-05"]
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, PretrainSettings, FinetuneSettings, TaskSettings, Limits,

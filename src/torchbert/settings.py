@@ -199,8 +199,7 @@ def as_flags(obj: Any, *, only: Iterable[str] | None = None, skip: Iterable[str]
         f, m = by_name[name], by_name[name].metadata
         value = getattr(obj, name)
         required = f.default is MISSING and f.default_factory is MISSING and name not in (defaults or {})
-        default = (defaults or {}).get(name, f.default if f.default is not MISSING else
-                                       f.default_factory() if f.default_factory is not MISSING else None)
+        default = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
         if not required and (value == default or (value is None and default is None)):
             continue
         flag = m["flag"] or f"--{name.replace('_', '-')}"
@@ -211,13 +210,9 @@ def as_flags(obj: Any, *, only: Iterable[str] | None = None, skip: Iterable[str]
             else:
                 flags.append(flag if value else f"--no-{flag[2:]}")
             continue
-        words = [_word(v) for v in value] if kind in ("tuple", "list") else [_word(value)]
+        words = [str(v) for v in value] if kind in ("tuple", "list") else [str(value)]  # str(0.1): 0.1
         if not flag.startswith("-"):
             positional += words
         else:
             flags += [flag, *words]
     return positional + flags
-
-
-def _word(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
