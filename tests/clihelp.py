@@ -41,8 +41,6 @@ def jsonl(path, rows: list) -> None:
 def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0, positions: int = 512):
     """A tiny random BERT (2 layers, hidden 128) with MiniLM's vocab and tokenizer files: fine-tuning
     runs through every real code path in seconds."""
-    import shutil
-
     import torch
 
     from torchbert import BertConfig, BertModel
@@ -51,6 +49,13 @@ def tiny_bert(folder, minilm_dir, dropout: float = 0.1, seed: int = 0, positions
     cfg = BertConfig.from_name("tiny", vocab_size=30522, hidden_dropout_prob=dropout,
                                attention_probs_dropout_prob=dropout, max_position_embeddings=positions)
     BertModel(cfg).save_pretrained(folder)
+    return with_tokenizer(folder, minilm_dir)
+
+
+def with_tokenizer(folder, minilm_dir):
+    """`folder` with MiniLM's tokenizer files copied in."""
+    import shutil
+
     for f in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         if (minilm_dir / f).is_file():
             shutil.copyfile(minilm_dir / f, folder / f)

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from clihelp import with_tokenizer
 
 from torchbert import BertConfig
 from torchbert.errors import NonFiniteOutput
@@ -25,13 +26,6 @@ from torchbert.tasks.text import TextExample
 CPU = torch.device("cpu")
 
 
-def with_tokenizer(folder, minilm_dir):
-    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        if (minilm_dir / name).is_file():
-            shutil.copyfile(minilm_dir / name, folder / name)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, minilm_dir):
     """A folder as `torchbert finetune --task classification` leaves it (untrained weights): a BERT
@@ -44,11 +38,6 @@ def classifier(tmp_path_factory, minilm_dir):
     with_tokenizer(folder, minilm_dir)
     write_record(folder, RunRecord("finetune", task={"type": "classification", "max_length": 32}))
     return folder
-
-
-def copy_of(folder, to):
-    shutil.copytree(folder, to)
-    return to
 
 
 def test_load_finetuned_opens_the_run_in_eval_mode_with_its_task_and_labels(classifier):
@@ -68,7 +57,7 @@ def test_load_finetuned_refuses_what_does_not_fit_before_reading_weights(classif
         load_finetuned(tmp_path / "nothing", None, torch.device("cuda"), "int8")
     with pytest.raises(ValueError, match=r"--task token is a token task, but .* was fine-tuned for classification"):
         load_finetuned(classifier, "token", CPU)
-    unlabelled = copy_of(classifier, tmp_path / "unlabelled")
+    unlabelled = shutil.copytree(classifier, tmp_path / "unlabelled")
     config = json.loads((unlabelled / "config.json").read_text())
     del config["id2label"]
     (unlabelled / "config.json").write_text(json.dumps(config))
