@@ -11,7 +11,8 @@ from torch import nn
 from torchbert import BertConfig, BertModel
 from torchbert.heads import BertForPreTraining
 from torchbert.architectures import (ARCHITECTURES, Architecture, HFCheckpoint, architecture, architecture_of,
-                                     architecture_of_folder, encoder_of, load_pretrained, register_architecture)
+                                     architecture_of_folder, encoder_of, encoder_tensor, load_config, load_pretrained,
+                                     register_architecture)
 from torchbert.baselines.elmo import ELMoBiLM, ELMoModel
 from torchbert.baselines.gpt import OpenAIGPTLMHeadModel, OpenAIGPTModel
 from torchbert.config import ELMoConfig, GPTConfig, _JsonConfig
@@ -191,3 +192,92 @@ def test_a_toy_architecture_registered_in_a_test_runs_through_the_commands(toy_a
     assert "token tasks have no TOY task model; fine-tune a BERT, GPT or ELMo for them" in capsys.readouterr().err
     assert main(["export", "--model", str(pretrained), "--out", str(tmp_path / "bare")]) == 2
     assert "a TOY encoder exports once fine-tuned for a task" in capsys.readouterr().err
+
+
+# -- what the registry and the checkpoint functions promise, each on its own ------------------------------
+
+@dataclass
+class DerivedConfig(BertConfig):
+    """A BERT descendant's config: BERT's fields under a model_type of its own."""
+
+    MODEL_TYPE = "torchbert-derived"
+
+
+def test_a_config_class_derived_from_berts_builds_its_own_architecture(tmp_path):
+    derived = register_architecture(Architecture("derived", DerivedConfig, "bert", "a BERT descendant"))
+    try:
+        config = DerivedConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)
+        assert architecture_of(config) is derived and derived.title == "DERIVED"
+        assert architecture_of(BertConfig.from_name("tiny", vocab_size=100)).name == "bert"
+        config.save(tmp_path)
+        assert type(load_config(tmp_path)) is DerivedConfig and architecture_of_folder(tmp_path) is derived
+    finally:
+        del ARCHITECTURES["derived"]
+
+
+def test_encoder_tensors_are_each_architectures_and_roformers_but_not_a_heads():
+    for name in ("bert.encoder.layer.0.output.dense.weight", "roformer.pooler.dense.weight",
+                 "roformer.embeddings.word_embeddings.weight", "transformer.h.0.attn.c_attn.weight", "elmo.mix.gamma"):
+        assert encoder_tensor(name), name
+    for name in ("classifier.weight", "qa_outputs.bias", "cls.predictions.bias", "score.weight", "bertx.pooler.weight"):
+        assert not encoder_tensor(name), name
+
+
+def test_a_config_file_or_folder_is_read_as_its_architectures_and_a_bad_one_named(tmp_path):
+    for name, config in configs().items():
+        config.save(tmp_path / name)
+        assert type(load_config(tmp_path / name)) is type(config), name  # the folder
+        assert type(load_config(tmp_path / name / "config.json")) is type(config), name  # or its config.json
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "openai-gpt",', encoding="utf-8")
+    assert architecture_of_folder(tmp_path / "broken") is None  # whoever loads it says what is wrong
+    with pytest.raises(ValueError, match="broken/config.json: not valid JSON"):
+        load_config(tmp_path / "broken")
+    (tmp_path / "empty").mkdir()
+    assert architecture_of_folder(tmp_path / "empty") is None
+    with pytest.raises(FileNotFoundError, match="empty/config.json: no such config"):
+        load_config(tmp_path / "empty")
+
+
+def test_from_pretrained_takes_the_labels_of_a_new_head(tmp_path, minilm_dir):
+    from torchbert.heads import BertForSequenceClassification
+
+    with pytest.warns(UserWarning, match="no weights for classifier.weight, classifier.bias; they keep their fresh"):
+        model = BertForSequenceClassification.from_pretrained(minilm_dir, labels=["neg", "neu", "pos"])
+    assert model.classifier.out_features == 3
+    assert model.config.extra["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+    assert model.config.extra["label2id"] == {"neg": 0, "neu": 1, "pos": 2}
+    model.save_pretrained(tmp_path / "nested" / "cls")  # the folders are made
+    again = BertForSequenceClassification.from_pretrained(tmp_path / "nested" / "cls")
+    assert again.classifier.out_features == 3 and torch.equal(again.classifier.weight, model.classifier.weight)
+
+
+def test_unused_head_tensors_are_named_four_and_counted_beyond(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_name("tiny", vocab_size=100)).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    heads = {"classifier.weight": torch.zeros(2, 128), "classifier.bias": torch.zeros(2),
+             "qa_outputs.weight": torch.zeros(2, 128), "qa_outputs.bias": torch.zeros(2),
+             "sequence_summary.summary.weight": torch.zeros(128, 128), "cls.predictions.bias": torch.zeros(100)}
+    save_file({**state, **heads}, tmp_path / "model.safetensors")
+    with pytest.warns(UserWarning, match=r"unused task-head tensors classifier.bias, classifier.weight, qa_outputs.bias, "
+                                         r"qa_outputs.weight and 1 more \(not part of a BertModel\)"):
+        model = BertModel.from_pretrained(tmp_path)
+    assert model.load_report["unused"] == sorted(heads)  # a pretraining head is unused but not named
+
+
+def test_a_rotary_multiple_choice_checkpoint_keeps_its_dropout_as_roformers_summary(tmp_path):
+    import transformers
+
+    from torchbert.heads import BertForMultipleChoice
+
+    config = BertConfig.from_name("tiny", vocab_size=100, position_embedding_type="rotary", hidden_dropout_prob=0.25)
+    BertForMultipleChoice(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["RoFormerForMultipleChoice"] and saved["summary_last_dropout"] == 0.25
+    theirs = transformers.RoFormerForMultipleChoice.from_pretrained(tmp_path)
+    assert theirs.sequence_summary.last_dropout.p == 0.25
+    assert isinstance(theirs.sequence_summary.first_dropout, nn.Identity)  # dropout 0: none

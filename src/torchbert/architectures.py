@@ -116,10 +116,7 @@ def architecture_of_folder(path: str | os.PathLike) -> Architecture | None:
 def load_config(path: str | os.PathLike):
     """A config.json (or the one in a folder) as its architecture's config class, by its model_type."""
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    try:
-        model_type = read_json(file, dict, "config.json", CONFIG_BYTES).get("model_type")
-    except (OSError, ValueError):
-        model_type = None  # BertConfig.load says what is wrong with the file
+    model_type = read_json(file, dict, "config.json", CONFIG_BYTES).get("model_type")
     return _by_model_type(model_type).config_class.load(path)
 
 
@@ -160,7 +157,6 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     config = model.config
     name = getattr(model, "hf_architecture", type(model).__name__)  # our class names are Hugging Face's
     if getattr(config, "rotary", False):
