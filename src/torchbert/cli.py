@@ -55,7 +55,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     name = next((a for a in argv if not a.startswith("-")), None)
     if name in commands:  # a flag the command does not know, before argparse asks for the required ones
         command = commands[name]
-        flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+        flags = [o for a in command._actions for o in a.option_strings]
         tail = argv[argv.index(name) + 1:]
         tail = tail[:tail.index("--")] if "--" in tail else tail
         unknown = [x for x in tail if x.startswith("--") and not any(f.startswith(x.split("=", 1)[0]) for f in flags)]
