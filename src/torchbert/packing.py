@@ -120,8 +120,6 @@ def length_groups(lengths: list[int], most: int = 4) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     sizes = np.array([lengths[i] for i in order], dtype=np.float64)
     n = len(sizes)
-    if n == 0:
-        return []
     # best[k, j]: the least work for the first j sequences in k groups; cut[k, j]: where its last group starts
     best = np.full((most + 1, n + 1), np.inf)
     best[0, 0] = 0.0
