@@ -49,9 +49,29 @@ def test_a_resumed_run_records_its_training_settings_in_the_current_layout(tmp_p
 @pytest.mark.parametrize("text, says", [("[1, 2]", "not a JSON object"), ("{", "not the run record"),
                                         ('{"made": "pretrain", "version": 3}', "newer torchbert"),
                                         ('{"made": "cooked"}', "made must be one of"),
-                                        ('{"made": "pretrain", "training": [1]}', "training must be a JSON object")])
+                                        ('{"made": "pretrain", "training": [1]}', "training must be a JSON object"),
+                                        ('{"made": "pretrain", "settings": "x"}', "settings must be a JSON object"),
+                                        ('{"made": "pretrain", "version": "2"}', "version must be a whole number, got '2'"),
+                                        ('{"made": "pretrain", "version": true}', "version must be a whole number, got True"),
+                                        ('{"objective": "mlm"}', "missing 1 required positional argument: 'made'")])
 def test_a_record_torchbert_did_not_write_is_named(tmp_path, text, says):
     (tmp_path / "torchbert.json").write_text(text)
     with pytest.raises(ValueError, match=says) as e:
         read_record(tmp_path)
     assert str(tmp_path / "torchbert.json") in str(e.value)
+
+
+def test_a_record_is_indented_sorted_json_and_a_field_this_torchbert_does_not_know_is_left_aside(tmp_path):
+    write_record(tmp_path, RunRecord("pretrain", objective="mlm", versions={"torchbert": "0"}))
+    text = (tmp_path / "torchbert.json").read_text()
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"  # for a person to read
+    saved = json.loads(text)
+    (tmp_path / "torchbert.json").write_text(json.dumps({**saved, "notes": "a later field"}))
+    assert read_record(tmp_path) == RunRecord("pretrain", objective="mlm", versions={"torchbert": "0"})
+
+
+@pytest.mark.parametrize("config", ["{", "[1]", '{"torchbert_task": null}', '{"torchbert_task": "token"}',
+                                    '{"torchbert_objective": 3}', '{"torchbert_objective": null}'])
+def test_a_config_json_without_an_old_record_in_it_is_no_record(tmp_path, config):
+    (tmp_path / "config.json").write_text(config)  # whoever reads the config says what is wrong with it
+    assert read_record(tmp_path) is None

@@ -59,7 +59,9 @@ class RunRecord:
             value = getattr(self, name)
             if value is not None and not isinstance(value, dict):
                 raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
-        if not isinstance(self.version, int) or self.version > VERSION:
+        if not isinstance(self.version, int) or isinstance(self.version, bool):
+            raise ValueError(f"version must be a whole number, got {self.version!r}")
+        if self.version > VERSION:
             raise ValueError(f"version {self.version!r}: written by a newer torchbert (this one reads up to "
                              f"{VERSION}); upgrade torchbert")
 
