@@ -111,6 +111,8 @@ def test_an_upsampled_instance_is_masked_afresh_each_time_it_is_drawn(prepared, 
     assert (one.mlm_labels.sum() > 0) and not (one.mlm_positions.shape == two.mlm_positions.shape
                                                and (one.mlm_positions == two.mlm_positions).all())
     assert (data.batch([first]).input_ids == one.input_ids).all()  # a pure function of (seed, epoch, key)
+    later = data.batch([first], epoch=1)  # the next blend epoch masks it afresh too
+    assert not (later.mlm_positions.shape == one.mlm_positions.shape and (later.mlm_positions == one.mlm_positions).all())
     # the count tables read each folder's first tokens at its weight
     arrays = list(data.token_arrays(1000))
     assert sum(len(a) for a in arrays) == 1000
@@ -158,3 +160,66 @@ def test_pretrain_on_a_blend(prepared, tmp_path, capsys):
     code, _, err = cli(capsys, "pretrain", "--data", f"{tmp_path / 'news'}:0.7", f"{run}:0.3", "--out",
                        run / "inner", "--config", "tiny", "--quiet")
     assert code != 0 and "--data" in err  # an output inside an input is refused
+
+
+def test_parse_data_reads_names_as_the_filesystem_has_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_data([":0.5"]) == [(Path(":0.5"), None)]  # nothing before the colon: all of it is the name
+    (tmp_path / "prep").mkdir()
+    (tmp_path / "prep:abc").mkdir()  # a folder whose name has a colon, beside one named as its head
+    assert parse_data(["prep:abc"]) == [(Path("prep:abc"), None)]
+    for bad in ("prep:inf", "prep:-inf"):
+        with pytest.raises(ValueError, match=f"--data {bad}: the weight after ':' must be a number > 0"):
+            parse_data([bad])
+    with pytest.raises(ValueError, match="--data prep/../prep: given twice"):
+        parse_data(["prep:1", "prep/../prep:2"])
+
+
+def test_one_folder_is_read_alone_and_a_blend_needs_two_opened_alike(prepared, tmp_path):
+    one = open_data([(prepared / "data", None)], seed=3)
+    assert type(one) is PretrainingData and one.seed == 3
+    with pytest.raises(ValueError, match="a blend needs at least two folders"):
+        BlendedData([(one, None)])
+    with pytest.raises(ValueError, match=r"opened alike \(seed, rank, world_size, shuffle, masked\)"):
+        BlendedData([(one, 1.0), (PretrainingData(prepared / "eval", seed=4), 1.0)])
+    empty = tmp_path / "empty"
+    shutil.copytree(prepared / "eval", empty)
+    manifest = json.loads((empty / "manifest.json").read_text(encoding="utf-8"))
+    (empty / "manifest.json").write_text(json.dumps({**manifest, "shards": []}), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"--data {empty}: holds no instances"):
+        open_data([(prepared / "data", 1.0), (empty, 1.0)])
+
+
+def test_draws_are_the_largest_remainders():
+    from torchbert.data.blend import _draws
+
+    # exact 1.4, 2.1, 3.5: the one left over goes to the largest remainder, not to the first folder
+    assert _draws(np.array([0.2, 0.3, 0.5]), 7).tolist() == [1, 2, 4]
+    assert _draws(np.array([1.0, 1.0, 1.0]), 10).tolist() == [4, 3, 3]  # ties: in folder order
+
+
+def test_the_blend_describes_itself_not_its_first_folder(prepared):
+    data = blend(prepared, (0.7, 0.3), seed=2)
+    assert not {"counts", "shards", "heldout"} & set(data.manifest)  # those are each folder's own
+    assert [b["folder"] for b in data.manifest["blend"]] == [str(prepared / "data"), str(prepared / "eval")]
+    assert [b["weight"] for b in data.manifest["blend"]] == pytest.approx([0.7, 0.3])
+    assert sum(b["per_epoch"] for b in data.manifest["blend"]) == len(data)
+
+
+def test_each_epoch_deals_the_folders_anew_and_in_order_they_are_spread_evenly(prepared):
+    data = blend(prepared, (0.5, 0.5), seed=4)
+    which = [[data.locate(k)[0] for k in data.order(e)] for e in (0, 1)]
+    assert which[0] != which[1]  # not only other instances: other slots
+    held = blend(prepared, (0.75, 0.25), seed=4, shuffle=False)
+    which = np.array([i for i, _ in map(held.locate, held.order(0))])
+    for part in np.array_split(which, 8):  # every part of the epoch holds the folders at their weights
+        assert abs((part == 1).mean() - 0.25) < 0.03
+    assert [local for i, local in map(held.locate, held.order(0)) if i == 1][:5] == [0, 1, 2, 3, 4]  # its own order
+
+
+def test_a_blend_locates_the_first_instance_of_each_folder_and_shares_its_tokens_by_weight(prepared):
+    data = blend(prepared, (0.9, 0.1), seed=1)
+    assert data.locate(data.starts[1]) == (1, 0) and data.locate(data.starts[1] - 1) == (0, len(data.parts[0]) - 1)
+    got = [a.tolist() for a in data.token_arrays(1000)]  # 900 tokens of the first folder, 100 of the second
+    assert got == [a.tolist() for a in data.parts[0].token_arrays(900)] + \
+        [a.tolist() for a in data.parts[1].token_arrays(100)]
