@@ -84,7 +84,8 @@ def check_address(address: str) -> None:
     """A Dask scheduler's address (tcp://HOST:PORT, tls://..., or HOST:PORT), else a ValueError naming the flag."""
     import re
 
-    if not re.fullmatch(r"(?:(?:tcp|tls|ucx|ws|wss|inproc)://)?[\w.\-\[\]:%]+(?::\d+)?(?:/[\w.\-]*)?", address):
+    if not re.fullmatch(r"(?:(?:tcp|tls|ucx|ws|wss)://)?[\w.\-\[\]:%]+(?::\d+)?(?:/[\w.\-]*)?"
+                        r"|inproc://[\w.\-]+(?:/[\w.\-]+)*", address):  # inproc: an in-process LocalCluster's
         raise ValueError(f"--cluster {address!r}: not a Dask scheduler address (tcp://HOST:8786); leave --cluster "
                          "out to prepare on this machine")
 
@@ -105,7 +106,7 @@ class Runner:
                 raise ValueError("--cluster needs Dask's distributed (pip install 'dask[distributed]')") from None
             try:
                 self._client = Client(self.cluster, timeout=30)
-            except (OSError, TimeoutError) as e:
+            except OSError as e:  # refused, or no answer in 30 s (a TimeoutError is an OSError)
                 raise ValueError(f"--cluster {self.cluster}: cannot reach the Dask scheduler ({e})") from None
         return self
 
