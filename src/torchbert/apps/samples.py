@@ -116,8 +116,7 @@ def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
         tags: list[str] = []
         previous = None
         for token in line.split():
-            word, _, tag = token.lstrip("[").rpartition("/")
-            tag = tag.split("]")[0]
+            word, _, tag = token.rpartition("/")
             if not word:
                 continue
             kind = ENTITY.get(tag)
@@ -128,7 +127,7 @@ def peoples_daily_ner() -> list[tuple[int, list[str], list[str]]]:
             if word in "。！？":
                 if 4 <= len(chars) <= 100:
                     out.append((p, chars, tags))
-                chars, tags, previous = [], [], None
+                chars, tags = [], []  # (previous is the end mark's: no name)
         if 4 <= len(chars) <= 100:
             out.append((p, chars, tags))
     return out
