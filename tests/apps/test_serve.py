@@ -899,6 +899,14 @@ def finetuned(minilm_dir, tmp_path_factory):
     return runs
 
 
+def test_a_fine_tuned_bert_serves_embeddings_from_the_one_model_it_loads(finetuned):
+    from torchbert.apps.worker import Spec, build
+
+    predictor, embedder = build(Spec(str(finetuned["classification"][0]), "m"), load=True)
+    assert (predictor.endpoint, embedder.endpoint) == ("predict", "embeddings")
+    assert embedder.model is predictor.model.bert and embedder.tokenizer is predictor.tokenizer  # not loaded twice
+
+
 @pytest.mark.parametrize("task", ["classification", "pair", "regression", "token", "qa", "multiple-choice"])
 def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
     from starlette.testclient import TestClient
