@@ -157,3 +157,128 @@ def test_an_overwriting_demo_keeps_the_earlier_one_only_until_its_first_stage(tm
     assert main(["demo", "--out", str(earlier)]) == 130
     assert (earlier / "data").is_dir() and not (earlier / "summary.json").exists()
     assert not list(tmp_path.glob(".demo*"))  # the earlier one is gone, not left aside
+
+
+# -- the demo's parts on figures written by hand -----------------------------------------------------------
+
+
+def test_a_demo_counts_its_stages_before_it_starts():
+    from dataclasses import replace
+
+    from torchbert.apps.demo import FULL, QUICK, stage_count
+
+    # vocab, prepare, pretrain; 2 tasks x 4 models (random, 1/4, 1/2, all), each run a finetune and a test:
+    # a grid of 2 learning rates with the first seed, then 2 more seeds; predict
+    assert stage_count(FULL) == 3 + 2 * 4 * 2 * (2 + 3 - 1) + 1 == 68
+    assert stage_count(QUICK) == 3 + 2 * 4 * 2 * (1 + 2 - 1) + 1 == 36
+    assert stage_count(replace(QUICK, pretrain_steps=2)) == 3 + 2 * 3 * 2 * 2 + 1  # a quarter of 2 steps is none
+
+
+def test_a_signal_between_two_stages_is_a_study_interrupted_with_the_count(tmp_path, monkeypatch):
+    from torchbert.errors import StudyInterrupted
+
+    def interrupted(out, r, *args):
+        r.done = 5
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torchbert.apps.demo, "_stages", interrupted)
+    with pytest.raises(StudyInterrupted) as e:
+        torchbert.apps.demo.run_demo(tmp_path / "demo", quick=True, log=lambda m: None)
+    assert (e.value.done, e.value.total) == (5, 36)
+
+
+def test_the_held_out_figures_of_a_step_are_those_logged_with_it(tmp_path):
+    from torchbert.apps.demo import held_out_at
+
+    rows = [{"step": 2, "loss": 3.0}, {"step": 2, "eval_mlm_accuracy": 0.1, "eval_mlm_loss": 5.0},
+            {"step": 4, "eval_nsp_accuracy": 0.6}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert held_out_at(tmp_path, 2) == {"mlm_accuracy": 0.1, "mlm_loss": 5.0}
+    assert held_out_at(tmp_path, 4) is None and held_out_at(tmp_path, 8) is None  # no MLM figures: none
+
+
+def summary(quick=False, ner_clear_from=None, sentiment_loss=True, model_accuracy=0.193):
+    """A demo's summary.json, by hand: 2 and 4 pretraining steps."""
+    def cell(task, steps, mean, std, lr):
+        return {"task": task, "steps": steps, "mean": mean, "std": std, "lr": lr, "test": [mean] * 3}
+
+    cells = {"sentiment/0": cell("sentiment", 0, 0.70, 0.01, 5e-4), "sentiment/2000": cell("sentiment", 2000, 0.69, 0.01, 2e-3),
+             "sentiment/4000": cell("sentiment", 4000, 0.64, 0.01, 2e-3),
+             "ner/0": cell("ner", 0, 0.10, 0.02, 2e-3), "ner/2000": cell("ner", 2000, 0.30, 0.02, 5e-4),
+             "ner/4000": cell("ner", 4000, 0.34, 0.02, 5e-4)}
+
+    def gain(g, se, clear, loss):
+        return {"gain": g, "standard_error": se, "clear": clear, "clear_loss": loss}
+
+    return {
+        "quick": quick, "labelled_examples": 200, "seconds": 559.4, "stage_seconds": {"pretrain bert": 301.2},
+        "settings": {"preset": "tiny", "pretrain_steps": 4000, "pretrain_batch": 32, "max_seq_len": 128, "dev": 500,
+                     "seeds": 3, "recipe": "paper"},
+        "pretraining": {"tokens": 16_384_000, "train_seconds": 300.4, "tokens_per_second": 54_540.2,
+                        "heldout": {"mlm_accuracy": model_accuracy},
+                        "yardsticks": {"masked": 12_345, "unigram": 0.046, "left": 0.053, "neighbours": 0.112},
+                        "heldout_by_step": {"0": None, "2000": {"mlm_accuracy": 0.15}, "4000": {"mlm_accuracy": 0.193}},
+                        "plots": ["run/loss.png", "run/accuracy.png"]},
+        "cells": cells,
+        "gains": {"sentiment": {"by_step": {"2000": gain(-0.01, 0.008, False, False),
+                                            "4000": gain(-0.06, 0.008, False, sentiment_loss)}, "crossover_step": None},
+                  "ner": {"by_step": {"2000": gain(0.2, 0.016, True, False), "4000": gain(0.24, 0.016, True, False)},
+                          "crossover_step": ner_clear_from}},
+        "examples": [{"text": "早餐丰富", "label": "pos", "probability": 0.8123}],
+    }
+
+
+def test_the_summary_says_what_the_figures_say():
+    from torchbert.apps.demo import summary_markdown
+
+    md = summary_markdown(summary(ner_clear_from=2000))
+    lines = md.splitlines()
+    assert lines[0] == "# torchbert demo: what pretraining buys a small BERT on Chinese text"
+    assert lines[2] == ("Pretraining: tiny preset, 4,000 steps of 32 x 128 (16,384,000 tokens in 300 s, 54,540 tokens/s), "
+                        "whole-word masking; the paper's recipe: learned absolute positions, MLM + NSP (--recipe paper).")
+    assert lines[4] == ("Held-out MLM accuracy after pretraining 0.193 on 12,345 masked tokens; tables of token counts "
+                        "from the pretraining data score 0.046 the most frequent token, 0.053 given the nearest unmasked "
+                        "token on the left, 0.112 given both nearest unmasked neighbours on the same masks: the model is "
+                        "above all three.")
+    rows = [x for x in lines if x.startswith("| ") and x[2].isdigit()]
+    assert rows == ["| 0 (random weights) | - | 0.700 ± 0.010 | - | 0.100 ± 0.020 | - |",
+                    "| 2,000 | 0.150 | 0.690 ± 0.010 | -0.010 | 0.300 ± 0.020 | +0.200 ✓ |",
+                    "| 4,000 | 0.193 | 0.640 ± 0.010 | -0.060 ✗ | 0.340 ± 0.020 | +0.240 ✓ |"]
+    assert ("- sentiment: no gain within 4,000 steps; at the end worse than random weights (-0.060, standard error "
+            "0.008).") in md
+    assert "- ner: pretraining pays from 2,000 steps on; after 4,000 the gain is +0.240 (standard error 0.016)." in md
+    assert ("Learning rates chosen: sentiment/0 0.0005; sentiment/2000 0.002; sentiment/4000 0.002; ner/0 0.002; "
+            "ner/2000 0.0005; ner/4000 0.0005.") in md
+    assert "Total: 559 s (pretraining 301 s). Plots: gain.png, run/loss.png, run/accuracy.png. Runs: runs/." in md
+    assert lines[-1] == "- pos (0.812): 早餐丰富"
+    s = summary(ner_clear_from=2000)  # as the demo holds it before it is written as JSON: steps as numbers
+    s["pretraining"]["heldout_by_step"] = {int(k): v for k, v in s["pretraining"]["heldout_by_step"].items()}
+    assert summary_markdown(s) == md
+    quick = summary_markdown(summary(quick=True, sentiment_loss=False, model_accuracy=0.112))
+    assert quick.startswith("# torchbert demo (--quick): ")
+    assert "at the end no difference beyond the seeds' noise (-0.060" in quick
+    assert "- ner: no gain within 4,000 steps" in quick  # no crossover step: no clear gain is claimed
+    assert "the model is not above the table given both nearest unmasked neighbours." in quick  # a tie is not above
+
+
+def test_the_yardsticks_are_said_only_beside_a_held_out_accuracy():
+    from torchbert.apps.demo import yardstick_lines
+
+    p = summary()["pretraining"]
+    assert yardstick_lines({**p, "heldout": {}}) == [] and yardstick_lines({**p, "yardsticks": None}) == []
+    assert "the model is not above the table given the nearest unmasked token on the left." in yardstick_lines(
+        {**p, "heldout": {"mlm_accuracy": 0.05}})[0]  # above the first table only: the next is named
+
+
+def test_the_gain_plot_has_a_panel_per_task_against_random_weights(tmp_path, monkeypatch):
+    from torchbert.apps.demo import plot_gain
+    from torchbert.eval import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "errorbar_panels", lambda path, panels: drawn.append((path, panels)))
+    plot_gain(tmp_path, summary())
+    (path, panels), = drawn
+    assert path == tmp_path / "gain.png" and [p["title"] for p in panels] == ["sentiment (200 examples, test)",
+                                                                            "ner (200 examples, test)"]
+    assert panels[1]["series"] == {"fine-tuned BERT": ([0, 2000, 4000], [0.10, 0.30, 0.34], [0.02, 0.02, 0.02])}
+    assert panels[1]["baseline"] == (0.10, "random weights") and panels[0]["baseline"] == (0.70, "random weights")
