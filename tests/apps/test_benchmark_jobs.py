@@ -29,7 +29,7 @@ def scored(spec: dict) -> dict:
     if c["lr"] == 4e-3:
         raise StudyInterrupted(0, 0)
     if c["lr"] == 5e-3:
-        time.sleep(30)
+        time.sleep(60)
     dev = {1e-3: 0.6, 2e-3: 0.8}[c["lr"]] + c["seed"] / 100
     if "log" in spec:
         Path(spec["log"]).parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def test_the_other_workers_are_stopped_not_waited_for(tmp_path, stand_in):
     start = time.perf_counter()
     with pytest.raises(ValueError):
         Parallel(b, jobs=2, device="cpu", threads=None, log=lambda m: None).run()
-    assert time.perf_counter() - start < 25  # the run of 30 s was sent SIGTERM
+    assert time.perf_counter() - start < 30  # the run of 60 s was sent SIGTERM, not waited for
 
 
 def test_the_time_left_is_said_in_seconds_then_minutes(tmp_path):
