@@ -80,3 +80,24 @@ def test_a_plan_is_read_once_until_its_file_changes(tmp_path):
     (work / PLAN).write_text(json.dumps({"blocks": 2}))
     os.utime(work / PLAN, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert load_plan(work) == {"blocks": 2}
+
+
+def test_a_file_with_no_boundary_left_is_searched_once_not_once_a_piece(tmp_path, monkeypatch):
+    """A corpus that is one long line (or ends in one) has no boundary after some point: one search finds
+    that, where each later multiple of the piece size once searched to the end again (a 15 MB line with
+    --block-mb 0.001: 91 s to plan)."""
+    from torchbert.data import sources
+    from torchbert.data.sources import plan_pieces
+    from torchbert.data.pretraining import split_sentences
+
+    text = "First document, line one.\nLine two.\n\nSecond document.\n\n" + "x" * 200_000 + "\n"
+    path = tmp_path / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    searches = []
+    boundary = sources._boundary
+    monkeypatch.setattr(sources, "_boundary", lambda *a: searches.append(a[1]) or boundary(*a))
+    pieces = plan_pieces([path], "text", 16, split_sentences)
+    cuts = [(p.start, p.stop) for p in pieces]
+    first, second = text.index("Second"), text.index("x")
+    assert cuts == [(0, first), (first, second), (second, len(text))]  # cut after each blank line, and no more
+    assert len(searches) <= 4  # not one per 16 bytes of the long line (12,500)

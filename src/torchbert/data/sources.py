@@ -241,7 +241,9 @@ def plan_pieces(files: Sequence[Path], fmt: str, piece_bytes: int, split_sentenc
                     if at >= size:
                         break
                     b = _boundary(f, at, layout in ("bert", "text"), size)
-                    if cuts[-1] < b < size:
+                    if b >= size:  # no boundary after `at`, so none after the next multiples either
+                        break
+                    if cuts[-1] < b:
                         cuts.append(b)
             cuts.append(size)
             pieces += [Piece(str(path), layout, a, b, b - a) for a, b in zip(cuts, cuts[1:])]
