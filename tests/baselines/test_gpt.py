@@ -286,7 +286,7 @@ def test_gpt_fine_tunes_evaluates_and_predicts_through_the_same_commands(prepare
     assert code == 2 and "--lm-coef weighs GPT's next-token loss" in err and not (tmp_path / "bert").exists()
     code, _, err = cli(capsys, "finetune", "--task", "token", "--model", gpt, "--train", tmp_path / "t.conll",
                        "--out", tmp_path / "frozen", "--frozen", "--quiet")  # the feature-based tagger reads BERT's
-    assert code == 2 and f"--frozen reads a BERT's hidden layers; {gpt} is a openai-gpt model" in err
+    assert code == 2 and f"--frozen reads a BERT's hidden layers; the model in {gpt} is GPT\n" in err
     assert not (tmp_path / "frozen").exists()
     code, _, err = cli(capsys, "finetune", "--task", "classification", "--model", gpt, "--train",
                        tmp_path / "train.jsonl", "--out", tmp_path / "neg", "--lm-coef", "-1", "--quiet")

@@ -185,7 +185,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     fam.model_for(config)  # a task without a head for this model is an error before any work
     arch = architecture_of(config)
     if s.frozen is not None and not arch.frozen_features:
-        raise ValueError(f"--frozen reads a BERT's hidden layers; {s.model} is a {type(config).MODEL_TYPE} model"
+        raise ValueError(f"--frozen reads a BERT's hidden layers; the model in {s.model} is {arch.title}"
                          + (" (ELMo's task models always read its features frozen)" if arch.name == "elmo"
                             else ""))
     if s.lm_coef is not None and not arch.lm_coef:
