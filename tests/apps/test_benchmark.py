@@ -547,6 +547,9 @@ def test_with_several_gpus_each_worker_computes_on_one_of_its_own(monkeypatch):
     from torchbert.apps.benchmark_jobs import _pin_device
 
     counter, seen = multiprocessing.get_context("spawn").Value("i", 0), []
+    # set first, so that the test's end puts back what was there: delenv of a variable that is not set
+    # records nothing to put back, and the next delenv would record what _pin_device set
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     for _ in range(5):
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         _pin_device(counter, 2)

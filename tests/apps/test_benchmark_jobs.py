@@ -57,6 +57,7 @@ def stand_in(monkeypatch):
 
 def test_the_grid_then_the_seeds_at_the_best_rate_each_in_a_worker(tmp_path, stand_in, monkeypatch):
     monkeypatch.setattr(benchmark_jobs, "set_in_the_parent", True, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # (a GPU machine's own setting would reach them)
     b, log = bench(tmp_path), []
     p = Parallel(b, jobs=2, device="cpu", threads=None, log=log.append)
     assert p.runs == 4  # 2 learning rates with the first seed, then 2 more seeds at the best
@@ -75,8 +76,8 @@ def test_the_grid_then_the_seeds_at_the_best_rate_each_in_a_worker(tmp_path, sta
     assert done[0].endswith("(1 of 4 runs, about 2 min left)")  # 3 left at 60 s each, on 2 workers
     logs = [json.loads(f.read_text()) for f in (tmp_path / "out" / "runs" / "tiny" / "sentiment").glob("*.log")]
     assert len(logs) == 4 and os.getpid() not in {x["pid"] for x in logs}  # each run in a worker, its output in its log
-    assert not any(x["inherited"] for x in logs)  # a fresh interpreter (spawned): nothing of this process's state
-    assert not any(x["gpu"] for x in logs)  # --device cpu: no GPU given out
+    assert not any(x["inherited"] for x in logs), logs  # a fresh interpreter (spawned): nothing of this process's state
+    assert not any(x["gpu"] for x in logs), logs  # --device cpu: no GPU given out
     assert any(": dev accuracy 0.8000 (" in x for x in done)
 
 
