@@ -6,8 +6,8 @@ same suite with real fine-tuning runs is in test_benchmark.py (e2e)."""
 
 import json
 import os
-from dataclasses import replace
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +21,8 @@ from torchbert.errors import StudyInterrupted
 
 
 def scored(spec: dict) -> dict:
-    """A run, in a worker: its dev and test scores from its cell (lr 2e-3 is best on dev); its process
-    id in its log file."""
+    """A run, in a worker: its dev and test scores from its cell (lr 2e-3 is best on dev); in its log
+    file, its process id, the GPU it was given and whether a name set in the parent reached it."""
     c = spec["cell"]
     if c["lr"] == 3e-3:
         raise ValueError(f"{spec['task']}: the run with lr 3e-3 failed")
@@ -35,9 +35,9 @@ def scored(spec: dict) -> dict:
         Path(spec["log"]).parent.mkdir(parents=True, exist_ok=True)
         Path(spec["log"]).write_text(json.dumps({"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                                                  "inherited": hasattr(benchmark_jobs, "set_in_the_parent")}))
-    return {"lr": c["lr"], "batch_size": c["batch"], "seed": c["seed"], "run": f"{spec['task']}/{c['lr']:g}/{c['seed']}",
-            "seconds": 60.0, "scores": {"dev": {"accuracy": dev, "f1": dev},
-                                                            "test": {"accuracy": dev - 0.1, "f1": dev - 0.1}}}
+    return {"lr": c["lr"], "batch_size": c["batch"], "seed": c["seed"],
+            "run": f"{spec['task']}/{c['lr']:g}/{c['seed']}", "seconds": 60.0,
+            "scores": {"dev": {"accuracy": dev, "f1": dev}, "test": {"accuracy": dev - 0.1, "f1": dev - 0.1}}}
 
 
 def bench(tmp_path, lrs=(1e-3, 2e-3), seeds=3, tasks=("sentiment",), models=("tiny",)) -> Bench:

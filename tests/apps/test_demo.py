@@ -198,11 +198,12 @@ def test_the_held_out_figures_of_a_step_are_those_logged_with_it(tmp_path):
 
 
 def summary(quick=False, ner_clear_from=None, sentiment_loss=True, model_accuracy=0.193):
-    """A demo's summary.json, by hand: 2 and 4 pretraining steps."""
+    """A demo's summary.json, by hand: checkpoints at 2,000 and 4,000 pretraining steps."""
     def cell(task, steps, mean, std, lr):
         return {"task": task, "steps": steps, "mean": mean, "std": std, "lr": lr, "test": [mean] * 3}
 
-    cells = {"sentiment/0": cell("sentiment", 0, 0.70, 0.01, 5e-4), "sentiment/2000": cell("sentiment", 2000, 0.69, 0.01, 2e-3),
+    cells = {"sentiment/0": cell("sentiment", 0, 0.70, 0.01, 5e-4),
+             "sentiment/2000": cell("sentiment", 2000, 0.69, 0.01, 2e-3),
              "sentiment/4000": cell("sentiment", 4000, 0.64, 0.01, 2e-3),
              "ner/0": cell("ner", 0, 0.10, 0.02, 2e-3), "ner/2000": cell("ner", 2000, 0.30, 0.02, 5e-4),
              "ner/4000": cell("ner", 4000, 0.34, 0.02, 5e-4)}

@@ -33,8 +33,8 @@ def what_the_worker_set_up() -> dict:
 
     watch = [t for t in threading.enumerate() if t.name == "torchbert-orphan-watch"]
     return {"sigint": signal.getsignal(signal.SIGINT), "sigterm": signal.getsignal(signal.SIGTERM),
-            "watch": [t.daemon for t in watch], "threads": threads._governor and threads._governor.fixed, "showwarning": warnings.showwarning.__name__,
-            "method": multiprocessing.get_start_method(allow_none=True)}
+            "watch": [t.daemon for t in watch], "threads": threads._governor and threads._governor.fixed,
+            "showwarning": warnings.showwarning.__name__}
 
 
 def test_the_worker_leaves_signals_to_its_server_and_watches_it(tiny, monkeypatch):

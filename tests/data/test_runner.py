@@ -111,6 +111,7 @@ def test_a_single_task_runs_here_even_with_workers():
 
 def test_workers_are_spawned_processes_with_a_share_of_the_cores_each(monkeypatch):
     monkeypatch.setattr(runner, "cores", lambda: 5)
+    here = os.environ.get("OMP_NUM_THREADS")
     taken = []
     with Runner(2, None) as r:
         results = list(r.run(squares(8, taken), 8))
@@ -119,7 +120,8 @@ def test_workers_are_spawned_processes_with_a_share_of_the_cores_each(monkeypatc
         method = r._pool._mp_context.get_start_method()
     assert sorted(results) == [i * i for i in range(8)] and taken == list(range(8))
     assert os.getpid() not in pids and 1 <= len(pids) <= 2
-    assert env == {"2", "true"}  # 5 cores // 2 workers; the parent's own settings are left as they were
+    assert env == {"2", "true"}  # 5 cores // 2 workers
+    assert os.environ.get("OMP_NUM_THREADS") == here  # this process's own setting is left as it was
     assert method == "spawn"  # a forked copy of a process running tokenizers' threads can hang
 
 

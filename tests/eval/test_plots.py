@@ -4,13 +4,10 @@ place of nothing else. The commands that draw them are tested for the files alon
 
 import json
 
-import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
 from torchbert.eval import plots
-
-matplotlib.use("Agg")
 
 
 @pytest.fixture
@@ -110,7 +107,8 @@ def test_pretraining_plots_hold_every_objective_and_the_held_out_points(tmp_path
     got = curves(loss.axes[0])
     assert list(got) == ["loss", "held-out loss", "mlm_loss", "held-out mlm_loss", "nsp_loss", "held-out nsp_loss"]
     assert got["loss"][:2] == ([10, 20, 30], [9.0, 8.0, 7.0]) and got["held-out mlm_loss"][:2] == ([20, 30], [7.6, 6.9])
-    assert got["held-out loss"][:2] == ([10, 20], [9.5, 8.5]) and loss.axes[0].get_title() == f"pretraining loss: {tmp_path.name}"
+    assert got["held-out loss"][:2] == ([10, 20], [9.5, 8.5])
+    assert loss.axes[0].get_title() == f"pretraining loss: {tmp_path.name}"
     got = curves(accuracy.axes[0])
     assert list(got) == ["mlm_accuracy", "held-out mlm_accuracy", "nsp_accuracy", "held-out nsp_accuracy",
                          "count table: unigram", "count table: left", "count table: neighbours"]
