@@ -9,6 +9,7 @@ import pytest
 import realdata
 from clihelp import cli, tiny_bert
 
+from torchbert.cli import main
 from torchbert.commands import prepare as prepare_command
 from torchbert.errors import UserError
 
@@ -70,6 +71,15 @@ def test_vocab_says_why_it_stopped_short_and_blames_chinese_characters_only_wher
     assert err == (f"note: {n:,} tokens, fewer than --vocab-size 50,000: every pair of pieces that the corpus holds at "
                    "least --min-frequency 2 times was merged and none is left; more text, or a lower --min-frequency, "
                    "gives more\n")
+
+
+def test_vocab_into_a_log_writes_its_one_line_and_no_empty_ones(tmp_path, capfd):
+    """tokenizers' trainer writes a newline to the process's stdout after each progress bar, even where
+    it draws none: in a log (no terminal, no --quiet) stdout is the one line that says what was written."""
+    corpus = tmp_path / "en.txt"
+    corpus.write_text("\n".join(realdata.english_texts()[:100]) + "\n", encoding="utf-8")
+    assert main(["vocab", "--corpus", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "v")]) == 0
+    assert re.fullmatch(r"wrote \S+: vocab of 300 tokens \(lowercased\) in [\d.]+s\n", capfd.readouterr().out)
 
 
 # -- what an inference command hands the library ---------------------------------------------------

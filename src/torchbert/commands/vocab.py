@@ -44,7 +44,10 @@ def run(args) -> None:
     out = Path(s.out)
     check_out_folder(out, args.overwrite, [("--corpus", c) for c in s.corpus])
     start = time.perf_counter()
-    tok = train_vocabulary(s, progress=not args.quiet)
+    # tokenizers' trainer draws its bars on a terminal only, and writes a newline to stdout after
+    # each bar wherever stdout goes: where either is not a terminal (a log, a pipe), no bars
+    shown = sys.stdout.isatty() and sys.stderr.isatty()
+    tok = train_vocabulary(s, progress=not args.quiet and shown)
     print(f"wrote {out}: vocab of {tok.vocab_size} tokens ({'lowercased' if s.lowercase else 'cased'}) "
           f"in {time.perf_counter() - start:.1f}s")
     if tok.vocab_size > s.vocab_size:  # the trainer keeps every character it keeps at all
