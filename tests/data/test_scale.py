@@ -91,6 +91,18 @@ def test_same_shards_for_any_number_of_workers(work, corpus, tok):
     assert not list(work.glob("*.partial"))
 
 
+def test_the_plan_it_announces_counts_the_held_out_block(work, corpus, tok, capsys):
+    """The progress notes name the rounds' work: the pieces, the blocks and, with --heldout-docs, the
+    held-out documents' block, which the second bar counts as one more."""
+    m = prepare([corpus], tok, work / "announced", PrepareSettings(workers=1, block_mb=0.2, heldout_docs=7),
+                progress=True)
+    err = capsys.readouterr().err
+    assert m["heldout"]["documents"] == 7
+    assert ("torchbert: 4 piece(s) of the corpus to read and tokenize, then 4 block(s) of about 0.2 MB to pair and "
+            "mask, and one of the 7 held-out documents\n") in err
+    assert "/5 [" in err and "pairs + masks: 100%" in err  # the bar's total: the 4 blocks and the held-out one
+
+
 @pytest.mark.e2e
 def test_a_dask_cluster_makes_the_same_shards(work, corpus, tok):
     distributed = pytest.importorskip("distributed")

@@ -400,8 +400,9 @@ def prepare(corpus_paths: Sequence[str | os.PathLike], tokenizer_dir: str | os.P
     _start(work, plan, out, overwrite, resume)
     plan = load_plan(work)
     if progress:
+        heldout = f", and one of the {s.heldout_docs:,} held-out documents" if s.heldout_docs else ""
         note(f"{len(plan['pieces']):,} piece(s) of the corpus to read and tokenize, then {plan['blocks']:,} "
-             f"block(s) of about {s.block_mb:g} MB to pair and mask")
+             f"block(s) of about {s.block_mb:g} MB to pair and mask{heldout}")
     if resume and _swapped_in(work, out):  # killed after OUT was put in place, before OUT.partial went
         _remove(work)
         return {**json.loads((out / "manifest.json").read_text(encoding="utf-8")), "timings": {}}
