@@ -221,3 +221,20 @@ def test_squad_as_retrieval_leaves_out_unanswerable_questions(tmp_path):
     rows = squad_retrieval(tmp_path / "dev.json")
     assert rows == [{"query": "Where is Paris?", "positive": "Paris is in France."}]
     assert jsonl_text([{"query": "北京"}]) == '{"query": "北京"}\n'  # Chinese as itself, not \\u escapes
+
+
+def test_help_lists_each_sample_with_its_whole_description_in_one_column():
+    from torchbert.apps.samples import SAMPLES
+    from torchbert.commands.samples import EPILOG
+
+    listing = EPILOG.split("samples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    column = 4 + max(map(len, SAMPLES))
+    entries: list[list[str]] = []
+    for line in listing:
+        assert len(line) <= 100
+        if line.startswith(" " * column):
+            entries[-1].append(line[column:])
+        else:
+            assert line[:column] == f"  {line.split()[0]:<{column - 2}}"
+            entries.append([line.split()[0], line[column:]])
+    assert {name: " ".join(rest) for name, *rest in entries} == SAMPLES

