@@ -437,9 +437,11 @@ def test_non_utf8_byte(tmp_path):
 
 
 def test_unknown_extension(tmp_path):
-    path = write(tmp_path / "train.txt", tsv(["sentence", "label"], ["a", "1"]))
-    with pytest.raises(ValueError, match=r"cannot tell the format from the extension '.txt'"):
+    path = write(tmp_path / "train.dat", tsv(["sentence", "label"], ["a", "1"]))
+    with pytest.raises(ValueError, match=r"cannot tell the format from the extension '.dat'"):
         read_examples(path, "classification")
+    with pytest.raises(ValueError, match=r"train.txt: a .txt file holds texts without labels, which only predict"):
+        read_examples(path.rename(tmp_path / "train.txt"), "classification")  # a tab in a line is text there
 
 
 # ----------------------------------------------------------------------------------------------

@@ -139,6 +139,30 @@ def test_evaluate_and_predict_read_files_as_the_run_did(classifier, tmp_path):
 
 
 
+def test_predict_reads_a_txt_of_one_text_a_line_for_a_single_text_model(classifier, tmp_path):
+    """Each non-blank line is a text, its id its line number; the predictions are those of the same
+    texts in JSON Lines. A .txt has no labels (evaluate and fine-tuning refuse it) and one text a line
+    (a pair model refuses it)."""
+    texts = tmp_path / "reviews.txt"
+    texts.write_bytes("\ufeffa fine film\r\n\n   \ndull\n质量很好\n".encode())
+    same = tmp_path / "reviews.jsonl"
+    same.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                            for i, t in ((1, "a fine film"), (4, "dull"), (5, "质量很好"))))
+    got = run_predict(classifier, texts, CPU, progress=False)
+    assert [r["id"] for r in got] == ["1", "4", "5"]
+    assert got == run_predict(classifier, same, CPU, progress=False)
+    with pytest.raises(ValueError, match=r"reviews.txt: a .txt file holds texts without labels, which only predict"):
+        run_evaluate(classifier, texts, None, CPU, progress=False)
+    with pytest.raises(ValueError, match=r"reviews.txt: this model reads two texts an example, and a .txt file"):
+        family("pair").read(texts, labelled=False)
+    assert [(x.text_a, x.text_b) for x in family("regression").read(texts, labelled=False)][1] == ("dull", None)
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match=r"blank.txt: no examples in the file; expected one text per line"):
+        run_predict(classifier, tmp_path / "blank.txt", CPU, progress=False)
+    with pytest.raises(ValueError, match=r"reviews.md: cannot tell the format from the extension '.md'"):
+        run_predict(classifier, texts.rename(tmp_path / "reviews.md"), CPU, progress=False)
+
+
 def test_heads_are_rebuilt_as_they_trained_and_put_in_eval_mode(tmp_path, minilm_dir):
     """An embedding run that learned its temperature comes back with it (the head's arguments from the
     run record: no tensor left unused); a feature-based tagger comes back in eval mode too."""
@@ -157,7 +181,7 @@ def test_heads_are_rebuilt_as_they_trained_and_put_in_eval_mode(tmp_path, minilm
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model, *_ = load_finetuned(embedder, None, CPU)
-    assert isinstance(model.logit_scale, torch.nn.Parameter) and float(model.logit_scale.exp()) == pytest.approx(10)
+    assert isinstance(model.logit_scale, torch.nn.Parameter) and float(model.logit_scale.detach().exp()) == pytest.approx(10)
     tagger = tmp_path / "tagger"
     FeatureTagger(with_labels(config, ["O", "B-x"]), TaggerSettings(kind="linear", strategy="last")).save_pretrained(tagger)
     with_tokenizer(tagger, minilm_dir)

@@ -44,7 +44,8 @@ class EvaluateSettings(Checked):
 
 @dataclass(kw_only=True)
 class PredictSettings(Checked):
-    input: str = setting(help="file in the task's layout (labels optional)")
+    input: str = setting(help="file in the task's layout (labels optional); for one text -> a label or a "
+                              "score, also a .txt of one text a line")
     out: str = setting(help="output .jsonl")
 
 

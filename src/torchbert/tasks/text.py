@@ -2,8 +2,8 @@
 (regression), read from the pooled [CLS] vector (the BERT paper's Figure 4a-b).
 
 Files: TSV / CSV with a header or JSON Lines, columns found by name (layout `auto`); the official GLUE
-TSVs (`glue-*`); SNLI / MultiNLI JSON Lines (`nli-jsonl`). Model rows: `[CLS] a [SEP] (b [SEP])`,
-cut "longest_first". Scores: accuracy, F1, MCC; Pearson and Spearman for regression.
+TSVs (`glue-*`); SNLI / MultiNLI JSON Lines (`nli-jsonl`); for predict, also a .txt of one text a line.
+Model rows: `[CLS] a [SEP] (b [SEP])`, cut "longest_first". Scores: accuracy, F1, MCC; Pearson and Spearman for regression.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from ..baselines.gpt import OpenAIGPTForSequenceClassification
 from ..architectures import architecture_of
 from ..eval import metrics
 from ..heads import BertForSequenceClassification
-from ..io.texts import json_records
+from ..io.texts import json_records, lines
 from .encode import Encoded, check_room, label_id, where_of
 from .families import TaskFamily, register_family
 from .formats import (ID_KEYS, PathLike, Warn, existing, find_key, keyed_rows, no_examples, note,
@@ -181,6 +182,8 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
             raise ValueError(f"{path}: layout {layout!r} is for {_kind(layout_pair, layout_regression)} tasks, "
                              f"not {_kind(pair, regression)}")
         pair = layout_pair
+    if layout == "auto" and path.suffix.lower() == ".txt":
+        return _plain_texts(path, pair, labelled)
     fmt = "jsonl" if layout == "nli-jsonl" else "tsv" if layout.startswith("glue-") else table_format(path)
     # GLUE's QQP train file holds rows cut short by a line break inside a question: left out, as GLUE's
     # own reader leaves them, and counted
@@ -223,6 +226,21 @@ def read_text_examples(path: PathLike, pair: bool | None, regression: bool, layo
              "as GLUE's own reader does")
     if not examples:
         raise no_examples(path, "a header line and rows" if fmt != "jsonl" else "one JSON object per line")
+    return examples
+
+
+def _plain_texts(path: Path, pair: bool | None, labelled: bool) -> list[TextExample]:
+    """A predict input of one text a line (a .txt file): each non-blank line is an example, its id the
+    line number."""
+    if labelled:
+        raise ValueError(f"{path}: a .txt file holds texts without labels, which only predict reads; training "
+                         "and scoring read .tsv, .csv or .jsonl with a label column")
+    if pair:
+        raise ValueError(f"{path}: this model reads two texts an example, and a .txt file holds one a line; give "
+                         ".tsv, .csv or .jsonl with two text columns")
+    examples = [TextExample(str(n), line, None, None, f"{path}:{n}") for n, line in lines(path) if line.strip()]
+    if not examples:
+        raise no_examples(path, "one text per line")
     return examples
 
 
