@@ -206,6 +206,31 @@ def test_an_api_key_guards_the_model_endpoints_and_leaves_health_open(embedder, 
             assert c.post(path, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
             assert c.post(path, json=body, headers={"Authorization": "bearer  s3cret"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        assert c.get("/v1/models").status_code == 401 and c.get("/v1/models/minilm").status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).json()["data"][0]["id"] == "minilm"
+
+
+def test_the_model_list_is_openais_and_a_path_or_method_without_a_route_is_answered_in_json(client):
+    import time
+
+    listed = client.get("/v1/models")
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
+    [card] = listed.json()["data"]
+    assert card == {"id": "minilm", "object": "model", "created": card["created"], "owned_by": "torchbert"}
+    assert time.time() - 3600 < card["created"] <= time.time()
+    assert client.get("/v1/models/minilm").json() == card
+    r = client.get("/v1/models/gpt-4o")
+    assert r.status_code == 404 and r.json()["error"] == {
+        "message": 'model "gpt-4o" is not served here; this server serves "minilm"', "type": "invalid_request_error"}
+    served = "this server serves POST /v1/embeddings, GET /v1/models, GET /health and GET /metrics"
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 404 and r.json()["error"] == {"message": f"no such path: {served}",
+                                                          "type": "invalid_request_error"}
+    r = client.get("/v1/embeddings")
+    assert r.status_code == 405 and r.headers["Allow"] == "POST" and r.json()["error"]["message"] == \
+        f"/v1/embeddings does not take GET: {served}"
+    assert client.post("/health").status_code == 405 and client.post("/v1/models").status_code == 405
+    assert 'torchbert_requests_total{endpoint="models",status="404"} 1.0' in client.get("/metrics").text
 
 
 def test_an_embedders_batch_runs_in_pieces_of_its_token_budget(embedder, monkeypatch):
@@ -769,6 +794,9 @@ def test_the_openai_client_gets_our_embeddings(live, minilm_dir):
     r = c.embeddings.create(model="minilm", input=texts)  # the client asks for base64 and decodes it
     assert_parity(np.array([d.embedding for d in r.data], dtype=np.float32), offline(minilm_dir, texts))
     assert r.usage.prompt_tokens > 3 and r.model == "minilm"
+    assert [m.id for m in c.models.list()] == ["minilm"] and c.models.retrieve("minilm").owned_by == "torchbert"
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        c.models.retrieve("text-embedding-3-small")
     with pytest.raises(openai.BadRequestError, match="missing field 'input'|input"):
         c.embeddings.create(model="minilm", input=[])
 

@@ -3,6 +3,7 @@
     POST /v1/embeddings   sentence embeddings, OpenAI's request and response (input, model, encoding_format)
     POST /predict         a fine-tuned model's predictions: {"inputs": [examples]} -> the records of
                           `torchbert predict` (classification, regression, tagging, QA, multiple choice)
+    GET  /v1/models       the model served, as OpenAI's model list (and /v1/models/NAME, that one)
     GET  /health          {"status": "ok", ...} once the model is loaded
     GET  /metrics         Prometheus text: requests by endpoint and status, latency, batch sizes, queue depth
 
@@ -14,7 +15,8 @@ first (API key, content type, body size and time, JSON, the model's name), and o
 
 Clients are answered honestly: a malformed request gets a 4xx naming the field (a body nested past
 what JSON decoding takes, a text that is not valid Unicode, a body that is not application/json, a
-`dimensions` the model cannot give, a model name this server does not serve); a failure of the
+`dimensions` the model cannot give, a model name this server does not serve, a path or method it
+has no route for: each as JSON, in OpenAI's error shape); a failure of the
 server's own is a 500 that says only that, and the detail goes to the server's log. A body must
 arrive within `body_timeout_s` (else 408); a client that goes away mid-body is counted under status
 499 (nginx's "client closed request"), apart from the server's errors.
@@ -92,11 +94,12 @@ def create_app(served: Endpoint | Sequence[Endpoint], limits: Limits, workers: E
     """The ASGI application: a route and a Batcher for each endpoint served (worker.build gives a
     folder's), and a 404 naming what is served on the routes of the others. The models run on one
     inference thread, or in `workers` (from `worker_pool`; the endpoints given are then their request
-    side only), which the app shuts down when it stops. With `api_key`, the model endpoints want
-    `Authorization: Bearer KEY` (else 401); /health and /metrics stay open."""
+    side only), which the app shuts down when it stops. With `api_key`, the model endpoints and
+    /v1/models want `Authorization: Bearer KEY` (else 401); /health and /metrics stay open."""
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
@@ -212,6 +215,29 @@ def create_app(served: Endpoint | Sequence[Endpoint], limits: Limits, workers: E
 
         return Route(cls.path, handle, methods=["POST"])
 
+    created = int(time.time())  # OpenAI's model card has the time it was made: here, when serving began
+    card = {"id": name, "object": "model", "created": created, "owned_by": "torchbert"}
+
+    def models(one: bool):
+        async def handle(request: Request):  # OpenAI's clients and UIs list the models before they ask
+            start = time.perf_counter()
+            try:
+                check_key(request)
+                if one and request.path_params["model"] != name:
+                    raise Rejected(404, f"model {json.dumps(request.path_params['model'])[:80]} is not served here; "
+                                        f"this server serves {json.dumps(name)}")
+            except Exception as e:
+                return failed("models", start, e)
+            return answer("models", start, 200, card if one else {"object": "list", "data": [card]})
+
+        return handle
+
+    async def no_route(request: Request, e: HTTPException):  # Starlette's own 404 and 405, said in JSON
+        what = "no such path" if e.status_code == 404 else f"{request.url.path} does not take {request.method}"
+        return JSONResponse({"error": {"message": f"{what}: this server serves {paths}, GET /v1/models, GET /health "
+                                                  "and GET /metrics", "type": "invalid_request_error"}},
+                            status_code=e.status_code, headers=e.headers)
+
     async def health(request: Request):
         if any(b.broken for b in batchers.values()):
             return JSONResponse({"status": "broken", "model": name}, status_code=503)
@@ -223,7 +249,9 @@ def create_app(served: Endpoint | Sequence[Endpoint], limits: Limits, workers: E
 
     mine = {type(x) for x in served}
     routes = [route(x) for x in served] + [unserved(cls) for cls in ENDPOINTS if cls not in mine]
-    app = Starlette(lifespan=lifespan, middleware=[Middleware(OneLength)], routes=[
-        *routes, Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])])
+    app = Starlette(lifespan=lifespan, middleware=[Middleware(OneLength)], exception_handlers={HTTPException: no_route},
+                    routes=[*routes, Route("/v1/models", models(False), methods=["GET"]),
+                            Route("/v1/models/{model:path}", models(True), methods=["GET"]),
+                            Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])])
     app.state.batchers, app.state.metrics = batchers, metrics
     return app

@@ -54,10 +54,11 @@ class ServeSettings(Checked):
     name: str | None = setting(None, "the model name this server serves: responses give it, and a request that names "
                                      "another model gets 404 (default: the folder's name)",
                                aliases=("--served-model-name",))
-    api_key: str | None = setting(None, "the model endpoints then want 'Authorization: Bearer KEY' (else 401); "
-                                        "/health and /metrics stay open (default: $TORCHBERT_API_KEY, else none: "
-                                        "anyone who can reach the port may use the model). Prefer the variable: a "
-                                        "key on the command line is shown to every user of the machine by `ps`")
+    api_key: str | None = setting(None, "the model endpoints and /v1/models then want 'Authorization: Bearer KEY' "
+                                        "(else 401); /health and /metrics stay open (default: $TORCHBERT_API_KEY, "
+                                        "else none: anyone who can reach the port may use the model). Prefer the "
+                                        "variable: a key on the command line is shown to every user of the machine "
+                                        "by `ps`")
     max_length: int | None = setting(None, "tokens kept per text; longer texts are cut and the response says which "
                                            "(default: the model's limit)", low=2)
     log_level: str = setting("info", "uvicorn's log level; debug also logs each request (default: info)",
@@ -127,7 +128,7 @@ def run(args) -> None:
         raise UserError(str(e)) from None
     task = next((f", a {x.ts.type} model" for x in served if hasattr(x, "ts")), "")
     print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} "
-          f"({', '.join(f'POST {x.path}' for x in served)}, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "
+          f"({', '.join(f'POST {x.path}' for x in served)}, GET /v1/models, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "
           "answering what is in flight", file=sys.stderr)
     try:  # the app shuts the worker down when it stops; if it never started, this does
         uvicorn.run(create_app(served, limits, workers, api_key=api_key),
