@@ -3,6 +3,7 @@
 to the library. The library's own behaviour is tested beside it; these are the commands' own lines."""
 
 import json
+import shlex
 import re
 
 import pytest
@@ -175,7 +176,7 @@ def test_inspect_data_shows_each_instance_as_its_shards_hold_it(prepared, capsys
 
     code, stdout, _ = cli(capsys, "inspect-data", folder, "--n", "12")
     m = data.manifest
-    want = [(f"{folder}: {len(data)} instances, {m['counts']['tokens']} tokens, static masking, max_seq_len 64; "
+    want = [(f"{folder}: {len(data):,} instances, {m['counts']['tokens']:,} tokens, static masking, max_seq_len 64; "
              "showing 12")]
     for i in range(12):
         shown, original, positions, a_len, random_next = expected_instance(data, tok, i)
@@ -187,6 +188,20 @@ def test_inspect_data_shows_each_instance_as_its_shards_hold_it(prepared, capsys
                  "  masked: " + ", ".join(f"{p}:{original[p]}" for p in positions)]
     assert stdout.splitlines() == want
     assert "[=" in stdout and "→" in stdout  # a masked token left as it was, and a replaced one
+
+
+def test_inspect_data_into_a_pipe_its_reader_closes_stops_without_an_error(prepared):
+    """`inspect-data DIR | head -3`: head goes after 3 lines; the command stops there, says nothing, exits 0."""
+    import subprocess
+    import sys
+
+    folder = prepared / "eval"
+    shell = (f"{shlex.quote(sys.executable)} -m torchbert inspect-data {shlex.quote(str(folder))} --n 100000 "
+             "| head -3; echo \"status ${PIPESTATUS[0]}\"")
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].startswith(f"{folder}: ") and lines[2].startswith("#0  is_random_next=")
+    assert lines[3] == "status 0" and done.stderr == ""
 
 
 def test_inspect_data_draws_dynamic_masks_with_its_seed_and_checks_the_vocab(prepared, tmp_path, capsys):

@@ -6,6 +6,8 @@ with the original tokens, is_random_next."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +37,6 @@ def add(sub) -> None:
 
 
 def run(args) -> None:
-    import numpy as np
-
     from ..data.shards import PretrainingData
     from ..tokenizer import BertTokenizer
 
@@ -47,10 +47,18 @@ def run(args) -> None:
     data = PretrainingData(folder, seed=s.seed)
     tok = BertTokenizer.from_pretrained(folder)
     data.check_vocab(tok)
-    n = min(s.n, len(data))
-    if not s.jsonl:
+    try:
+        show(data, tok, folder, min(s.n, len(data)), s.jsonl)
+    except BrokenPipeError:  # the reader (head, less) took what it wanted and went: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what Python flushes at exit goes nowhere
+
+
+def show(data, tok, folder: Path, n: int, jsonl: bool) -> None:
+    import numpy as np
+
+    if not jsonl:
         m = data.manifest
-        print(f"{folder}: {len(data)} instances, {m['counts']['tokens']} tokens, {m['settings']['masking']} masking"
+        print(f"{folder}: {len(data):,} instances, {m['counts']['tokens']:,} tokens, {m['settings']['masking']} masking"
               f"{', whole word' if m['settings']['whole_word'] else ''}, max_seq_len {data.max_seq_len}; "
               f"showing {n}")
     for i in range(n):
@@ -59,7 +67,7 @@ def run(args) -> None:
         originals = tok.convert_ids_to_tokens(np.asarray(data.instance(i)["tokens"]).tolist())
         positions = b.mlm_positions.tolist()
         is_random = bool(b.nsp_labels[0])
-        if s.jsonl:
+        if jsonl:
             print(json.dumps({
                 "index": i, "tokens": inputs, "token_type_ids": b.token_type_ids.tolist(),
                 "masked_positions": positions, "masked_labels": [originals[p] for p in positions],
