@@ -965,6 +965,33 @@ def test_predict_answers_with_the_records_of_torchbert_predict(finetuned, task):
     assert_same_records(records, want)
 
 
+def test_a_tagger_given_text_tags_the_words_bert_makes_of_it_in_a_file_and_over_http(finetuned, tmp_path):
+    """A sentence as "text" is tagged as the same sentence given as "tokens", its words BERT's split."""
+    from starlette.testclient import TestClient
+
+    from torchbert.apps.batcher import Limits
+    from torchbert.apps.endpoints import Predictor
+    from torchbert.apps.serve import create_app
+    from torchbert.tasks.predict import run_predict
+    from torchbert.tasks.tagging import split_words
+
+    out, _, inputs = finetuned["token"]
+    texts = [" ".join(x["tokens"]) for x in inputs] + ["江泽民在北京。"]
+    words = [split_words(t) for t in texts]
+    assert words[-1] == list("江泽民在北京。") and any(w != t.split() for w, t in zip(words, texts))  # "@x" -> "@", "x"
+    as_text, as_tokens = tmp_path / "text.jsonl", tmp_path / "tokens.jsonl"
+    as_text.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    as_tokens.write_text("".join(json.dumps({"tokens": w}, ensure_ascii=False) + "\n" for w in words),
+                         encoding="utf-8")
+    cpu = __import__("torch").device("cpu")
+    want = run_predict(out, as_tokens, cpu, progress=False, precision="fp32")
+    assert [r["words"] for r in want] == words and len({t for r in want for t in r["tags"]}) > 1
+    assert run_predict(out, as_text, cpu, progress=False, precision="fp32") == want
+    with TestClient(create_app(Predictor(out, name="m"), Limits())) as c:
+        r = c.post("/predict", json={"inputs": [{"id": str(i + 1), "text": t} for i, t in enumerate(texts)]})
+    assert r.status_code == 200 and r.json()["predictions"] == want
+
+
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_predict_in_bf16_is_close_to_fp32(finetuned, task):
     from torchbert.apps.batcher import Limits

@@ -247,6 +247,35 @@ def test_conll_unlabelled_tokens(tmp_path):
         read_conll(mixed, labelled=False)
 
 
+def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_other_file(tmp_path):
+    """Each JSON line a sentence, as "tokens" or as "text" cut into BERT's words (cased as written,
+    punctuation and Chinese characters apart); a .txt is CoNLL (CoNLL-2003's files are .txt)."""
+    from torchbert.tasks.tagging import split_words
+
+    path = write(tmp_path / "predict.jsonl", '{"text": "I love Paris, and   New-York!"}\n\n'
+                                             '{"id": 7, "text": "江泽民在北京会见了Clinton。"}\n'
+                                             '{"tokens": ["Empire", "State"], "text": "ignored"}\n')
+    ex = read_examples(path, "token", labelled=False)
+    assert [(e.id, e.words, e.tags, e.where) for e in ex] == [
+        ("1", ["I", "love", "Paris", ",", "and", "New", "-", "York", "!"], None, f"{path}:1"),
+        ("7", ["江", "泽", "民", "在", "北", "京", "会", "见", "了", "Clinton", "。"], None, f"{path}:3"),
+        ("4", ["Empire", "State"], None, f"{path}:4")]
+    # cased and accented as written; a symbol (°, Unicode's So) stays in its word, as in BERT's tokenizer
+    assert split_words("ÉCOLE\tn°5 «a２b»") == ["ÉCOLE", "n°5", "«", "a２b", "»"]
+    with pytest.raises(ValueError, match=at(path) + r": tagging reads tags from CoNLL .*JSON Lines are predict inputs"):
+        read_examples(path, "token")
+    for record, words in (('{"text": " \\t "}', r'"text" holds no words'),
+                          ('{"tokens": "a b"}', r'"tokens" is "a b"; expected a non-empty list of words'),
+                          ('{"sentence": "a b"}', r'"tokens" is null; expected .* or "text", a sentence')):
+        bad = write(tmp_path / "bad.jsonl", record + "\n")
+        with pytest.raises(ValueError, match=at(bad, 1) + ": " + words):
+            read_examples(bad, "token", labelled=False)
+    with pytest.raises(ValueError, match=at(write(tmp_path / "none.jsonl", "\n")) + r": no examples in the file"):
+        read_examples(tmp_path / "none.jsonl", "token", labelled=False)
+    conll = write(tmp_path / "train.txt", "EU B-ORG\nrejects O\n\nPeter B-PER\n")
+    assert [e.tags for e in read_examples(conll, "token")] == [["B-ORG", "O"], ["B-PER"]]
+
+
 def test_conll_line_with_one_column(tmp_path, zh):
     path = write(tmp_path / "train.txt", f"{zh[0][0]}\tO\n{zh[0][1]}\n")
     with pytest.raises(ValueError, match=at(path, 2) + r": one column .*expected TOKEN ... TAG"):

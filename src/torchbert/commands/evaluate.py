@@ -32,10 +32,13 @@ examples:
   torchbert predict --model ./ner --input tweets.conll --out tags.jsonl
   torchbert predict --model ./sst2 --input reviews.tsv --out labels.jsonl
   torchbert predict --model ./sst2 --input reviews.txt --out labels.jsonl   # one review a line
+  torchbert predict --model ./ner --input news.jsonl --out tags.jsonl   # {"text": "江泽民在北京会见..."}
 
 The input has the layout of the task's training file; labels may be missing. A model of one text
--> a label or a score also reads a .txt, each non-blank line a text, its id the line number. One
-JSON object per example, in input order, with the example's id: {"label", "probability", "probabilities"} for
+-> a label or a score also reads a .txt, each non-blank line a text, its id the line number; a
+tagger also reads JSON Lines, each line's "tokens" (its words) or "text" (cut into words as BERT's
+tokenizer cuts it: at spaces, around punctuation, each Chinese character a word). One JSON object
+per example, in input order, with the example's id: {"label", "probability", "probabilities"} for
 classification, {"score"} for regression, {"words", "tags"} for tagging, {"answer", "score",
 "start"} for QA (v2 adds "null_score" and the best span, "span" and "span_score", even when the
 answer is ""), {"choice", "text", "probability"} for multiple choice.

@@ -1,7 +1,9 @@
 """The tagging family: a tag per word (NER, part of speech), predicted at the word's first
 sub-token (the BERT paper's Figure 4d, section 5.3).
 
-Files: CoNLL, a token first and its tag last on each line, a blank line between sentences. A
+Files: CoNLL, a token first and its tag last on each line, a blank line between sentences (any
+extension but .jsonl: CoNLL-2003's are .txt); for predict, also JSON Lines, each line's "tokens" (a
+list of words) or "text" (cut into words as BERT's tokenizer cuts it). A
 sentence too long for one sequence is split into overlapping windows rather than cut, and each word
 is predicted by exactly one window: the one where it sits farthest from a cut edge (the "max
 context" rule of BERT's run_squad.py, applied to words); `words_from_tokens` undoes this. Tags
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -19,7 +22,7 @@ from ..baselines.elmo import ELMoForTokenClassification
 from ..baselines.gpt import OpenAIGPTForTokenClassification
 from ..eval import metrics
 from ..heads import BertForTokenClassification
-from ..io.texts import lines
+from ..io.texts import json_records, lines
 from ..losses import IGNORE
 from .encode import Encoded, label_id, where_of
 from ..settings import setting
@@ -95,6 +98,56 @@ def read_conll(path: PathLike, labelled: bool = True) -> list[TokenExample]:
     if not examples:
         raise no_examples(path, "CoNLL lines TOKEN ... TAG with a blank line between sentences")
     return examples
+
+
+def read_token_records(path: PathLike, labelled: bool = False) -> list[TokenExample]:
+    """A predict input in JSON Lines: each line a sentence, as "tokens" (its words) or "text" (see
+    token_example_from_record), its id the line's "id" or the line number."""
+    path = existing(path)
+    if labelled:
+        raise ValueError(f"{path}: tagging reads tags from CoNLL (a token and its tag a line, a blank line between "
+                         "sentences); JSON Lines are predict inputs, each line's \"tokens\" or \"text\"")
+    examples = [token_example_from_record(record, f"{path}:{n}", str(n)) for n, record in json_records(path)]
+    if not examples:
+        raise no_examples(path, 'one JSON object per line, with "tokens" or "text"')
+    return examples
+
+
+def token_example_from_record(record: dict, where: str, default_id: str) -> TokenExample:
+    """An unlabelled sentence from one JSON object: "tokens", a list of words, or "text", cut into the
+    words BERT's tokenizer makes of it before WordPiece, cased as written (at whitespace and around
+    each punctuation mark and each Chinese character: a Chinese sentence is tagged character by
+    character, as People's Daily NER is)."""
+    if "tokens" not in record and isinstance(record.get("text"), str):
+        words = split_words(record["text"])
+        if not words:
+            raise ValueError(f"{where}: \"text\" holds no words")
+    else:
+        words = record.get("tokens")
+        if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
+            raise ValueError(f"{where}: \"tokens\" is {json.dumps(words)[:60]}; expected a non-empty list of "
+                             "words (strings), as the lines of a CoNLL file, or \"text\", a sentence")
+    ident = record.get("id")
+    return TokenExample(default_id if ident is None or ident == "" else str(ident), words, None, where)
+
+
+def split_words(text: str) -> list[str]:
+    """BERT's words of a text (BertPreTokenizer's split, then each Chinese character apart), unchanged."""
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    from ..tokenizer import _is_cjk
+
+    words = []
+    for piece, _ in BertPreTokenizer().pre_tokenize_str(text):
+        run = ""
+        for ch in piece:
+            if _is_cjk(ch):
+                words += [run, ch] if run else [ch]
+                run = ""
+            else:
+                run += ch
+        words += [run] if run else []
+    return words
 
 
 def _word_pieces(tokenizer, examples: list[TokenExample]) -> list[list[list[int]]]:
@@ -268,15 +321,12 @@ class TokenTask(TaskFamily):
     metrics = ("f1", "precision", "recall", "token_accuracy")
 
     def _read(self, path, layout, labelled, warn):
+        if layout == "auto" and Path(path).suffix.lower() in (".jsonl", ".json"):
+            return read_token_records(path, labelled)
         return read_conll(path, labelled)
 
     def from_record(self, record, where, default_id):
-        words = record.get("tokens")
-        if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
-            raise ValueError(f"{where}: \"tokens\" is {json.dumps(words)[:60]}; expected a non-empty list of "
-                             "words (strings), as the lines of a CoNLL file")
-        ident = record.get("id")
-        return TokenExample(default_id if ident is None or ident == "" else str(ident), words, None, where)
+        return token_example_from_record(record, where, default_id)
 
     def _encode(self, tokenizer, examples, ts, label2id, training):
         return encode_tokens(tokenizer, examples, ts.max_length, ts.doc_stride, label2id,
