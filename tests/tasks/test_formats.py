@@ -274,6 +274,18 @@ def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_o
         read_examples(tmp_path / "none.jsonl", "token", labelled=False)
     conll = write(tmp_path / "train.txt", "EU B-ORG\nrejects O\n\nPeter B-PER\n")
     assert [e.tags for e in read_examples(conll, "token")] == [["B-ORG", "O"], ["B-PER"]]
+    notes: list[str] = []  # a predict input of sentences a line, given as .txt, is CoNLL: said
+    for name, text, words in (("en.txt", "I love Paris\nBerlin is big\n", ["I", "Berlin"]),
+                              ("zh.txt", "江泽民在北京。\n克林顿访华\n", ["江泽民在北京。", "克林顿访华"])):
+        lined = write(tmp_path / name, text)
+        assert [e.words for e in read_examples(lined, "token", labelled=False, warn=notes.append)] == [words]
+        assert notes.pop() == (f"{lined}: read as CoNLL, one sentence of 2 lines (a token a line, no blank line "
+                               'between sentences); if each line is a sentence, give JSON Lines, {"text": SENTENCE} '
+                               "a line")
+    for text in ("EU\nrejects\n\nPeter\n", "EU\n"):  # sentences apart, or one token: nothing to say
+        read_examples(write(tmp_path / "ok.txt", text), "token", labelled=False, warn=notes.append)
+    read_examples(conll, "token", warn=notes.append)
+    assert notes == []
 
 
 def test_conll_line_with_one_column(tmp_path, zh):

@@ -323,7 +323,11 @@ class TokenTask(TaskFamily):
     def _read(self, path, layout, labelled, warn):
         if layout == "auto" and Path(path).suffix.lower() in (".jsonl", ".json"):
             return read_token_records(path, labelled)
-        return read_conll(path, labelled)
+        examples = read_conll(path, labelled)
+        if not labelled and len(examples) == 1 and len(examples[0].words) > 1:  # each line a sentence, likely
+            warn(f"{path}: read as CoNLL, one sentence of {len(examples[0].words):,} lines (a token a line, no blank "
+                 "line between sentences); if each line is a sentence, give JSON Lines, {\"text\": SENTENCE} a line")
+        return examples
 
     def from_record(self, record, where, default_id):
         return token_example_from_record(record, where, default_id)
