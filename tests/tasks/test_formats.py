@@ -430,6 +430,26 @@ def test_missing_column(tmp_path):
         read_examples(pairs, "classification")
 
 
+def test_a_single_text_is_the_one_column_besides_the_label_and_the_id_by_any_name(tmp_path):
+    reviews = write(tmp_path / "reviews.csv", "Review,ID,Label\n质量很好,r1,pos\n太差了,r2,neg\n")
+    assert [(e.id, e.text_a, e.text_b, e.label) for e in read_examples(reviews, "classification")] == [
+        ("r1", "质量很好", None, "pos"), ("r2", "太差了", None, "neg")]
+    bare = write(tmp_path / "bare.jsonl", '{"content": "a fine film"}\n{"id": 5, "body": "dull"}\n')
+    assert [(e.id, e.text_a) for e in read_examples(bare, "classification", labelled=False)] == [
+        ("1", "a fine film"), ("5", "dull")]
+    scored = write(tmp_path / "scored.tsv", tsv(["idx", "review", "score"], ["0", "good", "4.5"]))
+    with pytest.raises(ValueError, match=at(scored, 1) + r": no sentence column"):  # two besides: which is which?
+        read_examples(scored, "regression")
+    assert [(e.text_a, e.label) for e in read_examples(write(tmp_path / "s.tsv", tsv(["text", "label"], ["ok", "4.5"])),
+                                                       "regression")] == [("ok", 4.5)]
+    two = write(tmp_path / "two.tsv", tsv(["review", "stars"], ["good", "5"]))
+    with pytest.raises(ValueError, match=at(two, 1) + r": no sentence column: .*or one column besides the label "
+                                                       r"and the id; found review, stars$"):
+        read_examples(two, "classification", labelled=False)
+    with pytest.raises(ValueError, match=at(reviews, 1) + r": sentence2 is missing"):  # pairs are still by name
+        read_examples(reviews, "pair")
+
+
 def test_wrong_number_of_fields(tmp_path):
     path = write(tmp_path / "train.tsv", tsv(["sentence", "label"], ["a", "1"], ["b", "0", "extra"]))
     expected = r": 3 tab-separated fields; expected 2 like the header on line 1$"

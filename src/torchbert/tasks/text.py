@@ -1,7 +1,8 @@
 """The text family: one text or a pair of texts -> a class (classification, pair) or a number
 (regression), read from the pooled [CLS] vector (the BERT paper's Figure 4a-b).
 
-Files: TSV / CSV with a header or JSON Lines, columns found by name (layout `auto`); the official GLUE
+Files: TSV / CSV with a header or JSON Lines, columns found by name (layout `auto`; one text may be
+the one column besides the label and the id, whatever its name); the official GLUE
 TSVs (`glue-*`); SNLI / MultiNLI JSON Lines (`nli-jsonl`); for predict, also a .txt of one text a line.
 Model rows: `[CLS] a [SEP] (b [SEP])`, cut "longest_first". Scores: accuracy, F1, MCC; Pearson and Spearman for regression.
 """
@@ -106,7 +107,12 @@ def _columns(keys: list[str], pair: bool | None, layout: str, labelled: bool, wh
                 raise ValueError(f"{where}: no {name!r} column, which a {layout} file has; {found}")
         return _Columns(a, b, label, ident)
     pairs = [(a, b) for a, b in ((find_key(keys, x), find_key(keys, y)) for x, y in _PAIRS) if a and b]
+    label = next((k for k in (find_key(keys, n) for n in _LABELS) if k), None)
+    ident = next((k for k in (find_key(keys, n) for n in ID_KEYS) if k), None)
     single = next((k for k in (find_key(keys, n) for n in _SINGLE) if k), None)
+    others = [k for k in keys if k not in (label, ident)]
+    if single is None and len(others) == 1:  # one column besides the label and the id: the text, by any name
+        single = others[0]
     if pair or (pair is None and pairs):
         if not pairs:
             raise ValueError(f"{where}: sentence2 is missing: a pair task needs two text columns, sentence1 + "
@@ -116,12 +122,11 @@ def _columns(keys: list[str], pair: bool | None, layout: str, labelled: bool, wh
         if single is None:
             hint = f"; for sentence pairs ({pairs[0][0]}, {pairs[0][1]}) use the pair task" if pairs else ""
             raise ValueError(f"{where}: no sentence column: a single-sentence task needs a sentence (or text) "
-                             f"column; {found}{hint}")
+                             f"column, or one column besides the label and the id; {found}{hint}")
         a, b = single, None
-    label = next((k for k in (find_key(keys, n) for n in _LABELS) if k), None)
     if label is None and labelled:
         raise ValueError(f"{where}: no label column; expected label (or gold_label); {found}")
-    return _Columns(a, b, label, next((k for k in (find_key(keys, n) for n in ID_KEYS) if k), None))
+    return _Columns(a, b, label, ident)
 
 
 
