@@ -2,9 +2,10 @@
 (regression), read from the pooled [CLS] vector (the BERT paper's Figure 4a-b).
 
 Files: TSV / CSV with a header or JSON Lines, columns found by name (layout `auto`; one text may be
-the one column besides the label and the id, whatever its name); the official GLUE
-TSVs (`glue-*`); SNLI / MultiNLI JSON Lines (`nli-jsonl`); for predict, also a .txt of one text a line.
-Model rows: `[CLS] a [SEP] (b [SEP])`, cut "longest_first". Scores: accuracy, F1, MCC; Pearson and Spearman for regression.
+the one column besides the label and the id, whatever its name); the official GLUE TSVs (`glue-*`);
+SNLI / MultiNLI JSON Lines (`nli-jsonl`); for predict, also a .txt of one text a line. Model rows:
+`[CLS] a [SEP] (b [SEP])`, cut "longest_first". Scores: accuracy, F1, MCC; Pearson and Spearman for
+regression.
 """
 
 from __future__ import annotations
