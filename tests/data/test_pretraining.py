@@ -8,7 +8,9 @@ document and index, so NSP pairs can be checked exactly.
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -615,6 +617,30 @@ def test_cli_vocab_reads_jsonl_text(work, capsys):
     assert main(["vocab", "--corpus", str(other), "--text-field", "content", "--vocab-size", "300", "--out",
                  str(work / "content-tok"), "--quiet"]) == 0
     assert (work / "content-tok" / "vocab.txt").read_text(encoding="utf-8") == "\n".join(vocab)
+
+
+def test_vocab_stages_a_compressed_corpus_text_beside_its_output_not_in_tmp(work, monkeypatch):
+    """The text of a .gz or JSON corpus (gigabytes for a real one) is written next to OUT, on the disk
+    the user chose, not in /tmp (often a RAM disk), and removed before OUT appears."""
+    import gzip
+
+    from torchbert.data.vocabulary import VocabSettings, train_vocabulary
+
+    corpus = work / "staged.txt.gz"
+    corpus.write_bytes(gzip.compress("\n".join(realdata.english_texts()[:300]).encode()))
+    trained, original = [], BertTokenizer.train
+
+    def spy(files, *a, **k):
+        trained.append([(Path(f), Path(f).stat().st_size) for f in files])
+        return original(files, *a, **k)
+
+    monkeypatch.setattr(BertTokenizer, "train", spy)
+    out = work / "vocabs" / "staged"
+    tok = train_vocabulary(VocabSettings(corpus=[str(corpus)], vocab_size=300, out=str(out)), progress=False)
+    [[(text, size)]] = trained
+    assert text.parent.parent.parent == out.parent and text.parent.parent.name.startswith(".staged.")
+    assert size > 0 and not text.exists() and sorted(p.name for p in out.parent.iterdir()) == ["staged"]
+    assert BertTokenizer.from_pretrained(out).vocab == tok.vocab and "corpus-text" not in os.listdir(out)
 
 
 def test_dynamic_whole_word(work, zh_corpus, zh_tok):

@@ -21,6 +21,9 @@ The folder holds vocab.txt, tokenizer_config.json, special_tokens_map.json and t
 loads with BertTokenizer.from_pretrained and with transformers' AutoTokenizer.  [PAD] [UNK] [CLS]
 [SEP] [MASK] get ids 0..4.
 
+The trainer reads plain text: the text of .gz, .zst, JSON Lines and Parquet files is written beside
+--out while it trains (as much disk as the text itself) and removed before --out appears.
+
 The same corpus and flags give the same vocabulary every time. Hugging Face tokenizers' trainer alone
 does not (it breaks ties between equally frequent merges in hash-map order, tokenizers issue 1794):
 torchbert trains twice, the second time with the pieces numbered in a fixed order. `prepare` records

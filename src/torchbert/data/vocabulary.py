@@ -3,7 +3,7 @@ JSON Lines and Parquet (their `text` field), gzip and zstd; what `torchbert voca
 
 from __future__ import annotations
 
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +37,17 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
     from .sources import _inner_suffix, corpus_documents, corpus_files
 
     check_corpus(s.corpus)
-    with tempfile.TemporaryDirectory() as tmp:
+    with atomic_folder(Path(s.out), marked=True) as folder:  # the whole vocabulary folder or none
+        # the text of compressed and JSON files is staged beside the output, on the user's disk (a
+        # corpus of gigabytes), not in /tmp, often a RAM disk; it goes before the folder is put in place
+        stage = folder / "corpus-text"
+        stage.mkdir()
         files = []
         for k, path in enumerate(corpus_files(s.corpus)):
             if compression(path) or _inner_suffix(path) in (".jsonl", ".json", ".parquet"):
                 # the trainer reads raw lines: give it the text, a sentence a line, streamed to a file
                 # (not the JSON around it, nor compressed bytes); memory holds one part at a time
-                text_file = Path(tmp) / f"{k}.txt"
+                text_file = stage / f"{k}.txt"
                 with open(text_file, "w", encoding="utf-8") as f:
                     for docs in corpus_documents([path], "auto", 8 << 20, split_sentences, s.text_field):
                         f.write("".join(sent + "\n" for d in docs for sent in d))
@@ -52,8 +56,8 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
         tok = BertTokenizer.train(files, vocab_size=s.vocab_size, lowercase=s.lowercase,
                                   min_frequency=s.min_frequency, limit_alphabet=s.limit_alphabet,
                                   show_progress=progress)
-    with atomic_folder(Path(s.out), marked=True) as tmp:  # the whole vocabulary folder or none
-        tok.save_pretrained(tmp)
+        shutil.rmtree(stage)
+        tok.save_pretrained(folder)
     return tok
 
 
