@@ -262,6 +262,11 @@ def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_o
         ("4", ["Empire", "State"], None, f"{path}:4")]
     # cased and accented as written; a symbol (°, Unicode's So) stays in its word, as in BERT's tokenizer
     assert split_words("ÉCOLE\tn°5 «a２b»") == ["ÉCOLE", "n°5", "«", "a２b", "»"]
+    assert split_words("Obama访华,IBM中国公司") == ["Obama", "访", "华", ",", "IBM", "中", "国", "公", "司"]
+    as_json = write(tmp_path / "predict.json", '{"text": "Obama访华"}\n')  # .json: JSON Lines too
+    assert [e.words for e in read_examples(as_json, "token", labelled=False)] == [["Obama", "访", "华"]]
+    assert [e.words for e in read_examples(as_json, "token", layout="conll", labelled=False)] == [
+        ['{"text":']]  # the layout asked for: CoNLL, whatever the extension
     with pytest.raises(ValueError, match=at(path) + r": tagging reads tags from CoNLL .*JSON Lines are predict inputs"):
         read_examples(path, "token")
     for record, words in (('{"text": " \\t "}', r'"text" holds no words'),
@@ -285,6 +290,7 @@ def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_o
     for text in ("EU\nrejects\n\nPeter\n", "EU\n"):  # sentences apart, or one token: nothing to say
         read_examples(write(tmp_path / "ok.txt", text), "token", labelled=False, warn=notes.append)
     read_examples(conll, "token", warn=notes.append)
+    read_examples(write(tmp_path / "one.txt", "EU B-ORG\nrejects O\n"), "token", warn=notes.append)  # tagged: CoNLL
     assert notes == []
 
 
