@@ -509,7 +509,8 @@ def test_serve_builds_its_spec_from_the_flags_and_the_folder(serve_spy, minilm_d
     assert serve_spy["load"] is False and serve_spy["pool"] is spec  # the models load in the worker process
     assert serve_spy["api_key"] == "from-env" and "warning" not in err  # the variable, not shown by ps
     assert serve_spy["run"][1]["port"] == 0 and serve_spy["run"][0] == "app"
-    assert f"serving {minilm_dir} as {minilm_dir.name!r} on http://127.0.0.1:0 (POST /v1/embeddings, GET /v1/models, GET /health" in err
+    assert (f"serving {minilm_dir} as {minilm_dir.name!r} on http://127.0.0.1:0 (POST /v1/embeddings, GET /v1/models, "
+            "GET /health") in err
     assert serve_spy["shutdown"] == []  # uvicorn's lifespan shuts the pool down when it stops
     # the key on the command line: used, and a warning unless it is the variable's
     code, _, err = cli(capsys, "serve", "--model", minilm_dir, "--api-key", "from-env", "--name", "mine")

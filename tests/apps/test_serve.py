@@ -978,7 +978,8 @@ def test_a_tagger_given_text_tags_the_words_bert_makes_of_it_in_a_file_and_over_
     out, _, inputs = finetuned["token"]
     texts = [" ".join(x["tokens"]) for x in inputs] + ["江泽民在北京。"]
     words = [split_words(t) for t in texts]
-    assert words[-1] == list("江泽民在北京。") and any(w != t.split() for w, t in zip(words, texts))  # "@x" -> "@", "x"
+    assert words[-1] == list("江泽民在北京。")
+    assert any(w != t.split() for w, t in zip(words, texts))  # "@x" -> "@", "x"
     as_text, as_tokens = tmp_path / "text.jsonl", tmp_path / "tokens.jsonl"
     as_text.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     as_tokens.write_text("".join(json.dumps({"tokens": w}, ensure_ascii=False) + "\n" for w in words),

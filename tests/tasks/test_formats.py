@@ -281,7 +281,8 @@ def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_o
     assert [e.tags for e in read_examples(conll, "token")] == [["B-ORG", "O"], ["B-PER"]]
     notes: list[str] = []  # a predict input of sentences a line, given as .txt, is CoNLL: said
     for name, text, words in (("en.txt", "I love Paris\nBerlin is big\n", ["I", "Berlin"]),
-                              ("zh.txt", "江泽民在北京。\n克林顿访华\n", ["江泽民在北京。", "克林顿访华"])):
+                              ("zh.txt", "江泽民在北京。\n克林顿访华\n",
+                               ["江泽民在北京。", "克林顿访华"])):
         lined = write(tmp_path / name, text)
         assert [e.words for e in read_examples(lined, "token", labelled=False, warn=notes.append)] == [words]
         assert notes.pop() == (f"{lined}: read as CoNLL, one sentence of 2 lines (a token a line, no blank line "

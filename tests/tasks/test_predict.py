@@ -181,7 +181,8 @@ def test_heads_are_rebuilt_as_they_trained_and_put_in_eval_mode(tmp_path, minilm
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model, *_ = load_finetuned(embedder, None, CPU)
-    assert isinstance(model.logit_scale, torch.nn.Parameter) and float(model.logit_scale.detach().exp()) == pytest.approx(10)
+    assert isinstance(model.logit_scale, torch.nn.Parameter)
+    assert float(model.logit_scale.detach().exp()) == pytest.approx(10)
     tagger = tmp_path / "tagger"
     FeatureTagger(with_labels(config, ["O", "B-x"]), TaggerSettings(kind="linear", strategy="last")).save_pretrained(tagger)
     with_tokenizer(tagger, minilm_dir)

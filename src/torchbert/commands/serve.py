@@ -128,8 +128,8 @@ def run(args) -> None:
         raise UserError(str(e)) from None
     task = next((f", a {x.ts.type} model" for x in served if hasattr(x, "ts")), "")
     print(f"serving {model_dir} as {name!r}{task} on http://{s.host}:{s.port} "
-          f"({', '.join(f'POST {x.path}' for x in served)}, GET /v1/models, GET /health, GET /metrics); Ctrl-C or SIGTERM stops after "
-          "answering what is in flight", file=sys.stderr)
+          f"({', '.join(f'POST {x.path}' for x in served)}, GET /v1/models, GET /health, GET /metrics); Ctrl-C or "
+          "SIGTERM stops after answering what is in flight", file=sys.stderr)
     try:  # the app shuts the worker down when it stops; if it never started, this does
         uvicorn.run(create_app(served, limits, workers, api_key=api_key),
                     **server_settings(limits, s.host, s.port, s.log_level))
