@@ -112,6 +112,24 @@ def test_export_refuses_bad_arguments_and_keeps_the_folder(minilm_onnx, minilm_d
     assert sorted(p.name for p in minilm_onnx.iterdir()) == before
 
 
+def test_quantizing_drops_onnx_runtimes_advice_alone_and_leaves_the_root_logger_as_it_was(minilm_onnx, tmp_path,
+                                                                                          caplog):
+    import logging
+
+    from torchbert.config import BertConfig
+    from torchbert.io.onnx import quantize_int8
+
+    root = logging.getLogger()
+    filters = list(root.filters)
+    with caplog.at_level(logging.INFO):
+        quantize_int8(minilm_onnx / "model.onnx", tmp_path / "q.onnx", BertConfig.load(minilm_onnx / "config.json"))
+    assert (tmp_path / "q.onnx").stat().st_size < (minilm_onnx / "model.onnx").stat().st_size / 2
+    assert not [r for r in caplog.records if "pre-processing" in r.getMessage()], caplog.text
+    assert root.filters == filters
+    logging.warning("Please consider to run pre-processing before quantization")  # someone else's, after
+    assert caplog.records[-1].getMessage() == "Please consider to run pre-processing before quantization"
+
+
 def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_positions(minilm_dir):
     """fast.int8.OnnxEncoder with fp32 weights equals BertModel; with INT8 it stays close."""
     import copy
