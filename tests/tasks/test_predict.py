@@ -163,6 +163,25 @@ def test_predict_reads_a_txt_of_one_text_a_line_for_a_single_text_model(classifi
         run_predict(classifier, texts.rename(tmp_path / "reviews.md"), CPU, progress=False)
 
 
+def test_a_bad_input_file_is_named_before_the_weights_are_read(classifier, tmp_path):
+    """The weights of a large model take seconds to read (an --int8 start, its quantization too): the
+    input is read first, from what the folder says of its task, and its fault said at once."""
+    folder = shutil.copytree(classifier, tmp_path / "no-weights")
+    (folder / "model.safetensors").unlink()  # reading the weights would fail: it is never reached
+    bad = tmp_path / "in.tsv"
+    bad.write_text("review\tstars\ngood\t5\n")
+    for run in (lambda: run_predict(folder, bad, CPU, progress=False, precision="int8"),
+                lambda: run_evaluate(folder, bad, None, CPU, progress=False)):
+        with pytest.raises(ValueError, match=r"in.tsv:1: no sentence column"):
+            run()
+    unseen = tmp_path / "unseen.jsonl"
+    unseen.write_text('{"text": "a fine film", "label": "meh"}\n')
+    with pytest.raises(ValueError, match=r"unseen.jsonl:1: label .meh. is not one of the 2 labels seen in training"):
+        run_evaluate(folder, unseen, None, CPU, progress=False)
+    with pytest.raises(FileNotFoundError, match="no-weights: no weights found"):  # a good file: the weights now
+        run_predict(folder, unseen, CPU, progress=False)
+
+
 def test_heads_are_rebuilt_as_they_trained_and_put_in_eval_mode(tmp_path, minilm_dir):
     """An embedding run that learned its temperature comes back with it (the head's arguments from the
     run record: no tensor left unused); a feature-based tagger comes back in eval mode too."""

@@ -3,7 +3,9 @@
 `predict` runs a task model over a TaskData's batches (longest first, packed) and lets the task's
 family (families.py) read the head's outputs back into records; fine-tuning calls it on the dev set
 after every epoch. `load_finetuned` opens a run folder written by `torchbert finetune` with the task
-settings stored in its config.json, so that a file is read and tokenized as in training.
+settings stored in its config.json, so that a file is read and tokenized as in training;
+`finetuned_task` reads those settings alone, so that evaluate and predict read the file, and name
+its faults, before the weights.
 """
 
 from __future__ import annotations
@@ -109,6 +111,22 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, prec
         raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
     if precision == "int8" and device.type != "cpu":
         raise ValueError(f"--int8 runs on the CPU; got --device {device}")
+    config, ts, label_map = finetuned_task(model_dir, task)
+    fam = family(ts.type)
+    if (Path(model_dir) / TAGGER_FILE).is_file():  # trained with --frozen
+        model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
+    else:
+        model = fam.model_for(config).from_pretrained(model_dir, **fam.head_arguments(ts)).to(device).eval()
+        if any(not encoder_tensor(k) for k in model.load_report["missing"]):
+            raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
+    model = fast.at_precision(model, precision)
+    return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
+
+
+def finetuned_task(model_dir: Path, task: str | None):
+    """What a fine-tuned folder was trained for, read without its weights: (config, TaskSettings,
+    LabelMap or None); `task` (a type or a preset) must agree with it, or names it for a folder
+    that has no run record."""
     config = load_config(model_dir)
     record = read_record(model_dir)
     if task is not None and (record is None or not record.fine_tuned):
@@ -127,25 +145,19 @@ def load_finetuned(model_dir: Path, task: str | None, device: torch.device, prec
         if not config.extra.get("id2label"):
             raise ValueError(f"{model_dir}: config.json has no id2label; the {ts.type} head's labels are unknown")
         label_map = LabelMap.from_config(config.extra["id2label"])
-    if (Path(model_dir) / TAGGER_FILE).is_file():  # trained with --frozen
-        model = FeatureTagger.from_pretrained(model_dir).to(device).eval()
-    else:
-        model = fam.model_for(config).from_pretrained(model_dir, **fam.head_arguments(ts)).to(device).eval()
-        if any(not encoder_tensor(k) for k in model.load_report["missing"]):
-            raise ValueError(f"{model_dir}: the checkpoint has no trained {ts.type} head; fine-tune it first")
-    model = fast.at_precision(model, precision)
-    return model, BertTokenizer.from_pretrained(model_dir), ts, label_map
+    return config, ts, label_map
 
 
 def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.device, batch_size: int = 64,
                  progress: bool = True, precision: str = "fp32") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The metrics of a fine-tuned model on a labelled file, and its predictions (precision: fp32, bf16
     or int8, as load_finetuned)."""
-    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, precision)
+    _, ts, label_map = finetuned_task(model_dir, task)  # the file is read, and found wanting, before the weights
     fam = family(ts.type)
     examples = fam.read(data, ts.layout)
     if label_map is not None:
         label_map.check(examples)
+    model, tokenizer, ts, label_map = load_finetuned(model_dir, task, device, precision)
     encoded = fam.encode(tokenizer, examples, ts, label_map, training=False)
     records = predict(model, TaskData(encoded, fam), examples, ts, id2label(model.config), batch_size, device,
                       progress)
@@ -155,8 +167,9 @@ def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.de
 def run_predict(model_dir: Path, data: Path, device: torch.device, batch_size: int = 64,
                 progress: bool = True, precision: str = "fp32") -> list[dict[str, Any]]:
     """Predictions for an unlabelled (or labelled) file, one record per example in input order."""
-    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, precision)
+    _, ts, _ = finetuned_task(model_dir, None)  # the file is read, and found wanting, before the weights
     fam = family(ts.type)
     examples = fam.read(data, ts.layout, labelled=False)
+    model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, precision)
     encoded = fam.encode(tokenizer, examples, ts, None, training=False, use_labels=False)
     return predict(model, TaskData(encoded, fam), examples, ts, id2label(model.config), batch_size, device, progress)
