@@ -115,6 +115,63 @@ def test_predict_hands_on_its_flags_and_writes_readable_utf8(bert_folder, tmp_pa
     assert stdout == f"wrote {out}: 2 predictions\n"
 
 
+def test_predict_out_dash_writes_the_lines_to_standard_output_and_no_file(bert_folder, tmp_path, capsys,
+                                                                          monkeypatch):
+    import os
+
+    from torchbert.tasks import predict
+
+    texts = tmp_path / "in.jsonl"
+    texts.write_text('{"text": "很好"}\n', encoding="utf-8")
+    spy(monkeypatch, predict, "run_predict", [{"text": "很好", "label": "正面"}, {"text": "x", "label": "负面"}])
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = cli(capsys, "predict", "--model", bert_folder, "--input", texts, "--out", "-", "--quiet")
+    assert code == 0, err
+    assert stdout == '{"text": "很好", "label": "正面"}\n{"text": "x", "label": "负面"}\n'  # the lines alone
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]  # no file named "-"
+
+
+def test_predict_out_dash_into_a_pipe_its_reader_closes_stops_without_an_error(bert_folder, tmp_path, capsys,
+                                                                               monkeypatch):
+    """`predict ... --out - | head -1`: as inspect-data's, the command stops quietly with status 0."""
+    import io
+    import os
+    import sys
+
+    from torchbert.tasks import predict
+
+    texts = tmp_path / "in.jsonl"
+    texts.write_text('{"text": "很好"}\n', encoding="utf-8")
+    spy(monkeypatch, predict, "run_predict", [{"text": "很好" * 50, "label": "正面"}] * 2000)
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write, "w"), 8192), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        assert main(["predict", "--model", str(bert_folder), "--input", str(texts), "--out", "-", "--quiet",
+                     "--precision", "fp32"]) == 0
+        print("what Python flushes as it exits")
+        stdout.flush()  # raises BrokenPipeError where the pipe is still there
+    finally:
+        monkeypatch.undo()
+        stdout.close()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["embed", "--model", "m", "--input", "in.txt"], "embed writes a file, not standard output"),
+    (["evaluate", "--model", "m", "--data", "in.jsonl"], "evaluate writes a file, not standard output"),
+    (["vocab", "--corpus", "in.txt", "--vocab-size", "100"], "vocab writes a folder, not standard output"),
+])
+def test_out_dash_is_refused_where_a_command_writes_files(tmp_path, capsys, monkeypatch, argv, words):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = cli(capsys, *argv, "--out", "-")
+    assert code == 2 and err == f"torchbert: error: --out -: {words}; give a path\n"
+    assert os.listdir(tmp_path) == []  # nothing made, no file or folder named "-"
+
+
 def test_evaluate_hands_on_its_flags_prints_the_scores_and_writes_them(bert_folder, tmp_path, capsys, monkeypatch):
     from torchbert.tasks import predict, reranker
 

@@ -24,7 +24,7 @@ from types import ModuleType
 
 from .commands import COMMANDS
 from .commands.common import check_shared
-from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, one_line_warning
+from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, UserError, one_line_warning
 
 
 def commands() -> dict[str, ModuleType]:
@@ -205,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.command in ("pretrain", "finetune"):  # a resumed run keeps the settings not given again
                 args.given = given_flags(argv)
-            if getattr(args, "out", None) is not None:  # a link names its target: the link is never replaced
+            if getattr(args, "out", None) == "-" and not getattr(commands()[args.command], "STDOUT", False):
+                raise UserError(f"--out -: {args.command} writes {'a folder' if writes_folder(args.command) else 'a file'}"
+                                ", not standard output; give a path")
+            if getattr(args, "out", None) not in (None, "-"):  # a link names its target: the link is never replaced
                 from .io.files import output_path
 
                 args.out = str(output_path(args.out))

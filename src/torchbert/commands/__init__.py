@@ -3,9 +3,10 @@
 A command module holds everything of its verb: its docstring (the first paragraph is its line in
 `torchbert --help`, the rest its description), EPILOG (examples and figures, shown after the flags),
 its settings as dataclasses of `setting` fields (flags, defaults, help and bounds declared once),
-`add(subparsers)` that makes its parser, and `run(args)` that runs it. Two markers tell `main` what
-to do around it: WRITES_FOLDER (it writes --out, held against a second writer) and COMPUTES (it
-shares the CPUs with the other torchbert jobs). To add a command, write its module and add its name
+`add(subparsers)` that makes its parser, and `run(args)` that runs it. Markers tell `main` what to do
+around it: WRITES_FOLDER (it writes --out, held against a second writer), COMPUTES (it shares the
+CPUs with the other torchbert jobs) and STDOUT (`--out -` writes to standard output; elsewhere it is
+refused, not made a file named "-"). To add a command, write its module and add its name
 to COMMANDS (the order of `torchbert --help`).
 """
 

@@ -33,6 +33,7 @@ examples:
   torchbert predict --model ./sst2 --input reviews.tsv --out labels.jsonl
   torchbert predict --model ./sst2 --input reviews.txt --out labels.jsonl   # one review a line
   torchbert predict --model ./ner --input news.jsonl --out tags.jsonl   # {"text": "江泽民在北京会见..."}
+  torchbert predict --model ./sst2 --input reviews.txt --out - --quiet | head   # the lines to standard output
 
 The input has the layout of the task's training file; labels may be missing. A model of one text
 -> a label or a score also reads a .txt, each non-blank line a text, its id the line number; a

@@ -48,7 +48,7 @@ class EvaluateSettings(Checked):
 class PredictSettings(Checked):
     input: str = setting(help="file in the task's layout (labels optional); for one text -> a label or a "
                               "score, also a .txt of one text a line")
-    out: str = setting(help="output .jsonl")
+    out: str = setting(help="output .jsonl; - writes the lines to standard output")
 
 
 @torch.no_grad()
