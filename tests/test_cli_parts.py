@@ -128,6 +128,21 @@ def test_a_flag_after_debug_or_a_bare_argument_is_still_its_commands_error(capsy
     assert last_error(capsys) == "torchbert inspect-data: error: unrecognized argument: -jh (see torchbert inspect-data --help)"
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["evaluate", "--model", "m", "--input", "x"], "--input; did you mean --data?"),  # not --int8, spelled near
+    (["predict", "--model", "m", "--data", "x", "--out", "y"], "--data; did you mean --input?"),
+    (["vocab", "--input", "x", "--vocab-size", "9", "--out", "y"], "--input; did you mean --corpus?"),
+    (["finetune", "--task", "token", "--data", "x"], "--data; did you mean --train?"),
+    (["evaluate", "--model", "m", "--data", "x", "--epocs", "3"], "--epocs (see torchbert evaluate --help)"),
+])
+def test_a_flag_another_command_names_the_input_by_points_at_this_commands_own(argv, hint, capsys):
+    """predict's --input is evaluate's --data, vocab's --corpus and finetune's --train; and --help is never
+    offered as the flag a misspelling meant."""
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert last_error(capsys) == f"torchbert {argv[0]}: error: unrecognized argument: {hint}"
+
+
 def test_after_a_double_dash_a_word_that_looks_like_a_flag_is_an_argument(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "--data").mkdir()

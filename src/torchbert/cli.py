@@ -68,11 +68,19 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+# flags that name one thing in different commands: the file a command reads is predict's and embed's
+# --input, evaluate's --data, vocab's and prepare's --corpus, finetune's --train; one given to a command
+# that names it otherwise is pointed at that command's own name before any flag spelled like it
+KIN = (("--input", "--data", "--corpus", "--train"),)
+
+
 def _unrecognized(command: argparse.ArgumentParser, name: str, flags: list[str], extra: list[str]) -> None:
     import difflib
 
     unknown = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), extra[0])
-    near = difflib.get_close_matches(unknown, [f for f in flags if f.startswith("--")], n=1, cutoff=0.6)
+    kin = [f for group in KIN if unknown in group for f in group if f in flags]
+    spelled = [f for f in flags if f.startswith("--") and f != "--help"]  # --help is no flag's misspelling
+    near = kin[:1] or difflib.get_close_matches(unknown, spelled, n=1, cutoff=0.6)
     hint = f"; did you mean {near[0]}?" if near else f" (see torchbert {name} --help)"
     command.error(f"unrecognized argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}{hint}")
 
