@@ -19,6 +19,12 @@ Tasks (default: nli and ner):
                   way (2,394 tweets: at the defaults 500 dev and the 1,894 left train). 3 epochs. Metric:
                   entity F1 (seqeval's default mode). A dev tweet with a tag that no training tweet has
                   moves to train, as torchbert (rightly) refuses dev labels it never trained on.
+  qa              ../shared/data/en_qa_disfl (Disfl-QA: SQuAD 2.0's questions made disfluent, about 30% of them
+                  unanswerable), its own train/dev split; whole contexts in file order up to --train-size and
+                  --dev-size questions. 2 epochs. Metric: SQuAD 2.0's F1 (also split into answerable, HasAns, and
+                  unanswerable, NoAns). transformers' side prepares and post-processes as its run_qa_no_trainer
+                  example does (windows of torchbert's doc stride, n-best 20, answers of at most 30 tokens, null
+                  threshold 0); both are scored by torchbert's SQuAD functions.
 Both: max_length 128, batch 32, lr 5e-5, linear schedule with 10% warmup, AdamW (make_optimizer: eps
 1e-6, weight decay 0.01, none on biases and LayerNorm), gradient clipping at norm 1.0, dropout 0.1,
 the dev set scored after every epoch, the best epoch's scores reported (the last epoch's too).
@@ -27,11 +33,12 @@ Systems:
   torchbert       `torchbert.cli.main(["finetune", ..., "--quiet"])` into a temporary folder: exactly the
                   command. Packed, shuffled batches (no padding outside attention). Dev scores and
                   train_seconds from its metrics.json; its tokenization time from its log line.
-  transformers    BertForSequenceClassification / BertForTokenClassification (attn_implementation="sdpa")
-                  in the loop of transformers' run_glue_no_trainer / run_ner_no_trainer examples:
-                  BertTokenizerFast, a shuffled DataLoader (seeded generator) with DataCollatorWithPadding /
-                  DataCollatorForTokenClassification (padding to the longest in the batch), the first sub-token
-                  of each word labelled for NER, forward, backward, clip, AdamW and schedule from
+  transformers    BertForSequenceClassification / BertForTokenClassification / BertForQuestionAnswering
+                  (attn_implementation="sdpa") in the loop of transformers' run_glue_no_trainer /
+                  run_ner_no_trainer / run_qa_no_trainer examples: BertTokenizerFast, a shuffled DataLoader
+                  (seeded generator) with DataCollatorWithPadding / DataCollatorForTokenClassification (padding
+                  to the longest in the batch), the first sub-token of each word labelled for NER, forward,
+                  backward, clip, AdamW and schedule from
                   torchbert.train.optim, so only the model and the batching differ. Dev predictions in input
                   order, batches of 64, scored with the same torchbert.eval.metrics functions.
 The process keeps freed memory for reuse from the start (fast/memory.py, which torchbert's training commands
@@ -106,9 +113,12 @@ TASKS = {  # name: (torchbert task type, default epochs, the metric reported and
     "nli": ("pair", 3, "accuracy"),
     "classification": ("classification", 2, "accuracy"),
     "ner": ("token", 3, "f1"),
+    "qa": ("qa-v2", 2, "f1"),
 }
 SEQUENCE_TASKS = ("nli", "classification")  # one label per example
+MEAN_TASKS = (*SEQUENCE_TASKS, "qa")  # the metric is a mean over dev examples (accuracy, SQuAD's F1)
 NLI_DIR = ROOT.parent / "shared" / "data" / "en_nli_presup"
+QA_DIR = ROOT.parent / "shared" / "data" / "en_qa_disfl"
 
 
 def log(msg: str) -> None:
@@ -156,6 +166,25 @@ def nli_data(train_size: int, dev_size: int) -> tuple[list, list]:
     return read("train.tsv")[:train_size], read("dev.tsv")[:dev_size]
 
 
+def qa_data(train_size: int, dev_size: int) -> tuple[list, list]:
+    """Questions of ../shared/data/en_qa_disfl (SQuAD v2.0), its own train/dev split, whole contexts in
+    file order until each size (in questions) is reached: dicts {id, question, context, answers, starts}."""
+    def read(name: str, size: int) -> list:
+        data = json.loads((QA_DIR / name).read_text(encoding="utf-8"))
+        out = []
+        for article in data["data"]:
+            for paragraph in article["paragraphs"]:
+                if len(out) >= size:
+                    return out
+                out += [{"id": q["id"], "question": q["question"], "context": paragraph["context"],
+                         "answers": [a["text"] for a in q["answers"]],
+                         "starts": [a["answer_start"] for a in q["answers"]]} for q in paragraph["qas"]]
+        return out
+    if not QA_DIR.is_dir():
+        raise SystemExit(f"{QA_DIR} not found: the qa task needs ../shared/data")
+    return read("train.json", train_size), read("dev.json", dev_size)
+
+
 def wnut_data(train_size: int, dev_size: int) -> tuple[list, list]:
     """(words, tags) tweets; dev tweets with a tag training lacks move to train."""
     train, dev = split(realdata.wnut_sentences(), train_size, dev_size, "WNUT-16")
@@ -168,10 +197,20 @@ def wnut_data(train_size: int, dev_size: int) -> tuple[list, list]:
 
 
 def write_files(work: Path, task: str, train: list, dev: list) -> tuple[Path, Path]:
-    """JSONL {sentence, label} for classification (reviews may hold tabs and quotes), CoNLL for NER."""
+    """JSONL {sentence, label} for classification (reviews may hold tabs and quotes), CoNLL for NER, SQuAD
+    v2.0 JSON for QA."""
     paths = []
     for name, rows in (("train", train), ("dev", dev)):
-        if task == "nli":
+        if task == "qa":
+            path = work / f"{name}.json"
+            paragraphs: dict[str, list] = {}
+            for q in rows:  # the questions of a context together, as the file had them
+                paragraphs.setdefault(q["context"], []).append(
+                    {"id": q["id"], "question": q["question"], "is_impossible": not q["answers"],
+                     "answers": [{"text": a, "answer_start": b} for a, b in zip(q["answers"], q["starts"])]})
+            text = json.dumps({"version": "v2.0", "data": [{"title": "en_qa_disfl", "paragraphs": [
+                {"context": c, "qas": qas} for c, qas in paragraphs.items()]}]})
+        elif task == "nli":
             path = work / f"{name}.jsonl"
             text = "".join(json.dumps({"sentence1": a, "sentence2": b, "label": y}) + "\n" for (a, b), y in rows)
         elif task in SEQUENCE_TASKS:
@@ -190,6 +229,8 @@ def write_files(work: Path, task: str, train: list, dev: list) -> tuple[Path, Pa
 def example_stats(task: str, gold: list, pred: list) -> np.ndarray:
     """Per dev example, the counts the metric sums: [correct, 1] for accuracy, [true positives,
     predicted entities, gold entities] for entity F1 (per tweet: entities never cross tweets)."""
+    if task == "qa":  # SQuAD's F1 of each question (its best gold; "" for the unanswerable)
+        return np.array([[metrics.squad_scores({"q": g}, {"q": p})["f1"], 1.0] for g, p in zip(gold, pred)])
     if task in SEQUENCE_TASKS:
         return np.array([[float(p == g), 1.0] for p, g in zip(pred, gold)])
     from seqeval.metrics.sequence_labeling import get_entities
@@ -202,8 +243,8 @@ def example_stats(task: str, gold: list, pred: list) -> np.ndarray:
 
 
 def metric_of(task: str, sums: np.ndarray) -> np.ndarray:
-    """Accuracy or entity F1 from summed counts ([..., k])."""
-    if task in SEQUENCE_TASKS:
+    """Accuracy, SQuAD's F1 or entity F1 from summed counts ([..., k])."""
+    if task in MEAN_TASKS:
         return sums[..., 0] / sums[..., 1]
     denominator = sums[..., 1] + sums[..., 2]
     return np.where(denominator > 0, 2 * sums[..., 0] / np.maximum(denominator, 1), 0.0)
@@ -218,11 +259,23 @@ def paired_bootstrap(task: str, ours: np.ndarray, theirs: np.ndarray, n: int, se
 
 
 def scores_of(task: str, gold: list, pred: list, label_map: LabelMap) -> dict[str, float]:
-    """The metric functions torchbert finetune scores dev with (labels as strings)."""
+    """The metric functions torchbert finetune scores dev with (labels as strings; QA: answer texts)."""
+    if task == "qa":
+        return metrics.squad_scores({str(i): g for i, g in enumerate(gold)}, {str(i): p for i, p in enumerate(pred)})
     if task in SEQUENCE_TASKS:
         l2i = label_map.label2id()
         return metrics.classification_scores([l2i[p] for p in pred], [l2i[g] for g in gold], len(l2i))
     return metrics.entity_scores([list(g) for g in gold], [list(p) for p in pred])
+
+
+PREDICTED = {"nli": "label", "classification": "label", "ner": "tags", "qa": "answer"}  # the record's field
+
+
+def gold_of(task: str, dev: list) -> list:
+    """What the dev examples' predictions are scored against: labels, tag sequences or answer texts."""
+    if task == "qa":
+        return [q["answers"] for q in dev]
+    return [y for _, y in dev] if task in SEQUENCE_TASKS else [tags for _, tags in dev]
 
 
 @dataclass
@@ -279,11 +332,10 @@ def run_torchbert(task: str, train_path: Path, dev_path: Path, dev: list, label_
         raise SystemExit("torchbert finetune: no 'tokenized in ...s' line in its log; update this benchmark")
     m = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     records = [json.loads(x) for x in (out / "dev_predictions.jsonl").read_text(encoding="utf-8").splitlines()]
-    gold = [y for _, y in dev] if task in SEQUENCE_TASKS else [tags for _, tags in dev]
-    pred = [r["label"] for r in records] if task in SEQUENCE_TASKS else [r["tags"] for r in records]
+    gold, pred = gold_of(task, dev), [r[PREDICTED[task]] for r in records]
     best = {k: m[k] for k in family(task_type).metrics}
     again = scores_of(task, gold, pred, label_map)
-    if any(abs(again[k] - best[k]) > 1e-9 for k in best):
+    if any(abs(again[k] - best[k]) > 1e-9 for k in best if k in again):
         raise SystemExit(f"torchbert: dev_predictions.jsonl scores {again}, metrics.json says {best}")
     last = {k: m["history"][-1][k] for k in best}
     return Run("torchbert finetune (packed)", best, int(m["best_epoch"]), last, float(found.group(1)),
@@ -304,13 +356,17 @@ def torchbert_start(task: str, dev_path: Path, label_map: LabelMap, args: argpar
     examples = family(task_type).read(dev_path)
     tokenizer = BertTokenizer.from_pretrained(realdata.minilm_dir())
     data = TaskData(family(task_type).encode(tokenizer, examples, ts, label_map, training=False), family(task_type))
-    records = predict(model, data, examples, ts, label_map.id2label(), EVAL_BATCH_SIZE, torch.device("cpu"))
-    return {k: v.detach().clone() for k, v in model.classifier.state_dict().items()}, records
+    records = predict(model, data, examples, ts, label_map and label_map.id2label(), EVAL_BATCH_SIZE,
+                      torch.device("cpu"))
+    head = model.qa_outputs if task == "qa" else model.classifier
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}, records
 
 
 def start_difference(task: str, records: list[dict], preds: list, probs: np.ndarray | None,
                      label_map: LabelMap) -> str:
     """How far apart the two untrained models' dev predictions are (the same weights: they should agree)."""
+    if task == "qa":  # the best span of each question, "" or not (an untrained model's null score is noise)
+        return f"{np.mean([r['span'] == p for r, p in zip(records, probs)]):.1%} of dev best spans equal"
     if task in SEQUENCE_TASKS:
         theirs = np.array([[r["probabilities"][x] for x in label_map.labels] for r in records])
         same = np.mean([r["label"] == p for r, p in zip(records, preds)])
@@ -339,6 +395,74 @@ def hf_features(tok, task: str, rows: list, label2id: dict[str, int], max_length
         feats.append({**{k: enc[k][i] for k in keys}, "labels": labels})
         word_ids.append(ids)
     return feats, word_ids
+
+
+N_BEST, MAX_ANSWER_LENGTH, NULL_THRESHOLD = 20, 30, 0.0  # torchbert's defaults, and run_qa's
+
+
+def hf_qa_features(tok, rows: list, max_length: int, doc_stride: int, training: bool) -> tuple[list, list]:
+    """transformers' run_qa_no_trainer preparation (question, context; truncation="only_second", overflowing
+    windows with offsets; an answer not wholly inside a window, or none, points at [CLS]) with torchbert's
+    windows: each question's overlap is chosen so that windows start every doc_stride context tokens.
+    Returns the features and, per feature, (its question's index, offsets of its context tokens, else None)."""
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    feats, meta = [], []
+    for e, q in enumerate(rows):
+        question = q["question"].lstrip()  # as run_qa: leading spaces would cost window room
+        room = max_length - len(tok(question, add_special_tokens=False)["input_ids"]) - 3
+        enc = tok(question, q["context"], truncation="only_second", max_length=max_length,
+                  stride=max(0, room - doc_stride), return_overflowing_tokens=True, return_offsets_mapping=True)
+        for i in range(len(enc["input_ids"])):
+            seq = enc.sequence_ids(i)
+            offsets = [tuple(o) if s == 1 else None for o, s in zip(enc["offset_mapping"][i], seq)]
+            feature = {k: enc[k][i] for k in keys}
+            if training:
+                start = end = 0
+                if q["answers"]:
+                    first, last = seq.index(1), len(seq) - 1 - seq[::-1].index(1)
+                    a, b = q["starts"][0], q["starts"][0] + len(q["answers"][0])
+                    if offsets[first][0] <= a and offsets[last][1] >= b:
+                        start = max(t for t in range(first, last + 1) if offsets[t][0] <= a)
+                        end = min(t for t in range(first, last + 1) if offsets[t][1] >= b)
+                feature.update(start_positions=start, end_positions=end)
+            feats.append(feature)
+            meta.append((e, offsets))
+    return feats, meta
+
+
+@torch.no_grad()
+def hf_qa_predict(model, feats: list, meta: list, collator, rows: list) -> tuple[list, list]:
+    """run_qa's postprocess_qa_predictions (version_2_with_negative): per question, the best span over its
+    windows' n-best starts and ends; "" when the lowest [CLS] score beats it by more than the threshold.
+    Returns the answers and the best spans ("" or not), in question order."""
+    model.eval()
+    starts, ends = [], []
+    for i in range(0, len(feats), EVAL_BATCH_SIZE):
+        chunk = [{k: v for k, v in f.items() if not k.endswith("_positions")} for f in feats[i:i + EVAL_BATCH_SIZE]]
+        out = model(**collator(chunk))  # start_logits, end_logits [B, T]
+        for j, f in enumerate(chunk):
+            n = len(f["input_ids"])
+            starts.append(out.start_logits[j, :n].numpy())
+            ends.append(out.end_logits[j, :n].numpy())
+    model.train()
+    windows: list[list[int]] = [[] for _ in rows]
+    for f, (e, _) in enumerate(meta):
+        windows[e].append(f)
+    answers, spans = [], []
+    for e, q in enumerate(rows):
+        null, best, span = np.inf, -np.inf, ""
+        for f in windows[e]:
+            s, t, offsets = starts[f], ends[f], meta[f][1]
+            null = min(null, float(s[0] + t[0]))
+            for a in np.argsort(s)[::-1][:N_BEST]:
+                for b in np.argsort(t)[::-1][:N_BEST]:
+                    if offsets[a] is None or offsets[b] is None or b < a or b - a + 1 > MAX_ANSWER_LENGTH:
+                        continue
+                    if s[a] + t[b] > best:
+                        best, span = float(s[a] + t[b]), q["context"][offsets[a][0]:offsets[b][1]]
+        spans.append(span)
+        answers.append("" if null - best > NULL_THRESHOLD else span)
+    return answers, spans
 
 
 @torch.no_grad()
@@ -372,8 +496,8 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     """The run, and notes: how its untrained model's dev predictions compare with torchbert's (not
     timed), and the share of [UNK] among the training tokens."""
     import transformers
-    from transformers import (BertForSequenceClassification, BertForTokenClassification, BertTokenizerFast,
-                              DataCollatorForTokenClassification, DataCollatorWithPadding)
+    from transformers import (BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
+                              BertTokenizerFast, DataCollatorForTokenClassification, DataCollatorWithPadding)
 
     transformers.logging.set_verbosity_error()  # "newly initialized: classifier" is expected
     transformers.logging.disable_progress_bar()
@@ -382,21 +506,37 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     start = time.perf_counter()
     tok = BertTokenizerFast.from_pretrained(realdata.minilm_dir())
     t0 = time.perf_counter()
-    l2i, i2l = label_map.label2id(), label_map.id2label()
-    train_feats, _ = hf_features(tok, task, train, l2i, args.max_length)
-    dev_feats, dev_words = hf_features(tok, task, dev, l2i, args.max_length)
+    if task == "qa":
+        doc_stride = max(1, args.max_length // 3)  # torchbert finetune's default --doc-stride
+        train_feats, _ = hf_qa_features(tok, train, args.max_length, doc_stride, training=True)
+        dev_feats, dev_meta = hf_qa_features(tok, dev, args.max_length, doc_stride, training=False)
+        l2i = i2l = None
+    else:
+        l2i, i2l = label_map.label2id(), label_map.id2label()
+        train_feats, _ = hf_features(tok, task, train, l2i, args.max_length)
+        dev_feats, dev_words = hf_features(tok, task, dev, l2i, args.max_length)
     tokenize_s = time.perf_counter() - t0
     unk = sum(f["input_ids"].count(tok.unk_token_id) for f in train_feats) / sum(len(f["input_ids"]) for f in train_feats)
 
-    cls = BertForSequenceClassification if task in SEQUENCE_TASKS else BertForTokenClassification
-    model = cls.from_pretrained(realdata.minilm_dir(), num_labels=len(label_map), id2label=i2l, label2id=l2i,
-                                attn_implementation="sdpa")
-    model.classifier.load_state_dict(head)
-    collator = (DataCollatorWithPadding(tok) if task in SEQUENCE_TASKS
-                else DataCollatorForTokenClassification(tok))
+    if task == "qa":
+        model = BertForQuestionAnswering.from_pretrained(realdata.minilm_dir(), attn_implementation="sdpa")
+        model.qa_outputs.load_state_dict(head)
+        collator = DataCollatorWithPadding(tok)
+
+        def dev_predictions():
+            return hf_qa_predict(model, dev_feats, dev_meta, collator, dev)
+    else:
+        cls = BertForSequenceClassification if task in SEQUENCE_TASKS else BertForTokenClassification
+        model = cls.from_pretrained(realdata.minilm_dir(), num_labels=len(label_map), id2label=i2l, label2id=l2i,
+                                    attn_implementation="sdpa")
+        model.classifier.load_state_dict(head)
+        collator = (DataCollatorWithPadding(tok) if task in SEQUENCE_TASKS
+                    else DataCollatorForTokenClassification(tok))
+
+        def dev_predictions():
+            return hf_predict(model, task, dev_feats, dev_words, collator, dev, i2l)
     t0 = time.perf_counter()
-    same = start_difference(task, start_records, *hf_predict(model, task, dev_feats, dev_words, collator, dev, i2l),
-                            label_map)
+    same = start_difference(task, start_records, *dev_predictions(), label_map)
     notes = [f"untrained, the two models' dev predictions: {same}", f"{unk:.1%} of the training tokens are [UNK]"]
     start += time.perf_counter() - t0  # not part of the run
     generator = torch.Generator().manual_seed(args.seed)
@@ -407,7 +547,7 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     scheduler = make_scheduler(optimizer, "linear", round(args.warmup_ratio * steps), steps)
     torch.manual_seed(args.seed)
 
-    gold = [y for _, y in dev] if task in SEQUENCE_TASKS else [tags for _, tags in dev]
+    gold = gold_of(task, dev)
     history, best, best_state, best_pred = [], None, None, None
     tokens = fed = 0
     model.train()
@@ -424,7 +564,7 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - t0
-        pred, _ = hf_predict(model, task, dev_feats, dev_words, collator, dev, i2l)
+        pred, _ = dev_predictions()
         scores = scores_of(task, gold, pred, label_map)
         history.append(scores)
         if best is None or scores[metric] > best[0][metric]:
@@ -436,7 +576,7 @@ def run_transformers(task: str, train: list, dev: list, dev_path: Path, label_ma
     model.save_pretrained(work / "transformers")
     tok.save_pretrained(work / "transformers")
     total = time.perf_counter() - start
-    names = family(task_type).metrics
+    names = [k for k in family(task_type).metrics if k in history[-1]]  # QA: not the dev-tuned threshold's
     return Run("transformers, padded to longest", {k: best[0][k] for k in names}, best[1],
                {k: history[-1][k] for k in names}, tokenize_s, train_s, total, tokens, fed, steps,
                example_stats(task, gold, best_pred)), notes
@@ -458,6 +598,10 @@ def report(task: str, n_train: int, n_dev: int, epochs: int, repeats: list[dict[
         print(f"| {r.system} | {r.best[metric]:.4f} ({r.best_epoch}) | {r.last[metric]:.4f} | {r.tokenize_s:.1f} "
               f"| {r.train_s:.1f} | {r.total_s:.1f} | {r.tokens:,} | {r.fed:,} | {r.tokens / r.train_s:,.0f} "
               f"| {r.train_s / theirs.train_s:.2f}x |")
+    if "HasAns_f1" in ours.best and "HasAns_f1" in theirs.best:
+        print("best epoch, answerable / unanswerable questions: " + "; ".join(
+            f"{r.system} HasAns F1 {r.best['HasAns_f1']:.4f}, NoAns F1 {r.best.get('NoAns_f1', float('nan')):.4f}"
+            for r in (ours, theirs)))
     if ours.tokens != theirs.tokens:
         print(f"note: the systems trained on different token counts ({ours.tokens:,} vs {theirs.tokens:,}): "
               "their tokenizations differ")
@@ -491,7 +635,8 @@ def report(task: str, n_train: int, n_dev: int, epochs: int, repeats: list[dict[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=tuple(TASKS), nargs="+", default=["nli", "ner"],
-                    help="default: nli ner (classification: Chinese reviews, mostly [UNK] to MiniLM's vocab)")
+                    help="default: nli ner (classification: Chinese reviews, mostly [UNK] to MiniLM's vocab; qa: "
+                         "a SQuAD 2.0 set, long sequences: --max-length 256 or more)")
     ap.add_argument("--train-size", type=int, default=2000, help="training examples (default 2000)")
     ap.add_argument("--dev-size", type=int, default=500, help="dev examples (default 500)")
     ap.add_argument("--epochs", type=int, default=None,
@@ -522,13 +667,13 @@ def main() -> None:
     for k, task in enumerate(args.task):
         task_type, default_epochs, _ = TASKS[task]
         epochs = args.epochs or default_epochs
-        loader = {"nli": nli_data, "classification": sentiment_data, "ner": wnut_data}[task]
+        loader = {"nli": nli_data, "classification": sentiment_data, "ner": wnut_data, "qa": qa_data}[task]
         train, dev = loader(args.train_size, args.dev_size)
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             train_path, dev_path = write_files(work, task, train, dev)
-            # the labels in torchbert's order (sorted), read from the file it trains on
-            label_map = LabelMap.from_examples(family(task_type).read(train_path))
+            # the labels in torchbert's order (sorted), read from the file it trains on; QA has none
+            label_map = None if task == "qa" else LabelMap.from_examples(family(task_type).read(train_path))
             repeats: list[dict[str, Run]] = []
             for r in range(args.repeat):
                 runs: dict[str, Run] = {}

@@ -55,6 +55,21 @@ def test_bench_finetune_starts_both_systems_equal_and_judges_the_target():
     assert re.search(r"target \(dev f1 within noise or better, train time <= 0\.5x\): (NOT )?MET", out), out
 
 
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "en_qa_disfl").is_dir(),
+                    reason="needs ../shared/data (CI has it beside the clone)")
+def test_bench_finetune_qa_prepares_both_systems_the_same_windows():
+    """transformers' side (run_qa's preparation with torchbert's windows) trains on the same tokens and, from
+    the same head, finds the same best span for every dev question."""
+    out = run_bench("bench_finetune.py", "--task", "qa", "--train-size", "16", "--dev-size", "8", "--epochs", "1",
+                    "--batch-size", "8", "--bootstrap", "50", "--max-length", "128")
+    assert "untrained, the two models' dev predictions: 100.0% of dev best spans equal" in out, out
+    rows = table_rows(out)
+    ours, theirs = (r for r in rows if r[0].startswith(("torchbert", "transformers")))
+    assert ours[6] == theirs[6], out  # the same real tokens trained on: the same windows and the same epochs
+    assert re.search(r"torchbert finetune \(packed\) HasAns F1 \d\.\d{4}, NoAns F1 \d\.\d{4}; transformers", out)
+    assert re.search(r"target \(dev f1 within noise or better, train time <= 0\.5x\): (NOT )?MET", out), out
+
+
 def test_bench_serve_loads_both_servers_and_their_answers_agree():
     out = run_bench("bench_serve.py", "--clients", "1", "2", "--requests", "6", "--threads", "1", "--repeats", "2")
     rows = table_rows(out)
