@@ -1018,7 +1018,8 @@ def predictor_type(out):
 @pytest.mark.parametrize("task, inputs, words", [
     ("token", {"inputs": [{"tokens": "a b"}]}, "inputs[0]: \"tokens\" is \"a b\""),
     ("token", {"inputs": [{"tokens": ["a"]}, 5]}, "'inputs[1]' is int"),
-    ("qa", {"inputs": [{"question": "q"}]}, "inputs[0]: \"context\" is null"),
+    ("qa", {"inputs": [{"question": "q"}]}, "inputs[0]: \"context\" is missing; expected a string"),
+    ("qa", {"inputs": [{"question": "q", "context": None}]}, "inputs[0]: \"context\" is null"),
     ("classification", {"inputs": [{"txt": "a", "lang": "en"}]}, "inputs[0]: no sentence column"),
     ("multiple-choice", {"inputs": [{"context": "c", "choices": ["one"]}]}, "inputs[0]: 1 choices"),
     ("classification", {"examples": []}, "field 'inputs' must be a non-empty list"),

@@ -106,7 +106,7 @@ def test_a_retrieval_file_is_read_with_one_document_per_text(tmp_path):
                          ('{"query": "q", "positive": " "}', r"r.jsonl:2: \"positive\" is \" \""),
                          ('{"query": "q", "positive": []}', r"r.jsonl:2: \"positive\" is \[\]"),
                          ('{"query": "q", "positive": "a", "negative": [2]}', r"r.jsonl:2: \"negative\" is \[2\]"),
-                         ('{"query": "q"}', r"r.jsonl:2: \"positive\" is null"),
+                         ('{"query": "q"}', r"r.jsonl:2: \"positive\" is missing"),
                          ('[1]', r"r.jsonl:2: expected a JSON object"), ('{"query": ', r"r.jsonl:2: not valid JSON")):
         path.write_text(json.dumps(rows[0]) + "\n" + bad + "\n")
         with pytest.raises(ValueError, match=message):

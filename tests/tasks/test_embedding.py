@@ -27,7 +27,8 @@ def test_pairs_are_read_from_json_lines_and_tsv(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ('{"query": "q", "positive": ""}\n', r"p.jsonl:1: \"positive\" is \"\"; expected a non-empty string"),
-    ('{"query": "q"}\n', r"p.jsonl:1: \"positive\" is null"),
+    ('{"query": "q"}\n', r"p.jsonl:1: \"positive\" is missing"),
+    ('{"query": "q", "positive": null}\n', r"p.jsonl:1: \"positive\" is null"),
     ('{"query": "q", "positive": "p", "negative": 3}\n', r"p.jsonl:1: \"negative\" is 3"),
     ('["q", "p"]\n', r"p.jsonl:1: expected a JSON object"),
     ('{"query": \n', r"p.jsonl:1: not valid JSON"),

@@ -271,7 +271,7 @@ def test_tagging_reads_sentences_to_predict_from_json_lines_and_conll_from_any_o
         read_examples(path, "token")
     for record, words in (('{"text": " \\t "}', r'"text" holds no words'),
                           ('{"tokens": "a b"}', r'"tokens" is "a b"; expected a non-empty list of words'),
-                          ('{"sentence": "a b"}', r'"tokens" is null; expected .* or "text", a sentence')):
+                          ('{"sentence": "a b"}', r'"tokens" is missing; expected .* or "text", a sentence')):
         bad = write(tmp_path / "bad.jsonl", record + "\n")
         with pytest.raises(ValueError, match=at(bad, 1) + ": " + words):
             read_examples(bad, "token", labelled=False)

@@ -14,14 +14,13 @@ A query with no relevant document is an error (it has no score).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..io.texts import json_records, not_a_file
+from ..io.texts import MISSING, json_records, not_a_file, shown
 
 KS = (1, 10, 100)  # recall@k reported
 
@@ -112,8 +111,7 @@ def _texts(value, key: str, where: str, optional: bool = False) -> list[str]:
         return []
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(x, str) and x.strip() for x in items):
-        raise ValueError(f"{where}: \"{key}\" is {json.dumps(value, ensure_ascii=False)[:60]}; expected a "
-                         "non-empty string or a list of them")
+        raise ValueError(f"{where}: \"{key}\" {shown(value, 60)}; expected a non-empty string or a list of them")
     return items
 
 
@@ -127,8 +125,8 @@ def read_retrieval_set(path: str | Path) -> RetrievalSet:
     queries, relevant, ids = [], [], {}
     for n, row in json_records(path):
         where = f"{path}:{n}"
-        (query,) = _texts(row.get("query"), "query", where)[:1]
-        positives = _texts(row.get("positive"), "positive", where)
+        (query,) = _texts(row.get("query", MISSING), "query", where)[:1]
+        positives = _texts(row.get("positive", MISSING), "positive", where)
         for text in positives + _texts(row.get("negative"), "negative", where, optional=True):
             ids.setdefault(text, len(ids))
         queries.append(query)

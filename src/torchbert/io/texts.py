@@ -10,6 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()  # record.get(key, MISSING): a field the record lacks, told apart from one that holds null
+
+
+def shown(value: object, width: int = 40) -> str:
+    """How an error names a field's value: 'is missing', or 'is' and the value as JSON, cut to width."""
+    return "is missing" if value is MISSING else f"is {json.dumps(value, ensure_ascii=False)[:width]}"
+
+
 def json_loads(text: str | bytes):
     """json.loads, where a document nested too deeply for the parser (a 10^6-deep list) is a
     JSONDecodeError like any other malformed JSON, so every reader's error names its file."""

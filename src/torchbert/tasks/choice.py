@@ -20,7 +20,7 @@ from ..heads import BertForMultipleChoice
 from ..io.texts import json_records
 from .encode import Encoded, check_room, where_of
 from .families import GroupedTask, register_family
-from .formats import ID_KEYS, PathLike, existing, find_key, no_examples, read_table, text_field
+from .formats import ID_KEYS, MISSING, PathLike, existing, find_key, no_examples, read_table, shown, text_field
 
 
 @dataclass
@@ -55,9 +55,9 @@ def _choice_label(value: object, n_choices: int, where: str, labelled: bool) -> 
 
 def choice_example_from_record(record: dict, where: str, default_id: str, labelled: bool = False) -> ChoiceExample:
     """A multiple-choice example from one JSON object: {"id", "context", "question", "choices", "label"}."""
-    choices = record.get("choices")
+    choices = record.get("choices", MISSING)
     if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise ValueError(f"{where}: \"choices\" is {json.dumps(choices)[:60]}; expected a list of strings")
+        raise ValueError(f"{where}: \"choices\" {shown(choices, 60)}; expected a list of strings")
     if len(choices) < 2:
         raise ValueError(f"{where}: {len(choices)} choices; a multiple-choice example needs at least 2")
     context = text_field(record, "context", where)

@@ -29,7 +29,7 @@ from ..io.texts import json_records, lines
 from .encode import Encoded, check_room
 from ..settings import setting
 from .families import TaskFamily, TaskSettings, register_family
-from .formats import PathLike, existing, no_examples, table_rows
+from .formats import MISSING, PathLike, existing, no_examples, shown, table_rows
 
 COLUMNS = ("query", "positive", "negative")
 
@@ -48,8 +48,7 @@ class PairExample:
 
 def _text(value: Any, key: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: \"{key}\" is {json.dumps(value, ensure_ascii=False)[:60]}; expected a non-empty "
-                         "string")
+        raise ValueError(f"{where}: \"{key}\" {shown(value, 60)}; expected a non-empty string")
     return value
 
 
@@ -61,8 +60,9 @@ def pair_from_record(row: Any, where: str, default_id: str) -> PairExample:
     if not isinstance(negatives, list):
         raise ValueError(f"{where}: \"negative\" is {json.dumps(negatives)[:60]}; expected a string or a list")
     ident = row.get("id")
-    return PairExample(default_id if ident is None or ident == "" else str(ident), _text(row.get("query"), "query", where),
-                       _text(row.get("positive"), "positive", where),
+    return PairExample(default_id if ident is None or ident == "" else str(ident),
+                       _text(row.get("query", MISSING), "query", where),
+                       _text(row.get("positive", MISSING), "positive", where),
                        [_text(x, "negative", where) for x in negatives], where)
 
 

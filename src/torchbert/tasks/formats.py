@@ -15,14 +15,13 @@ choice.py (SWAG).
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.texts import lines, not_a_file
+from ..io.texts import MISSING, lines, not_a_file, shown
 
 Warn = Callable[[str], object]
 
@@ -145,8 +144,8 @@ def no_examples(path: Path, what: str) -> ValueError:
 
 
 def text_field(record: dict, key: str, where: str) -> str:
-    value = record.get(key)
+    value = record.get(key, MISSING)
     if not isinstance(value, str):
-        raise ValueError(f"{where}: {key!r} is {json.dumps(value)[:40]}; expected a string")
+        raise ValueError(f"{where}: {key!r} {shown(value)}; expected a string")
     return value
 

@@ -24,7 +24,7 @@ from ..packing import pad
 from .encode import Encoded, where_of
 from ..settings import setting
 from .families import TaskFamily, TaskSettings, register_family
-from .formats import PathLike, Warn, existing, no_examples, note
+from .formats import MISSING, PathLike, Warn, existing, no_examples, note, shown
 
 
 @dataclass
@@ -335,7 +335,7 @@ class SpanTask(TaskFamily):
     def from_record(self, record, where, default_id):
         for key in ("question", "context"):
             if not isinstance(record.get(key), str):
-                raise ValueError(f"{where}: \"{key}\" is {json.dumps(record.get(key))[:40]}; expected a string")
+                raise ValueError(f"{where}: \"{key}\" {shown(record.get(key, MISSING))}; expected a string")
         ident = record.get("id")
         return QAExample(default_id if ident is None or ident == "" else str(ident), record["question"],
                          record["context"], [], False, where)

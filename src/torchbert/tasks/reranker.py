@@ -37,7 +37,7 @@ from .embedding import PairExample, _text, pair_from_record, read_pairs
 from .encode import Encoded, check_room, where_of
 from ..settings import setting
 from .families import GroupedTask, TaskSettings, register_family
-from .formats import PathLike, existing, no_examples, table_rows
+from .formats import MISSING, PathLike, existing, no_examples, shown, table_rows
 
 LABELLED = ("query", "passage", "label")
 
@@ -64,7 +64,7 @@ def _label(value: Any, where: str) -> float:
     except (TypeError, ValueError):
         label = math.nan
     if isinstance(value, bool) or not 0.0 <= label <= 1.0:
-        raise ValueError(f"{where}: \"label\" is {json.dumps(value, ensure_ascii=False)[:40]}; expected a number "
+        raise ValueError(f"{where}: \"label\" {shown(value)}; expected a number "
                          "from 0 (not relevant) to 1 (relevant)")
     return label
 
@@ -77,7 +77,8 @@ def example_from_record(row: Any, where: str, default_id: str) -> RerankExample:
             raise ValueError(f"{where}: \"documents\" is {json.dumps(docs, ensure_ascii=False)[:60]}; expected a "
                              "non-empty list of passages")
         ident = row.get("id")
-        return RerankExample(default_id if ident in (None, "") else str(ident), _text(row.get("query"), "query", where),
+        return RerankExample(default_id if ident in (None, "") else str(ident),
+                             _text(row.get("query", MISSING), "query", where),
                              [_text(d, f"documents[{i}]", where) for i, d in enumerate(docs)], None, where)
     return from_pair(pair_from_record(row, where, default_id))
 
@@ -106,8 +107,9 @@ def read_reranking(path: PathLike, labelled: bool = True) -> list[RerankExample]
             grouped = _Grouped()
             for n, row in records:
                 where = f"{path}:{n}"  # each row an object (json_records)
-                grouped.add(_text(row.get("query"), "query", where), _text(row.get("passage"), "passage", where),
-                            _label(row.get("label"), where), where)
+                grouped.add(_text(row.get("query", MISSING), "query", where),
+                            _text(row.get("passage", MISSING), "passage", where),
+                            _label(row.get("label", MISSING), where), where)
             out = list(grouped.examples.values())
         else:
             out = [example_from_record(row, f"{path}:{n}", str(n)) for n, row in records]

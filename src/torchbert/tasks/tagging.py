@@ -12,7 +12,6 @@ shaped like entity chunks (O, B-/I-/E-/S-) score by entity F1 (seqeval), any oth
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..losses import IGNORE
 from .encode import Encoded, label_id, where_of
 from ..settings import setting
 from .families import TaskFamily, TaskSettings, register_family
-from .formats import PathLike, existing, no_examples
+from .formats import MISSING, PathLike, existing, no_examples, shown
 
 
 @dataclass
@@ -123,9 +122,9 @@ def token_example_from_record(record: dict, where: str, default_id: str) -> Toke
         if not words:
             raise ValueError(f"{where}: \"text\" holds no words")
     else:
-        words = record.get("tokens")
+        words = record.get("tokens", MISSING)
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
-            raise ValueError(f"{where}: \"tokens\" is {json.dumps(words)[:60]}; expected a non-empty list of "
+            raise ValueError(f"{where}: \"tokens\" {shown(words, 60)}; expected a non-empty list of "
                              "words (strings), as the lines of a CoNLL file, or \"text\", a sentence")
     ident = record.get("id")
     return TokenExample(default_id if ident is None or ident == "" else str(ident), words, None, where)
