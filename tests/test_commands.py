@@ -134,22 +134,29 @@ def test_predict_out_dash_writes_the_lines_to_standard_output_and_no_file(bert_f
 def test_predict_out_dash_into_a_pipe_its_reader_closes_stops_without_an_error(bert_folder, tmp_path, capsys,
                                                                                monkeypatch):
     """`predict ... --out - | head -1`: as inspect-data's, the command stops quietly with status 0."""
-    import io
-    import os
-    import sys
-
     from torchbert.tasks import predict
 
     texts = tmp_path / "in.jsonl"
     texts.write_text('{"text": "很好"}\n', encoding="utf-8")
     spy(monkeypatch, predict, "run_predict", [{"text": "很好" * 50, "label": "正面"}] * 2000)
+    into_a_closed_pipe(monkeypatch, capsys, ["predict", "--model", str(bert_folder), "--input", str(texts),
+                                             "--out", "-", "--quiet", "--precision", "fp32"])
+
+
+def into_a_closed_pipe(monkeypatch, capsys, argv):
+    """Run `torchbert ARGV` with stdout a pipe whose reader has gone: it exits 0, says nothing, and what is
+    left in its buffer goes nowhere, not again at the pipe when Python flushes it at exit (an "Exception
+    ignored ... BrokenPipeError" and status 120)."""
+    import io
+    import os
+    import sys
+
     read, write = os.pipe()
     os.close(read)  # the reader has gone
     stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write, "w"), 8192), encoding="utf-8")
     monkeypatch.setattr(sys, "stdout", stdout)
     try:
-        assert main(["predict", "--model", str(bert_folder), "--input", str(texts), "--out", "-", "--quiet",
-                     "--precision", "fp32"]) == 0
+        assert main(argv) == 0
         print("what Python flushes as it exits")
         stdout.flush()  # raises BrokenPipeError where the pipe is still there
     finally:
@@ -247,25 +254,8 @@ def test_inspect_data_shows_each_instance_as_its_shards_hold_it(prepared, capsys
 
 
 def test_inspect_data_into_a_pipe_its_reader_closes_stops_without_an_error(prepared, monkeypatch, capsys):
-    """`inspect-data DIR | head`: head goes early; the command stops there, says nothing, exits 0, and
-    what is left in its buffer goes nowhere, not again at the pipe when Python flushes it at exit
-    (an "Exception ignored ... BrokenPipeError" and status 120)."""
-    import io
-    import os
-    import sys
-
-    read, write = os.pipe()
-    os.close(read)  # the reader has gone
-    stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write, "w"), 8192), encoding="utf-8")
-    monkeypatch.setattr(sys, "stdout", stdout)
-    try:
-        assert main(["inspect-data", str(prepared / "eval"), "--n", "100000"]) == 0
-        print("what Python flushes as it exits")
-        stdout.flush()  # raises BrokenPipeError where the pipe is still there
-    finally:
-        monkeypatch.undo()
-        stdout.close()
-    assert capsys.readouterr().err == ""
+    """`inspect-data DIR | head`: head goes early; the command stops there, quietly."""
+    into_a_closed_pipe(monkeypatch, capsys, ["inspect-data", str(prepared / "eval"), "--n", "100000"])
 
 
 def test_inspect_data_draws_dynamic_masks_with_its_seed_and_checks_the_vocab(prepared, tmp_path, capsys):
