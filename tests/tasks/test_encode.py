@@ -11,6 +11,7 @@ from transformers import BertTokenizerFast
 
 from torchbert.losses import IGNORE
 from torchbert.tasks.choice import ChoiceExample, encode_choices
+from torchbert.tasks.encode import cut_note
 from torchbert.tasks.qa import Answer, QAExample, encode_qa, postprocess_qa
 from torchbert.tasks.tagging import TokenExample, encode_tokens, words_from_tokens
 from torchbert.tasks.text import TextExample, encode_texts
@@ -78,6 +79,20 @@ def test_encode_texts_labels_and_errors(tok):
                      {"yes": 0})
     with pytest.raises(ValueError, match=r"r.tsv:9: regression label 'high' is not a number"):
         encode_texts(tok, [TextExample("a", "x", None, "high", "r.tsv:9")], 16, None, regression=True)
+
+
+def test_cut_note_counts_the_sequences_that_reach_max_length(tok):
+    texts = ["short", "a much longer sentence that runs well past eight tokens of wordpiece", "也是一个很长的中文句子而且更长"]
+    train = encode_texts(tok, [TextExample(str(i), t, None, None) for i, t in enumerate(texts)], 8, None)
+    dev = encode_texts(tok, [TextExample("d", "short too", None, None)], 8, None)
+    assert [len(r) for r in train.input_ids] == [3, 8, 8]
+    assert cut_note(8, 512, train, dev) == (
+        "--max-length 8 cuts what lies beyond it: 2 of 3 training sequences (67%) and 0 of 1 dev sequences (0%) "
+        "reach it (up to 512 keeps more of each text, at more cost per step)")
+    assert cut_note(8, 8, train).endswith("2 of 3 training sequences (67%) reach it")  # the model holds no more
+    assert cut_note(8, 512, dev) == ""  # nothing cut, nothing said
+    whole = encode_texts(tok, [TextExample(str(i), t, None, None) for i, t in enumerate(texts)], 64, None)
+    assert cut_note(64, 512, whole, dev) == ""
 
 
 # ----------------------------------------------------------------------------------------------

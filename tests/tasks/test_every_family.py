@@ -79,6 +79,30 @@ def test_every_registered_family_trains_and_predicts_on_every_architecture(task_
     check_family(task_type, architecture, tokenizer, tmp_path)
 
 
+@pytest.mark.parametrize("task_type", list(FAMILIES))
+def test_a_family_says_whether_it_windows_or_cuts_a_long_input(task_type, tokenizer, tmp_path):
+    """`windows`, which finetune's note on what --max-length cuts reads: a family that cuts keeps its rows
+    whatever the length, the longest losing its end; one that windows makes more rows of a long input."""
+    fam = FAMILIES[task_type]
+    name, text = fam.example_file
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    examples = fam.read(tmp_path / name)
+    label_map = fam.label_map(examples)
+
+    def rows(max_length: int) -> list[list[int]]:
+        ts = task_settings(task_type, TaskSettings(type=task_type, max_length=max_length, doc_stride=2))
+        return fam.encode(tokenizer, examples, ts, label_map, training=True).input_ids
+
+    whole = rows(512)
+    limit = max(map(len, whole)) - 2
+    short = rows(limit)
+    assert max(map(len, short)) <= limit
+    if fam.windows:
+        assert len(short) > len(whole)
+    else:
+        assert len(short) == len(whole) and sum(map(len, short)) < sum(map(len, whole))
+
+
 def test_every_family_has_a_bert_head_and_says_what_it_reads():
     assert len(FAMILIES) >= 7
     for t, fam in FAMILIES.items():

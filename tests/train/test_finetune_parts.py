@@ -3,6 +3,7 @@ lines it prints at the end, what a --resume of another task or other labels is t
 kept; then one tiny run for what finetune derives from its epochs."""
 
 import json
+import re
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_a_resumed_run_is_refused_another_task_or_other_labels(tmp_path):
     check_resumed_task(out, other, TaskSettings(type="classification"))
 
 
-def tiny_run(tmp_path, minilm_dir, name: str, **more):
+def tiny_run(tmp_path, minilm_dir, name: str, max_length: int = 64, **more):
     """A tiny BERT (64 positions; its config.json holds an older torchbert's record key) fine-tuned on
     32 real reviews for 1.4 epochs of 4 batches: 6 steps, dev scored at steps 4 and 6."""
     from clihelp import tiny_bert
@@ -85,7 +86,7 @@ def tiny_run(tmp_path, minilm_dir, name: str, **more):
     logged = []
     s, cfg = FinetuneSettings(task="classification", model=model, train=tmp_path / "train.tsv",
                               dev=tmp_path / "dev.tsv", out=tmp_path / name, epochs=1.4,
-                              task_settings=TaskSettings(type="classification", max_length=64), **more
+                              task_settings=TaskSettings(type="classification", max_length=max_length), **more
                               ).resolve(batch_size=8, lr=1e-3, progress=False)
     result = run_finetuning(s, cfg, log=logged.append)
     return result, logged
@@ -109,6 +110,12 @@ def test_finetune_derives_the_loops_steps_from_its_epochs_and_repeats_itself(tmp
     assert len((tmp_path / "a" / "dev_predictions.jsonl").read_text(encoding="utf-8").splitlines()) == 16
     tiny_run(tmp_path, minilm_dir, "b")
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert not any("cuts what lies beyond" in x for x in logged)  # 40 characters fit in 64 tokens
+    _, logged = tiny_run(tmp_path, minilm_dir, "c", max_length=24)  # they do not fit in 24: finetune says so
+    (cut,) = [x for x in logged if "cuts what lies beyond" in x]
+    assert re.fullmatch(r"--max-length 24 cuts what lies beyond it: (\d+) of 32 training sequences \(\d+%\) and "
+                        r"(\d+) of 16 dev sequences \(\d+%\) reach it \(up to 64 keeps more of each text, at more "
+                        r"cost per step\)", cut)
 
 
 def test_the_best_epoch_on_dev_is_kept_the_first_on_a_tie_and_lower_mse_is_better(tmp_path):

@@ -43,6 +43,19 @@ def label_id(label: Any, label2id: dict[str, int], where: str) -> int:
     return label2id[label]
 
 
+def cut_note(max_length: int, longest: int, train: Encoded, dev: Encoded | None = None) -> str:
+    """What --max-length cuts off in a family that cuts a long text rather than windowing it: how many
+    training (and dev) rows reach it, where a longer text lost its end; "" when none does. `longest`:
+    the model's own limit (its max_position_embeddings)."""
+    counts = [(name, sum(len(ids) >= max_length for ids in e.input_ids), len(e.input_ids))
+              for name, e in (("training", train), ("dev", dev)) if e is not None and e.input_ids]
+    if not any(full for _, full, _ in counts):
+        return ""
+    parts = [f"{full:,} of {n:,} {name} sequences ({full / n:.0%})" for name, full, n in counts]
+    return (f"--max-length {max_length} cuts what lies beyond it: {' and '.join(parts)} reach it"
+            + (f" (up to {longest} keeps more of each text, at more cost per step)" if max_length < longest else ""))
+
+
 # ----------------------------------------------------------------------------------------------
 # sequence classification and regression
 

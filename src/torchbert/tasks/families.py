@@ -105,6 +105,8 @@ class TaskFamily:
     gold = "label"  # the example field that holds the gold answer (None: always read with the example)
     label_set = False  # class or tag names, kept in config.json as id2label
     per_word = False  # a tag per word: a tagger on frozen features (finetune --frozen) can learn it
+    # a long input becomes overlapping windows (--doc-stride), not one sequence cut at --max-length
+    windows = False
     file_format = "text"  # what a hub split is written as (tasks/hub.py FORMATS; None: no hub splits)
     layouts = ("auto",)  # file layouts it reads (layouts(): every registered family's)
     metrics: tuple[str, ...] = ()  # what score() reports; the first picks the best epoch

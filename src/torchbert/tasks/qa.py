@@ -308,6 +308,7 @@ class SpanTask(TaskFamily):
     gold = None  # answers are read with the examples; prediction needs none
     layouts = ("auto", "squad")
     Settings = QASettings
+    windows = True
 
     def __init__(self, task_type: str, v2: bool):
         super().__init__(task_type)

@@ -311,6 +311,7 @@ class TokenTask(TaskFamily):
     gold = "tags"
     label_set = True
     per_word = True
+    windows = True
     example_file = ("ner.conll", "John B-PER\nlives O\nin O\nNew B-LOC\nYork I-LOC\n. O\n\n"
                                  "江 B-PER\n泽 I-PER\n民 I-PER\n在 O\n北 B-LOC\n京 I-LOC\n\n"
                                  "Mary B-PER\nleft O\nParis B-LOC\n\nIt O\nrains O\n\n")

@@ -39,6 +39,7 @@ from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import Checked, setting
 from ..tasks.batches import TaskData
+from ..tasks.encode import cut_note
 from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
@@ -210,6 +211,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     log(f"{s.train}: {len(train_examples):,} examples -> {len(train_data.encoded.input_ids):,} sequences"
         + (f"; {s.dev}: {len(dev_examples):,} examples" if dev_examples is not None else "")
         + f" (tokenized in {time.perf_counter() - started:.1f}s)")
+    cut = "" if fam.windows else cut_note(ts.max_length, config.max_position_embeddings, train_data.encoded,
+                                          dev_data.encoded if dev_data is not None else None)
+    if cut:  # a long text loses its end: say how often, so that --max-length is chosen knowingly
+        log(cut)
 
     per_epoch = math.ceil(train_data.batches_per_epoch(cfg.batch_size) / cfg.grad_accum)
     if per_epoch < 1:
