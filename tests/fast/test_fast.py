@@ -263,23 +263,31 @@ def test_a_forked_child_draws_its_own_masks():
 # -- attention ---------------------------------------------------------------------------------------
 
 def autograd_attention(blocks, q, bias, beta, p):
-    """fast.attention._Attention's steps in autograd's hands (q in the block), with the same dropout masks."""
+    """fast.attention._Attention's steps in autograd's hands (q in the block), with the same dropout masks
+    (drawn a piece of fast.attention.spans at a time, as it draws them)."""
     _, B, A, T, D = blocks.shape
     q, k, v = blocks.view(3, B * A, T, D)
     scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=beta, alpha=1 / math.sqrt(D))
-    return (dropout(scores.softmax(-1), p) @ v).view(B, A, T, D)
+    probs = scores.softmax(-1)
+    pieces = fast.attention.spans(B * A, T * T * max(probs.element_size(), 4))
+    return (torch.cat([dropout(probs[a:b], p) for a, b in pieces]) @ v).view(B, A, T, D)
 
 
-@pytest.mark.parametrize("inputs", ["packed", "packed in groups", "padded"])
+@pytest.mark.parametrize("inputs", ["packed", "packed in groups", "padded", "padded in pieces"])
 def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     """Training on CPU with attention dropout runs fast.attention's _Heads, _Attention and _Tokens,
     whose backwards are written by hand; with the same seed (the same dropout masks) the plain
     model's layout steps and autograd through the same attention steps give the same loss and
-    gradients, packed (with padding) and padded; and packed with the sequences in blocks of like
-    length (fast.attention.length_blocks), where the reference attends block by block too."""
+    gradients, packed (with padding) and padded; packed with the sequences in blocks of like
+    length (fast.attention.length_blocks), where the reference attends block by block too; and with
+    the scores made a few rows at a time (CHUNK_BYTES, here 3 of a block's 8 rows: 3, 3 and 2)."""
     grouped = inputs == "packed in groups"
     if not grouped:
         monkeypatch.setattr(fast.attention, "GROUPED_AT", 0.0)  # one block, padded to the longest
+    pieces = []
+    if inputs == "padded in pieces":
+        monkeypatch.setattr(fast.attention, "CHUNK_BYTES", 3 * 11 * 11 * 4)
+        monkeypatch.setattr(fast.attention, "spans", lambda *a, f=fast.attention.spans: pieces.append(f(*a)) or pieces[-1])
     cfg = BertConfig.from_name("tiny", vocab_size=300)  # dropout 0.1 everywhere
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).train()
@@ -288,7 +296,7 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     labels = torch.where((torch.rand(ids.shape) < 0.3) & mask.bool(), ids, -100)
     labels[0, 2] = ids[0, 2]
     nsp = torch.tensor([0, 1, 1, 0])
-    if inputs != "padded":
+    if not inputs.startswith("padded"):
         flat, flat_labels, cu, T = unpad(ids, mask, labels)
         positions = (flat_labels != -100).nonzero().squeeze(1)
         kw = dict(input_ids=flat, cu_seqlens=cu, max_seqlen=T, mlm_positions=positions, mlm_labels=flat_labels[positions])
@@ -313,6 +321,7 @@ def test_cpu_training_attention_matches_autograd(inputs, monkeypatch):
     L, blocks = cfg.num_hidden_layers, 4 if grouped else 1  # grouped: each sequence alone, so none padded
     tokens = ["_Tokens"] * (L if inputs == "packed" else 0)
     assert sorted(used) == sorted(["_Heads", "_Attention"] * L * blocks + tokens)
+    assert pieces == ([[(0, 3), (3, 6), (6, 8)]] * L if inputs == "padded in pieces" else [])
 
     def plain_layout_then(qkv, layout, heads, p):  # the model's own split and merge around the same steps
         def attend(qkv, layout):

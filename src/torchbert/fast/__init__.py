@@ -5,8 +5,9 @@ model.py and heads.py are plain PyTorch. `training(model)` swaps the fast pieces
 its block runs, and puts the model back as it was afterwards (the state dict never changes):
   * every nn.Dropout -> fast.dropout.Dropout: the mask from numpy's SFC64 on two threads;
   * every SelfAttention -> fast.attention.RowsSelfAttention with attention "fast": on CPU, dropout
-    and backwards of its own, and a last layer that attends from the rows a head reads only; on a
-    CUDA GPU in bf16/fp16, FlashAttention's varlen kernel over the packed batch (fast/flash.py);
+    and backwards of its own, the scores made in pieces the allocator keeps (under 32 MB), and a
+    last layer that attends from the rows a head reads only; on a CUDA GPU in bf16/fp16,
+    FlashAttention's varlen kernel over the packed batch (fast/flash.py);
   * every MaskedLMHead -> fast.decoder.FusedMaskedLMHead: the loss's gradient made in the forward,
     its [M, V] buffer kept from step to step, and the word embeddings tied so that their two
     gradients meet in place.

@@ -11,7 +11,9 @@ each of those passes twice. Here:
     stack the three gradients, reorder them, then scatter);
   * _Attention: the products, softmax and dropout (the mask from fast/dropout.py), with 1 / sqrt(D)
     and the padding mask in one baddbmm; the backward writes the gradients of q, k and v into one
-    block and scales inside its products;
+    block and scales inside its products; the [B*A, T, T] tensors made CHUNK_BYTES at a time, so
+    that long sequences do not fault in fresh pages every step, and the dropped probabilities
+    multiplied again in the backward rather than kept;
   * _Tokens: the output [B, A, T, D] -> packed [N, H] in one gather, and back;
   * a packed batch of sequences of unlike lengths (sentence pairs of 20 to 128 tokens) attends in up
     to four blocks of like length (length_blocks) rather than one padded to the longest.
@@ -123,8 +125,22 @@ class _Tokens(torch.autograd.Function):
         return g, None, None, None
 
 
+# The [B*A, Q, T] scores, probabilities, dropout mask and their gradients are made at most this many
+# bytes at a time. A larger tensor is above glibc's largest mmap threshold (32 MB, fast/memory.py), so
+# each would be mapped afresh and faulted in page by page, in every layer of every step: fine-tuning
+# MiniLM at 256 tokens, batch 32 (100 MB a tensor), spent a quarter of its time in the kernel.
+CHUNK_BYTES = 30 << 20
+
+
+def spans(rows: int, row_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) of the rows of each CHUNK_BYTES piece of rows x row_bytes (at least one row a piece)."""
+    step = max(1, CHUNK_BYTES // row_bytes)
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+
 class _Attention(torch.autograd.Function):
-    """dropout(softmax(q k^T / sqrt(D) + bias)) v on a block of q, k, v (or of k, v with q apart)."""
+    """dropout(softmax(q k^T / sqrt(D) + bias)) v on a block of q, k, v (or of k, v with q apart),
+    CHUNK_BYTES of scores at a time."""
 
     @staticmethod
     def forward(ctx, blocks: Tensor, q: Tensor | None, bias: Tensor, beta: int, p: float) -> Tensor:
@@ -133,12 +149,17 @@ class _Attention(torch.autograd.Function):
         P, B, A, T, D = blocks.shape
         qs, k, v = _Attention.operands(blocks, q)
         ctx.scale = 1 / math.sqrt(D)
-        scores = torch.baddbmm(bias, qs, k.transpose(1, 2), beta=beta, alpha=ctx.scale)  # [B*A, Q, T]
-        probs = scores.softmax(dim=-1)
-        mask = scaled_mask(probs.shape, p, probs.dtype)  # fp32 under bf16: 1 / (1 - p) in full
-        dropped = (probs * mask).to(probs.dtype)
-        ctx.save_for_backward(blocks, q, probs, mask, dropped)
-        return torch.bmm(dropped, v).view(B, A, -1, D)
+        ctx.spans = spans(qs.shape[0], qs.shape[1] * T * max(qs.element_size(), 4))  # the mask is fp32 under bf16
+        out, saved = [], []
+        for a, b in ctx.spans:
+            part = bias[a:b] if bias.dim() and bias.shape[0] == qs.shape[0] else bias  # [B*A, 1, T], or shared
+            scores = torch.baddbmm(part, qs[a:b], k[a:b].transpose(1, 2), beta=beta, alpha=ctx.scale)  # [b-a, Q, T]
+            probs = scores.softmax(dim=-1)
+            mask = scaled_mask(probs.shape, p, probs.dtype)  # fp32 under bf16: 1 / (1 - p) in full
+            saved += [probs, mask]  # the backward multiplies them again rather than keep the product
+            out.append(torch.bmm((probs * mask).to(probs.dtype), v[a:b]))
+        ctx.save_for_backward(blocks, q, *saved)
+        return (out[0] if len(out) == 1 else torch.cat(out)).view(B, A, -1, D)
 
     @staticmethod
     def operands(blocks: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,17 +170,20 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        blocks, q, probs, mask, dropped = ctx.saved_tensors
+        blocks, q, *saved = ctx.saved_tensors
         P, B, A, T, D = blocks.shape
         qs, k, v = _Attention.operands(blocks, q)
         g = grad.reshape(B * A, -1, D)  # [B*A, Q, D]
         d_blocks = torch.empty_like(blocks)
         dq, dk, dv = _Attention.operands(d_blocks, None if q is None else torch.empty_like(q))
-        torch.bmm(dropped.transpose(1, 2), g, out=dv)
-        d_probs = torch.bmm(g, v.transpose(1, 2)).mul_(mask)  # [B*A, Q, T] (in place: in g's dtype)
-        d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
-        torch.baddbmm(dq, d_scores, k, beta=0, alpha=ctx.scale, out=dq)
-        torch.baddbmm(dk, d_scores.transpose(1, 2), qs, beta=0, alpha=ctx.scale, out=dk)
+        for i, (a, b) in enumerate(ctx.spans):
+            probs, mask = saved[2 * i:2 * i + 2]
+            dropped = (probs * mask).to(probs.dtype)
+            torch.bmm(dropped.transpose(1, 2), g[a:b], out=dv[a:b])
+            d_probs = torch.bmm(g[a:b], v[a:b].transpose(1, 2)).mul_(mask)  # [b-a, Q, T] (in place: in g's dtype)
+            d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
+            torch.baddbmm(dq[a:b], d_scores, k[a:b], beta=0, alpha=ctx.scale, out=dq[a:b])
+            torch.baddbmm(dk[a:b], d_scores.transpose(1, 2), qs[a:b], beta=0, alpha=ctx.scale, out=dk[a:b])
         return d_blocks, None if q is None else dq.view(q.shape), None, None, None
 
 
