@@ -31,8 +31,9 @@ is chosen by:
            conll2003, swag
 Labels come from the training file and are stored in config.json (id2label); a dev label that
 training never had is an error naming its line. Long token sequences and QA contexts are cut into
-overlapping windows (--doc-stride), never truncated. The dev set is scored after every epoch; the
-best epoch's weights are the run's model.
+overlapping windows (--doc-stride), never truncated; any other text longer than --max-length loses
+its end, and finetune says how many training and dev sequences reach it. The dev set is scored
+after every epoch; the best epoch's weights are the run's model.
 
 --train, --dev (and evaluate's --data, predict's --input) also take a Hugging Face hub split as
 hf:NAME[:CONFIG]:SPLIT, e.g. hf:nyu-mll/glue:sst2:train or hf:conll2003:validation. It needs
