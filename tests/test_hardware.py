@@ -58,6 +58,7 @@ def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_
         code, out, _ = cli(capsys, "env")
         assert code == 0 and f"cpu: {machine.name}" in out
         assert f"inference on the cpu (--precision auto): {precision}:" in out
+        assert out.splitlines()[-1].startswith("memory allocator: ")
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
                        "--precision", "bf16", "--int8")
     assert code == 2 and "--precision bf16 and --int8 exclude each other" in err

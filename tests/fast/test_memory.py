@@ -1,5 +1,6 @@
 """fast/memory.py: freed memory stays in the process, so later steps fault in no fresh pages."""
 
+import ctypes.util
 import subprocess
 import sys
 
@@ -41,3 +42,65 @@ def test_glibc_settings_from_the_environment_win(monkeypatch):
     monkeypatch.setattr(memory, "_done", False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert memory.keep_freed_memory() is False
+
+
+@pytest.mark.parametrize("library, name", [
+    ("/lib/x86_64-linux-gnu/libc.so.6", "glibc"),
+    ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "tcmalloc"),
+    ("/usr/lib/libtcmalloc.so.4.5.10", "tcmalloc"),
+    ("/opt/conda/lib/libjemalloc.so.2", "jemalloc"),
+    ("/usr/local/lib/libmimalloc.so.2.1", "mimalloc"),
+    ("/opt/lib/libhoard.so", "libhoard.so"),
+    ("", "unknown"),
+])
+def test_the_malloc_in_use_is_named_by_its_library(library, name):
+    from torchbert.fast.memory import allocator
+
+    assert allocator(library) == name
+
+
+MALLOC = "from torchbert.fast import memory; print(memory.allocator(), memory.keep_freed_memory())"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_plain_process_runs_glibcs_malloc_and_keeps_freed_memory():
+    out = subprocess.run([sys.executable, "-c", MALLOC], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"}).stdout.split()
+    assert out == ["glibc", "True"]
+
+
+def test_another_malloc_is_left_as_it_is(monkeypatch):
+    """Under a preloaded malloc (tcmalloc, jemalloc) glibc's settings would change nothing: none is
+    made, and keep_freed_memory says so."""
+    import ctypes
+
+    from torchbert.fast import memory
+
+    monkeypatch.setattr(memory, "_done", False)
+    for k in (*memory._ENV, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(memory, "allocator", lambda library=None: "tcmalloc")
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: pytest.fail("libc was loaded to call mallopt"))
+    assert memory.keep_freed_memory() is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not ctypes.util.find_library("tcmalloc_minimal"),
+                    reason="tcmalloc is not installed (Debian/Ubuntu: libtcmalloc-minimal4)")
+def test_a_preloaded_tcmalloc_is_seen():
+    out = subprocess.run([sys.executable, "-c", MALLOC], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "LD_PRELOAD": ctypes.util.find_library("tcmalloc_minimal")})
+    assert out.stdout.split() == ["tcmalloc", "False"]
+
+
+def test_env_says_which_malloc_and_how_to_get_tcmalloc():
+    from torchbert.fast.memory import TCMALLOC, describe_allocator
+
+    glibc = "/lib/x86_64-linux-gnu/libc.so.6"
+    here = describe_allocator(glibc, tcmalloc="libtcmalloc_minimal.so.4")
+    assert here.startswith("memory allocator: glibc's malloc") and "fragments its heap" in here
+    assert here.endswith("it is installed here: LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...")
+    missing = describe_allocator(glibc, tcmalloc="")
+    assert f"apt install libtcmalloc-minimal4), then LD_PRELOAD={TCMALLOC} torchbert finetune" in missing
+    library = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+    assert describe_allocator(library) == f"memory allocator: tcmalloc ({library})"
+    assert describe_allocator("") == "memory allocator: unknown"

@@ -1,8 +1,8 @@
 """what this machine's processor can do, and the precision torchbert will use on it
 
 Print the CPU, the matrix units torchbert can use on it (AMX, AVX512-BF16, VNNI), the GPU if there is
-one, and the precision that `--precision auto` picks for embed, predict, evaluate and serve, with the
-reason."""
+one, the precision that `--precision auto` picks for embed, predict, evaluate and serve, with the
+reason, and the memory allocator in use (glibc's malloc, or one preloaded such as tcmalloc)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ examples:
 bf16 is picked only where the processor multiplies it natively: a CPU with AMX (Intel Sapphire
 Rapids and later) or AVX512-BF16 (Intel Cooper Lake, AMD Zen 4 and later), or a GPU with bf16.
 Elsewhere bf16 is emulated and about 2x slower than fp32, so `auto` stays fp32.
+
+Fine-tuning on long texts of unlike lengths fragments glibc's heap, and the peak memory grows with
+the steps (MiniLM, 256 tokens: 7.8 GB after 148 steps for 2.5 GB in use). Preloading tcmalloc holds
+it near what is in use at the same speed (3.2 GB where glibc reached 5.7-6.1 GB, 60 steps):
+  LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...
+(Debian/Ubuntu: apt install libtcmalloc-minimal4.) `env` says which malloc is in use.
 """
 
 

@@ -18,7 +18,8 @@ around the model, not in it:
   * fast.rows.SparseRows: the embeddings' gradients as rows, in the loop of one plain CPU process;
   * fast.bf16.BF16Weights: `--precision bf16` there, each step's weights held in bf16 (fp32 masters);
   * fast.memory.keep_freed_memory: glibc's allocator set to keep freed memory. It changes the whole
-    process, so no library call makes it: the CLI's training commands do (not with --no-fast).
+    process, so no library call makes it: the CLI's training commands do (not with --no-fast), and
+    not under another malloc the user preloaded (tcmalloc holds fine-tuning's peak lower).
 Each piece earned its place by a measured gain (bench/README.md), and a test holds it to the plain
 path (tests/fast/test_fast.py).
 """
