@@ -1,4 +1,4 @@
-"""what this machine's processor can do, and the precision torchbert will use on it
+"""what this machine's processor can do, the precision torchbert will use on it, and its malloc
 
 Print the CPU, the matrix units torchbert can use on it (AMX, AVX512-BF16, VNNI), the GPU if there is
 one, the precision that `--precision auto` picks for embed, predict, evaluate and serve, with the
@@ -18,7 +18,7 @@ Elsewhere bf16 is emulated and about 2x slower than fp32, so `auto` stays fp32.
 
 Fine-tuning on long texts of unlike lengths fragments glibc's heap, and the peak memory grows with
 the steps (MiniLM, 256 tokens: 7.8 GB after 148 steps for 2.5 GB in use). Preloading tcmalloc holds
-it near what is in use at the same speed (3.2 GB where glibc reached 5.7-6.1 GB, 60 steps):
+it near what is in use at the same speed (the same 148 steps: 3.3 GB, in 444 s against 446 s):
   LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...
 (Debian/Ubuntu: apt install libtcmalloc-minimal4.) `env` says which malloc is in use.
 """

@@ -23,8 +23,8 @@ What it does not fix: glibc's heap fragments when the sizes change from step to 
 batches of unlike lengths (mails cut at 256 tokens, MiniLM, batch 32) leave holes in the heap that
 later tensors do not fit, and the peak grows with the steps: 5.7-6.1 GB after 60 steps and 7.8 GB
 after 148, for 2.5 GB in use at most (batches of one length level off at 4.0 GB). tcmalloc keeps
-large and small blocks apart and gives idle pages back a few at a time: the same 60 steps peak at
-3.2 GB in the same time (bench/README.md, session 62). A process cannot change its malloc once it
+large and small blocks apart and gives idle pages back a few at a time: the same 148 steps peak at
+3.3 GB in the same time (bench/README.md, session 62). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
 malloc is in use and how to get tcmalloc.
 """
