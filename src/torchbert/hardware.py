@@ -111,7 +111,4 @@ def describe() -> list[str]:
         lines.append(f"gpu: {torch.cuda.get_device_name(device)}; inference (--precision auto): {precision}: {why}")
     else:
         lines.append("gpu: none")
-    from .fast.memory import describe_allocator
-
-    lines.append(describe_allocator())
     return lines

@@ -29,7 +29,8 @@ def add(sub) -> None:
 
 
 def run(args) -> None:
+    from ..fast.memory import describe_allocator
     from ..hardware import describe
 
-    for line in describe():
+    for line in [*describe(), describe_allocator()]:
         print(line)
