@@ -90,7 +90,7 @@ def describe_allocator(library: str | None = None, tcmalloc: str | None = None) 
     how = (f"it is installed here: LD_PRELOAD={found} torchbert finetune ..." if found else
            f"install it (Debian/Ubuntu: apt install libtcmalloc-minimal4), then LD_PRELOAD={TCMALLOC} torchbert finetune ...")
     return ("memory allocator: glibc's malloc (the training commands set it to keep freed memory). Fine-tuning on "
-            "texts of unlike, long lengths fragments its heap: the peak grows with the steps, to 2-3x what is in use. "
+            "texts of unlike, long lengths fragments its heap: the peak grows with the steps (3x what is in use after 148 steps of MiniLM at 256 tokens). "
             f"tcmalloc holds it near what is in use, at the same speed; {how}")
 
 
