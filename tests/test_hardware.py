@@ -1,6 +1,8 @@
 """The hardware decision: what /proc/cpuinfo says, and the precision `--precision auto` picks from it,
 with the CPU mocked as one with AMX, one with AVX512-BF16 and one without native bf16."""
 
+import sys
+
 import pytest
 import torch
 
@@ -84,3 +86,16 @@ def test_bf16_runs_bert_encoders_only(monkeypatch, tmp_path):
     assert for_command(auto, torch.device("cpu"), tmp_path) == "fp32"
     with pytest.raises(UserError, match="--precision bf16: runs BERT encoders"):
         for_command(argparse.Namespace(precision="bf16", int8=False), torch.device("cpu"), tmp_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm")
+def test_resident_memory_is_read_now_and_at_its_peak():
+    from torchbert.hardware import peak_resident_bytes, resident_bytes
+
+    before = resident_bytes()
+    block = bytearray(256 << 20)  # zero pages resident once written
+    block[::4096] = b"x" * len(block[::4096])
+    now = resident_bytes()
+    assert now - before > 200 << 20
+    assert peak_resident_bytes() >= now - (1 << 20)  # the kernel's per-thread counts lag by a few pages
+    del block

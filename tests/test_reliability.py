@@ -184,11 +184,12 @@ def test_a_later_run_removes_the_temporaries_a_killed_one_left(tmp_path, corpus,
 
 # -- an interrupted demo keeps its finished stages; --resume ends as an uninterrupted run ---------------
 
-TIMING = ("seconds", "train_seconds", "tokens_per_second", "stage_seconds", "compute_seconds")
+TIMING = ("seconds", "train_seconds", "tokens_per_second", "stage_seconds", "compute_seconds", "memory_gb",
+          "peak_memory_gb", "memory_growth_gb")
 
 
 def without_timing(x):
-    """A summary with the wall-clock figures left out: what a resumed run must reproduce exactly."""
+    """A summary with the wall-clock and memory figures left out: what a resumed run must reproduce exactly."""
     if isinstance(x, dict):
         return {k: without_timing(v) for k, v in x.items() if k not in TIMING}
     if isinstance(x, list):

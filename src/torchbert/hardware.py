@@ -9,16 +9,20 @@ Without them oneDNN emulates bf16 with fp32 instructions and conversions, about 
 
 Everything here is a pure function of `cpu()`, which reads /proc/cpuinfo once (Linux; elsewhere no
 flags are known and `auto` stays fp32); tests replace `cpu` to act as another machine.
+
+Also here: this process's resident memory, now and at its peak, which the training loop reports.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 PRECISIONS = ("auto", "fp32", "bf16")  # what inference commands take (--precision)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,26 @@ def inference_precision(requested: str, device) -> tuple[str, str]:
     if requested == "bf16" and not c.native_bf16:
         return "bf16", "as asked, though this CPU has no native bf16: oneDNN emulates it, about 2x slower than fp32"
     return requested, "as asked"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_resident_bytes() -> int | None:
+    """The most memory this process has held resident since it started (getrusage's ru_maxrss: kB on
+    Linux, bytes on macOS), or None where there is no getrusage (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if platform.system() == "Darwin" else peak * 1024
 
 
 def describe() -> list[str]:

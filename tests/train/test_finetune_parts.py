@@ -47,6 +47,9 @@ def test_the_report_shows_the_best_epochs_scores_and_not_the_bookkeeping():
     assert report_lines(tagger, "run")[0].startswith("trained a bilstm tagger on frozen features 30 steps")
     assert len(report_lines({k: v for k, v in result.items() if k not in ("accuracy", "f1")}, "run")) == 1
     assert report_lines({**result, "best_epoch": 1.5}, "run")[1] == "dev (best epoch 1.5): accuracy 0.8125, f1 0.5000"
+    assert report_lines({**result, "peak_memory_gb": 5.96, "memory_growth_gb": 1.077}, "run") == [
+        "fine-tuned 30 steps in 12s (5,120 tokens/s; dev scoring 3s more; peak memory 6.0 GB) -> run",
+        "dev (best epoch 2): accuracy 0.8125, f1 0.5000"]
 
 
 def test_a_resumed_run_is_refused_another_task_or_other_labels(tmp_path):

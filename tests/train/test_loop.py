@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 import warnings
 
 import numpy as np
@@ -41,6 +42,25 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     assert summary["steps"] == 120 and summary["tokens"] == lines[-1]["tokens"] and summary["tokens_per_second"] > 0
 
 
+def test_the_run_reports_its_memory_each_log_and_its_peak_and_growth_at_the_end(tmp_path, monkeypatch):
+    from torchbert.train import loop
+
+    held = iter(range(1, 100))  # the resident memory at each read, in GB: 1, 2, 3, ... (one read a log, one at the end)
+    monkeypatch.setattr(loop, "resident_bytes", lambda: next(held) * 10**9)
+    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: 7_250_000_000)
+    summary = train(tiny_model(), RepeatData(n=256), PretrainingTask(), cfg(steps=60, log_every=10), tmp_path,
+                    log=lambda s: None)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["memory_gb"] for r in lines] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    # halfway is step 30 (3 GB); the end's read comes after the last log (7 GB)
+    assert (summary["peak_memory_gb"], summary["memory_growth_gb"]) == (7.25, 4.0)
+    monkeypatch.setattr(loop, "resident_bytes", lambda: None)  # where it cannot be read: no figure, no error
+    summary = train(tiny_model(), RepeatData(n=256), PretrainingTask(), cfg(steps=20, log_every=10), tmp_path / "b",
+                    log=lambda s: None)
+    assert "memory_growth_gb" not in summary and summary["peak_memory_gb"] == 7.25
+    assert "memory_gb" not in json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[0])
+
+
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     a, b = tiny_model(dropout=0.0), tiny_model(dropout=0.0)
     train(a, RepeatData(), PretrainingTask(), cfg(steps=3, batch_size=8, grad_accum=1), tmp_path / "a", log=lambda s: None)
@@ -67,7 +87,7 @@ def test_interrupted_run_resumes_bit_identically(tmp_path):
         assert torch.equal(p, q), name
     ref_log = (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()
     run_log = (run / "metrics.jsonl").read_text().splitlines()
-    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in lines]  # noqa: E731
+    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "memory_gb")} for x in lines]  # noqa: E731
     assert strip(ref_log) == strip(run_log)
 
 
@@ -85,6 +105,10 @@ def test_every_metrics_line_is_also_a_tensorboard_scalar_and_a_resume_purges_the
     killed(run, 7, steps=10, save_every=3)  # logged steps 1-7, then resumed from the checkpoint of step 6
     before = scalars(run)
     assert [s for s, _ in before["lr"]] == list(range(1, 8))
+    # TensorBoard reads a folder's event files in name order: the second the writer opened, then a count
+    # of the writers this process opened. A resume is a later process; in one process within one second,
+    # writer 10 would sort before writer 9
+    time.sleep(1.05 - time.time() % 1)
     train(tiny_model(), RepeatData(), PretrainingTask(), cfg(steps=10, save_every=3), run, resume=True,
           log=lambda s: None)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -198,7 +222,7 @@ def test_deferred_reads_train_exactly_as_the_step_by_step_reads(tmp_path, monkey
         model = tiny_model()
         summary = train(model, RepeatData(), PretrainingTask(), cfg(steps=6, log_every=4), tmp_path / str(mode),
                         log=lambda s: None)
-        lines = [{k: v for k, v in json.loads(x).items() if k != "seconds"}
+        lines = [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "memory_gb")}
                  for x in (tmp_path / str(mode) / "metrics.jsonl").read_text().splitlines()]
         runs[mode] = (model, summary, lines)
     for (name, p), q in zip(runs[False][0].named_parameters(), runs[True][0].parameters()):
@@ -239,6 +263,29 @@ def test_only_the_cli_keeps_freed_memory(tmp_path, monkeypatch, prepared):
     assert calls == []
     assert main([*common, "--out", str(tmp_path / "fast")]) == 0
     assert calls == [True]
+
+
+def test_a_training_command_says_its_peak_memory_and_when_its_heap_fragmented(tmp_path, monkeypatch, capsys,
+                                                                              prepared):
+    from torchbert.fast import memory
+    from torchbert.train import loop
+
+    monkeypatch.setattr(memory, "_done", True)  # glibc keeping freed memory
+    monkeypatch.setattr(memory, "allocator", lambda library=None: "glibc")
+    monkeypatch.setattr(fast, "keep_freed_memory", lambda: True)
+    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: 6 * 10**9)
+    held = iter([2, 3, 4, 5])
+    monkeypatch.setattr(loop, "resident_bytes", lambda: next(held, 5) * 10**9)
+    common = ["pretrain", "--data", str(prepared / "data"), "--config", "tiny", "--steps", "4", "--batch-size", "4",
+              "--log-every", "1", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "grew")]) == 0
+    out, err = capsys.readouterr()
+    assert "peak memory 6.0 GB) ->" in out
+    assert "note: this process's memory grew by 2.0 GB in the second half of the run (peak 6.0 GB)" in err
+    assert json.loads((tmp_path / "grew" / "metrics.json").read_text())["memory_growth_gb"] == 2.0
+    monkeypatch.setattr(loop, "resident_bytes", lambda: 5 * 10**9)  # level
+    assert main([*common, "--out", str(tmp_path / "level")]) == 0
+    assert "grew by" not in capsys.readouterr().err
 
 
 def test_a_task_per_step_count_divides_each_step_instead_of_its_own_count(tmp_path):
@@ -324,7 +371,7 @@ def test_a_checkpoint_inside_a_log_window_resumes_to_the_same_log_lines(tmp_path
     killed(run, 7, **settings)  # during step 8: the checkpoint of step 6 holds half a window
     summary = train(tiny_model(seed=5), RepeatData(), PretrainingTask(), cfg(**settings), run, resume=True,
                     log=lambda s: None)
-    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "memory_gb")}  # noqa: E731
                           for x in path.read_text().splitlines()]
     ref = strip(tmp_path / "ref" / "metrics.jsonl")
     assert [r["step"] for r in ref] == [4, 8, 10]
@@ -470,7 +517,7 @@ def test_a_run_killed_mid_append_resumes_bit_identically(tmp_path):
     assert any("metrics.jsonl:4: dropped a torn last line" in n for n in notes), notes
     for (name, p), q in zip(reference.named_parameters(), resumed.parameters()):
         assert torch.equal(p, q), name
-    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "memory_gb")}  # noqa: E731
                           for x in path.read_text().splitlines()]
     assert strip(log_file) == strip(tmp_path / "ref" / "metrics.jsonl")
 

@@ -191,6 +191,8 @@ def test_the_report_says_what_the_run_bought():
     lines = report_lines(summary, "run")
     assert lines[0] == "pretrained 10 steps, 12,345 tokens in 4s (2,939 tokens/s) -> run" and len(lines) == 2
     assert lines[1] == PRETRAINING["mlm+nsp"].held_out(summary["eval"])
+    assert report_lines({**summary, "peak_memory_gb": 3.02}, "run")[0] == \
+        "pretrained 10 steps, 12,345 tokens in 4s (2,939 tokens/s, peak memory 3.0 GB) -> run"
     y = {"masked": 800, "unigram": 0.051, "left": 0.12, "neighbours": 0.2}
     assert report_lines({**summary, "eval": {}, "yardsticks": y}, "run")[1:] == [
         "count tables on the same 800 masked tokens: most frequent token 0.051, given the left neighbour 0.120, "

@@ -233,6 +233,12 @@ def run_training(args: argparse.Namespace, cfg, run, report) -> None:
         result = run(device=device, log=lambda x: print(x, file=sys.stderr), dist=dist)
     if dist.is_main:
         report(result, args.out)
+        if cfg.fast:
+            from ..fast.memory import growth_note
+
+            note = growth_note(result.get("memory_growth_gb"), result.get("peak_memory_gb"))
+            if note:
+                print(note, file=sys.stderr)
 
 
 def holds_files(out: Path) -> bool:

@@ -29,7 +29,9 @@ every token predicting the next. A preset gives it BERT's layers, width and head
 run folder is a Hugging Face OpenAIGPTLMHeadModel checkpoint.
 --config takes a preset (tiny, mini, small, medium, base, large) or a config.json; the vocabulary
 size comes from the data. The run folder is a Hugging Face checkpoint (config.json,
-model.safetensors, vocab.txt) with metrics.jsonl, metrics.json, loss.png and accuracy.png.
+model.safetensors, vocab.txt) with metrics.jsonl (a line per --log-every steps: the losses and accuracies
+since the last, lr, seconds, memory_gb), metrics.json (the run's figures: tokens_per_second,
+peak_memory_gb, the held-out scores), loss.png and accuracy.png.
 Checkpoints (model, optimizer, schedule, RNG states, data position) go to OUT/checkpoints every
 --save-every steps; --resume continues from the newest whole one, bit for bit.
 Under torchrun each process reads its own part of every batch, so --batch-size is per process and

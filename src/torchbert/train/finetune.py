@@ -102,11 +102,12 @@ LOOP_DERIVED = ("steps", "warmup_steps", "eval_every", "optimizer", "keep")
 def report_lines(result: dict[str, Any], out: Path | str) -> list[str]:
     """A fine-tuning run in a line or two: its speed, and the dev scores of its best epoch."""
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in
-             ("epochs", "train_seconds", "eval_seconds", "tokens_per_second", "best_epoch")
-             and not k.endswith("total")}
+             ("epochs", "train_seconds", "eval_seconds", "tokens_per_second", "best_epoch", "peak_memory_gb",
+              "memory_growth_gb") and not k.endswith("total")}
     what = f"trained a {result['tagger']['kind']} tagger on frozen features" if "tagger" in result else "fine-tuned"
+    peak = f"; peak memory {result['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in result else ""
     lines = [f"{what} {result['steps']} steps in {result['train_seconds']:.0f}s "
-             f"({result['tokens_per_second']:,.0f} tokens/s; dev scoring {result['eval_seconds']:.0f}s more) -> {out}"]
+             f"({result['tokens_per_second']:,.0f} tokens/s; dev scoring {result['eval_seconds']:.0f}s more{peak}) -> {out}"]
     if shown:
         lines.append(f"dev (best epoch {result['best_epoch']}): " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
     return lines
@@ -285,6 +286,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                   "tokens": summary["tokens"],
                   "tokens_per_second": summary["tokens_per_second"], "train_examples": len(train_examples),
                   "dev_examples": len(dev_examples) if dev_examples is not None else 0, "history": best.history(),
+                  **{k: summary[k] for k in ("peak_memory_gb", "memory_growth_gb") if k in summary},
                   "config": summary["config"]}
         if s.frozen is not None:
             result["tagger"] = asdict(s.frozen)

@@ -61,6 +61,7 @@ from .. import fast
 from ..fast import threads
 from ..config import check_ids
 from ..errors import Interrupted, RunFailed, UserError
+from ..hardware import peak_resident_bytes, resident_bytes
 from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
                              remove_leftovers, save_checkpoint)
 from ..settings import Checked, setting
@@ -372,6 +373,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     bar = progress_bar(cfg, state.step) if dist.is_main else None
     last_eval = None
     started = time.perf_counter() - state.seconds - state.eval_seconds
+    halfway, memory_then = state.step + (cfg.steps - state.step) // 2, None  # where memory_growth_gb counts from
     # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
     # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
@@ -474,7 +476,11 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 values = window.flush(state)  # the window's figures reach the host here
                 if bar is not None:
                     bar.set_postfix(postfix(values, state, lr), refresh=False)
-                record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3)}
+                memory = resident_bytes()
+                record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3),
+                          **({"memory_gb": round(memory / 1e9, 3)} if memory is not None else {})}
+                if memory_then is None and step >= halfway:
+                    memory_then = memory
                 if do_eval:
                     evaluating = time.perf_counter()
                     last_eval = _evaluate(model, evaluate)
@@ -500,7 +506,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
                "skipped_steps": state.skipped_steps, "config": asdict(cfg), "threads": state.threads,
-               "repeatable": len(state.threads) <= 1}
+               "repeatable": len(state.threads) <= 1, **memory_figures(memory_then)}
     if len(state.threads) > 1:
         log(f"note: the steps of this run computed with {' then '.join(map(str, state.threads))} CPU threads (other "
             "torchbert jobs came and went): a run at one thread count ends a few last bits apart; --threads N "
@@ -508,6 +514,18 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     if last_eval is not None:
         summary["eval"] = last_eval
     return summary
+
+
+def memory_figures(halfway: int | None) -> dict[str, float]:
+    """This process's peak resident memory so far, and how much its resident memory grew from the
+    log nearest halfway through the run's steps (`halfway`, bytes) to the end: a training step's
+    memory is the same each step, so growth is the heap fragmenting (fast/memory.py)."""
+    now = resident_bytes()
+    peak = max(filter(None, (peak_resident_bytes(), now)), default=None)  # ru_maxrss lags the pages by a few
+    figures = {"peak_memory_gb": round(peak / 1e9, 3)} if peak is not None else {}
+    if halfway is not None and now is not None:
+        figures["memory_growth_gb"] = round((now - halfway) / 1e9, 3)
+    return figures
 
 
 def _deferred_reads(device: torch.device) -> bool:

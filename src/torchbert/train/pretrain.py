@@ -276,7 +276,9 @@ def report_lines(summary: dict, out: Path | str) -> list[str]:
     """What a pretraining run bought, in a few lines: its speed, its objective's held-out line, the count
     tables' scores on the same masks."""
     lines = [f"pretrained {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['train_seconds']:.0f}s "
-             f"({summary['tokens_per_second']:,.0f} tokens/s) -> {out}"]
+             f"({summary['tokens_per_second']:,.0f} tokens/s"
+             + (f", peak memory {summary['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in summary else "")
+             + f") -> {out}"]
     if summary.get("eval"):
         lines.append(PRETRAINING[summary["objective"]].held_out(summary["eval"]))
     if "yardsticks" in summary:
