@@ -17,10 +17,12 @@ Rapids and later) or AVX512-BF16 (Intel Cooper Lake, AMD Zen 4 and later), or a 
 Elsewhere bf16 is emulated and about 2x slower than fp32, so `auto` stays fp32.
 
 Fine-tuning on long texts of unlike lengths fragments glibc's heap, and the peak memory grows with
-the steps (MiniLM, 256 tokens: 7.8 GB after 148 steps for 2.5 GB in use). Preloading tcmalloc holds
-it near what is in use at the same speed (the same 148 steps: 3.3 GB, in 444 s against 446 s):
+the steps (MiniLM, 256 tokens: 7.8 GB after 148 steps for 2.5 GB in use); so does pretraining at up
+to 512 tokens (the small preset: 4.5 GB after 100 steps). Preloading tcmalloc holds it near what is
+in use at the same speed (the same 148 steps: 3.3 GB, in 444 s against 446 s; the 100: 2.4 GB):
   LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...
-(Debian/Ubuntu: apt install libtcmalloc-minimal4.) `env` says which malloc is in use.
+(Debian/Ubuntu: apt install libtcmalloc-minimal4.) `env` says which malloc is in use; finetune and
+pretrain say their peak memory, and whether it grew in the second half of the run.
 """
 
 

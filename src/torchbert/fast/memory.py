@@ -22,7 +22,8 @@ win: then nothing is changed. So does another malloc the user preloads (`allocat
 What it does not fix: glibc's heap fragments when the sizes change from step to step. Fine-tuning
 batches of unlike lengths (mails cut at 256 tokens, MiniLM, batch 32) leave holes in the heap that
 later tensors do not fit, and the peak grows with the steps: 5.7-6.1 GB after 60 steps and 7.8 GB
-after 148, for 2.5 GB in use at most (batches of one length level off at 4.0 GB). tcmalloc keeps
+after 148, for 2.5 GB in use at most (batches of one length level off at 4.0 GB); pretraining at up
+to 512 tokens, whose packed batches differ in token count, from 2.7 GB at step 10 to 6.1 GB at 300. tcmalloc keeps
 large and small blocks apart and gives idle pages back a few at a time: the same 148 steps peak at
 3.3 GB in the same time (bench/README.md, session 62). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
@@ -90,7 +91,7 @@ def describe_allocator(library: str | None = None, tcmalloc: str | None = None) 
     found = tcmalloc if tcmalloc is not None else ctypes.util.find_library("tcmalloc_minimal") or ""
     how = (f"it is installed here: LD_PRELOAD={found} torchbert finetune ..." if found else
            f"install it (Debian/Ubuntu: apt install libtcmalloc-minimal4), then LD_PRELOAD={TCMALLOC} torchbert finetune ...")
-    return ("memory allocator: glibc's malloc (the training commands set it to keep freed memory). Fine-tuning on "
+    return ("memory allocator: glibc's malloc (the training commands set it to keep freed memory). Training on "
             "texts of unlike, long lengths fragments its heap: the peak grows with the steps (3x what is in use after 148 steps of MiniLM at 256 tokens). "
             f"tcmalloc holds it near what is in use, at the same speed; {how}")
 
