@@ -237,6 +237,11 @@ def test_the_summary_says_what_the_figures_say():
     assert lines[0] == "# torchbert demo: what pretraining buys a small BERT on Chinese text"
     assert lines[2] == ("Pretraining: tiny preset, 4,000 steps of 32 x 128 (16,384,000 tokens in 300 s, 54,540 tokens/s), "
                         "whole-word masking; the paper's recipe: learned absolute positions, MLM + NSP (--recipe paper).")
+    measured = summary(ner_clear_from=2000)
+    measured["pretraining"]["peak_memory_gb"] = 1.234
+    assert summary_markdown(measured).splitlines()[2].startswith(
+        "Pretraining: tiny preset, 4,000 steps of 32 x 128 (16,384,000 tokens in 300 s, 54,540 tokens/s, peak memory "
+        "1.2 GB), whole-word masking;")
     assert lines[4] == ("Held-out MLM accuracy after pretraining 0.193 on 12,345 masked tokens; tables of token counts "
                         "from the pretraining data score 0.046 the most frequent token, 0.053 given the nearest unmasked "
                         "token on the left, 0.112 given both nearest unmasked neighbours on the same masks: the model is "

@@ -172,7 +172,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         f"Pretraining: {b['preset']} preset, {b['pretrain_steps']:,} steps of {b['pretrain_batch']} x "
         f"{b['max_seq_len']} ({p['tokens']:,} tokens in {p['train_seconds']:.0f} s, "
-        f"{p['tokens_per_second']:,.0f} tokens/s), whole-word masking; "
+        f"{p['tokens_per_second']:,.0f} tokens/s"
+        + (f", peak memory {p['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in p else "") + "), whole-word masking; "
         f"{RECIPE_TEXT[b.get('recipe', 'paper')]} (--recipe {b.get('recipe', 'paper')}).",
         "",
         *yardstick_lines(p),
