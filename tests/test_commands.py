@@ -35,7 +35,8 @@ def test_prepare_says_what_it_wrote_as_its_manifest_counts_it(prepared, tmp_path
     assert code == 0, err
     m = json.loads((out / "manifest.json").read_text())
     c, h = m["counts"], m["heldout"]
-    first, held = stdout.splitlines()
+    first, memory, held = stdout.splitlines()
+    assert re.fullmatch(r"  peak memory \d+\.\d\d GB in this process(, \d+\.\d\d GB in its largest worker)?", memory)
     assert first.startswith(f"wrote {out}: {c['instances']:,} instances, {c['tokens']:,} tokens in {c['shards']} "
                             f"shard(s) from {c['documents']:,} documents, {c['corpus_tokens']:,} corpus tokens "
                             "(static masking, whole word) in "), first
@@ -50,7 +51,20 @@ def test_prepare_says_what_it_wrote_as_its_manifest_counts_it(prepared, tmp_path
     code, stdout, err = cli(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", prepared / "tok",
                             "--out", tmp_path / "packed", "--pairs", "none", "--masking", "dynamic", "--quiet")
     assert code == 0 and err == ""
-    assert "(dynamic masking, packed sentences) in " in stdout and len(stdout.splitlines()) == 1
+    assert "(dynamic masking, packed sentences) in " in stdout and len(stdout.splitlines()) == 2
+
+
+def test_prepare_gives_its_peak_memory_and_its_largest_workers(monkeypatch):
+    from torchbert import hardware
+
+    monkeypatch.setattr(hardware, "peak_resident_bytes", lambda children=False: 390_000_000 if children else 512_345_678)
+    assert prepare_command.peak_memory(local_workers=True) == \
+        "peak memory 0.51 GB in this process, 0.39 GB in its largest worker"
+    assert prepare_command.peak_memory(local_workers=False) == "peak memory 0.51 GB in this process"  # --cluster
+    monkeypatch.setattr(hardware, "peak_resident_bytes", lambda children=False: 0 if children else 512_345_678)
+    assert prepare_command.peak_memory(local_workers=True) == "peak memory 0.51 GB in this process"  # no worker ran
+    monkeypatch.setattr(hardware, "peak_resident_bytes", lambda children=False: None)  # no getrusage
+    assert prepare_command.peak_memory(local_workers=True) is None
 
 
 

@@ -108,14 +108,15 @@ def resident_bytes() -> int | None:
         return None
 
 
-def peak_resident_bytes() -> int | None:
+def peak_resident_bytes(children: bool = False) -> int | None:
     """The most memory this process has held resident since it started (getrusage's ru_maxrss: kB on
-    Linux, bytes on macOS), or None where there is no getrusage (Windows)."""
+    Linux, bytes on macOS), or with `children` its largest child's that has ended (0 when none has),
+    or None where there is no getrusage (Windows)."""
     try:
         import resource
     except ImportError:
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF).ru_maxrss
     return peak if platform.system() == "Darwin" else peak * 1024
 
 

@@ -53,7 +53,8 @@ processes (one per core), tokenized, and its documents dealt at random into bloc
 (a global shuffle); each block is then paired, masked and written by one worker, its NotNext
 partners drawn from the whole block. The same corpus, seed and settings give the same shards with
 any number of workers or on a cluster. Work happens in OUT.partial, which a killed run leaves for
---resume; OUT appears whole at the end.
+--resume; OUT appears whole at the end. The last lines say the peak memory of this process and of
+its largest worker.
 
 Output: shard-NNNNN/ folders of .npy arrays (memory-mapped by torchbert.data.PretrainingData),
 manifest.json (counts, settings, vocab sha256) and a copy of the tokenizer files.
@@ -94,6 +95,17 @@ def rates(counts: dict, timings: dict, seconds: float, resumed: bool) -> str:
                 " tokens/s), the rest was read before --resume")
     return (f"{read / max(timings['read_tokenize'], 1e-9):,.0f} corpus tokens/s read, "
             f"{counts['tokens'] / seconds:,.0f} instance tokens/s overall")
+
+
+def peak_memory(local_workers: bool) -> str | None:
+    """This process's peak memory and, where its workers ran on this machine, the largest one's."""
+    from ..hardware import peak_resident_bytes
+
+    own, child = peak_resident_bytes(), peak_resident_bytes(children=True)
+    if own is None:
+        return None
+    line = f"peak memory {own / 1e9:.2f} GB in this process"
+    return line + (f", {child / 1e9:.2f} GB in its largest worker" if local_workers and child else "")
 
 
 def quiet_dask_logs() -> None:
@@ -140,6 +152,8 @@ def run(args) -> None:
           f"{c['documents']:,} documents, {c['corpus_tokens']:,} corpus tokens ({settings.masking} masking"
           f"{', whole word' if settings.whole_word else ''}{', packed sentences' if settings.pairs == 'none' else ''}) "
           f"in {seconds:.1f}s: {rates(c, t, seconds, args.resume)}")
+    if (memory := peak_memory(local_workers=settings.cluster is None)) is not None:
+        print(f"  {memory}")
     if "heldout" in m:
         h = m["heldout"]
         print(f"  held out: {h['documents']} documents -> {h['instances']} instances in {s.out}/heldout "
