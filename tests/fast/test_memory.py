@@ -127,3 +127,37 @@ def test_a_run_whose_memory_grew_in_its_second_half_is_told_how_to_hold_it(monke
     monkeypatch.setattr(memory, "_done", True)
     monkeypatch.setattr(memory, "allocator", lambda library=None: "tcmalloc")
     assert memory.growth_note(1.077, 5.96) is None
+
+
+def test_a_jemalloc_that_hands_its_pages_back_is_told_how_to_keep_them(monkeypatch):
+    """Measured (bench/README.md, session 63): 60 steps of MiniLM took 302 s under jemalloc's default
+    decay and 383 s with 10 s decay, 180 s with its pages kept (dirty_decay_ms:-1), as glibc's kept
+    heap (179 s) and tcmalloc (176 s)."""
+    from torchbert.fast import memory
+
+    je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    advice = memory.jemalloc_advice(je, conf="")
+    assert advice.startswith("jemalloc's pages decay (its default): it hands freed memory back")
+    assert advice.endswith(f"MALLOC_CONF={memory.JEMALLOC_CONF} keeps it, at the speed of tcmalloc and near its memory")
+    assert memory.jemalloc_advice(je, conf="dirty_decay_ms:10000,muzzy_decay_ms:10000") == advice
+    assert memory.jemalloc_advice(je, conf=memory.JEMALLOC_CONF) is None
+    assert memory.jemalloc_advice(je, conf="dirty_decay_ms:-1,dirty_decay_ms:5000") == advice  # the last one wins
+    assert memory.jemalloc_advice("/lib/x86_64-linux-gnu/libc.so.6", conf="") is None
+    monkeypatch.setenv("MALLOC_CONF", "background_thread:true")
+    assert memory.describe_allocator(je) == f"memory allocator: jemalloc ({je}). {advice}"
+    monkeypatch.setenv("MALLOC_CONF", f"background_thread:true,{memory.JEMALLOC_CONF}")
+    assert memory.describe_allocator(je) == f"memory allocator: jemalloc ({je})"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not ctypes.util.find_library("jemalloc"),
+                    reason="jemalloc is not installed (Debian/Ubuntu: libjemalloc2)")
+def test_a_preloaded_jemalloc_gets_the_advice_unless_its_pages_are_kept():
+    from torchbert.fast.memory import JEMALLOC_CONF
+
+    line = "from torchbert.fast import memory; print(memory.describe_allocator())"
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": ctypes.util.find_library("jemalloc")}
+    out = subprocess.run([sys.executable, "-c", line], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.startswith("memory allocator: jemalloc (") and "faults it in again" in out
+    out = subprocess.run([sys.executable, "-c", line], capture_output=True, text=True, check=True,
+                         env={**env, "MALLOC_CONF": JEMALLOC_CONF}).stdout
+    assert out.startswith("memory allocator: jemalloc (") and "faults" not in out

@@ -285,7 +285,12 @@ def test_a_training_command_says_its_peak_memory_and_when_its_heap_fragmented(tm
     assert json.loads((tmp_path / "grew" / "metrics.json").read_text())["memory_growth_gb"] == 2.0
     monkeypatch.setattr(loop, "resident_bytes", lambda: 5 * 10**9)  # level
     assert main([*common, "--out", str(tmp_path / "level")]) == 0
-    assert "grew by" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "grew by" not in err and "jemalloc" not in err
+    monkeypatch.setattr(memory, "allocator", lambda library=None: "jemalloc")  # its pages decaying, as by default
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    assert main([*common, "--out", str(tmp_path / "jemalloc")]) == 0
+    assert "note: jemalloc's pages decay (its default): it hands freed memory back" in capsys.readouterr().err
 
 
 def test_a_task_per_step_count_divides_each_step_instead_of_its_own_count(tmp_path):

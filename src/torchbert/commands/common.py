@@ -217,7 +217,8 @@ def keep_memory(fast: bool) -> None:
 def run_training(args: argparse.Namespace, cfg, run, report) -> None:
     """A training command's run (pretrain, finetune): the processes torchrun started (or this one
     alone) and their device, checked; glibc's freed memory kept with --fast; `run(device, log, dist)`,
-    and process 0 reports what it returned."""
+    and process 0 reports what it returned. Process 0 also tells of the malloc where it costs: a
+    jemalloc whose pages decay (before), a glibc heap that grew in the run's second half (after)."""
     import torch
 
     from ..train.distributed import init_distributed
@@ -229,16 +230,17 @@ def run_training(args: argparse.Namespace, cfg, run, report) -> None:
     if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UserError("--precision bf16: this GPU does not support bfloat16")
     keep_memory(cfg.fast)
+    from ..fast.memory import growth_note, jemalloc_advice
+
+    if dist.is_main and (advice := jemalloc_advice()):
+        print(f"note: {advice}", file=sys.stderr)
     with dist:
         result = run(device=device, log=lambda x: print(x, file=sys.stderr), dist=dist)
     if dist.is_main:
         report(result, args.out)
-        if cfg.fast:
-            from ..fast.memory import growth_note
-
-            note = growth_note(result.get("memory_growth_gb"), result.get("peak_memory_gb"))
-            if note:
-                print(note, file=sys.stderr)
+        note = growth_note(result.get("memory_growth_gb"), result.get("peak_memory_gb")) if cfg.fast else None
+        if note:
+            print(note, file=sys.stderr)
 
 
 def holds_files(out: Path) -> bool:

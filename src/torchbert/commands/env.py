@@ -21,8 +21,10 @@ the steps (MiniLM, 256 tokens: 7.8 GB after 148 steps for 2.5 GB in use); so doe
 to 512 tokens (the small preset: 4.5 GB after 100 steps). Preloading tcmalloc holds it near what is
 in use at the same speed (the same 148 steps: 3.3 GB, in 444 s against 446 s; the 100: 2.4 GB):
   LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...
-(Debian/Ubuntu: apt install libtcmalloc-minimal4.) `env` says which malloc is in use; finetune and
-pretrain say their peak memory, and whether it grew in the second half of the run.
+(Debian/Ubuntu: apt install libtcmalloc-minimal4.) jemalloc does as well only with its freed pages
+kept, MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 (with its defaults: 1.7x the time). `env`
+says which malloc is in use; finetune and pretrain say their peak memory, and whether it grew in
+the second half of the run.
 """
 
 

@@ -28,7 +28,9 @@ large and small blocks apart and gives idle pages back a few at a time: the same
 3.3 GB in the same time (bench/README.md, session 62). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
 malloc is in use and how to get tcmalloc, and a training command whose memory grew in the second
-half of its run says so at its end (`growth_note`).
+half of its run says so at its end (`growth_note`). jemalloc holds it too, but only with its freed
+pages kept (`JEMALLOC_CONF`); with its defaults it faults them in again each step, 1.7x slower, and
+the same commands say so (`jemalloc_advice`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit (DEFAULT_MMAP_THRESHOLD_M
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: never trim below 2 GB of free heap top
 _ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
 _done = False
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # jemalloc keeping freed pages (bench/README.md, session 63)
 TCMALLOC = "libtcmalloc_minimal.so.4"  # gperftools' tcmalloc without the profiler (Debian/Ubuntu: libtcmalloc-minimal4)
 _NAMES = {"libc": "glibc", "libtcmalloc": "tcmalloc", "libjemalloc": "jemalloc", "libmimalloc": "mimalloc"}
 
@@ -82,10 +85,29 @@ def allocator(library: str | None = None) -> str:
     return _NAMES.get(stem, name)
 
 
+def _keeps_dirty_pages(conf: str) -> bool:
+    """Whether a jemalloc MALLOC_CONF keeps freed pages (dirty_decay_ms:-1): the last setting wins."""
+    decay = [v for k, _, v in (o.partition(":") for o in conf.split(",")) if k.strip() == "dirty_decay_ms"]
+    return bool(decay) and decay[-1].strip() == "-1"
+
+
+def jemalloc_advice(library: str | None = None, conf: str | None = None) -> str | None:
+    """Under a preloaded jemalloc whose MALLOC_CONF (`conf`: the environment's when not given) lets
+    freed pages decay back to the kernel, what that costs and how to keep them; None otherwise."""
+    conf = os.environ.get("MALLOC_CONF", "") if conf is None else conf
+    if allocator(library) != "jemalloc" or _keeps_dirty_pages(conf):
+        return None
+    return ("jemalloc's pages decay (its default): it hands freed memory back and faults it in again each "
+            "step, and fine-tuning took 1.7x the time of glibc's kept heap (bench/README.md). "
+            f"MALLOC_CONF={JEMALLOC_CONF} keeps it, at the speed of tcmalloc and near its memory")
+
+
 def describe_allocator(library: str | None = None, tcmalloc: str | None = None) -> str:
     """One line for `torchbert env`: the malloc in use and, under glibc's, how to run with tcmalloc
     (`tcmalloc`: the library found on this machine, looked up when not given)."""
     name = allocator(library)
+    if name == "jemalloc" and (advice := jemalloc_advice(library)):
+        return f"memory allocator: jemalloc ({library or malloc_library()}). {advice}"
     if name != "glibc":
         return f"memory allocator: {name}" + (f" ({library or malloc_library()})" if name != "unknown" else "")
     found = tcmalloc if tcmalloc is not None else ctypes.util.find_library("tcmalloc_minimal") or ""
