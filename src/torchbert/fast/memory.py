@@ -23,9 +23,9 @@ What it does not fix: glibc's heap fragments when the sizes change from step to 
 batches of unlike lengths (mails cut at 256 tokens, MiniLM, batch 32) leave holes in the heap that
 later tensors do not fit, and the peak grows with the steps: 5.7-6.1 GB after 60 steps and 7.8 GB
 after 148, for 2.5 GB in use at most (batches of one length level off at 4.0 GB); pretraining at up
-to 512 tokens, whose packed batches differ in token count, from 2.7 GB at step 10 to 6.1 GB at 300. tcmalloc keeps
-large and small blocks apart and gives idle pages back a few at a time: the same 148 steps peak at
-3.3 GB in the same time (bench/README.md, session 62). A process cannot change its malloc once it
+to 512 tokens, whose packed batches differ in token count, from 2.7 GB at step 10 to 6.1 GB at 300.
+tcmalloc keeps large and small blocks apart and gives idle pages back a few at a time: the same 148
+steps peak at 3.3 GB in the same time (bench/README.md, sessions 62 and 63). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
 malloc is in use and how to get tcmalloc, and a training command whose memory grew in the second
 half of its run says so at its end (`growth_note`). jemalloc holds it too, but only with its freed

@@ -516,15 +516,15 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     return summary
 
 
-def memory_figures(halfway: int | None) -> dict[str, float]:
-    """This process's peak resident memory so far, and how much its resident memory grew from the
-    log nearest halfway through the run's steps (`halfway`, bytes) to the end: a training step's
-    memory is the same each step, so growth is the heap fragmenting (fast/memory.py)."""
+def memory_figures(then: int | None) -> dict[str, float]:
+    """This process's peak resident memory so far, and how much its resident memory grew from `then`
+    (bytes, read at the log nearest halfway through the run's steps) to now: a training step's memory
+    is the same each step, so growth is the heap fragmenting (fast/memory.py)."""
     now = resident_bytes()
     peak = max(filter(None, (peak_resident_bytes(), now)), default=None)  # ru_maxrss lags the pages by a few
     figures = {"peak_memory_gb": round(peak / 1e9, 3)} if peak is not None else {}
-    if halfway is not None and now is not None:
-        figures["memory_growth_gb"] = round((now - halfway) / 1e9, 3)
+    if then is not None and now is not None:
+        figures["memory_growth_gb"] = round((now - then) / 1e9, 3)
     return figures
 
 
