@@ -280,3 +280,25 @@ def test_the_budget_scales_pretraining_and_the_full_training_sets_and_counts_eve
     with pytest.raises(ValueError, match="match 'seconds' is not one of"):
         run_compare(tmp_path / "compare", quick=True, match="seconds")
     assert not (tmp_path / "compare").exists()  # refused before the folder is made
+
+
+def test_a_finished_pretraining_is_read_back_with_its_peak_memory(tmp_path):
+    """The demo's summary gives the pretraining's peak memory: it comes from the run's metrics.json."""
+    import torch
+    from safetensors.torch import save_file
+
+    from torchbert.apps.compare import QUICK, pretrain_one
+    from torchbert.apps.stages import Stages
+
+    run = tmp_path / "bert"
+    run.mkdir()
+    save_file({"embeddings.word_embeddings.weight": torch.zeros(10, 4), "encoder.layer.0.w": torch.zeros(4, 4)},
+              run / "model.safetensors")
+    (run / "config.json").write_text("{}")
+    metrics = {"train_seconds": 2.0, "tokens": 100, "tokens_per_second": 50.0, "eval": {"mlm_accuracy": 0.2}}
+    (run / "metrics.json").write_text(json.dumps({**metrics, "peak_memory_gb": 2.2}))
+    got = pretrain_one(Stages(tmp_path, lambda m: None, keep=False), QUICK, "bert", run, 10, 0)
+    assert got["peak_memory_gb"] == 2.2 and got["parameters"] == {"embedding": 40, "body": 16}
+    (run / "metrics.json").write_text(json.dumps(metrics))  # a run of an older torchbert
+    assert "peak_memory_gb" not in pretrain_one(Stages(tmp_path, lambda m: None, keep=False), QUICK, "bert", run,
+                                                10, 0)

@@ -236,7 +236,8 @@ def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed:
     m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
             "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
-            "yardsticks": m.get("yardsticks"), "parameters": parameters(run)}
+            "yardsticks": m.get("yardsticks"), "parameters": parameters(run),
+            **({"peak_memory_gb": m["peak_memory_gb"]} if "peak_memory_gb" in m else {})}
 
 
 def pretrain_matched_seconds(r: Stages, b: Budget, pretraining: dict[str, dict], seed: int) -> dict[str, dict]:
