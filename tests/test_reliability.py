@@ -424,6 +424,39 @@ def test_vocab_cuts_long_lines_at_spaces_and_learns_the_same_words(tmp_path):
     assert "\t".join(line for line in cut if "w" in line).split() == tabbed.split()
 
 
+
+def test_vocab_command_cuts_long_lines_beside_its_output_not_in_tmp(tmp_path, monkeypatch):
+    """/tmp is often a RAM disk: `torchbert vocab` stages the cut copy of a plain file (and of a
+    compressed one's text) in its output's folder, so BertTokenizer.train copies nothing."""
+    import gzip
+
+    from torchbert import tokenizer
+    from torchbert.data.vocabulary import VocabSettings, train_vocabulary
+    from torchbert.tokenizer import BertTokenizer
+
+    words = " ".join(f"w{i % 97}x" for i in range(40_000))  # one line of 240,000 bytes
+    (tmp_path / "long.txt").write_text(words + "\nshort line\n")
+    with gzip.open(tmp_path / "long2.txt.gz", "wt") as f:
+        f.write(words + "\n")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "long2.txt").write_text(words + "\n")
+    seen = []
+    real = tokenizer._bounded_lines
+
+    def spy(path, spare):
+        seen.append((path, spare, real(path, spare)))
+        return seen[-1][2]
+
+    monkeypatch.setattr(tokenizer, "_bounded_lines", spy)
+    tok = train_vocabulary(VocabSettings(corpus=[str(tmp_path / "long.txt"), str(tmp_path / "long2.txt.gz")],
+                                         vocab_size=200, out=str(tmp_path / "vocab")), progress=False)
+    from_train = [(p, r) for p, spare, r in seen if not str(spare).startswith(str(tmp_path / "vocab"))]
+    assert len(from_train) == 2 and all(p == r for p, r in from_train)  # the trainer's own check copied nothing
+    assert all(str(p).startswith(str(tmp_path)) for p, _ in from_train)
+    assert tok.vocab == BertTokenizer.train([tmp_path / "long.txt", tmp_path / "plain" / "long2.txt"], vocab_size=200,
+                                            show_progress=False).vocab
+    assert {q.name for q in (tmp_path / "vocab").iterdir()} == {*tokenizer.TOKENIZER_FILES, MARK}  # the stage is gone
+
 # -- serve: one bad text fails only its own request; no NaN as a text/plain 500; limits that contradict ---
 
 def test_one_failing_text_fails_only_its_own_request():

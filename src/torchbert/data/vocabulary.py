@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..settings import Checked, setting
-from ..tokenizer import MAX_VOCAB, BertTokenizer
+from ..tokenizer import MAX_VOCAB, BertTokenizer, _bounded_lines
 
 
 @dataclass(kw_only=True)
@@ -52,7 +52,12 @@ def train_vocabulary(s: VocabSettings, progress: bool = True) -> BertTokenizer:
                     for docs in corpus_documents([path], "auto", 8 << 20, split_sentences, s.text_field):
                         f.write("".join(sent + "\n" for d in docs for sent in d))
                 path = text_file
-            files.append(path)
+            # lines the trainer would take whole are cut here, into the stage: BertTokenizer.train
+            # would copy such a file to /tmp
+            bounded = _bounded_lines(path, stage / f"{k}.cut.txt")
+            if bounded != path and path.parent == stage:
+                path.unlink()
+            files.append(bounded)
         tok = BertTokenizer.train(files, vocab_size=s.vocab_size, lowercase=s.lowercase,
                                   min_frequency=s.min_frequency, limit_alphabet=s.limit_alphabet,
                                   show_progress=progress)
