@@ -14,6 +14,7 @@ SAPPHIRE = CPU("Intel(R) Xeon(R) Platinum 8480+", frozenset("avx2 avx512f avx512
 ZEN4 = CPU("AMD EPYC 9654", frozenset("avx2 avx512f avx512_bf16 avx512_vnni".split()))
 SKYLAKE = CPU("Intel(R) Xeon(R) Gold 6148", frozenset("avx2 avx512f avx512bw".split()))
 ZEN2 = CPU("AMD EPYC 7R32", frozenset("avx2 fma".split()))
+CASCADE = CPU("Intel(R) Xeon(R) Gold 6248", frozenset("avx2 avx512f avx512_vnni".split()))
 
 
 def test_read_cpuinfo_takes_the_first_processors_name_and_flags():
@@ -60,6 +61,8 @@ def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_
         code, out, _ = cli(capsys, "env")
         assert code == 0 and f"cpu: {machine.name}" in out
         assert f"inference on the cpu (--precision auto): {precision}:" in out
+        assert ("--int8: refused: this CPU multiplies bf16 natively" in out) == (precision == "bf16")
+        assert ("--int8: runs: this CPU has no 8-bit dot products" in out) == (precision == "fp32")
         assert out.splitlines()[-1].startswith("memory allocator: ")
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
                        "--precision", "bf16", "--int8")
@@ -70,6 +73,18 @@ def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_
                            "--int8", "--device", "cpu")
         assert code == 2 and "--int8: this CPU multiplies bf16 natively" in err and "leave --int8 out" in err
     assert not (tmp_path / "f.npy").exists()
+
+
+@pytest.mark.parametrize("machine, runs, says", [(SAPPHIRE, False, "multiplies bf16 natively"),
+                                                 (ZEN4, False, "multiplies bf16 natively"),
+                                                 (SKYLAKE, True, "no 8-bit dot products"),
+                                                 (ZEN2, True, "no 8-bit dot products"),
+                                                 (CASCADE, True, "has 8-bit dot products")])
+def test_int8_is_refused_where_bf16_is_native_and_says_its_speed_elsewhere(monkeypatch, machine, runs, says):
+    monkeypatch.setattr(hardware, "cpu", lambda: machine)
+    ran, why = hardware.int8_choice()
+    assert ran == runs and says in why and machine.units() in why
+    assert ("fp32's speed" in why) == (says == "no 8-bit dot products")  # the figures measured on such a CPU
 
 
 def test_bf16_runs_bert_encoders_only(monkeypatch, tmp_path):

@@ -183,6 +183,7 @@ def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                        tmp_path / "q.npy", "--int8", "--normalize", "--quiet")
     assert code == 0, err
+    assert "note: --int8: this CPU has no 8-bit dot products (no VNNI or AMX; it has AVX2)" in err  # and its speed
     code, _, _ = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                      tmp_path / "f.npy", "--normalize", "--quiet")
     q, f = np.load(tmp_path / "q.npy"), np.load(tmp_path / "f.npy")

@@ -170,11 +170,9 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
     if getattr(args, "int8", False):
         if args.precision == "bf16":
             raise UserError("--precision bf16 and --int8 exclude each other: pick one")
-        c = hardware.cpu()
-        if c.native_bf16:  # measured on AMX and on AVX512-BF16: bench/README.md, "Precision on the CPU"
-            raise UserError(f"--int8: this CPU multiplies bf16 natively ({c.units()}), and there bf16 is faster than "
-                            "INT8 and closer to fp32 (MiniLM embed on AVX512-BF16: bf16 1.7-1.9x fp32's texts/s at "
-                            "cosine 0.9998, --int8 1.2x at 0.974): leave --int8 out, --precision auto computes in bf16")
+        runs, why = hardware.int8_choice()
+        if not runs:
+            raise UserError(f"--int8: {why}: leave --int8 out, --precision auto computes in bf16")
         return "int8"
     try:
         precision, why = hardware.inference_precision(args.precision, device)
@@ -192,6 +190,9 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
 
 
 def int8_note() -> None:
+    from ..hardware import int8_choice
+
+    print(f"note: --int8: {int8_choice()[1]}", file=sys.stderr)
     print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
 
 

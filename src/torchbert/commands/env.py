@@ -2,7 +2,8 @@
 
 Print the CPU, the matrix units torchbert can use on it (AMX, AVX512-BF16, VNNI), the GPU if there is
 one, the precision that `--precision auto` picks for embed, predict, evaluate and serve, with the
-reason, and the memory allocator in use (glibc's malloc, or one preloaded such as tcmalloc)."""
+reason, whether `--int8` runs here and what it measured on such a CPU, and the memory allocator in
+use (glibc's malloc, or one preloaded such as tcmalloc)."""
 
 from __future__ import annotations
 
