@@ -3,8 +3,9 @@
 A CPU multiplies bfloat16 natively when it has AMX (`amx_bf16`, Intel Sapphire Rapids and later) or
 AVX512-BF16 (`avx512_bf16`, Intel Cooper Lake, AMD Zen 4 and later): there a bf16 matrix product is
 2.7x fp32's (AMD EPYC, AVX512-BF16) to 4.3x (Intel Xeon, AMX), bench/README.md "Precision on the CPU".
-Without them oneDNN emulates bf16 with fp32 instructions and conversions, about 2x slower than fp32
-(pytorch #86270): `auto` never picks bf16 there. INT8 products are native with VNNI (`avx512_vnni`,
+Without them bf16 is emulated with fp32 instructions and conversions, 2x (pytorch #86270) to 5x slower
+than fp32 (AMD Zen 3, AVX2: a bf16 matrix product at 1 GFLOP/s against fp32's 117, MiniLM's embed job
+at 0.18x fp32's texts/s): `auto` never picks bf16 there. INT8 products are native with VNNI (`avx512_vnni`,
 `avx_vnni`) or AMX (`amx_int8`).
 
 Everything here is a pure function of `cpu()`, which reads /proc/cpuinfo once (Linux; elsewhere no
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRECISIONS = ("auto", "fp32", "bf16")  # what inference commands take (--precision)
+EMULATED_BF16 = ("this CPU has no native bf16 (no AMX or AVX512-BF16): it is emulated, 2x to 5x slower than fp32 "
+                 "(MiniLM's embed job on AMD Zen 3: 0.18x fp32's texts/s)")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -95,7 +98,7 @@ def inference_precision(requested: str, device) -> tuple[str, str]:
             return "bf16", f"this CPU multiplies bf16 natively ({c.units()})"
         return "fp32", f"this CPU has no native bf16 (no AMX or AVX512-BF16; it has {c.units()}): bf16 would be slower"
     if requested == "bf16" and not c.native_bf16:
-        return "bf16", "as asked, though this CPU has no native bf16: oneDNN emulates it, about 2x slower than fp32"
+        return "bf16", f"as asked, though {EMULATED_BF16}"
     return requested, "as asked"
 
 
@@ -108,11 +111,11 @@ def int8_choice() -> tuple[bool, str]:
                        "to fp32 (MiniLM embed on AVX512-BF16: bf16 1.7-1.9x fp32's texts/s at cosine 0.9998, --int8 "
                        "1.2x at 0.974)")
     if c.native_int8:
-        return True, (f"this CPU has 8-bit dot products ({c.units()}) and no native bf16; INT8 is not yet measured on "
-                      "such a CPU")
-    return True, (f"this CPU has no 8-bit dot products (no VNNI or AMX; it has {c.units()}): on 2 such cores (AMD Zen 3) "
-                  "--int8 embedded texts of 36 tokens at 0.92x fp32's speed and of 74 tokens at 1.15x, at cosine "
-                  "0.98-0.99 to fp32; it served 1.6x fp32's requests at 1 client")
+        return True, (f"this CPU has 8-bit dot products ({c.units()}) and no native bf16; INT8 is not yet "
+                      "measured on such a CPU")
+    return True, (f"this CPU has no 8-bit dot products (no VNNI or AMX; it has {c.units()}): on 2 such cores "
+                  "(AMD Zen 3) --int8 embedded texts at 0.92-1.20x fp32's speed (36 to 97 tokens a text), at cosine "
+                  "0.98-0.99 to fp32, and served 1.6x fp32's requests at 1 client")
 
 
 def resident_bytes() -> int | None:

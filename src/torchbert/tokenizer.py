@@ -330,8 +330,7 @@ class BertTokenizer:
         `limit_alphabet` caps how many distinct characters are kept (the most frequent); the default
         of 10,000 holds the characters of everyday Chinese, which run to thousands. The same files
         give the same vocabulary every time (tokenizers' trainer alone does not: see below); it
-        trains twice for that. A file with a line over MAX_LINE bytes is read from a copy, in a
-        temporary folder, with such lines cut (`torchbert vocab` cuts them beside its output first).
+        trains twice for that. A line over MAX_LINE bytes is cut in a copy in a temporary folder.
         """
         if not len(SPECIAL_TOKENS) + 1 <= vocab_size <= MAX_VOCAB:
             raise ValueError(f"vocab_size must be in [{len(SPECIAL_TOKENS) + 1}, {MAX_VOCAB:,}] (the special tokens and "

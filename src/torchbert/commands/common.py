@@ -16,9 +16,9 @@ from ..settings import Checked, SettingError, add_flags, check_field, from_args,
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start and quantized per channel by ONNX "
              "Runtime, feed-forward down projections kept in fp32. Outputs move slightly (MiniLM embeddings: cosine "
-             "0.97-0.99 to fp32); on 2 AVX2 cores it ran at 0.92x fp32's speed on short texts (36 tokens) and 1.15x "
-             "on longer ones (74). Refused on a CPU with native bf16 (AMX, AVX512-BF16), where bf16 is both faster "
-             "and closer to fp32 (bench/README.md)")
+             "0.97-0.99 to fp32); on 2 AVX2 cores it ran at 0.92-1.20x fp32's speed (texts of 36 to 97 tokens). "
+             "Refused on a CPU with native bf16 (AMX, AVX512-BF16), where bf16 is both faster and closer to fp32 "
+             "(bench/README.md); `torchbert env` says which this CPU is")
 
 
 @dataclass(kw_only=True)
@@ -232,7 +232,10 @@ def run_training(args: argparse.Namespace, cfg, run, report) -> None:
         raise UserError("--precision bf16: this GPU does not support bfloat16")
     keep_memory(cfg.fast)
     from ..fast.memory import growth_note, jemalloc_advice
+    from ..hardware import EMULATED_BF16, cpu
 
+    if dist.is_main and cfg.precision == "bf16" and device.type == "cpu" and not cpu().native_bf16:
+        print(f"note: --precision bf16: {EMULATED_BF16}; --precision fp32 is faster here", file=sys.stderr)
     if dist.is_main and (advice := jemalloc_advice()):
         print(f"note: {advice}", file=sys.stderr)
     with dist:
