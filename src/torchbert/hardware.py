@@ -3,7 +3,7 @@
 A CPU multiplies bfloat16 natively when it has AMX (`amx_bf16`, Intel Sapphire Rapids and later) or
 AVX512-BF16 (`avx512_bf16`, Intel Cooper Lake, AMD Zen 4 and later): there a bf16 matrix product is
 2.7x fp32's (AMD EPYC, AVX512-BF16) to 4.3x (Intel Xeon, AMX), bench/README.md "Precision on the CPU".
-Without them bf16 is emulated with fp32 instructions and conversions, 2x (pytorch #86270) to 5x slower
+Without them bf16 is emulated with fp32 instructions and conversions, 2x (pytorch #86270) to 6x slower
 than fp32 (AMD Zen 3, AVX2: a bf16 matrix product at 1 GFLOP/s against fp32's 117, MiniLM's embed job
 at 0.18x fp32's texts/s): `auto` never picks bf16 there. INT8 products are native with VNNI (`avx512_vnni`,
 `avx_vnni`) or AMX (`amx_int8`).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRECISIONS = ("auto", "fp32", "bf16")  # what inference commands take (--precision)
-EMULATED_BF16 = ("this CPU has no native bf16 (no AMX or AVX512-BF16): it is emulated, 2x to 5x slower than fp32 "
+EMULATED_BF16 = ("this CPU has no native bf16 (no AMX or AVX512-BF16): it is emulated, 2x to 6x slower than fp32 "
                  "(MiniLM's embed job on AMD Zen 3: 0.18x fp32's texts/s)")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

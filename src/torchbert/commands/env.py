@@ -15,7 +15,7 @@ examples:
 
 bf16 is picked only where the processor multiplies it natively: a CPU with AMX (Intel Sapphire
 Rapids and later) or AVX512-BF16 (Intel Cooper Lake, AMD Zen 4 and later), or a GPU with bf16.
-Elsewhere bf16 is emulated, 2x to 5x slower than fp32 (MiniLM's embed job on AMD Zen 3: 0.18x
+Elsewhere bf16 is emulated, 2x to 6x slower than fp32 (MiniLM's embed job on AMD Zen 3: 0.18x
 fp32's texts/s), so `auto` stays fp32, and a training command run with --precision bf16 says so.
 
 Fine-tuning on long texts of unlike lengths fragments glibc's heap, and the peak memory grows with
