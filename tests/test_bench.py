@@ -95,7 +95,7 @@ def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
 
 def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path):
     out = run_bench("bench_precision.py", "--part", "speed", "training", "quality", "--n", "8", "--repeats", "1",
-                    "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "16",
+                    "--bf16", "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "16",
                     "--dev-size", "8", "--test-size", "8", "--pairs", "16", "--queries", "8", "--no-qa",
                     "--work", str(tmp_path))
     rows = {r[0]: r for r in table_rows(out)}
@@ -109,6 +109,14 @@ def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path)
     training = [r for r in table_rows(out) if r[1] in ("fp32", "bf16") and r[0].startswith(("sentiment", "embedding"))]
     assert [(r[0].split()[0], r[1]) for r in training] == [("sentiment", "fp32"), ("sentiment", "bf16"),
                                                            ("embedding", "fp32"), ("embedding", "bf16")], out
+
+
+def test_bench_precision_leaves_the_bf16_rows_out_with_no_bf16():  # the default where the CPU emulates bf16
+    out = run_bench("bench_precision.py", "--part", "speed", "--n", "8", "--repeats", "1", "--threads", "1", "--no-bf16")
+    rows = {r[0]: r for r in table_rows(out)}
+    assert list(rows) == ["sentence-transformers fp32", "torchbert fp32", "torchbert --int8"], out
+    assert float(rows["torchbert fp32"][4]) == 1.0 and float(rows["sentence-transformers fp32"][4]) > 0.9999
+    assert "bf16 rows left out (--bf16 times them)" in out and "bf16 GFLOP/s" not in out
 
 
 def test_bench_learning_scores_both_systems_on_the_same_heldout_masks(tmp_path):

@@ -219,7 +219,7 @@ def run_training(args: argparse.Namespace, cfg, run, report) -> None:
     """A training command's run (pretrain, finetune): the processes torchrun started (or this one
     alone) and their device, checked; glibc's freed memory kept with --fast; `run(device, log, dist)`,
     and process 0 reports what it returned. Process 0 also tells of the malloc where it costs: a
-    jemalloc whose pages decay (before), a glibc heap that grew in the run's second half (after)."""
+    jemalloc whose pages decay (before), a glibc heap that grew after the run's first tenth (after)."""
     import torch
 
     from ..train.distributed import init_distributed

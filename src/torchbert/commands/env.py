@@ -25,8 +25,8 @@ in use at the same speed (the same 148 steps: 3.3 GB, in 444 s against 446 s; th
   LD_PRELOAD=libtcmalloc_minimal.so.4 torchbert finetune ...
 (Debian/Ubuntu: apt install libtcmalloc-minimal4.) jemalloc does as well only with its freed pages
 kept, MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 (with its defaults: 1.7x the time). `env`
-says which malloc is in use; finetune and pretrain say their peak memory, and whether it grew in
-the second half of the run.
+says which malloc is in use; finetune and pretrain say their peak memory, and whether it grew
+after the first tenth of the run.
 """
 
 

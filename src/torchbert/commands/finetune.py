@@ -41,8 +41,8 @@ hf:NAME[:CONFIG]:SPLIT, e.g. hf:nyu-mll/glue:sst2:train or hf:conll2003:validati
 
 The run folder: config.json + model.safetensors (transformers' BertFor<Task> loads it), the
 tokenizer, metrics.json (dev metrics of the best epoch, train_seconds (the steps alone), eval_seconds (dev
-scoring), tokens, tokens_per_second, peak_memory_gb (the process's), memory_growth_gb (in the second
-half of the steps)), metrics.jsonl (memory_gb: the process's resident memory at that step),
+scoring), tokens, tokens_per_second, peak_memory_gb (the process's), memory_growth_gb (after the first
+tenth of the steps)), metrics.jsonl (memory_gb: the process's resident memory at that step),
 loss.png, dev.png, dev_predictions.jsonl, best/ and checkpoints/ (for --resume).
 
 --frozen (token tasks) is the feature-based approach of the BERT paper (section 5.3, Table 7): BERT

@@ -27,8 +27,8 @@ to 512 tokens, whose packed batches differ in token count, from 2.7 GB at step 1
 tcmalloc keeps large and small blocks apart and gives idle pages back a few at a time: the same 148
 steps peak at 3.3 GB in the same time (bench/README.md, sessions 62 and 63). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
-malloc is in use and how to get tcmalloc, and a training command whose memory grew in the second
-half of its run says so at its end (`growth_note`). jemalloc holds it too, but only with its freed
+malloc is in use and how to get tcmalloc, and a training command whose memory grew after the first
+tenth of its run says so at its end (`growth_note`). jemalloc holds it too, but only with its freed
 pages kept (`JEMALLOC_CONF`); with its defaults it faults them in again each step, 1.7x slower, and
 the same commands say so (`jemalloc_advice`).
 """
@@ -119,12 +119,13 @@ def describe_allocator(library: str | None = None, tcmalloc: str | None = None) 
 
 
 def growth_note(growth_gb: float | None, peak_gb: float | None, tcmalloc: str | None = None) -> str | None:
-    """A line for the end of a training command whose resident memory grew by `growth_gb` in the second
-    half of its steps, to a peak of `peak_gb`: under glibc's malloc keeping freed memory, growth of a
-    tenth of the peak (and half a GB) is its heap fragmenting, and tcmalloc holds it. Measured
-    (bench/README.md, session 63): 15-20% on MiniLM fine-tuned on mails of unlike lengths, 3% on
-    batches of one length; with glibc trimming (its own settings), memory rises and falls with
-    the batches, so nothing is told then. `tcmalloc`: as describe_allocator's."""
+    """A line for the end of a training command whose resident memory grew by `growth_gb` after the
+    first tenth of its steps, to a peak of `peak_gb`: under glibc's malloc keeping freed memory, growth of
+    a tenth of the peak (and half a GB) is its heap fragmenting, and tcmalloc holds it. Measured
+    (bench/README.md, session 65): 34% of the peak on MiniLM fine-tuned on mails of unlike lengths,
+    47% on QA windows over 1,227 steps, 6% on batches of one length; with glibc trimming (its own
+    settings), memory rises and falls with the batches, so nothing is told then. `tcmalloc`: as
+    describe_allocator's."""
     if growth_gb is None or not peak_gb or not _done or allocator() != "glibc":
         return None
     if growth_gb < max(0.5, 0.1 * peak_gb):
@@ -132,7 +133,7 @@ def growth_note(growth_gb: float | None, peak_gb: float | None, tcmalloc: str | 
     found = tcmalloc if tcmalloc is not None else ctypes.util.find_library("tcmalloc_minimal") or ""
     how = f"LD_PRELOAD={found} before the command" if found else \
         f"apt install libtcmalloc-minimal4, then LD_PRELOAD={TCMALLOC} before the command"
-    return (f"note: this process's memory grew by {growth_gb:.1f} GB in the second half of the run (peak "
+    return (f"note: this process's memory grew by {growth_gb:.1f} GB after the run's first tenth (peak "
             f"{peak_gb:.1f} GB): glibc's heap fragments when the batches' sizes vary. tcmalloc holds it near "
             f"what is in use at the same speed: {how} (torchbert env)")
 

@@ -373,7 +373,9 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     bar = progress_bar(cfg, state.step) if dist.is_main else None
     last_eval = None
     started = time.perf_counter() - state.seconds - state.eval_seconds
-    halfway, memory_then = state.step + (cfg.steps - state.step) // 2, None  # where memory_growth_gb counts from
+    # memory_growth_gb counts from the log at a tenth of the steps (the third at least), when the first steps'
+    # allocations are made: a run on batches of one length stays within 6% of its peak from there
+    warm, memory_then = state.step + max(3, (cfg.steps - state.step) // 10), None
     # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
     # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
@@ -479,7 +481,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 memory = resident_bytes()
                 record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3),
                           **({"memory_gb": round(memory / 1e9, 3)} if memory is not None else {})}
-                if memory_then is None and step >= halfway:
+                if memory_then is None and step >= warm:
                     memory_then = memory
                 if do_eval:
                     evaluating = time.perf_counter()
@@ -518,7 +520,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
 
 def memory_figures(then: int | None) -> dict[str, float]:
     """This process's peak resident memory so far, and how much its resident memory grew from `then`
-    (bytes, read at the log nearest halfway through the run's steps) to now: a training step's memory
+    (bytes, read at the first log past a tenth of the run's steps) to now: a training step's memory
     is the same each step, so growth is the heap fragmenting (fast/memory.py)."""
     now = resident_bytes()
     peak = max(filter(None, (peak_resident_bytes(), now)), default=None)  # ru_maxrss lags the pages by a few
