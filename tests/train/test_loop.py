@@ -47,7 +47,8 @@ def test_the_run_reports_its_memory_each_log_and_its_peak_and_growth_at_the_end(
 
     held = iter(range(1, 100))  # the resident memory at each read, in GB: 1, 2, 3, ... (one read a log, one at the end)
     monkeypatch.setattr(loop, "resident_bytes", lambda: next(held) * 10**9)
-    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: 7_250_000_000)
+    peaks = iter([10**9])  # the process's peak: 1 GB as the run starts, 7.25 GB at its end
+    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: next(peaks, 7_250_000_000))
     summary = train(tiny_model(), RepeatData(n=256), PretrainingTask(), cfg(steps=60, log_every=10), tmp_path,
                     log=lambda s: None)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -59,6 +60,13 @@ def test_the_run_reports_its_memory_each_log_and_its_peak_and_growth_at_the_end(
                     log=lambda s: None)
     assert "memory_growth_gb" not in summary and summary["peak_memory_gb"] == 7.25
     assert "memory_gb" not in json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[0])
+    # the process's peak came before the run (a study's earlier stage, a notebook's earlier run): the run's own
+    held = iter([3, 2, 4, 3, 2])
+    monkeypatch.setattr(loop, "resident_bytes", lambda: next(held) * 10**9)
+    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: 9 * 10**9)
+    summary = train(tiny_model(), RepeatData(n=256), PretrainingTask(), cfg(steps=40, log_every=10), tmp_path / "c",
+                    log=lambda s: None)
+    assert summary["peak_memory_gb"] == 4.0
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
@@ -273,7 +281,8 @@ def test_a_training_command_says_its_peak_memory_and_when_its_heap_fragmented(tm
     monkeypatch.setattr(memory, "_done", True)  # glibc keeping freed memory
     monkeypatch.setattr(memory, "allocator", lambda library=None: "glibc")
     monkeypatch.setattr(fast, "keep_freed_memory", lambda: True)
-    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: 6 * 10**9)
+    peaks = iter([10**9])  # 1 GB as the first run starts (it reached the peak itself)
+    monkeypatch.setattr(loop, "peak_resident_bytes", lambda: next(peaks, 6 * 10**9))
     held = iter([2, 3, 3, 4])  # a log a step; growth counts from step 3 (the first steps allocate)
     monkeypatch.setattr(loop, "resident_bytes", lambda: next(held, 5) * 10**9)
     common = ["pretrain", "--data", str(prepared / "data"), "--config", "tiny", "--steps", "4", "--batch-size", "4",

@@ -376,6 +376,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     # memory_growth_gb counts from the log at a tenth of the steps (the third at least), when the first steps'
     # allocations are made: a run on batches of one length stays within 6% of its peak from there
     warm, memory_then = state.step + max(3, (cfg.steps - state.step) // 10), None
+    memory_high, peak_before = 0, peak_resident_bytes()  # the run's own peak where the process's came before it
     # embeddings' gradients come as rows (fast.SparseRows) in one plain CPU process: DDP and FSDP
     # reduce dense gradients, the compiler traces dense ones, and on a GPU their norm's unique() syncs
     plain = not dist.enabled and getattr(model, "_compiled_call_impl", None) is None and device.type == "cpu"
@@ -479,6 +480,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                 if bar is not None:
                     bar.set_postfix(postfix(values, state, lr), refresh=False)
                 memory = resident_bytes()
+                memory_high = max(memory_high, memory or 0)
                 record = {"step": step, "tokens": state.tokens, **values, "lr": lr, "seconds": round(state.seconds, 3),
                           **({"memory_gb": round(memory / 1e9, 3)} if memory is not None else {})}
                 if memory_then is None and step >= warm:
@@ -508,7 +510,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
                "eval_seconds": round(state.eval_seconds, 3),
                "tokens_per_second": round(state.tokens / max(state.seconds, 1e-9), 1),
                "skipped_steps": state.skipped_steps, "config": asdict(cfg), "threads": state.threads,
-               "repeatable": len(state.threads) <= 1, **memory_figures(memory_then)}
+               "repeatable": len(state.threads) <= 1, **memory_figures(memory_then, peak_before, memory_high)}
     if len(state.threads) > 1:
         log(f"note: the steps of this run computed with {' then '.join(map(str, state.threads))} CPU threads (other "
             "torchbert jobs came and went): a run at one thread count ends a few last bits apart; --threads N "
@@ -518,12 +520,17 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     return summary
 
 
-def memory_figures(then: int | None) -> dict[str, float]:
-    """This process's peak resident memory so far, and how much its resident memory grew from `then`
-    (bytes, read at the first log past a tenth of the run's steps) to now: a training step's memory
-    is the same each step, so growth is the heap fragmenting (fast/memory.py)."""
+def memory_figures(then: int | None, before: int | None = None, high: int = 0) -> dict[str, float]:
+    """The run's peak resident memory, and how much its resident memory grew from `then` (bytes, read at
+    the first log past a tenth of the run's steps) to now: a training step's memory is the same each
+    step, so growth is the heap fragmenting (fast/memory.py). The peak is the process's, unless that
+    was reached before the run began (`before`: an earlier stage of a study, or a notebook's earlier
+    run in the same process); then it is the most read during the run (`high`, at its logs) or now."""
     now = resident_bytes()
-    peak = max(filter(None, (peak_resident_bytes(), now)), default=None)  # ru_maxrss lags the pages by a few
+    peak = peak_resident_bytes()
+    if peak is not None and before is not None and peak <= before and (high or now):
+        peak = high  # the process's peak is an earlier job's: this run never reached it
+    peak = max(filter(None, (peak, now)), default=None)  # ru_maxrss lags the pages by a few
     figures = {"peak_memory_gb": round(peak / 1e9, 3)} if peak is not None else {}
     if then is not None and now is not None:
         figures["memory_growth_gb"] = round((now - then) / 1e9, 3)
