@@ -130,6 +130,47 @@ def test_quantizing_drops_onnx_runtimes_advice_alone_and_leaves_the_root_logger_
     assert caplog.records[-1].getMessage() == "Please consider to run pre-processing before quantization"
 
 
+def test_smoothing_for_int8_keeps_the_outputs_and_evens_out_the_channels(minilm_dir):
+    """io.onnx.smoothed: the same model in exact arithmetic (real weights, real text, rotary positions too),
+    and the inputs of the smoothed products nearer one scale: their largest channel over their median."""
+    import torch
+
+    from torchbert.io.onnx import Smoothed, smoothed
+    from torchbert.model import BertModel
+    from torchbert.tokenizer import BertTokenizer
+
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    texts = list(realdata.english_texts()[30:34]) + list(realdata.peoples_daily_sentences()[30:34])
+    enc = tok(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    even = smoothed(model)
+    assert [type(layer.attention.qkv) for layer in model.layers] == [torch.nn.Linear] * 6  # a copy
+    assert all(isinstance(layer.ffn.up, Smoothed) and isinstance(layer.attention.qkv, Smoothed) for layer in even.layers)
+    spread = {}
+
+    def record(module, inputs, name):
+        x = inputs[0].abs().reshape(-1, inputs[0].shape[-1]).amax(0)
+        spread[name] = float(x.max() / x.median())
+
+    hooks = [m.register_forward_pre_hook(lambda mod, i, n=n: record(mod, i, n)) for n, m in
+             [("before", model.layers[3].ffn.up), ("after", even.layers[3].ffn.up.linear)]]
+    with torch.no_grad():
+        want, got = model(**enc), even(**enc)
+    for h in hooks:
+        h.remove()
+    mask = enc["attention_mask"].bool()
+    assert_parity(got.last_hidden_state[mask], want.last_hidden_state[mask])
+    assert_parity(got.pooler_output, want.pooler_output)
+    assert spread["after"] < spread["before"] / 2, spread
+    import copy
+
+    config = copy.copy(model.config)
+    config.position_embedding_type = "rotary"  # v's rows carry the output projection's scales: exact too
+    rotary = BertModel(config).eval()
+    with torch.no_grad():
+        assert_parity(smoothed(rotary)(**enc).last_hidden_state[mask], rotary(**enc).last_hidden_state[mask])
+
+
 def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_positions(minilm_dir):
     """fast.int8.OnnxEncoder with fp32 weights equals BertModel; with INT8 it stays close."""
     import copy
@@ -167,9 +208,12 @@ def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_position
     from torchbert.features import embed_ids
 
     quantized = int8(copy.deepcopy(model))
-    a = embed_ids(quantized, ids, normalize=True)
-    b = embed_ids(model, ids, normalize=True)
-    assert (a * b).sum(1).min() > 0.97  # cosine of the sentence embeddings
+    texts = list(realdata.english_texts()[:100]) + list(realdata.peoples_daily_sentences()[:100])
+    ids = tok.encode_ids(texts, max_length=128, truncation=True)
+    cos = (embed_ids(quantized, ids, normalize=True) * embed_ids(model, ids, normalize=True)).sum(1)
+    # the sentence embeddings' cosine to fp32: 0.9966 on average, 0.989 at least, smoothed (io/onnx.py);
+    # 0.9933 and 0.986 with the weights of the unsmoothed model in 8 bits
+    assert cos.mean() > 0.995 and cos.min() > 0.985, (cos.mean(), cos.min())
 
 
 def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):

@@ -1,8 +1,8 @@
 """INT8 inference on CPU: a model's BERT encoder swapped for its ONNX graph with 8-bit weights.
 
-`int8(model)` exports `model.bert` (or the BertModel itself) to ONNX, quantizes the weights of its
-linear layers per output channel with ONNX Runtime's dynamic quantizer (activations are quantized
-on the fly, per batch), and puts an `OnnxEncoder` in its place: the same call and the same
+`int8(model)` exports `model.bert` (or the BertModel itself) to ONNX, its activations' channels
+evened out first (io/onnx.py: smoothed), quantizes the weights of its linear layers per output
+channel with ONNX Runtime's dynamic quantizer (activations are quantized on the fly, per batch), and puts an `OnnxEncoder` in its place: the same call and the same
 BertOutput as BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and
 `serve` run on it unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few
 seconds per layer and is done once per process. The feed-forward down projections stay in fp32
@@ -63,11 +63,11 @@ def encoder_session(encoder: BertModel, folder: Path, quantize: bool = True):
     session, and whether it gives pooler_output."""
     import onnxruntime as ort
 
-    from ..io.onnx import quantize_int8, write_onnx
+    from ..io.onnx import quantize_int8, smoothed, write_onnx
 
     outputs = ("last_hidden_state", "pooler_output") if encoder.pooler is not None else ("last_hidden_state",)
     ids = torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]]) % encoder.config.vocab_size
-    write_onnx(encoder, outputs, folder / "fp32.onnx",
+    write_onnx(smoothed(encoder) if quantize else encoder, outputs, folder / "fp32.onnx",
                {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)})
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as PyTorch's own ops use
