@@ -1,7 +1,8 @@
 """INT8 on CPU: torchbert's `--int8` against fp32, side by side in one process.
 
-`--int8` (src/torchbert/fast/int8.py) exports the encoder to ONNX, quantizes the weights of its
-linear layers to 8 bits per output channel with ONNX Runtime's dynamic quantizer, and runs it in
+`--int8` (src/torchbert/fast/int8.py) exports the encoder to ONNX, evens out the channels of its
+linear layers' inputs, quantizes their weights to 7 bits per output channel with ONNX Runtime's
+dynamic quantizer (activations in 8 bits, per batch), and runs it in
 onnxruntime; the task heads stay in fp32 PyTorch.
 
     python bench/bench_int8.py                          # speed and quality (fine-tunes twice, ~20 min once)

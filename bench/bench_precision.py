@@ -15,7 +15,7 @@ speed    The embed job: --n real texts (bench_embed.py's `sentences`: WNUT-16 tw
            torchbert fp32                          `torchbert embed --precision fp32`
            torchbert bf16 under autocast           the fp32 weights under torch.autocast(bf16)
            torchbert bf16 (--precision bf16)       fast/bf16.py: weights held in bf16, outputs in fp32
-           torchbert --int8                        fast/int8.py: onnxruntime, 8-bit weights
+           torchbert --int8                        fast/int8.py: onnxruntime, smoothed, 7-bit weights
          The bf16 rows and peak run with --bf16, the default on a CPU that multiplies bf16 natively;
          where bf16 is emulated (AVX2) they take 5x fp32's time, and the job would run for hours.
          texts/s (the best of --repeats), the speed-up over each sentence-transformers row, the cosine
