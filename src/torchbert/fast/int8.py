@@ -3,10 +3,11 @@
 `int8(model)` exports `model.bert` (or the BertModel itself) to ONNX, the channels of its linear
 layers' inputs evened out first (io/onnx.py: smoothed), quantizes their weights to 7 bits per output
 channel with ONNX Runtime's dynamic quantizer (activations are quantized to 8 bits on the fly, per
-batch), and puts an `OnnxEncoder` in its place: the same call and the same BertOutput as BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and
-`serve` run on it unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few
-seconds per layer and is done once per process. The feed-forward down projections stay in fp32
-(io/onnx.py: quantize_int8 says why).
+batch), and puts an `OnnxEncoder` in its place: the same call and the same BertOutput as
+BertModel's, padded or packed, so every head, `embed`, `predict`, `evaluate` and `serve` run on it
+unchanged. The heads themselves stay in fp32 PyTorch. The export takes a few seconds per layer and
+is done once per process. The feed-forward down projections stay in fp32 (io/onnx.py:
+quantize_int8 says why).
 """
 
 from __future__ import annotations
