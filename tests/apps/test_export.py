@@ -131,11 +131,11 @@ def test_quantizing_drops_onnx_runtimes_advice_alone_and_leaves_the_root_logger_
 
 
 def test_smoothing_for_int8_keeps_the_outputs_and_evens_out_the_channels(minilm_dir):
-    """io.onnx.smoothed: the same model in exact arithmetic (real weights, real text, rotary positions too),
+    """fast.int8.smoothed: the same model in exact arithmetic (real weights, real text, rotary positions too),
     and the inputs of the smoothed products nearer one scale: their largest channel over their median."""
     import torch
 
-    from torchbert.io.onnx import Smoothed, smoothed
+    from torchbert.fast.int8 import Smoothed, smoothed
     from torchbert.model import BertModel
     from torchbert.tokenizer import BertTokenizer
 
@@ -211,7 +211,7 @@ def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_position
     texts = list(realdata.english_texts()[:100]) + list(realdata.peoples_daily_sentences()[:100])
     ids = tok.encode_ids(texts, max_length=128, truncation=True)
     cos = (embed_ids(quantized, ids, normalize=True) * embed_ids(model, ids, normalize=True)).sum(1)
-    # the sentence embeddings' cosine to fp32: 0.9966 on average, 0.989 at least, smoothed (io/onnx.py);
+    # the sentence embeddings' cosine to fp32: 0.9966 on average, 0.989 at least, smoothed (fast/int8.py);
     # 0.9933 and 0.986 with the weights of the unsmoothed model in 8 bits
     assert cos.mean() > 0.995 and cos.min() > 0.985, (cos.mean(), cos.min())
 

@@ -7,7 +7,7 @@ tagging, multiple choice), or start_logits and end_logits (QA). The exported fol
 model.onnx, the config and the tokenizer, so it is all an ONNX Runtime user needs. On export the
 graph runs in onnxruntime on inputs of other shapes than the traced ones and must match PyTorch
 (fp32, 1e-4); `int8` adds model.int8.onnx, the linear layers' weights quantized to 7 bits by ONNX
-Runtime's dynamic quantizer over inputs evened out first (io/onnx.py: smoothed, quantize_int8), and
+Runtime's dynamic quantizer over inputs evened out first (fast/int8.py: smoothed; io/onnx.py: quantize_int8), and
 reports how far its outputs move.
 """
 
@@ -110,7 +110,8 @@ def export_onnx(model_dir: Path, out: Path, *, int8: bool = False, opset: int = 
                                   "checked_on": {"batch": int(check["input_ids"].shape[0]),
                                                  "sequence": int(check["input_ids"].shape[-1])}}
         if int8:
-            from ..io.onnx import quantize_int8, smoothed
+            from ..fast.int8 import smoothed
+            from ..io.onnx import quantize_int8
 
             write_onnx(smoothed(model), outputs, tmp / "smoothed.onnx", trace, opset)  # the same outputs, in fp32
             quantize_int8(tmp / "smoothed.onnx", tmp / "model.int8.onnx", model.config)

@@ -65,75 +65,8 @@ def down_projections(path: Path, intermediate: int, hidden: int) -> list[str]:
     return [n.name for n in graph.node if n.op_type == "MatMul" and weights & set(n.input)]
 
 
-class Smoothed(nn.Module):
-    """A linear layer whose input is divided channel by channel by `s` and whose weight's columns are
-    multiplied by it: the same product in exact arithmetic, over an input whose few large channels are
-    brought nearer the rest (a Mul before the MatMul in the graph)."""
-
-    def __init__(self, linear: nn.Linear, s: torch.Tensor):
-        super().__init__()
-        self.linear = linear
-        self.register_buffer("inverse", 1 / s)
-        with torch.no_grad():
-            linear.weight.mul_(s)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x * self.inverse)
-
-
-def smoothed(model: nn.Module, alpha: float = 0.5) -> nn.Module:
-    """A copy of `model` for 8-bit products with activations quantized per tensor (SmoothQuant, Xiao et
-    al. 2023): BERT's activations have a few channels far larger than the rest, and one 8-bit scale
-    per batch, set by them, leaves the rest a few levels. Each input channel j of a layer's q/k/v and
-    feed-forward up projections is divided by s_j = max|x_j|^alpha / max|w_j|^(1 - alpha) and the
-    weight's column j multiplied by it (Smoothed); the attention output projection's scales go into
-    the value projection's rows instead (exact, at no cost). The maxima come from one fp32 pass over
-    random tokens, each row opening and closing with one of the first 128 ids, where BERT vocabularies
-    keep [CLS] and [SEP], whose activations are the largest: no data is needed, and on real text (1,000
-    sentences, MiniLM) it did as well as calibrating on that text. Outputs equal `model`'s up to
-    rounding; a model without torchbert BERT encoders is returned as it is."""
-    import copy
-
-    from ..model import BertModel
-
-    model = copy.deepcopy(model)
-    encoders = [m for m in model.modules() if isinstance(m, BertModel)]
-    linears = [(layer, layer.attention.qkv, layer.ffn.up, layer.attention.out) for e in encoders for layer in e.layers]
-    most: dict[nn.Module, torch.Tensor] = {}
-
-    def record(module, inputs):
-        x = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)
-        most[module] = torch.maximum(most[module], x) if module in most else x
-
-    hooks = [linear.register_forward_pre_hook(record) for group in linears for linear in group[1:]]
-    try:
-        with torch.no_grad():
-            for e in encoders:
-                ids = torch.randint(0, e.config.vocab_size, (128, min(32, e.config.max_position_embeddings)),
-                                    generator=torch.Generator().manual_seed(0))
-                ids[:, 0], ids[:, -1] = torch.arange(128) % e.config.vocab_size, torch.arange(1, 129) % e.config.vocab_size
-                e.eval()(ids, attention_mask=torch.ones_like(ids))
-    finally:
-        for h in hooks:
-            h.remove()
-
-    def scales(linear: nn.Linear) -> torch.Tensor:
-        w = linear.weight.detach().abs().amax(0).clamp(min=1e-5)
-        return (most[linear].clamp(min=1e-5) ** alpha / w ** (1 - alpha)).clamp(min=1e-5)
-
-    with torch.no_grad():
-        for layer, qkv, up, out in linears:
-            s, hidden = scales(out), out.weight.shape[1]  # out's input is attention over v: v's rows carry 1 / s
-            qkv.weight[2 * hidden:] /= s[:, None]
-            qkv.bias[2 * hidden:] /= s
-            out.weight.mul_(s)
-            layer.attention.qkv = Smoothed(qkv, scales(qkv))
-            layer.ffn.up = Smoothed(up, scales(up))
-    return model
-
-
 def quantize_int8(src: Path, dst: Path, config) -> None:
-    """`src` (best a graph of `smoothed(model)`) with the weights of its linear layers in 7 bits per
+    """`src` (best a graph of fast/int8.py's `smoothed(model)`) with the weights of its linear layers in 7 bits per
     output channel (ONNX Runtime's dynamic quantizer: activations are quantized on the fly, per batch,
     to unsigned 8 bits), except the feed-forward down projections, which stay in fp32. Their input,
     the GELU of the up projection, has the widest range, and one 8-bit scale for all of it loses the
