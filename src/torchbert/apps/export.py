@@ -7,8 +7,8 @@ tagging, multiple choice), or start_logits and end_logits (QA). The exported fol
 model.onnx, the config and the tokenizer, so it is all an ONNX Runtime user needs. On export the
 graph runs in onnxruntime on inputs of other shapes than the traced ones and must match PyTorch
 (fp32, 1e-4); `int8` adds model.int8.onnx, the linear layers' weights quantized to 7 bits by ONNX
-Runtime's dynamic quantizer over inputs evened out first (fast/int8.py: smoothed; io/onnx.py: quantize_int8), and
-reports how far its outputs move.
+Runtime's dynamic quantizer over inputs evened out first (fast/int8.py: smoothed; io/onnx.py:
+quantize_int8), and reports how far its outputs move.
 """
 
 from __future__ import annotations

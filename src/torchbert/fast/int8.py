@@ -100,9 +100,10 @@ def smoothed(model: nn.Module, alpha: float = 0.5) -> nn.Module:
     try:
         with torch.no_grad():
             for e in encoders:
-                ids = torch.randint(0, e.config.vocab_size, (128, min(32, e.config.max_position_embeddings)),
+                vocab, first = e.config.vocab_size, torch.arange(128)
+                ids = torch.randint(0, vocab, (128, min(32, e.config.max_position_embeddings)),
                                     generator=torch.Generator().manual_seed(0))
-                ids[:, 0], ids[:, -1] = torch.arange(128) % e.config.vocab_size, torch.arange(1, 129) % e.config.vocab_size
+                ids[:, 0], ids[:, -1] = first % vocab, (first + 1) % vocab  # row 101: [CLS] ... [SEP]
                 e.eval()(ids, attention_mask=torch.ones_like(ids))
     finally:
         for h in hooks:
