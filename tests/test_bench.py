@@ -95,8 +95,8 @@ def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
 
 def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path):
     out = run_bench("bench_precision.py", "--part", "speed", "training", "quality", "--n", "8", "--repeats", "1",
-                    "--bf16", "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "16",
-                    "--dev-size", "8", "--test-size", "8", "--pairs", "16", "--queries", "8", "--no-qa",
+                    "--bf16", "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "8",
+                    "--dev-size", "8", "--test-size", "8", "--pairs", "8", "--queries", "8", "--no-qa",
                     "--work", str(tmp_path))
     rows = {r[0]: r for r in table_rows(out)}
     assert [n for n in rows if n.startswith(("sentence", "torchbert"))] == [

@@ -1,5 +1,6 @@
 """The README runs as written: its Python API block (and what it saves is what transformers loads), and
-its shell blocks marked for this test, in order, on small data (SHRINK), with their servers and clients."""
+its shell blocks marked for this test, in order, on small data (SHRINK, TRAIN_ROWS), with their servers and
+clients."""
 
 import contextlib
 import io
@@ -62,6 +63,17 @@ SHRINK = {"pretrain": {"--steps": "6", "--batch-size": "8", "--save-every": "3",
           "prepare": {"--heldout-docs": "5"},
           "finetune": {"--epochs": "1", "--max-length": "32"}}
 ADDED = {"finetune": {"--epochs": "1"}}  # and where the README leaves the flag at its default
+TRAIN_ROWS = 1000  # what `torchbert samples` writes to train on is cut to its first examples; dev and test stay
+
+
+def shrink_training_files(folder: Path) -> None:
+    """A sample's training files (train.*, and sentences.txt for SimCSE) cut to TRAIN_ROWS examples: a
+    sentence of a .conll file, a line of the others."""
+    for path in folder.iterdir():
+        if path.name.startswith("train.") or path.name == "sentences.txt":
+            sep = "\n\n" if path.suffix == ".conll" else "\n"
+            rows = path.read_text(encoding="utf-8").strip("\n").split(sep)
+            path.write_text(sep.join(rows[:TRAIN_ROWS]) + "\n", encoding="utf-8")
 
 
 def marked_blocks(mark: str) -> list[tuple[str, str]]:
@@ -123,6 +135,8 @@ class Shell:
                 out, err = self.capsys.readouterr()
                 assert code_ == 0, f"{shlex.join(argv)}: exit {code_}\n{err[-3000:]}"
                 outputs.append(out)
+                if argv[1] == "samples":
+                    shrink_training_files(self.folder / argv[argv.index("--out") + 1])
             elif argv[0] == "curl":
                 outputs.append(self.curl(argv[1:]))
             else:
@@ -258,6 +272,9 @@ def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
     for mark, blocks in every_marked_block():
         ran[mark] = [shell.run(code) if language == "bash" else shell.python(code) for language, code in blocks]
     assert len(ran) == 9, list(ran)
+    for name in ("data/pdr/train.jsonl", "data/pdr/sentences.txt"):  # what was trained on: cut to TRAIN_ROWS
+        assert len((tmp_path / name).read_text(encoding="utf-8").splitlines()) == TRAIN_ROWS, name
+    assert len((tmp_path / "data/pd-ner/train.conll").read_text(encoding="utf-8").strip().split("\n\n")) == TRAIN_ROWS
 
     def section(words: str) -> list:
         return next(outputs for mark, outputs in ran.items() if words in mark)
