@@ -217,18 +217,35 @@ def stages_of(command: str) -> int:
     return demo.stage_count(demo.QUICK) if command == "demo" else compare.stage_count(compare.QUICK, "tokens")
 
 
+def quick_flags(command: str) -> list[str]:
+    # compare --match tokens: at matched seconds, GPT's and ELMo's steps follow the seconds BERT took
+    return ["--quick", *(["--match", "tokens"] if command == "compare" else [])]
+
+
+@pytest.fixture(scope="module")
+def whole_study(tmp_path_factory):
+    """The folder of an uninterrupted `torchbert COMMAND --quick`, run once a module for each command."""
+    made: dict[str, Path] = {}
+
+    def get(command: str) -> Path:
+        if command not in made:
+            whole = tmp_path_factory.mktemp(f"whole-{command}")
+            done = subprocess.run([sys.executable, "-m", "torchbert", command, *quick_flags(command), "--out",
+                                   str(whole)], env=ENV, capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.count("\n== ") == stages_of(command)  # the count the message gives is every stage
+            made[command] = whole
+        return made[command]
+    return get
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("command,stage", [("demo", 3), ("demo", 23), ("compare", 41)])
-def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, command, stage):
+def test_an_interrupted_study_keeps_its_stages_and_resumes_to_the_same_summary(tmp_path, whole_study, command,
+                                                                                stage):
     import json
 
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    # compare --match tokens: at matched seconds, GPT's and ELMo's steps follow the seconds BERT took
-    quick = ["--quick", *(["--match", "tokens"] if command == "compare" else [])]
-    done = subprocess.run([sys.executable, "-m", "torchbert", command, *quick, "--out", str(whole)], env=ENV,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.count("\n== ") == stages_of(command)  # the count the message gives is every stage
+    whole, cut, quick = whole_study(command), tmp_path / "cut", quick_flags(command)
     proc = run_until_stage([command, *quick, "--out", cut], stage)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err
