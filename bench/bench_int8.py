@@ -176,7 +176,7 @@ def quality(args: argparse.Namespace) -> None:
 
     print(f"\n## quality: fine-tuned MiniLM, test split, fp32 against --int8 ({args.threads} threads)\n")
     print("| task | test examples | metric | fp32 | --int8 | change, points [95% interval] | predictions changed "
-          "| evaluate s fp32 / int8 |")
+          "(ner: tweets with a tag changed) | evaluate s fp32 / int8 |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for name in args.tasks:
         bench_task, _, _, _, metric = QUALITY[name]
