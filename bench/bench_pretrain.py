@@ -243,7 +243,7 @@ def main() -> None:
                     help="also time torchbert's plain model, without torchbert.fast (as pretrain --no-fast, "
                          "except that the process keeps freed memory for every system)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
-                    help="also profile one step of each system (variable length) and print the top K ops")
+                    help="also profile one step of every system timed (variable length) and print the top K ops")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the GPU benchmark (bench_cuda's docstring): bf16, preset base, --seq-len 128 and 512")
     ap.add_argument("--batch-tokens", type=int, default=32768,
@@ -373,9 +373,7 @@ def bench(args: argparse.Namespace, work: Path, warmup: int) -> None:
         timed = batches[warmup:]
         results.append((regime, systems, seconds, local, timed, max(diffs), notes))
         if args.profile and regime == "variable":
-            mine = systems[0]
-            ref = next(s for s in systems if s[0].startswith("transformers"))
-            profiles = [(name, m, opt, x[-1]) for name, m, opt, x in (mine, ref)]
+            profiles = [(name, m, opt, x[-1]) for name, m, opt, x in systems]
 
     # before and after, the best: the machine may be shared
     peaks = {k: max(peaks[k], m.best()) for k, m in meters.items()}

@@ -42,6 +42,15 @@ def test_bench_pretrain_runs_both_systems_on_equal_losses():
     assert re.search(r"fp32 matmul peak .*: [\d.]+ GFLOP/s", out)
 
 
+def test_bench_pretrain_profiles_every_system_it_times():
+    out = run_bench("bench_pretrain.py", "--config", "tiny", "--steps", "1", "--batch-size", "4", "--seq-len", "32",
+                    "--vocab-size", "8000", "--regime", "variable", "--plain", "--profile", "3")
+    rows = table_rows(out)
+    assert len(rows) == 3, out  # torchbert, its plain model, transformers
+    profiled = re.findall(r"profile of one step, (.+?): top 3 ops by self CPU time", out)
+    assert profiled == [r[0] for r in rows] and out.count("Self CPU time total") == 3, out
+
+
 def test_bench_finetune_starts_both_systems_equal_and_judges_the_target():
     out = run_bench("bench_finetune.py", "--task", "ner", "--train-size", "16", "--dev-size", "8", "--epochs", "1",
                     "--batch-size", "8", "--bootstrap", "50")
@@ -112,7 +121,8 @@ def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path)
 
 
 def test_bench_precision_leaves_the_bf16_rows_out_with_no_bf16():  # the default where the CPU emulates bf16
-    out = run_bench("bench_precision.py", "--part", "speed", "--n", "8", "--repeats", "1", "--threads", "1", "--no-bf16")
+    out = run_bench("bench_precision.py", "--part", "speed", "--n", "8", "--repeats", "1", "--threads", "1",
+                    "--no-bf16")
     rows = {r[0]: r for r in table_rows(out)}
     assert list(rows) == ["sentence-transformers fp32", "torchbert fp32", "torchbert --int8"], out
     assert float(rows["torchbert fp32"][4]) == 1.0 and float(rows["sentence-transformers fp32"][4]) > 0.9999
