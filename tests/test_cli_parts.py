@@ -6,7 +6,9 @@ in test_cli.py, test_failures.py and each command's tests."""
 import argparse
 import errno
 import signal
+import sys
 import threading
+import time
 
 import pytest
 
@@ -213,6 +215,39 @@ def test_sigterm_interrupts_the_command_and_the_handler_before_comes_back():
     t.start()
     t.join()
     assert errors == []
+
+
+class _SignalledWhileCollected:
+    """An object whose finalizer is where SIGTERM's or SIGINT's handler runs (as when the garbage
+    collector runs a weak reference's callback at the moment the signal comes)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        signal.raise_signal(self.signum)  # the handler runs here, inside the finalizer
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_an_interrupt_that_a_finalizer_swallows_is_sent_again_and_stops_the_command(signum, raised):
+    hook = sys.unraisablehook
+    with pytest.raises(raised):
+        with cli._sigterm_interrupts():
+            _SignalledWhileCollected(signum)  # dropped at once: Python prints "Exception ignored" and goes on
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # ordinary code, where the signal sent again lands
+                pass
+    assert sys.unraisablehook is hook
+    # another exception in a finalizer still goes to the hook before, and stops nothing
+    seen = []
+    sys.unraisablehook = seen.append
+    try:
+        with cli._sigterm_interrupts():
+            bad = type("Bad", (), {"__del__": lambda self: 1 / 0})()
+            del bad
+    finally:
+        sys.unraisablehook = hook
+    assert len(seen) == 1 and isinstance(seen[0].exc_value, ZeroDivisionError)
 
 
 def test_main_gives_a_command_the_flags_given_its_outs_target_and_sigterm_unless_it_serves(tmp_path, monkeypatch):

@@ -185,7 +185,13 @@ def given_flags(argv: list[str]) -> tuple[str, ...]:
 def _sigterm_interrupts():
     """SIGTERM raises Terminated (a KeyboardInterrupt) while the command runs, so that a command
     stopped by `timeout`, systemd, docker or Kubernetes cleans up as on Ctrl-C (temporary folders
-    removed, an earlier folder put back); the handler before is restored after."""
+    removed, an earlier folder put back); the handler before is restored after.
+
+    Python runs a signal's handler at whatever instruction comes next, and when that is inside a
+    finalizer (a __del__, a weak reference's callback: the garbage collector runs them anywhere), the
+    exception it raises is printed as "Exception ignored" and dropped: the stop would be lost and a
+    study would run on to its end. While the command runs, an interrupt dropped that way is sent again
+    (sys.unraisablehook, the hook before restored after), to land in ordinary code."""
     import signal
     import threading
 
@@ -196,11 +202,24 @@ def _sigterm_interrupts():
     def terminate(signum, frame):
         raise Terminated()
 
-    old = signal.signal(signal.SIGTERM, terminate)
+    def redeliver(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):  # SIGTERM, Ctrl-C, a training run's second signal
+            signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+            # from another thread, a moment later: sent from here, its handler would run in this hook and be
+            # dropped again; should it land in a finalizer once more, this sends it once more
+            later = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            later.daemon = True
+            later.start()
+        else:
+            hook(unraisable)
+
+    old, hook = signal.signal(signal.SIGTERM, terminate), sys.unraisablehook
+    sys.unraisablehook = redeliver
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        sys.unraisablehook = hook
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,7 @@ class Stages:
         """Stage `name`: `argv` (the command's words after `torchbert`) printed, `call()` run and timed."""
         argv = [str(a) for a in argv]
         self.log(f"\n== {name} ({self.where()}): {shlex.join(['torchbert', *argv])}")
+        sys.stdout.flush()  # the stage's line out before its work, also where stdout is a pipe or a file
         start = time.perf_counter()
         try:
             result = call()
