@@ -200,19 +200,28 @@ def without_timing(x):
 def run_until_stage(argv: list, stage: int) -> subprocess.CompletedProcess:
     """Run `torchbert ARGV`, send SIGTERM once its stage number `stage` has begun, and wait for its end:
     its whole stdout, the lines read before the signal and those after."""
-    proc = subprocess.Popen([sys.executable, "-m", "torchbert", *map(str, argv)], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if sum(x.startswith("== ") for x in lines) == stage:
-            time.sleep(0.3)  # inside the stage's command, or just after it
-            proc.send_signal(signal.SIGTERM)
-            break
-    proc.wait(timeout=600)  # what is left to write after the signal is a few lines: no pipe fills
-    # read through the same file objects: lines already buffered in them are not lost
-    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines) + proc.stdout.read(),
-                                       proc.stderr.read())
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryFile("w+") as err:  # a file: the progress bars never fill a pipe that nobody reads
+        proc = subprocess.Popen([sys.executable, "-m", "torchbert", *map(str, argv)], env=ENV,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        watchdog = threading.Timer(600, proc.kill)  # a run the signal did not stop ends the test, not CI
+        watchdog.start()
+        try:
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if sum(x.startswith("== ") for x in lines) == stage:
+                    time.sleep(0.3)  # inside the stage's command, or just after it
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            out = "".join(lines) + proc.stdout.read()  # through the same file object: nothing buffered is lost
+            proc.wait()
+        finally:
+            watchdog.cancel()
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err.read())
 
 
 def stages_of(command: str) -> int:
