@@ -209,10 +209,11 @@ def run_until_stage(argv: list, stage: int) -> subprocess.CompletedProcess:
         watchdog = threading.Timer(600, proc.kill)  # a run the signal did not stop ends the test, not CI
         watchdog.start()
         try:
-            lines = []
+            lines, seen = [], 0
             for line in proc.stdout:
                 lines.append(line)
-                if sum(x.startswith("== ") for x in lines) == stage:
+                seen += line.startswith("== ")
+                if seen == stage:
                     time.sleep(0.3)  # inside the stage's command, or just after it
                     proc.send_signal(signal.SIGTERM)
                     break
