@@ -294,7 +294,7 @@ def test_a_model_name_is_a_folder_or_a_hub_id_and_says_which_it_was_not(tmp_path
 
 def test_a_study_budget_of_zero_is_refused(tmp_path, capsys):
     code, _, err = run(capsys, "demo", "--out", str(tmp_path / "d"), "--budget", "0")
-    assert code == 2 and "--budget must be > 0, got 0" in err and not (tmp_path / "d").exists()
+    assert code == 2 and "--budget must be in (0, 1000], got 0" in err and not (tmp_path / "d").exists()
 
 
 def test_resume_with_overwrite_and_a_cuda_device_without_cuda_are_refused_before_any_work(tmp_path, capsys):

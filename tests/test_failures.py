@@ -1261,3 +1261,61 @@ def test_a_sharded_checkpoint_reads_its_shards_and_none_outside_its_folder(minil
     index.write_text(json.dumps({"weight_map": ["x"]}))
     with pytest.raises(ValueError, match="not a valid shard index"):
         read_weights(index)
+
+
+def _seed_commands() -> list[str]:
+    """The commands whose parser has a --seed flag."""
+    from torchbert.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    return sorted(name for name, p in sub.choices.items()
+                  if any("--seed" in a.option_strings for a in p._actions))
+
+
+SEED_ARGV = {  # inputs that do not exist: a seed out of range is refused before any of them is read
+    "compare": ["--out", "{p}/c"], "demo": ["--out", "{p}/d"], "inspect-data": ["{p}/nope"],
+    "finetune": ["--task", "classification", "--model", "{p}/nope", "--train", "{p}/a.tsv", "--dev", "{p}/b.tsv",
+                 "--out", "{p}/f"],
+    "prepare": ["--corpus", "{p}/nope.txt", "--tokenizer", "{p}/nope", "--out", "{p}/o"],
+    "pretrain": ["--data", "{p}/nope", "--out", "{p}/r"],
+}
+
+
+def test_every_seed_flag_is_one_type_checked_when_the_flags_are_read(tmp_path, capsys):
+    """--seed -1 ended as numpy's 'expected non-negative integer', naming no flag, once the model was loaded:
+    every command's --seed takes a whole number in [0, 2**32 - 1] and says so on the flag, at once."""
+    from torchbert.settings import SEED_MAX
+
+    assert _seed_commands() == sorted(SEED_ARGV)  # a new command's seed is held here too
+    for command, argv in SEED_ARGV.items():
+        argv = [command, *(a.format(p=tmp_path) for a in argv)]
+        for bad in ("-1", str(SEED_MAX + 1)):
+            line = fails(capsys, *argv, "--seed", bad, code=2, message="--seed must be in [0, 4,294,967,295], got ")
+            assert line.endswith(f"got {int(bad):,}" if int(bad) > 0 else "got -1"), line
+        assert list(tmp_path.iterdir()) == [], command  # nothing written
+
+
+@pytest.mark.parametrize("flag, argv", [
+    ("--epochs", ["finetune", "--task", "classification", "--model", "{p}/nope", "--train", "{p}/a.tsv", "--dev",
+                  "{p}/b.tsv", "--out", "{p}/f"]),
+    ("--budget", ["demo", "--out", "{p}/d"]),
+    ("--budget", ["compare", "--out", "{p}/c"]),
+    ("--max-wait-ms", ["serve", "--model", "{p}/nope"]),
+    ("--body-timeout", ["serve", "--model", "{p}/nope"]),
+])
+def test_a_float_that_becomes_a_count_is_bounded_when_the_flags_are_read(flag, argv, tmp_path, capsys):
+    """finetune --epochs 1e308 ran to 'unexpected OverflowError ... a bug in torchbert' after loading the model
+    and tokenizing the data: each float that becomes a step count, a duration or a timer has an upper bound."""
+    argv = [a.format(p=tmp_path) for a in argv]
+    line = fails(capsys, *argv, flag, "1e308", code=2, message=f"{flag} must be in ")
+    assert line.endswith("got 1e+308"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_interval_of_0_says_what_0_means():
+    from torchbert.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    helps = {a.dest: a.help for a in sub.choices["pretrain"]._actions}
+    assert "0 (the default): only at the end" in helps["save_every"]
+    assert "0 (the default): only at the end" in helps["eval_every"]

@@ -297,10 +297,10 @@ def test_the_python_api_runs_what_the_command_line_runs(tmp_path):
     (["pretrain", "--dropout", "1"], "--dropout must be in [0, 1), got 1"),
     (["pretrain", "--generator-size", "0"], "--generator-size must be in (0, 1], got 0"),
     (["pretrain", "--lr", "0"], "--lr must be > 0, got 0"),
-    (["finetune", "--epochs", "0"], "--epochs must be > 0, got 0"),
+    (["finetune", "--epochs", "0"], "--epochs must be in (0, 10000], got 0"),
     (["finetune", "--warmup-ratio", "1"], "--warmup-ratio must be in [0, 1), got 1"),
     (["finetune", "--max-length", "0"], "--max-length must be >= 1, got 0"),
-    (["serve", "--body-timeout", "0"], "--body-timeout must be > 0, got 0"),
+    (["serve", "--body-timeout", "0"], "--body-timeout must be in (0, 86400], got 0"),
     (["prepare", "--masked-lm-prob", "1"], "--masked-lm-prob must be in (0, 1), got 1"),
     (["prepare", "--mask-replace", "0.8", "0.3"], "--mask-replace ([MASK] share, random share) must be >= 0 and add "
                                                   "up to at most 1, got 0.8, 0.3"),

@@ -53,6 +53,16 @@ def setting(default: Any = MISSING, help: str = "", *, low: float | None = None,
     return field(default=default, metadata=meta)
 
 
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds alike; a seed and the runs after it stay far below torch's 2**64
+MAX_EPOCHS = 10_000  # passes over a training set (finetune, benchmark): the step count they make stays a number
+
+
+def seed_setting(default: int, help: str) -> Any:
+    """The one seed flag of every command: a whole number in [0, SEED_MAX], checked when the flags are
+    read (numpy refuses a negative seed only when the run draws its first number)."""
+    return setting(default, help, low=0, high=SEED_MAX, metavar="SEED")
+
+
 def choices_of(f: Field) -> tuple | None:
     """The values a setting may take (None: any)."""
     choices = f.metadata.get("choices")

@@ -387,7 +387,9 @@ def test_fused_decoder_loss_equals_the_plain_path(minilm_with_heads, real_batch,
         assert fused[0].isnan() and plain[0].isnan() and fused[1].shape[0] == 0
     else:
         assert_parity(fused[0], plain[0])
-    assert torch.equal(fused[1], plain[1])
+    assert fused[1].shape == plain[1].shape
+    if plain[1].numel():  # the logits: addmm against F.linear, perhaps another kernel
+        assert_parity(fused[1], plain[1])
     assert fused[2].keys() == plain[2].keys()
     for name, g in plain[2].items():
         assert_parity(fused[2][name], g, name)

@@ -239,10 +239,12 @@ def test_labelled_only_logits_are_those_at_the_given_positions():
     labels[[0, 4, 7, 9]] = torch.tensor([0, 1, 2, 1])
     every = model(flat, cu_seqlens=cu, max_seqlen=T).logits
     out = model(flat, cu_seqlens=cu, max_seqlen=T, labels=labels, labelled_only=True)
-    assert torch.equal(out.logits, every[[0, 4, 7, 9]])
+    # the classifier's product over 4 rows, not over every token: the same numbers up to its rounding
+    # (a CPU's kernels for two shapes may differ in the last bits)
+    assert_parity(out.logits, every[[0, 4, 7, 9]])
     some = model(flat, cu_seqlens=cu, max_seqlen=T, labels=labels, labelled_only=True,
                  label_positions=torch.tensor([4, 9]))  # the host's count of the labelled tokens, when given
-    assert torch.equal(some.logits, every[[4, 9]])
+    assert_parity(some.logits, every[[4, 9]])
 
 
 def test_settings_of_an_older_tagger_come_from_its_run_record(tmp_path):

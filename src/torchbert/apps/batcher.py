@@ -38,12 +38,12 @@ class Limits(Checked):
                                     "counts (default: 2048, the fastest of 256 to 16384 measured on 2 CPU cores; a "
                                     "GPU wants more)", low=1)
     max_wait_ms: float = setting(0.0, "how long a batch waits for more requests once the model is free (default: 0: "
-                                      "it takes what arrived while the last batch ran)", low=0)
+                                      "it takes what arrived while the last batch ran)", low=0, high=60_000)
     max_queue: int = setting(1024, "texts waiting or running before new requests get 503 + Retry-After", low=1)
     max_texts: int = setting(256, "texts per request, else 413", low=1)
     max_chars: int = setting(20000, "characters per text, else 413", low=1)
     body_timeout_s: float = setting(30.0, "seconds a client has to send a request's whole body, else 408",
-                                    above=0, flag="--body-timeout", metavar="SECONDS")
+                                    above=0, high=86_400, flag="--body-timeout", metavar="SECONDS")
     max_connections: int = setting(256, "connections open at once; past it, 503 (uvicorn's limit_concurrency)",
                                    low=1)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import StudyInterrupted, UserError
 from ..io.files import atomic_write_text
-from ..settings import Checked, SettingError, setting
+from ..settings import MAX_EPOCHS, Checked, SettingError, seed_setting, setting
 from .benchmark_table import averages, columns_of, scores_plot, suite_scalars, summary_markdown
 from .stages import Stages, claim_folder
 from .suites import SUITES, Suite, SuiteTask
@@ -48,7 +48,7 @@ class Protocol(Checked):
 
     lrs: list[float] = setting(help="learning rates tried, each picked on dev", above=0)
     batch_sizes: list[int] = setting(help="batch sizes tried (the grid is every rate with every size)", low=1)
-    epochs: float = setting(3.0, "passes over the training data", above=0)
+    epochs: float = setting(3.0, "passes over the training data", above=0, high=MAX_EPOCHS)
     warmup_ratio: float = setting(0.1, "share of the steps in linear warmup", low=0, below=1)
     weight_decay: float = setting(0.01, "AdamW decay (not on biases and LayerNorm)", low=0)
     max_length: int = setting(128, "tokens per sequence", low=8)
@@ -57,7 +57,7 @@ class Protocol(Checked):
     restarts: int = setting(0, "on small tasks: runs at the chosen setting, the one best on dev kept "
                                "(0: none; seeds apply)", low=0)
     small: int = setting(10_000, "a task with fewer training examples is small (restarts apply)", low=0)
-    seed: int = setting(0, "the first seed; the others follow it")
+    seed: int = seed_setting(0, "the first seed; the others follow it")
 
 
 PROTOCOLS: dict[str, tuple[Protocol, str]] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..train.recipes import DEFAULT, RECIPES
 from ..errors import UserError
 from ..hardware import PRECISIONS
-from ..settings import Checked, SettingError, add_flags, check_field, from_args, setting
+from ..settings import Checked, SettingError, add_flags, check_field, from_args, seed_setting, setting
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start, its inputs' channels evened out, "
              "and quantized per channel by ONNX Runtime, feed-forward down projections kept in fp32. Outputs move "
@@ -274,11 +274,11 @@ class StudySettings(Checked):
 
     out: str = setting(help="output folder")
     quick: bool = setting(False, "every stage shrunk to a smoke test")
-    budget: float = setting(1.0, "multiply the pretraining steps", above=0)
+    budget: float = setting(1.0, "multiply the pretraining steps", above=0, high=1000)
     recipe: str = setting(DEFAULT, "BERT's pretraining recipe: rotary, the paper's with rotary positions (RoFormer), "
                                    f"measured to learn fastest here (bench/README.md); or paper, Devlin et al.'s as it "
                                    f"is (default: {DEFAULT})", choices=tuple(RECIPES))
-    seed: int = setting(0, "the first seed; the others follow it (default: 0)")
+    seed: int = seed_setting(0, "the first seed; the others follow it (default: 0)")
 
 
 def study_flags(p: argparse.ArgumentParser, out: str, quick: str, budget: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..settings import Checked, add_flags, setting
+from ..settings import Checked, add_flags, seed_setting, setting
 from .common import command, settings_from
 
 EPILOG = """\
@@ -29,7 +29,7 @@ class InspectSettings(Checked):
     dir: str = setting(help="data folder", flag="DIR", metavar="DIR")
     n: int = setting(100, "instances to show", low=0)
     jsonl: bool = setting(False, "one JSON object per instance")
-    seed: int = setting(0, "loader seed for dynamic masking")
+    seed: int = seed_setting(0, "loader seed for dynamic masking")
 
 
 def add(sub) -> None:

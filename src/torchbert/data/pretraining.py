@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io.texts import not_a_file, read_utf8
-from ..settings import Checked, SettingError, setting
+from ..settings import Checked, SettingError, seed_setting, setting
 from .masking import Masked
 from .sources import FORMATS
 
@@ -476,7 +476,7 @@ class PrepareSettings(Checked):
         (0.8, 0.1), "shares of the masked tokens shown as [MASK] and as a random token, the rest left unchanged "
                     "(default: 0.8 0.1, the paper's; 1 0: [MASK] only)", metavar=("MASK", "RANDOM"))
     short_seq_prob: float = setting(0.1, "probability of a shorter random target length", low=0, high=1)
-    seed: int = setting(12345, "random seed")
+    seed: int = seed_setting(12345, "random seed")
     pairs: str = setting("nsp", "nsp: sentence pairs, half of them NotNext (the paper's, for MLM + NSP); none: "
                                 "whole sentences packed end to end across documents, a [SEP] between documents "
                                 "(RoBERTa's FULL-SENTENCES, for objectives without NSP; one segment, so a model "

@@ -37,7 +37,7 @@ from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.record import RunRecord, read_record, with_training, write_record
-from ..settings import Checked, setting
+from ..settings import MAX_EPOCHS, Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.encode import cut_note
 from ..tasks.families import TaskSettings, family, resolve_task, task_settings
@@ -62,7 +62,7 @@ class FinetuneSettings(Checked):
     train: Path = setting(help="training file")
     out: Path = setting(help="run folder")
     dev: Path | None = setting(None, "dev file, scored after each epoch (without it the last weights are kept)")
-    epochs: float = setting(3.0, "passes over the training data", above=0)
+    epochs: float = setting(3.0, "passes over the training data", above=0, high=MAX_EPOCHS)
     warmup_ratio: float = setting(0.1, "share of the steps in warmup", low=0, below=1)
     eval_batch_size: int = setting(64, "dev sequences per batch", low=1)
     lm_coef: float | None = setting(None, "GPT models: the weight of the next-token loss on the task's text, "

@@ -64,7 +64,7 @@ from ..errors import Interrupted, RunFailed, UserError
 from ..hardware import peak_resident_bytes, resident_bytes
 from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
                              remove_leftovers, save_checkpoint)
-from ..settings import Checked, setting
+from ..settings import Checked, seed_setting, setting
 from .distributed import Dist, full_optimizer_state, full_state_dict, load_full_state, unwrap
 from .metrics import Scalars, Window, append_jsonl, postfix, progress_bar, truncate_metrics
 from .objectives import Objective
@@ -94,14 +94,14 @@ class TrainConfig(Checked):
     weight_decay: float = setting(0.01, "AdamW/LAMB decay, not on biases and LayerNorm", low=0)
     optimizer: str = setting("adamw", "adamw, or lamb for large batches", choices=OPTIMIZERS)
     max_grad_norm: float = setting(1.0, "gradient clipping; 0 turns it off", low=0)
-    seed: int = setting(0, "the seed of the weights, the data order and dropout")
-    save_every: int = setting(0, "checkpoint every N steps (default: only at the end)", low=0)
+    seed: int = seed_setting(0, "the seed of the weights, the data order and dropout")
+    save_every: int = setting(0, "checkpoint every N steps; 0 (the default): only at the end", low=0)
     keep: int = setting(2, "checkpoints to keep", low=1)
     log_every: int = setting(10, "a metrics.jsonl line every N steps", low=1)
     log_to: str = setting("tensorboard", "tensorboard: each metrics.jsonl line also as TensorBoard scalars in "
                                          "RUN/tensorboard (`tensorboard --logdir RUN`); none: metrics.jsonl only",
                           choices=("tensorboard", "none"))
-    eval_every: int = setting(0, "held-out evaluation every N steps (default: only at the end)", low=0)
+    eval_every: int = setting(0, "held-out evaluation every N steps; 0 (the default): only at the end", low=0)
     precision: str = setting("fp32", "bf16: the forward and backward in bfloat16, the optimizer and the saved "
                                      "weights in fp32. In one CPU process the weights are held in bf16 for each step "
                                      "(fast/bf16.py; a CPU with AMX or AVX512-BF16 multiplies bf16 2.7-4x faster "
