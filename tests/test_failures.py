@@ -1319,3 +1319,20 @@ def test_a_checkpoint_interval_of_0_says_what_0_means():
     helps = {a.dest: a.help for a in sub.choices["pretrain"]._actions}
     assert "0 (the default): only at the end" in helps["save_every"]
     assert "0 (the default): only at the end" in helps["eval_every"]
+
+
+def test_an_optional_file_that_cannot_be_read_is_named(minilm_dir, tmp_path, capsys):
+    """A malformed sentence_bert_config.json, special_tokens_map.json or torchbert.json was ignored without a
+    word (exit 0, defaults used): the first two are a warning naming the file; a run record, whose defaults
+    would change the vectors, an error naming it."""
+    (tmp_path / "t.txt").write_text("one text\nanother\n", encoding="utf-8")
+    for name in ("sentence_bert_config.json", "special_tokens_map.json", "torchbert.json"):
+        model = tmp_path / name.split(".")[0]
+        shutil.copytree(minilm_dir, model)
+        (model / name).write_text("{not json", encoding="utf-8")
+        argv = ["embed", "--model", model, "--input", tmp_path / "t.txt", "--out", tmp_path / f"{name}.npy", "--quiet"]
+        if name == "torchbert.json":
+            fails(capsys, *argv, code=2, message=f"{model / name}: not the run record torchbert writes")
+            continue
+        code, _, err = cli(capsys, *argv)
+        assert code == 0 and f"{model / name}: not valid JSON" in err, err

@@ -11,6 +11,7 @@ import inspect
 import json
 import pickle
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -480,6 +481,35 @@ def test_from_pretrained_vocab_file_and_config(tmp_path, vocab_file, tok):
     (folder / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="tokenizer_config.json"):
         BertTokenizer.from_pretrained(folder)
+
+
+def test_special_tokens_named_by_the_folder_are_berts_and_a_bad_map_is_named(tmp_path, vocab_file, tok):
+    """special_tokens_map.json (and tokenizer_config.json's special tokens), which were never read: a map that
+    cannot be read is a warning naming it (BERT's tokens are used); one that names another token for a role
+    is an error naming the file and the role, in both layouts (vocab.txt, tokenizer.json alone)."""
+    for layout in ("vocab.txt", "tokenizer.json"):
+        folder = tmp_path / layout
+        tok.save_pretrained(folder)
+        if layout == "tokenizer.json":
+            (folder / "vocab.txt").unlink()
+        specials = folder / "special_tokens_map.json"
+        assert json.loads(specials.read_text())["unk_token"] == "[UNK]"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert BertTokenizer.from_pretrained(folder).vocab == tok.vocab  # its own files: nothing said
+        specials.write_text(json.dumps({"unk_token": {"content": "[UNK]", "lstrip": False}, "mask_token": "[MASK]"}))
+        BertTokenizer.from_pretrained(folder)  # AddedToken's form, as transformers writes it
+        specials.write_text("{not json")
+        with pytest.warns(UserWarning, match=f"{specials}: not valid JSON.*BERT's special tokens"):
+            assert BertTokenizer.from_pretrained(folder).vocab == tok.vocab
+        specials.write_text(json.dumps({"unk_token": "<unk>"}))
+        with pytest.raises(ValueError, match=f"{specials}: unk_token is '<unk>'; torchbert's BERT tokenizer uses"):
+            BertTokenizer.from_pretrained(folder)
+        specials.unlink()
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "mask_token": "<mask>"}))
+        with pytest.raises(ValueError, match="tokenizer_config.json: mask_token is '<mask>'"):
+            BertTokenizer.from_pretrained(folder)
 
 
 def test_pickle(tok, english):

@@ -425,9 +425,12 @@ class BertForEmbedding(_TaskModel):
         return pool_packed(h, cu_seqlens, self.pooling)
 
     def save_pretrained(self, path) -> None:
-        """A BERT checkpoint that is a sentence-transformers model too (modules.json, its pooling)."""
+        """A BERT checkpoint that is a sentence-transformers model too (modules.json, its pooling, and the
+        tokens per text it was trained with: config.extra's max_seq_length, else its positions)."""
         super().save_pretrained(path)
-        write_sentence_transformers(path, self.config.hidden_size, self.pooling, self.config.max_position_embeddings)
+        length = min(self.config.extra.get("max_seq_length") or self.config.max_position_embeddings,
+                     self.config.max_position_embeddings)
+        write_sentence_transformers(path, self.config.hidden_size, self.pooling, length)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None,

@@ -272,3 +272,30 @@ def test_failed_save_keeps_the_old_checkpoint(tmp_path, minilm_dir, monkeypatch)
         model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]  # no temporary left behind
+
+
+def test_the_folders_length_is_its_sentence_transformers_then_its_run_record_and_a_bad_file_is_named(tmp_path):
+    """folder_max_length: sentence_bert_config.json's max_seq_length, else the run record's fine-tuning length,
+    else None; a sentence_bert_config.json that cannot be read is a warning naming it (it was ignored without
+    a word); a run record that cannot be read, an error naming it (the default would change the vectors)."""
+    import json
+
+    from torchbert.io.hf import folder_max_length
+    from torchbert.io.record import RunRecord, write_record
+
+    assert folder_max_length(tmp_path) is None
+    write_record(tmp_path, RunRecord("finetune", task={"type": "embedding", "max_length": 96}))
+    assert folder_max_length(tmp_path) == 96
+    st = tmp_path / "sentence_bert_config.json"
+    st.write_text(json.dumps({"max_seq_length": 200}))
+    assert folder_max_length(tmp_path) == 200
+    for bad, says in (("{not json", "not valid JSON"), ("[200]", "holds a list"),
+                      ('{"max_seq_length": 1}', "max_seq_length 1 is not a whole number of at least 2"),
+                      ('{"max_seq_length": "64"}', 'max_seq_length 64 is not a whole number')):
+        st.write_text(bad)
+        with pytest.warns(UserWarning, match=f"{st}: .*{says}"):
+            assert folder_max_length(tmp_path) == 96, bad  # the record's, then
+    st.unlink()
+    (tmp_path / "torchbert.json").write_text("{not json")
+    with pytest.raises(ValueError, match="torchbert.json: not the run record torchbert writes"):
+        folder_max_length(tmp_path)

@@ -4,6 +4,7 @@ end to end, scored by retrieval over its dev file."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,10 +120,27 @@ def test_finetune_an_embedding_model_and_score_its_retrieval(minilm_dir, tmp_pat
 
     transformers.BertModel.from_pretrained(run)  # the encoder is a BERT checkpoint
     # and a sentence-transformers model with the same embeddings
-    texts = [p["query"] for p in pairs[80:90]] + ["a short one", "English and 中文 together"]
-    ours = embed(BertModel.from_pretrained(run).eval(), BertTokenizer.from_pretrained(run), texts, pooling="mean")
-    theirs = SentenceTransformer(str(run), device="cpu").encode(texts, convert_to_numpy=True)
+    long = "".join(p["positive"] for p in pairs[90:93])  # past the 64 tokens the run was trained at
+    texts = [p["query"] for p in pairs[80:90]] + ["a short one", "English and 中文 together", long]
+    model, tok = BertModel.from_pretrained(run).eval(), BertTokenizer.from_pretrained(run)
+    assert len(tok.encode_ids([long])[0]) > 128
+    ours = embed(model, tok, texts, pooling="mean", max_length=64)
+    st = SentenceTransformer(str(run), device="cpu")
+    assert st.max_seq_length == 64  # one length per folder: the one it was trained with (its --max-length)
+    theirs = st.encode(texts, convert_to_numpy=True)
     assert abs(ours - theirs).max() < 1e-5
+    # and every command embeds at it unless told otherwise: embed, serve's embeddings, evaluate (above)
+    from torchbert.apps.endpoints import Embedder
+    from torchbert.io.hf import folder_max_length
+
+    assert folder_max_length(run) == 64 and Embedder(run, name="run", load=False).max_length == 64
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for extra in ([], ["--max-length", "512"]):
+        assert main(["embed", "--model", str(run), "--input", str(tmp_path / "texts.txt"), "--out",
+                     str(tmp_path / "e.npy"), "--precision", "fp32", "--quiet", *extra]) == 0
+        got = np.load(tmp_path / "e.npy")
+        assert (abs(got - ours).max() < 1e-5) == (extra == []), extra  # texts cut at 64, or not
+    assert abs(got[-1] - ours[-1]).max() > 1e-2  # --max-length 512: the long text whole
 
 
 def _minilm_batch(minilm_dir, given, negatives=True):
@@ -407,8 +425,7 @@ def test_scored_pairs_are_evaluated_by_spearman_as_sentence_transformers_does(mi
     capsys.readouterr()
     assert main(["evaluate", "--model", str(run), "--data", str(sts), "--quiet"]) == 0
     ours = json.loads(capsys.readouterr().out)["spearman"]
-    st = SentenceTransformer(str(run), device="cpu")
-    st.max_seq_length = 64  # as the run encodes (its --max-length)
+    st = SentenceTransformer(str(run), device="cpu")  # at the run's --max-length, 64: its sentence_bert_config.json
     theirs = EmbeddingSimilarityEvaluator([a for a, _, _ in rows], [b for _, b, _ in rows], [y for *_, y in rows],
                                           main_similarity="cosine")(st)
     assert ours == pytest.approx(next(v for k, v in theirs.items() if k.endswith("spearman_cosine")), abs=1e-6)

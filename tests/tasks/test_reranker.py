@@ -214,8 +214,7 @@ def test_a_reranker_is_scored_as_a_search_over_a_first_stage_in_one_command(mini
     assert (got["top_k"], got["queries"], got["passages"]) == (5, 30, 30)
 
     queries, passages = [p["query"] for p in pairs[100:130]], [p["positive"] for p in pairs[100:130]]
-    bi = SentenceTransformer(str(minilm_dir), device="cpu")
-    bi.max_seq_length = 128  # what evaluate --task embedding reads of a folder with no run record
+    bi = SentenceTransformer(str(minilm_dir), device="cpu")  # at its max_seq_length, 256, as evaluate reads it
     q, d = (bi.encode(t, normalize_embeddings=True, convert_to_numpy=True) for t in (queries, passages))
     top = np.argsort(-(q @ d.T), axis=1, kind="stable")[:, :5]
     cross = CrossEncoder(str(run), device="cpu", max_length=64)
@@ -326,11 +325,11 @@ def test_records_rank_every_candidate_and_score_the_queries_with_a_relevant_one(
 
 def test_a_first_stage_reads_at_its_own_length_and_the_model_must_be_a_reranker(monkeypatch, tmp_path):
     """run_rerank_evaluate before any model runs: a --model fine-tuned for another task is refused; the
-    first stage reads at its embedding run's --max-length (else the embedding family's default), its k
-    clipped to the file's passages."""
+    first stage reads at the length its folder was trained with (else the model's own limit, as embed), its
+    k clipped to the file's passages."""
+    import torchbert.io.hf
     import torchbert.tasks.predict
     import torchbert.tasks.reranker as reranker
-    from torchbert.tasks.embedding import EmbeddingSettings
     from torchbert.tasks.families import TaskSettings
     from torchbert.tasks.reranker import RerankerSettings, run_rerank_evaluate
 
@@ -342,10 +341,8 @@ def test_a_first_stage_reads_at_its_own_length_and_the_model_must_be_a_reranker(
         run_rerank_evaluate(tmp_path / "run", data, tmp_path / "emb", 5, torch.device("cpu"))
     task["ts"] = RerankerSettings(type="reranker")
 
-    def of(folder):
-        if folder.name != "emb":
-            raise ValueError("not a model fine-tuned by torchbert")
-        return EmbeddingSettings(type="embedding", max_length=24)
+    def folder_max_length(folder):  # the length the first stage was trained with, or none known
+        return 24 if folder.name == "emb" else None
 
     class Stop(Exception):
         pass
@@ -356,9 +353,9 @@ def test_a_first_stage_reads_at_its_own_length_and_the_model_must_be_a_reranker(
         seen.append((k, max_length))
         raise Stop
 
-    monkeypatch.setattr(TaskSettings, "of", staticmethod(of))
+    monkeypatch.setattr(torchbert.io.hf, "folder_max_length", folder_max_length)
     monkeypatch.setattr(reranker, "first_stage", first_stage)
     for folder in ("emb", "plain"):
         with pytest.raises(Stop):
             run_rerank_evaluate(tmp_path / "run", data, tmp_path / folder, 5, torch.device("cpu"))
-    assert seen == [(3, 24), (3, TaskSettings(type="embedding").max_length)]
+    assert seen == [(3, 24), (3, None)]  # None: the model's own limit, as embed reads a folder that says nothing

@@ -112,16 +112,6 @@ def read_beir(folder: Path) -> BeirSet:
                    [graded[q] for q in kept], path.stem, len(graded) - len(kept))
 
 
-def max_seq_length(model_dir: Path) -> int | None:
-    """The sentence-transformers folder's max_seq_length (what it embeds with), else None."""
-    path = model_dir / "sentence_bert_config.json"
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 1 else None
-
-
 def search_dataset(model_dir: Path, data: BeirSet, device: str = "cpu", batch_size: int = 64,
                    log=print) -> dict[str, Any]:
     """The model's scores on one dataset: its queries searched over its corpus."""
@@ -129,12 +119,12 @@ def search_dataset(model_dir: Path, data: BeirSet, device: str = "cpu", batch_si
 
     from ..eval.retrieval import KS, retrieval_scores, search
     from ..features import embed
-    from ..io.hf import folder_pooling
+    from ..io.hf import folder_max_length, folder_pooling
     from ..model import BertModel
     from ..tokenizer import BertTokenizer
 
     pooling = folder_pooling(model_dir)
-    length = max_seq_length(model_dir)
+    length = folder_max_length(model_dir)
     model = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval().to(torch.device(device))
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     kw = dict(pooling=pooling, normalize=True, batch_size=batch_size, max_length=length)

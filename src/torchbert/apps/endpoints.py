@@ -85,7 +85,7 @@ class Embedder:
 
         from ..architectures import load_config
         from ..fast import at_precision
-        from ..io.hf import folder_pooling
+        from ..io.hf import folder_max_length, folder_pooling
         from ..model import BertModel
         from ..tokenizer import BertTokenizer
 
@@ -99,8 +99,9 @@ class Embedder:
             self.model = at_precision(BertModel.from_pretrained(model_dir, add_pooling_layer=False)  # pools tokens
                                       .eval().to(torch.device(device)), precision)
         self.config = model.config if model is not None else load_config(model_dir)
-        limit = self.config.max_position_embeddings
-        self.max_length = min(max_length or limit, limit)
+        limit = self.config.max_position_embeddings  # a flag's length, else the folder's (as embed), else the model's
+        own = folder_max_length(model_dir) if model_dir is not None and max_length is None else None
+        self.max_length = min(max_length or own or limit, limit)
         self.sep = self.tokenizer.sep_token_id
 
     @classmethod
@@ -287,7 +288,7 @@ class Reranker:
             self.model, self.config = None, load_config(model_dir)
             self.tokenizer, ts = BertTokenizer.from_pretrained(model_dir), TaskSettings.of(model_dir)
         limit = self.config.max_position_embeddings
-        self.ts = replace(ts, max_length=min(max_length or limit, limit))  # serve's --max-length, else the model's
+        self.ts = replace(ts, max_length=min(max_length or ts.max_length, limit))  # serve's --max-length, else as trained
         self.family = family(self.ts.type)
         self.serial = itertools.count()
 

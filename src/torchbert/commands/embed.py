@@ -43,8 +43,9 @@ class EmbedSettings(Checked):
                                   "concat_last_four, embeddings, or a layer index", metavar="STRATEGY")
     normalize: bool | None = setting(None, "scale each row to unit length, for cosine search (default: as the model "
                                            "folder's sentence-transformers files say, else off)")
-    max_length: int | None = setting(None, "truncate texts to this many tokens (default: the model's limit, 512 for "
-                                           "BERT)", low=2)
+    max_length: int | None = setting(None, "truncate texts to this many tokens (default: the length the model folder "
+                                           "was trained with: its sentence-transformers max_seq_length, else its "
+                                           "fine-tuning's --max-length, else the model's limit, 512 for BERT)", low=2)
     show_neighbours: int = setting(0, "after writing, print the nearest other text for each of the first K texts",
                                    low=0, metavar="K")
 
@@ -63,7 +64,7 @@ def run(args) -> None:
 
     from ..features import check_strategy, embed, parse_strategy
     from ..io.files import atomic_write, check_output_file, model_inputs
-    from ..io.hf import folder_pooling, read_sentence_transformers
+    from ..io.hf import folder_max_length, folder_pooling, read_sentence_transformers
     from ..io.texts import read_texts
     from ..model import BertModel
     from ..tokenizer import BertTokenizer
@@ -83,6 +84,7 @@ def run(args) -> None:
         s.pooling = folder_pooling(model_dir, s.pooling) if s.layers == "last" or s.pooling is None else s.pooling
         if s.normalize is None:
             s.normalize = bool((read_sentence_transformers(model_dir) or {}).get("normalize"))
+        own_length = folder_max_length(model_dir)  # what it was trained with, where --max-length is not given
     except ValueError as e:
         raise UserError(str(e)) from None
     if s.text_field != "text" and Path(s.input).suffix.lower() != ".jsonl":
@@ -98,6 +100,8 @@ def run(args) -> None:
     limit = model.config.max_position_embeddings
     if s.max_length is not None and s.max_length > limit:
         raise UserError(f"--max-length must be in [2, {limit}] for this model, got {s.max_length}")
+    if s.max_length is None and own_length is not None:
+        s.max_length = min(own_length, limit)
     precision = inference_precision(args, device, model_dir)
     if precision == "int8":
         model = int8_model(model, s.layers)

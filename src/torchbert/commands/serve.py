@@ -60,7 +60,9 @@ class ServeSettings(Checked):
                                         "variable: a key on the command line is shown to every user of the machine "
                                         "by `ps`")
     max_length: int | None = setting(None, "tokens kept per text; longer texts are cut and the response says which "
-                                           "(default: the model's limit)", low=2)
+                                           "(default: the length the model folder was trained with, as `embed`, "
+                                           "`predict` and sentence-transformers use it; else the model's limit)",
+                                     low=2)
     log_level: str = setting("info", "uvicorn's log level; debug also logs each request (default: info)",
                              choices=("warning", "info", "debug"))
 

@@ -479,6 +479,34 @@ def read_sentence_transformers(path: str | os.PathLike) -> dict[str, Any] | None
     return {"pooling": ST_POOLING_MODES[on[0]], "normalize": len(names) == 3}
 
 
+def folder_max_length(path: str | os.PathLike) -> int | None:
+    """The tokens a model folder takes per text where no flag says otherwise: the length it was trained
+    with. A sentence-transformers folder's max_seq_length (sentence_bert_config.json, what
+    sentence-transformers embeds with), else the length a torchbert run fine-tuned it at (its run
+    record), else None (the model's positions). A sentence_bert_config.json that cannot be read is a
+    warning naming it; a run record that cannot be read, an error (read_record)."""
+    from .record import read_record
+
+    path = Path(path)
+    record = read_record(path)  # read even where it is not needed: a damaged one is named by every command
+    file = path / "sentence_bert_config.json"
+    if file.is_file():
+        try:
+            value = read_json(file, dict, "sentence-transformers config", 1 << 20).get("max_seq_length")
+        except ValueError as e:
+            warnings.warn(f"{e}; its max_seq_length is not known here", stacklevel=2)
+            value = None
+        else:
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 2):
+                warnings.warn(f"{file}: max_seq_length {_shown(value)} is not a whole number of at least 2; "
+                              "not used", stacklevel=2)
+                value = None
+        if value is not None:
+            return value
+    length = record.task.get("max_length") if record is not None and isinstance(record.task, dict) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) and length >= 2 else None
+
+
 def _shown(value, limit: int = 80) -> str:
     """A value from a file, in a message: cut to `limit` characters."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)[: limit + 1]

@@ -5,6 +5,7 @@ that transformers 5 (and so sentence-transformers) writes for a BERT."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,34 @@ def read_tokenizer_config(path: Path) -> dict[str, Any]:
         out["model_max_length"] = int(limit)
     # None, int(1e30) ("unknown") or nonsense: keep BERT's 512.
     return out
+
+
+SPECIAL_ROLES = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP, "mask_token": MASK}
+
+
+def check_special_tokens(folder: Path) -> None:
+    """The special tokens a tokenizer folder names (special_tokens_map.json, tokenizer_config.json) are
+    BERT's, the ones torchbert's tokenizer uses; one that is another token is a ValueError naming the file
+    and the role (its ids would differ from transformers'). A special_tokens_map.json that cannot be read
+    is a warning naming it: BERT's tokens are used (transformers reads such a file only for these roles)."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            saved = read_json(path, dict, name, 64 << 20)
+        except ValueError as e:
+            if name == "tokenizer_config.json":
+                raise  # read_tokenizer_config says so as well; its casing changes every token
+            warnings.warn(f"{e}; BERT's special tokens ({', '.join(SPECIAL_TOKENS)}) are used", stacklevel=3)
+            continue
+        for role, ours in SPECIAL_ROLES.items():
+            value = saved.get(role)
+            token = value.get("content") if isinstance(value, dict) else value
+            if token is not None and token != ours:
+                shown = token if isinstance(token, str) and len(token) <= 40 else f"{str(token)[:40]}..."
+                raise ValueError(f"{path}: {role} is {shown!r}; torchbert's BERT tokenizer uses {ours} (the ids of "
+                                 "another special token would differ from transformers')")
 
 
 def tokenizer_json_bytes(vocab_size: int | None) -> int:

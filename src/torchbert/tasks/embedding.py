@@ -230,7 +230,8 @@ class EmbeddingTask(TaskFamily):
     def configure(self, config, label_map, ts=None, model_dir=None):
         """What defines the model's vectors, in config.extra, saved with the model: the pooling given,
         else the model folder's own (its sentence-transformers files, or an embedding run's config),
-        else mean; the Matryoshka dimensions it is trained at (serve's `dimensions`)."""
+        else mean; the Matryoshka dimensions it is trained at (serve's `dimensions`); the tokens per text
+        it is trained with (sentence_bert_config.json's max_seq_length, which every command embeds with)."""
         ts = ts or EmbeddingSettings(type=self.type)
         own = read_sentence_transformers(model_dir) if model_dir is not None else None
         pooling = ts.pooling or (own or {}).get("pooling") or config.extra.get("pooling") or "mean"
@@ -245,7 +246,7 @@ class EmbeddingTask(TaskFamily):
         if dims and dims[0] >= config.hidden_size:
             raise ValueError(f"--matryoshka {dims[0]}: the model's vectors have {config.hidden_size} dimensions; "
                              "give smaller ones (the full vector is always trained)")
-        config.extra = {**config.extra, "pooling": pooling, "matryoshka": dims or None}
+        config.extra = {**config.extra, "pooling": pooling, "matryoshka": dims or None, "max_seq_length": ts.max_length}
         return config
 
     def head_arguments(self, ts):

@@ -21,6 +21,7 @@ from ..architectures import encoder_tensor, load_config
 from ..config import BertConfig, check_ids
 from .. import fast
 from ..fast import threads
+from ..io.hf import folder_max_length
 from ..io.record import read_record
 from ..settings import Checked, setting
 from ..tokenizer import BertTokenizer
@@ -131,6 +132,9 @@ def finetuned_task(model_dir: Path, task: str | None):
     record = read_record(model_dir)
     if task is not None and (record is None or not record.fine_tuned):
         ts = task_settings(task)
+        own = folder_max_length(model_dir)  # a sentence-transformers folder's max_seq_length, as it embeds
+        if own is not None:
+            ts.max_length = min(own, config.max_position_embeddings)
     else:
         ts = TaskSettings.of(model_dir)
         if task is not None:

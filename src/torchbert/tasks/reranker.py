@@ -295,8 +295,9 @@ def run_rerank_evaluate(model_dir, data, first_stage_dir, top_k: int, device: to
     first stage alone ("first_stage_" keys) and reranked (a relevant passage outside the top_k counts as
     not found by both)."""
     from .predict import load_finetuned, predict
+    from ..io.hf import folder_max_length
     from .batches import TaskData
-    from .families import TaskSettings, family
+    from .families import family
 
     model, tokenizer, ts, _ = load_finetuned(model_dir, None, device, precision)
     if ts.type != "reranker":
@@ -310,10 +311,7 @@ def run_rerank_evaluate(model_dir, data, first_stage_dir, top_k: int, device: to
     passages = list(ids)
     k = min(top_k, len(passages))
     relevant = [{ids[ex.positive]} for ex in pairs]
-    try:  # the first stage reads as it was trained to (an embedding run), else as `evaluate --task embedding`
-        length = TaskSettings.of(first_stage_dir).max_length
-    except ValueError:
-        length = TaskSettings(type="embedding").max_length
+    length = folder_max_length(first_stage_dir)  # the first stage reads as it was trained to, as `embed` does
     found = first_stage(first_stage_dir, [ex.query for ex in pairs], passages, k, device, batch_size, precision,
                         length, progress)
     examples = [RerankExample(ex.id, ex.query, [passages[i] for i in top], None, ex.where)

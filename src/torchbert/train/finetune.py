@@ -278,6 +278,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                 atomic_copy(path, s.out / path.relative_to(final_dir))
         else:  # no dev set: the last weights
             unwrap(model).save_pretrained(s.out)
+        # the length it was trained with, where transformers and sentence-transformers' CrossEncoder cut
+        tokenizer.model_max_length = ts.max_length
         tokenizer.save_pretrained(s.out)
         result = {"task": s.task, "type": task_type, **({"scoring": scoring} if scoring else {}),
                   **(best.metrics() or {}),
