@@ -657,6 +657,28 @@ def test_benchmark_hands_on_its_flags(bench_spy, minilm_dir, tmp_path, capsys, k
     assert bench_spy["run"]["device"] == "auto"
 
 
+def test_benchmark_quiet_prints_the_table_and_nothing_before_it(monkeypatch, minilm_dir, tmp_path, capsys,
+                                                                kept_memory):
+    """benchmark had no --quiet, though every other long command has one: with it, no line per run (the
+    stages' log), only the table at the end; without it, both."""
+    import torchbert.apps.benchmark
+    import torchbert.apps.benchmark_table
+
+    def run(plan, text, max_train=None, log=print, on_done=None, device="auto", runner=None):
+        log("== a run's line")
+        log("\n" + "THE TABLE")  # as _finish logs it
+        return {"the": "summary"}
+
+    monkeypatch.setattr(torchbert.apps.benchmark, "plan_benchmark", lambda *a, log=print, **k: log("planned") or "p")
+    monkeypatch.setattr(torchbert.apps.benchmark, "run_benchmark", run)
+    monkeypatch.setattr(torchbert.apps.benchmark_table, "summary_markdown",
+                        lambda summary: "THE TABLE" if summary == {"the": "summary"} else "?")
+    code, out, err = cli(capsys, "benchmark", "local", "--model", minilm_dir, "--out", tmp_path / "q", "--quiet")
+    assert code == 0 and out == "THE TABLE\n", (out, err)
+    code, out, err = cli(capsys, "benchmark", "local", "--model", minilm_dir, "--out", tmp_path / "l")
+    assert code == 0 and "planned" in out and "== a run's line" in out and out.count("THE TABLE") == 1, out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--model", "=x"], "--model =x: expected a model, or NAME=MODEL"),
     (["--model", "a="], "--model a=: expected a model, or NAME=MODEL"),

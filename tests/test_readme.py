@@ -360,3 +360,14 @@ def test_every_shell_block_is_run_here_or_says_why_not():
         if m.group(1) == "bash" and not before.startswith((MARK, "<!-- not run by tests/test_readme.py")):
             unmarked.append(m.group(2).splitlines()[0])
     assert not unmarked, unmarked
+
+
+def test_each_section_makes_the_sample_data_it_reads():
+    """A reader who jumps to a section finds its data made there: every data/NAME/ file a marked block reads
+    is written by a `torchbert samples ... --out data/NAME` of that block ("From your BERT to search" read
+    data/pdr/train.jsonl, which only an earlier section made: "no such file")."""
+    for mark, blocks in every_marked_block():
+        code = "\n".join(c for language, c in blocks if language == "bash")
+        made = set(re.findall(r"torchbert samples \S+ --out (data/[\w.-]+)", code))
+        read = set(re.findall(r"(data/[\w.-]+)/", code))
+        assert read <= made, (mark, sorted(read - made))

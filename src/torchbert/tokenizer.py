@@ -40,9 +40,8 @@ from tokenizers.trainers import WordPieceTrainer
 
 from torchbert.io.files import atomic_write_text
 from torchbert.io.texts import CONFIG_BYTES, read_json
-from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model,
-                                 check_special_tokens, check_vocab, read_tokenizer_config, read_tokenizer_json, read_vocab,
-                                 tokenizer_json_bytes)
+from torchbert.io.vocab import (CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, check_against_model, check_special_tokens,
+                                 check_vocab, read_tokenizer_config, read_tokenizer_json, read_vocab, tokenizer_json_bytes)
 
 MAX_VOCAB = 1 << 20  # the trainer preallocates for vocab_size: 10^9 aborts the process (issue 46)
 # The trainer holds a line whole, and its word counting costs about 170 bytes per byte of one long
@@ -240,6 +239,7 @@ class BertTokenizer:
         tokenize_chinese_chars and model_max_length; without one, BERT's uncased defaults apply.
         """
         path = Path(path)
+        check_special_tokens(path if path.is_dir() else path.parent)  # BERT's, as the tokenizer uses them
         if path.is_dir() and not (path / "vocab.txt").is_file() and (path / "tokenizer.json").is_file():
             return cls._from_tokenizer_json(path)
         if path.is_dir():
@@ -254,7 +254,6 @@ class BertTokenizer:
         vocab = read_vocab(vocab_path)
         config_path = vocab_path.parent / "tokenizer_config.json"
         settings = read_tokenizer_config(config_path) if config_path.is_file() else {}
-        check_special_tokens(vocab_path.parent)
         return cls(vocab, **settings)
 
     @classmethod
@@ -284,7 +283,6 @@ class BertTokenizer:
             warnings.warn(f"{path / 'tokenizer.json'}: its normalizer disagrees with tokenizer_config.json (or BERT's "
                           f"defaults where that is silent): {'; '.join(differ)}; following tokenizer_config.json, as "
                           "transformers does", stacklevel=3)
-        check_special_tokens(path)
         return cls(vocab, **settings)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:

@@ -33,7 +33,8 @@ def test_binary_scores_by_hand():
     labels = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
     preds = [1, 1, 1, 0, 1, 0, 0, 0, 0, 0]
     s = classification_scores(preds, labels, num_labels=2)
-    assert s == pytest.approx({"accuracy": 0.8, "f1": 0.75, "mcc": 14 / 24})
+    # class 0: TP 5, FP 1, FN 1 -> F1 5/6; macro_f1, scikit-learn's macro average, is (3/4 + 5/6) / 2
+    assert s == pytest.approx({"accuracy": 0.8, "f1": 0.75, "mcc": 14 / 24, "macro_f1": (3 / 4 + 5 / 6) / 2})
     assert all(type(v) is float for v in s.values())
     # F1 is that of class 1: swapping the classes' roles changes it (TP 5, FP 1, FN 1 -> 5/6)
     assert classification_scores([1 - p for p in preds], [1 - y for y in labels], 2)["f1"] == pytest.approx(5 / 6)
@@ -58,12 +59,14 @@ def test_binary_scores_match_the_formulas_on_random_labels():
     fn = float(np.sum((preds == 0) & (labels == 1)))
     mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     s = classification_scores(preds, labels, 2)
-    assert s == pytest.approx({"accuracy": (tp + tn) / 500, "f1": 2 * tp / (2 * tp + fp + fn), "mcc": mcc})
+    f1_of_0 = 2 * tn / (2 * tn + fn + fp)  # macro_f1: both labels' F1, averaged (scikit-learn's average="macro")
+    assert s == pytest.approx({"accuracy": (tp + tn) / 500, "f1": 2 * tp / (2 * tp + fp + fn), "mcc": mcc,
+                               "macro_f1": (2 * tp / (2 * tp + fp + fn) + f1_of_0) / 2})
 
 
 def test_single_class_gives_zero_f1_and_mcc():
-    assert classification_scores([0, 0, 0], [0, 0, 0], 2) == {"accuracy": 1.0, "f1": 0.0, "mcc": 0.0}
-    assert classification_scores([1, 1], [1, 1], 2) == {"accuracy": 1.0, "f1": 1.0, "mcc": 0.0}
+    assert classification_scores([0, 0, 0], [0, 0, 0], 2) == {"accuracy": 1.0, "f1": 0.0, "mcc": 0.0, "macro_f1": 1.0}
+    assert classification_scores([1, 1], [1, 1], 2) == {"accuracy": 1.0, "f1": 1.0, "mcc": 0.0, "macro_f1": 1.0}
     # one class in the labels, two in the preds: MCC's denominator is 0 too
     assert classification_scores([0, 1, 1], [1, 1, 1], 2)["mcc"] == 0.0
 

@@ -205,7 +205,9 @@ def test_a_toy_family_registered_in_a_test_runs_through_the_commands(length_fami
     capsys.readouterr()
     assert main(["evaluate", "--model", str(run), "--data", str(data), "--quiet"]) == 0
     scores = json.loads(capsys.readouterr().out)
-    assert set(scores) >= {"accuracy", "f1", "mcc"} and 0 <= scores["accuracy"] <= 1
+    assert set(scores) >= {"accuracy", "f1", "mcc", "macro_f1"} and 0 <= scores["accuracy"] <= 1
+    # two labels: f1 is one label's, and the JSON names it (scikit-learn's macro F1 is macro_f1)
+    assert scores["f1_positive_label"] == json.loads((run / "config.json").read_text())["id2label"]["1"]
     out = tmp_path / "p.jsonl"
     assert main(["predict", "--model", str(run), "--input", str(data), "--out", str(out), "--quiet"]) == 0
     records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]

@@ -91,8 +91,10 @@ class BenchmarkSettings:
 def add(sub) -> None:
     p = command(sub, __name__, epilog=epilog())
     add_flags(p, BenchmarkSettings)
-    shared_flags(p, "device", "threads", "resume", "overwrite",
-                 resume="continue an earlier benchmark in --out: finished runs are kept")
+    shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
+                 resume="continue an earlier benchmark in --out: finished runs are kept",
+                 quiet="print the table at the end and nothing before it (no line per run; errors and warnings "
+                       "still go to stderr)")
 
 
 def models_of(given: list[str]) -> dict[str, Path]:
@@ -131,6 +133,7 @@ def run(args) -> None:
 
     s = settings_from(BenchmarkSettings, args)
     out = Path(s.out)
+    log = (lambda *a, **k: None) if args.quiet else print
     suite = SUITES[s.suite]
     if suite.discover is not None:  # searched with the models' own embeddings: nothing is trained
         given = [f for f, v in (("--protocol", s.protocol), ("--max-train", s.max_train),
@@ -143,13 +146,13 @@ def run(args) -> None:
         protocol, text = read_protocol(s.protocol or suite.protocol)
     models = models_of(s.model)
     data = Path(s.data) if s.data else None
-    plan = plan_benchmark(s.suite, models, data, out, protocol, s.tasks, s.max_train, log=print,
+    plan = plan_benchmark(s.suite, models, data, out, protocol, s.tasks, s.max_train, log=log,
                           precision=s.precision)
     holds = holds_files(out)
     if holds and args.resume and not (out / MARKER).is_file():
         raise UserError(f"--out {out}: holds no earlier benchmark to resume")
     inputs = [*(("--model", m) for m in models.values()), *((("--data", data),) if data else ())]
-    folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs=inputs, log=print,
+    folder = RunFolder(out, resume=args.resume and holds, overwrite=args.overwrite, inputs=inputs, log=log,
                        kept_until="has finished its first run")
     keep_memory(True)  # its runs train in this process, as finetune does in its own
     with folder.opened(Dist()):  # kept once a run finished (an earlier folder, or a fresh one, put back before)
@@ -159,5 +162,10 @@ def run(args) -> None:
             from ..apps.benchmark_jobs import Parallel
 
             def runner(bench):
-                return Parallel(bench, jobs, args.device, getattr(args, "threads", None), print).run()
-        run_benchmark(plan, text, s.max_train, log=print, on_done=folder.commit, device=args.device, runner=runner)
+                return Parallel(bench, jobs, args.device, getattr(args, "threads", None), log).run()
+        summary = run_benchmark(plan, text, s.max_train, log=log, on_done=folder.commit, device=args.device,
+                                runner=runner)
+    if args.quiet:
+        from ..apps.benchmark_table import summary_markdown
+
+        print(summary_markdown(summary))

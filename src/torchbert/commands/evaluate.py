@@ -21,7 +21,9 @@ examples:
 
 The file has the layout of the task's training file, with its labels. Prints the task's metrics as one
 JSON object, the same the fine-tuning run scored on dev (its metrics.json): accuracy, F1 and MCC for
-classification (Pearson, Spearman and MSE for regression), entity precision, recall and F1 for tagging,
+classification (with two labels, f1 is the F1 of the label of id 1, named by f1_positive_label, as GLUE
+scores MRPC and QQP; macro_f1 beside it is scikit-learn's average="macro"; Pearson, Spearman and MSE
+for regression), entity precision, recall and F1 for tagging,
 F1 and exact match for QA, accuracy for multiple choice, nDCG@10, MRR@10 and recall@k for embeddings
 (a search over every passage of the file), and for a reranker the same over each query's own
 candidates (candidates_ndcg@10: how it orders what it is given, not a search); --first-stage scores

@@ -74,10 +74,10 @@ def accuracy(preds, labels) -> float:
 
 
 def classification_scores(preds, labels, num_labels: int) -> dict[str, float]:
-    """{"accuracy", "f1", "mcc"} of predicted class ids.
+    """{"accuracy", "f1", "mcc"} of predicted class ids, and "macro_f1" when num_labels == 2.
 
-    f1 is the F1 of class 1 when num_labels == 2 (GLUE's MRPC / QQP convention), else the macro average
-    over the classes that occur in labels or preds. Undefined scores are 0.0: F1 with no true or
+    f1 is the F1 of class 1 when num_labels == 2 (GLUE's MRPC / QQP convention; macro_f1 beside it is
+    scikit-learn's average="macro"), else the macro average over the classes that occur in labels or preds. Undefined scores are 0.0: F1 with no true or
     predicted positives, and MCC when labels or preds hold a single class (its denominator is 0).
     """
     if num_labels < 2:
@@ -86,13 +86,15 @@ def classification_scores(preds, labels, num_labels: int) -> dict[str, float]:
     for name, a in (("preds", p), ("labels", y)):
         if a.min() < 0 or a.max() >= num_labels:
             raise ValueError(f"{name} must be class ids in [0, {num_labels}), found {a.min()}..{a.max()}")
+    macro = {}
     if num_labels == 2:
         f1 = _sk.f1_score(y, p, average="binary", pos_label=1, zero_division=0)
+        macro = {"macro_f1": float(_sk.f1_score(y, p, average="macro", zero_division=0))}
     else:
         f1 = _sk.f1_score(y, p, average="macro", zero_division=0)
     # sklearn warns about a 1x1 confusion matrix before returning 0.0; the answer is the same without it.
     mcc = 0.0 if len(np.union1d(p, y)) < 2 else _sk.matthews_corrcoef(y, p)
-    return {"accuracy": float(_sk.accuracy_score(y, p)), "f1": float(f1), "mcc": float(mcc)}
+    return {"accuracy": float(_sk.accuracy_score(y, p)), "f1": float(f1), "mcc": float(mcc), **macro}
 
 
 def regression_scores(preds, labels) -> dict[str, float]:

@@ -165,7 +165,10 @@ def run_evaluate(model_dir: Path, data: Path, task: str | None, device: torch.de
     encoded = fam.encode(tokenizer, examples, ts, label_map, training=False)
     records = predict(model, TaskData(encoded, fam), examples, ts, id2label(model.config), batch_size, device,
                       progress)
-    return fam.score(records, examples, label_map), records
+    scores = fam.score(records, examples, label_map)
+    if "macro_f1" in scores and label_map is not None:  # binary: f1 is one label's (GLUE's), named here
+        scores["f1_positive_label"] = next(label for label, i in label_map.label2id().items() if i == 1)
+    return scores, records
 
 
 def run_predict(model_dir: Path, data: Path, device: torch.device, batch_size: int = 64,
