@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import pickle
+import random
 import threading
 import warnings
 from pathlib import Path
@@ -877,3 +878,35 @@ def test_a_batch_over_several_chunks_pads_as_one(tok, hf, chinese, english, padd
     assert ours["word_ids"] == [ref.word_ids(i) for i in range(len(texts))]
     short = tok(["a"] * CHUNK + ["a b c d e f"], padding=True)  # the longest alone in the second chunk
     assert {len(r) for r in short["input_ids"]} == {8} and short["attention_mask"][0] == [1, 1, 1] + [0] * 5
+
+
+def test_vocab_leaves_out_the_words_the_tokenizer_makes_unk_whole(tmp_path, monkeypatch):
+    """A word longer than MAX_INPUT_CHARS_PER_WORD characters is [UNK] whole when encoded; `torchbert vocab`
+    does not give it to the trainer (whose merges cost it time by its length squared: a 16 MB line without a
+    space took 116 s, 6 s without it). Where such words sit among ordinary text, the vocabulary is the one of
+    that text alone; a run without spaces that punctuation cuts into short words is kept."""
+    from torchbert.cli import main
+    from torchbert.tokenizer import MAX_INPUT_CHARS_PER_WORD
+
+    rng = random.Random(0)
+    text = [" ".join(toks) for toks, _ in realdata.wnut_sentences()[:1500]]
+    long_word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5000))
+    kept = "/".join(rng.choice(["www", "example", "com", "search", "query"]) for _ in range(60))  # a URL's shape
+    (tmp_path / "plain.txt").write_text("\n".join(text + [kept]) + "\n", encoding="utf-8")
+    text_with = text[:700] + [long_word[:101]] + text[700:] + [kept]
+    text_with[5] = f"{text_with[5]} {long_word}"  # in the middle of a line too
+    (tmp_path / "with.txt").write_text("\n".join(text_with) + "\n", encoding="utf-8")
+    seen = []
+    train = BertTokenizer.train.__func__
+
+    def spy(cls, files, *a, **k):
+        seen.extend(Path(f).read_text(encoding="utf-8") for f in files)
+        return train(cls, files, *a, **k)
+
+    monkeypatch.setattr(BertTokenizer, "train", classmethod(spy))
+    for name in ("plain", "with"):
+        assert main(["vocab", "--corpus", str(tmp_path / f"{name}.txt"), "--vocab-size", "800", "--out",
+                     str(tmp_path / f"v-{name}"), "--quiet"]) == 0
+    assert max(len(w) for w in seen[1].split()) <= MAX_INPUT_CHARS_PER_WORD and long_word not in seen[1]
+    assert "search" in seen[1]  # the URL, cut into its words by its punctuation, is trained on
+    assert (tmp_path / "v-with" / "vocab.txt").read_text() == (tmp_path / "v-plain" / "vocab.txt").read_text()

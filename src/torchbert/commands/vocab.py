@@ -22,7 +22,10 @@ loads with BertTokenizer.from_pretrained and with transformers' AutoTokenizer.  
 [SEP] [MASK] get ids 0..4.
 
 The trainer reads plain text: the text of .gz, .zst, JSON Lines and Parquet files is written beside
---out while it trains (as much disk as the text itself) and removed before --out appears.
+--out while it trains (as much disk as the text itself) and removed before --out appears. A word of
+more than 100 characters (a base64 blob, a line of text without spaces), which the tokenizer makes
+[UNK] whole, is left out of training: it would teach nothing the tokenizer uses, and slows the trainer
+by its length squared.
 
 The same corpus and flags give the same vocabulary every time. Hugging Face tokenizers' trainer alone
 does not (it breaks ties between equally frequent merges in hash-map order, tokenizers issue 1794):
