@@ -288,7 +288,7 @@ class Reranker:
             self.model, self.config = None, load_config(model_dir)
             self.tokenizer, ts = BertTokenizer.from_pretrained(model_dir), TaskSettings.of(model_dir)
         limit = self.config.max_position_embeddings
-        self.ts = replace(ts, max_length=min(max_length or ts.max_length, limit))  # serve's --max-length, else as trained
+        self.ts = replace(ts, max_length=min(max_length or ts.max_length, limit))  # --max-length, else as trained
         self.family = family(self.ts.type)
         self.serial = itertools.count()
 

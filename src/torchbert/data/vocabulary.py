@@ -78,8 +78,8 @@ def _usable_words(path: Path, spare: Path, lowercase: bool) -> Path:
     """`path`, or where it holds a word longer than MAX_INPUT_CHARS_PER_WORD characters (as BERT's
     normalizer and pre-tokenizer cut words: at spaces, around punctuation and Chinese characters), a copy
     at `spare` without such words. The tokenizer makes such a word [UNK] whole, so nothing it would teach
-    the trainer is ever used; and the trainer's merges cost it time by its length squared (a 16 MB
-    line without a space, cut into 64 KB words, took 116 s against 24 s as words of 100 letters)."""
+    the trainer is ever used; and the trainer's merges cost it time by its length squared (bench/README.md,
+    "One-line documents in vocab and prepare")."""
     with open(path, "rb") as f:
         if not any(_LONG_RUN.search(line) for line in f):
             return path
@@ -93,7 +93,7 @@ def _usable_words(path: Path, spare: Path, lowercase: bool) -> Path:
     runs = re.compile(r"\S{%d,}" % (MAX_INPUT_CHARS_PER_WORD + 1))
     with open(path, encoding="utf-8") as f, open(spare, "w", encoding="utf-8") as out:
         for line in f:
-            out.write(runs.sub(words, line) if runs.search(line) else line)
+            out.write(runs.sub(words, line))
     return spare
 
 

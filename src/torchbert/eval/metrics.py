@@ -77,8 +77,9 @@ def classification_scores(preds, labels, num_labels: int) -> dict[str, float]:
     """{"accuracy", "f1", "mcc"} of predicted class ids, and "macro_f1" when num_labels == 2.
 
     f1 is the F1 of class 1 when num_labels == 2 (GLUE's MRPC / QQP convention; macro_f1 beside it is
-    scikit-learn's average="macro"), else the macro average over the classes that occur in labels or preds. Undefined scores are 0.0: F1 with no true or
-    predicted positives, and MCC when labels or preds hold a single class (its denominator is 0).
+    scikit-learn's average="macro"), else the macro average over the classes that occur in labels or
+    preds. Undefined scores are 0.0: F1 with no true or predicted positives, and MCC when labels or
+    preds hold a single class (its denominator is 0).
     """
     if num_labels < 2:
         raise ValueError(f"classification needs num_labels >= 2, got {num_labels}")
