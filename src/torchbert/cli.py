@@ -129,7 +129,7 @@ def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[s
                 f"{resume_command(argv)}")
     if args.command in ("compare", "benchmark") and (Path(args.out) / "settings.json").is_file():
         return f"interrupted; {args.out} keeps the runs that finished; continue with: {resume_command(argv)}"
-    if args.command not in ("pretrain", "finetune"):
+    if not trains_run(args.command):
         return f"{'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}; no output was written"
     out = Path(args.out)
     # by name only: torch may be half imported when the interrupt came
@@ -137,6 +137,12 @@ def _interrupted(e: BaseException | None, args: argparse.Namespace, argv: list[s
     if saved:  # a second Ctrl-C in a run that had saved checkpoints
         return f"interrupted; {saved[-1].parent} is kept; continue with: {resume_command(argv)}"
     return f"interrupted before the first checkpoint; {out} is as it was before this run"
+
+
+def trains_run(command: str) -> bool:
+    """Whether the command trains in a run folder with checkpoints: --resume continues it with the
+    settings it started with, those not given again."""
+    return getattr(commands()[command], "TRAINS_RUN", False)
 
 
 def writes_folder(command: str) -> bool:
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             warnings.showwarning = one_line_warning
         try:
-            if args.command in ("pretrain", "finetune"):  # a resumed run keeps the settings not given again
+            if trains_run(args.command):  # a resumed run keeps the settings not given again
                 args.given = given_flags(argv)
             if getattr(args, "out", None) == "-" and not getattr(commands()[args.command], "STDOUT", False):
                 raise UserError(f"--out -: {args.command} writes {'a folder' if writes_folder(args.command) else 'a file'}"

@@ -14,6 +14,7 @@ from .common import command, resolve_model, run_training, settings_from, shared_
 
 WRITES_FOLDER = True
 COMPUTES = True
+TRAINS_RUN = True
 EPILOG = """\
 examples:
   torchbert finetune --task token --model minilm --train wnut_train.conll --dev wnut_dev.conll --out ./ner

@@ -14,6 +14,7 @@ from .common import command, run_training, settings_from, shared_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
+TRAINS_RUN = True
 EPILOG = """\
 examples:
   torchbert pretrain --data data/zh --out runs/zh-small --config small --steps 10000 --batch-size 32

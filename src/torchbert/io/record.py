@@ -6,7 +6,7 @@ only torchbert needs to know of the folder is here, written (atomically, by proc
 starts, and read in one place (`read_record`):
 
     version     of this layout (VERSION); a newer one than this torchbert knows is refused
-    made        pretrain, finetune or convert
+    made        pretrain, finetune, distill or convert
     objective   a pretraining objective's name (train/objectives.py PRETRAINING): what --resume trains
     settings    the objective's own settings (its spec's settings class, train/objectives.py: ELECTRA's
                 generator_size)
@@ -37,7 +37,7 @@ from .texts import json_loads
 RECORD_FILE = "torchbert.json"
 TRAINING_FILE = "training.json"  # version 1's training settings, read for the runs it wrote
 VERSION = 2
-MADE = ("pretrain", "finetune", "convert")
+MADE = ("pretrain", "finetune", "distill", "convert")
 
 
 @dataclass

@@ -154,6 +154,7 @@ class ChoiceTask(GroupedTask):
     heads = {"bert": BertForMultipleChoice, "gpt": OpenAIGPTForMultipleChoice}
     about = "pick one of N endings   SWAG CSV, or JSONL {id, context, question, choices, label}"
     export_sample = "choices"
+    soft_targets = 'choices'
     example_file = ("swag.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in (
         {"id": "a", "context": "She opened the umbrella", "question": "because", "label": 0,
          "choices": ["it started to rain.", "the oven was hot.", "he sang a song."]},

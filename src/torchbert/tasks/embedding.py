@@ -207,6 +207,7 @@ class EmbeddingSettings(TaskSettings):
 
 
 class EmbeddingTask(TaskFamily):
+    soft_targets = None  # no soft targets from labelled pairs
     heads = {"bert": BertForEmbedding}
     gold = None  # a passage is part of the example
     file_format = None  # no hub splits

@@ -122,6 +122,10 @@ class TaskFamily:
     # its settings: TaskSettings, or a subclass with settings of its own (finetune shows their flags
     # under the family, and refuses them, set, for another task)
     Settings: type[TaskSettings] = TaskSettings
+    # how `distill` teaches a student this family's outputs (train/distill.py SOFT_TARGETS, by name): classes
+    # (a distribution, or a score, per sequence or labelled token), choices (one over an example's rows),
+    # spans (start and end over a sequence's tokens); None: not distilled
+    soft_targets: str | None = "classes"
     export_outputs: tuple[str, ...] = ("logits",)
     export_per_token: tuple[str, ...] = ()
     export_sample = "text"

@@ -305,6 +305,7 @@ class SpanTask(TaskFamily):
     export_outputs = ("start_logits", "end_logits")
     export_per_token = ("start_logits", "end_logits")
     export_sample = "pair"
+    soft_targets = 'spans'
     gold = None  # answers are read with the examples; prediction needs none
     layouts = ("auto", "squad")
     Settings = QASettings

@@ -187,6 +187,7 @@ class RerankerTask(GroupedTask):
     endpoints = ("rerank",)  # its encoder reads pairs: its pooled vectors of one text are no embeddings
     about = "a query + passage -> relevance  the embedding files, or {query, passage, label}; a cross-encoder"
     export_sample = "pair"
+    soft_targets = 'choices'
     example_file = ("rerank.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in (
         {"query": "what is the capital of France?", "positive": "Paris is the capital and largest city of France.",
          "negative": "Lyon is a city in France."},

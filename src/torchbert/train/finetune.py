@@ -40,10 +40,12 @@ from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import MAX_EPOCHS, Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.encode import cut_note
+from ..tasks.examples import LabelMap
 from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
+from .distill import DistillSettings, DistillTask, student_of, taken_layers, teacher_outputs
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -74,6 +76,8 @@ class FinetuneSettings(Checked):
     # the family's subclass; None: the family's defaults); its type and layout are --task's
     task_settings: TaskSettings | None = None
     frozen: TaggerSettings | None = None  # train a tagger on the frozen encoder's features instead
+    # distil: `model` is a fine-tuned teacher, and a student of fewer of its layers learns its outputs
+    distill: DistillSettings | None = None
     given: tuple[str, ...] | None = None  # the flags the command line gave (None: every setting was given)
     command_line: str | None = None  # the command that runs it, for the run record
 
@@ -161,12 +165,16 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     s, cfg = s.resolve() if cfg is None else (s, cfg)
     ts = task_settings(s.task, s.task_settings)
     if s.resume:  # the run's own settings and files: given otherwise, an error (rundir.resumed)
-        mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **ts.flags()}
+        mine = {"epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef, **ts.flags(),
+                **(asdict(s.distill) if s.distill is not None else {})}
         cfg, kept = resumed_settings(s.out, cfg, s.given, mine, world_size=dist.world_size)
         s = dataclasses.replace(s, epochs=kept["epochs"], warmup_ratio=kept["warmup_ratio"], lm_coef=kept["lm_coef"])
         ts = dataclasses.replace(ts, **{k: kept[k] for k in ts.flags()})
+        if s.distill is not None:
+            s = dataclasses.replace(s, distill=DistillSettings(**{k: kept[k] for k in asdict(s.distill)}))
     record = {**fixed(cfg, dist.world_size), "epochs": s.epochs, "warmup_ratio": s.warmup_ratio, "lm_coef": s.lm_coef,
-              **ts.flags()}
+              **ts.flags(), **(asdict(s.distill) if s.distill is not None else {})}
+    made = "distill" if s.distill is not None else "finetune"
     task_type, preset = resolve_task(s.task)
     fam = family(task_type)
     if s.frozen is not None and not fam.per_word:
@@ -181,6 +189,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         resumed(s.out, {"train": s.train, "dev": s.dev}, None)
     record.update(train_sha256=sha256(s.train), **({"dev_sha256": sha256(s.dev)} if s.dev is not None else {}))
     label_map = fam.label_map(train_examples)
+    if label_map is not None and s.distill is not None:  # the teacher's labels: --train may hold some of them
+        saved = load_config(s.model).extra.get("id2label")
+        label_map = LabelMap.from_config(saved) if saved else label_map
+        label_map.check(train_examples)
     if label_map is not None and dev_examples is not None:
         label_map.check(dev_examples)
     config = task_config(s.model, ts, label_map)
@@ -202,6 +214,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             s.frozen.feature_size(config)
         except ValueError as e:
             raise ValueError(f"--features {s.frozen.strategy}: {e}") from None
+    if s.distill is not None:
+        if arch.name != "bert":
+            raise ValueError(f"--teacher {s.model}: distill takes a fine-tuned BERT as the teacher, not a {arch.title}")
+        layers = taken_layers(config.num_hidden_layers, s.distill.student_layers)
 
     started = time.perf_counter()
     train_data = TaskData(fam.encode(tokenizer, train_examples, ts, label_map, training=True), fam,
@@ -226,7 +242,16 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                               log_every=min(cfg.log_every, per_epoch))
 
     torch.manual_seed(cfg.seed)
-    if s.frozen is not None:
+    teacher = None
+    if s.distill is not None:
+        teacher = load_task_model(s.model, config, ts, log).to(device)
+        model = student_of(teacher, s.distill.student_layers, **fam.head_arguments(ts)).to(device)
+        log(f"{type(model).__name__}: a student of {len(layers)} layers (the teacher's "
+            f"{', '.join(map(str, layers))} of {config.num_hidden_layers}; {sum(p.numel() for p in model.parameters()):,} "
+            f"parameters, the teacher {sum(p.numel() for p in teacher.parameters()):,}), its embeddings and head the "
+            "teacher's")
+        config = model.config
+    elif s.frozen is not None:
         model = FeatureTagger.from_encoder(s.model, config, s.frozen).to(device)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"FeatureTagger: a new {s.frozen.kind} tagger ({trained:,} parameters) on {s.frozen.strategy} features "
@@ -241,10 +266,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             config.save(s.out / "config.json")  # what --resume checks the labels against
             task = {**asdict(ts), **({"tagger": asdict(s.frozen)} if s.frozen is not None else {})}
             # what evaluate etc. read, and the settings and files it trains with (a resumed run's, once saved)
-            write_record(s.out, RunRecord("finetune", task=task, training=record, command=s.command_line))
+            write_record(s.out, RunRecord(made, task=task, training=record, command=s.command_line))
 
         def saved(checkpoint: Path) -> None:
-            with_training(s.out, record, "finetune")
+            with_training(s.out, record, made)
             folder.commit(checkpoint)
         scoring = fam.scoring(label_map)
         best = _Best(s.out, fam.best_metric(label_map, preset, dev_examples), dist)
@@ -265,7 +290,15 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             return scores
 
         per_step = targets_per_step(train_data, cfg.batch_size * dist.world_size * cfg.grad_accum)
-        task = FinetuneTask(fam, per_step=per_step)
+        if teacher is not None:  # the teacher's outputs on every training row, once; then it is let go
+            started = time.perf_counter()
+            outputs = teacher_outputs(teacher, train_data, s.eval_batch_size, device)
+            log(f"the teacher's outputs on {len(train_data.encoded.input_ids):,} training sequences in "
+                f"{time.perf_counter() - started:.1f}s")
+            teacher = None
+            task = DistillTask(fam, outputs, s.distill, config, per_step=per_step)
+        else:
+            task = FinetuneTask(fam, per_step=per_step)
         summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
                         evaluate=evaluate if dev_data is not None else None, device=device, log=log, dist=dist,
                         on_checkpoint=saved)
@@ -292,6 +325,9 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                   "config": summary["config"]}
         if s.frozen is not None:
             result["tagger"] = asdict(s.frozen)
+        if s.distill is not None:
+            result["distill"] = {**asdict(s.distill), "teacher": str(s.model), "layers": layers,
+                                 "teacher_layers": load_config(s.model).num_hidden_layers}
         atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
         plot_finetuning(s.out, best.name)
         return result

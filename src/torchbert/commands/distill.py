@@ -1,0 +1,126 @@
+"""distil a fine-tuned model into a smaller student that learns its outputs
+
+A student of fewer of the teacher's layers learns the fine-tuned teacher's outputs (soft targets at a
+temperature) beside the labels of the training file; the run folder is an ordinary fine-tuned model of
+the teacher's task (evaluate, predict, serve, export and transformers read it as they read any)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from ..errors import UserError
+from ..settings import Checked, SettingError, add_flags, setting
+from .common import command, run_training, settings_from, shared_flags
+
+WRITES_FOLDER = True
+COMPUTES = True
+TRAINS_RUN = True
+EPILOG = """\
+examples:
+  torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-2 \\
+      --student-layers 2
+  torchbert distill --teacher runs/ner --train wnut16/train.conll --dev wnut16/dev.conll --out runs/ner-3 \\
+      --student-layers 3 --temperature 1 --soft-weight 0.9
+
+--teacher is a run folder that `torchbert finetune` wrote, of any task family but embedding:
+classification, pairs and regression, token tagging, extractive QA, multiple choice, reranking. The
+student keeps the teacher's task, labels, tokenizer and settings (--max-length, --doc-stride, ...): its
+width, embeddings, pooler and head are the teacher's, and its K layers are K of the teacher's, spread
+from the first to the last (DistilBERT's choice: 0, 2, 4, 7, 9, 11 of 12; a 2-layer student of 6
+takes 0 and 5).
+
+It learns the teacher's outputs on every training example (computed once, before the first step, the
+teacher without dropout) and the labels: (1 - W) * the task's loss + W * T^2 * KL(teacher || student)
+at temperature T (--soft-weight W, --temperature T), the distribution over a sequence's classes, a
+token's tags, an example's choices or candidates, or a window's answer starts and ends; a regression
+student matches the teacher's score. The dev set is scored after every epoch and the best epoch is
+kept, as in finetune; the run folder holds what finetune's does, and metrics.json says what it was
+distilled from under "distill".
+"""
+
+
+@dataclass
+class DistillFlags(Checked):
+    """Where the teacher, the data and the student's run folder are."""
+
+    teacher: Path = setting(help="the fine-tuned run folder to distil (torchbert finetune --out)")
+    train: Path = setting(help="training file, in the teacher's task layout")
+    out: Path = setting(help="the student's run folder")
+    dev: Path | None = setting(None, "dev file, scored after each epoch (without it the last weights are kept)")
+
+
+def add(sub) -> None:
+    from ..train.distill import DistillSettings
+    from ..train.finetune import LOOP_DEFAULTS, LOOP_DERIVED, FinetuneSettings
+    from ..train.loop import TrainConfig
+
+    p = command(sub, __name__)
+    add_flags(p, DistillFlags)
+    add_flags(p, DistillSettings)
+    add_flags(p, FinetuneSettings, only=("epochs", "warmup_ratio", "eval_batch_size"))
+    add_flags(p, TrainConfig, skip=LOOP_DERIVED, defaults=LOOP_DEFAULTS,
+              helps={"lr": "peak learning rate (default: 5e-5)",
+                     "batch_size": "sequences (multiple choice and reranking: examples) per micro-batch "
+                                   "(default: 32)"})
+    shared_flags(p, "device", "threads", "resume", "overwrite", "quiet",
+                 overwrite="delete an existing --out and start again")
+
+
+def teacher_task(teacher: Path):
+    """The task settings of a teacher run folder; a folder that is not one is an error naming it."""
+    from ..io.record import read_record
+    from ..tasks.families import TaskSettings, family
+
+    if not teacher.is_dir():
+        raise UserError(f"--teacher {teacher}: not a folder; give the run folder `torchbert finetune --out` wrote")
+    try:
+        ts = TaskSettings.of(teacher)
+        record = read_record(teacher)
+    except ValueError as e:
+        raise UserError(f"--teacher {e}") from None
+    if (record.task or {}).get("tagger") is not None:
+        raise UserError(f"--teacher {teacher}: a tagger trained on frozen features (finetune --frozen); distil a "
+                        "fine-tuned BERT instead")
+    if family(ts.type).soft_targets is None:
+        raise UserError(f"--teacher {teacher}: a model of {ts.type} tasks, which distill does not take")
+    return ts
+
+
+def settings(args):
+    from ..train.distill import DistillSettings
+    from ..train.finetune import FinetuneSettings
+    from ..train.loop import TrainConfig
+
+    paths = settings_from(DistillFlags, args)
+    ts = teacher_task(paths.teacher)
+    distill = settings_from(DistillSettings, args)
+    s = settings_from(FinetuneSettings, args, task=ts.preset or ts.type, model=paths.teacher, task_settings=ts,
+                      distill=distill)
+    loop = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    try:
+        return s.resolve(**loop, progress=not args.quiet)
+    except SettingError as e:
+        raise UserError(e.as_flag()) from None
+
+
+def run(args) -> None:
+    from ..train.finetune import run_finetuning
+
+    try:
+        s, cfg = settings(args)
+    except SettingError as e:
+        raise UserError(e.as_flag()) from None
+    run_training(args, cfg, partial(run_finetuning, s, cfg), report)
+
+
+def report(result: dict, out: str) -> None:
+    from ..train.finetune import report_lines
+
+    d, layers = result["distill"], result["distill"]["layers"]
+    taken = " and ".join(filter(None, (", ".join(map(str, layers[:-1])), str(layers[-1]))))
+    print(f"distilled {d['teacher']} into {len(layers)} layer{'s' if len(layers) > 1 else ''} (the teacher's "
+          f"{taken} of {d['teacher_layers']})")
+    print("\n".join(report_lines(result, out)))

@@ -1,0 +1,243 @@
+"""Distillation: a smaller student learns a fine-tuned teacher's outputs (Hinton et al. 2015, "Distilling
+the Knowledge in a Neural Network"; for BERT, DistilBERT, Sanh et al. 2019, and TinyBERT, Jiao et al. 2020).
+
+The student is the teacher with fewer layers: its embeddings, pooler and task head are the teacher's,
+and its k layers are k of the teacher's L, spread as DistilBERT took 6 of BERT-base's 12 (0, 2, 4, 7,
+9, 11: layer round(i (L - 1) / (k - 1)) for i < k). It trains with the fine-tuning loop on the
+labelled training file; its loss is
+
+    (1 - soft_weight) * the task's own loss on the labels + soft_weight * T^2 * KL(teacher_T || student_T)
+
+where X_T is the softmax of the logits over T (the temperature; T^2 keeps the soft part's gradients the
+size of the hard part's, as Hinton et al. scale it). What is a distribution depends on the family
+(its `soft_targets`, registered below by name):
+
+    classes  a sequence's classes (classification, pairs) or a labelled token's tags; one output (regression)
+             is matched by the squared error to the teacher's score, several labels each (multi-label) by
+             the binary cross-entropy to the teacher's sigmoid at T
+    choices  an example's rows: multiple choice's choices, a reranker's candidates
+    spans    a window's tokens, once for the answer's start and once for its end (their mean)
+
+The teacher is run once, in eval mode, over the training rows before the first step (`teacher_outputs`),
+and its outputs are kept a row at a time; a batch of any order gathers its rows' (`TeacherOutputs.of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..losses import choice_block
+from ..packing import pad
+from ..settings import Checked, setting
+from ..tasks.batches import TaskBatch, TaskData
+from ..tasks.families import TaskFamily
+
+
+@dataclass
+class DistillSettings(Checked):
+    """How the student is made and what it learns from the teacher (`torchbert distill`'s own flags)."""
+
+    student_layers: int = setting(help="the student's layers, taken from the teacher's and spread over them as "
+                                       "DistilBERT takes them; its width, embeddings and head are the teacher's",
+                                  low=1, metavar="K")
+    temperature: float = setting(2.0, "the softmax temperature of the teacher's and the student's outputs in the "
+                                      "soft-target loss", above=0, high=100, metavar="T")
+    soft_weight: float = setting(0.5, "the share of the soft-target loss; the rest is the task's loss on the labels",
+                                 low=0, high=1)
+
+
+def taken_layers(teacher_layers: int, k: int) -> list[int]:
+    """The teacher's layers a k-layer student starts from: spread from the first to the last, as
+    DistilBERT took 6 of 12 (k = 1: the first)."""
+    if not 1 <= k <= teacher_layers:
+        raise ValueError(f"--student-layers {k}: the teacher has {teacher_layers} layers; a student takes 1 to "
+                         f"{teacher_layers} of them")
+    return [0] if k == 1 else [round(i * (teacher_layers - 1) / (k - 1)) for i in range(k)]
+
+
+def student_of(teacher: nn.Module, k: int, **head_arguments) -> nn.Module:
+    """The teacher (a BertModel or a task model on one) with k of its layers (taken_layers): every
+    other weight the teacher's."""
+    layers = taken_layers(teacher.config.num_hidden_layers, k)
+    config = dataclasses.replace(teacher.config, num_hidden_layers=k, extra=dict(teacher.config.extra))
+    student = type(teacher)(config, **head_arguments)
+    state = {}
+    for key, value in teacher.state_dict().items():
+        layer = LAYER_KEY.match(key)
+        if layer is not None:
+            if int(layer["index"]) not in layers:
+                continue
+            key = f"{layer['prefix']}{layers.index(int(layer['index']))}.{layer['rest']}"
+        state[key] = value.clone()
+    student.load_state_dict(state, strict=True)
+    return student
+
+
+LAYER_KEY = re.compile(r"(?P<prefix>(bert\.)?layers\.)(?P<index>\d+)\.(?P<rest>.+)")  # BertModel's layer i
+
+
+# -- the soft targets, by kind ----------------------------------------------------------------------
+
+def soft_kl(student: Tensor, teacher: Tensor, temperature: float, mask: Tensor | None = None) -> Tensor:
+    """T^2 * KL(softmax(teacher / T) || softmax(student / T)) over the last dimension, summed over the
+    rest; mask (the shape of the logits): the entries that are outcomes (others weigh nothing)."""
+    s, t = student.float() / temperature, teacher.float() / temperature
+    if mask is not None:
+        s, t = s.masked_fill(~mask, float("-inf")), t.masked_fill(~mask, float("-inf"))
+    log_s, log_t = s.log_softmax(-1), t.log_softmax(-1)
+    terms = log_t.exp() * (log_t - log_s)
+    if mask is not None:
+        terms = terms.masked_fill(~mask, 0.0)
+    return terms.sum() * temperature ** 2
+
+
+class SoftTargets:
+    """What a family's head outputs as soft targets: `pieces` (the teacher's outputs of a batch as
+    [P, D] and the pieces of each of its rows, in order), `gather` (the pieces of a batch's rows, made
+    back into the head's layout) and `loss` (the soft-target loss of a student's outputs, summed over
+    the batch's targets: the family's `count`)."""
+
+    def pieces(self, out, batch: TaskBatch) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def gather(self, flat: Tensor, batch: TaskBatch):
+        return flat
+
+    def loss(self, out, teacher, batch: TaskBatch, temperature: float, config) -> Tensor:
+        raise NotImplementedError
+
+
+class ClassTargets(SoftTargets):
+    def pieces(self, out, batch):
+        logits = out.logits.float()  # [S, C] a sequence's, or [M, C] the labelled tokens'
+        rows = batch.cu_seqlens.numel() - 1
+        if batch.label_positions is None:  # a sequence's logits
+            return logits, torch.ones(rows, dtype=torch.long)
+        row = torch.bucketize(batch.label_positions, batch.cu_seqlens[1:].long(), right=True)
+        return logits, torch.bincount(row, minlength=rows)
+
+    def loss(self, out, teacher, batch, temperature, config):
+        student = out.logits.float()
+        if student.shape[-1] == 1:  # a score (regression): the teacher's, as a target
+            return ((student - teacher) ** 2).sum()
+        if config.extra.get("problem_type") == "multi_label_classification":
+            target = (teacher / temperature).sigmoid()
+            return F.binary_cross_entropy_with_logits(student / temperature, target, reduction="sum") \
+                * temperature ** 2 / student.shape[-1]
+        return soft_kl(student, teacher, temperature)
+
+
+class ChoiceTargets(SoftTargets):
+    def pieces(self, out, batch):
+        _, mask = choice_block(out.logits.new_zeros(batch.num_choices.sum()), batch.num_choices, batch.max_choices)
+        scores = out.logits.float()[mask]  # [S] each row's score, example by example
+        return scores[:, None], torch.ones(len(scores), dtype=torch.long)
+
+    def gather(self, flat, batch):
+        return choice_block(flat[:, 0], batch.num_choices, batch.max_choices)  # [E, C] and its mask
+
+    def loss(self, out, teacher, batch, temperature, config):
+        scores, mask = teacher
+        return soft_kl(out.logits, scores, temperature, mask)
+
+
+class SpanTargets(SoftTargets):
+    def pieces(self, out, batch):
+        both = torch.stack([out.start_logits, out.end_logits], -1).float()  # [N, 2]
+        return both, batch.cu_seqlens.diff().long()
+
+    def loss(self, out, teacher, batch, temperature, config):
+        mask = pad(torch.ones(batch.num_tokens, dtype=torch.bool, device=teacher.device), batch.cu_seqlens,
+                   batch.max_seqlen, False)  # [S, T]
+        total = 0.0
+        for k, student in enumerate((out.start_logits, out.end_logits)):
+            s = pad(student.float(), batch.cu_seqlens, batch.max_seqlen)
+            t = pad(teacher[:, k], batch.cu_seqlens, batch.max_seqlen)
+            total = total + soft_kl(s, t, temperature, mask)
+        return total / 2
+
+
+SOFT_TARGETS: dict[str, SoftTargets] = {"classes": ClassTargets(), "choices": ChoiceTargets(),
+                                        "spans": SpanTargets()}
+
+
+def soft_targets(fam: TaskFamily) -> SoftTargets:
+    if fam.soft_targets not in SOFT_TARGETS:
+        raise ValueError(f"{fam.type} tasks are not distilled from labelled examples")
+    return SOFT_TARGETS[fam.soft_targets]
+
+
+# -- the teacher's outputs, computed once ------------------------------------------------------------
+
+class TeacherOutputs:
+    """The teacher's outputs on every row of a TaskData: `values` [P, D] row after row, `starts` [R + 1]."""
+
+    def __init__(self, values: Tensor, starts: np.ndarray, kind: SoftTargets):
+        self.values, self.starts, self.kind = values, starts, kind
+
+    def of(self, batch: TaskBatch, device=None):
+        """The teacher's outputs for a batch's rows, in the layout of the head's own."""
+        lo, hi = self.starts[batch.rows], self.starts[batch.rows + 1]
+        index = np.repeat(lo, hi - lo) + _ranks(hi - lo)  # the rows' pieces, end to end
+        return self.kind.gather(self.values[torch.from_numpy(index)].to(device or "cpu"), batch)
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., c - 1 for each count c, end to end."""
+    total = int(counts.sum())
+    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+@torch.no_grad()
+def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device) -> TeacherOutputs:
+    """Every training row's teacher outputs, the teacher in eval mode (no dropout)."""
+    kind = soft_targets(data.family)
+    was = teacher.training
+    teacher.eval()
+    parts: dict[int, Tensor] = {}
+    try:
+        for batch in data.all_batches(batch_size):
+            batch = batch.to(device)
+            out = teacher(**batch.model_inputs(), **data.family.targets(batch))
+            values, counts = kind.pieces(out, batch)
+            for row, piece in zip(batch.rows.tolist(), values.cpu().split(counts.tolist())):
+                parts[row] = piece
+    finally:
+        teacher.train(was)
+    rows = len(data.encoded.input_ids)
+    counts = np.array([len(parts[r]) for r in range(rows)], dtype=np.int64)
+    return TeacherOutputs(torch.cat([parts[r] for r in range(rows)]), np.concatenate([[0], np.cumsum(counts)]), kind)
+
+
+class DistillTask:
+    """The loss parts of a distilled student: "task" (its loss on the labels) and "soft" (the soft
+    targets' loss), each summed over the family's targets, weighed 1 - soft_weight and soft_weight."""
+
+    parts = ("task", "soft")
+
+    def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
+                 per_step: float | None = None):
+        self.family, self.teacher, self.settings, self.config = fam, teacher, s, config
+        self.per_step = {"task": per_step, "soft": per_step} if per_step else None
+        self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight}
+
+    def counts(self, batch: TaskBatch) -> dict[str, int]:
+        return {"task": batch.num_targets, "soft": batch.num_targets}
+
+    def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:
+        out = model(**batch.model_inputs(), **self.family.targets(batch))
+        n = batch.num_targets
+        correct = self.family.correct(out, batch)
+        if not n:  # a micro-batch of token windows with no labelled token
+            zero = (out.logits if out.logits is not None else out.start_logits).sum() * 0.0
+            return {"task": (zero, correct), "soft": (zero, correct)}
+        teacher = self.teacher.of(batch, batch.input_ids.device)
+        soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
+        return {"task": (out.loss.float() * n, correct), "soft": (soft, correct)}

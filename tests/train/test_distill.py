@@ -1,0 +1,232 @@
+"""Distillation (train/distill.py, `torchbert distill`): the student's layers are the teacher's, the
+soft-target loss is the KL divergence computed by hand and its gradient the closed form, the teacher's
+outputs kept a row at a time are what the teacher gives on any batch, and every family that distils
+goes through the command line into an ordinary run folder."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import realdata
+from parity import assert_parity
+from test_failures import fails
+from torchbert import BertConfig
+from torchbert.cli import main as cli
+from torchbert.heads import BertForSequenceClassification
+from torchbert.io.record import read_record
+from torchbert.model import BertModel
+from torchbert.tasks.batches import TaskData
+from torchbert.tasks.families import FAMILIES, TaskSettings, task_settings
+from torchbert.tokenizer import BertTokenizer
+from torchbert.train.distill import (DistillSettings, DistillTask, soft_kl, student_of, taken_layers,
+                                     teacher_outputs)
+from torchbert.train.objectives import FinetuneTask
+
+DISTILLED = [t for t, fam in FAMILIES.items() if fam.soft_targets is not None]
+
+
+def test_the_layers_taken_spread_from_first_to_last_as_distilbert_took_them():
+    assert taken_layers(12, 6) == [0, 2, 4, 7, 9, 11]  # DistilBERT's, from BERT-base
+    assert taken_layers(6, 2) == [0, 5]
+    assert taken_layers(6, 3) == [0, 2, 5]
+    assert taken_layers(6, 6) == list(range(6))
+    assert taken_layers(6, 1) == [0]
+    with pytest.raises(ValueError, match="--student-layers 7: the teacher has 6 layers"):
+        taken_layers(6, 7)
+
+
+def tiny(layers=4, labels=3):
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32,
+                        extra={"id2label": {str(i): f"c{i}" for i in range(labels)}})
+    torch.manual_seed(0)
+    return BertForSequenceClassification(config).eval()
+
+
+def test_a_student_is_the_teacher_run_with_the_layers_it_took():
+    teacher = tiny(layers=4)
+    student = student_of(teacher, 2).eval()
+    assert student.config.num_hidden_layers == 2 and teacher.config.num_hidden_layers == 4
+    for i, j in enumerate([0, 3]):
+        for (name, a), (_, b) in zip(student.bert.layers[i].state_dict().items(),
+                                     teacher.bert.layers[j].state_dict().items()):
+            assert torch.equal(a, b), name  # copied, not computed
+    assert torch.equal(student.classifier.weight, teacher.classifier.weight)
+    assert torch.equal(student.bert.embeddings.word.weight, teacher.bert.embeddings.word.weight)
+    assert student.classifier.weight.data_ptr() != teacher.classifier.weight.data_ptr()  # its own copy
+    # the reference: the teacher itself with its other layers removed
+    reference = tiny(layers=4)
+    reference.bert.layers = nn.ModuleList([reference.bert.layers[0], reference.bert.layers[3]])
+    ids = torch.randint(1, 50, (3, 9))
+    assert_parity(student(ids).logits, reference(ids).logits)
+    plain = student_of(BertModel(teacher.config), 3)  # a BertModel without a head, too
+    assert len(plain.layers) == 3
+
+
+def kl_by_hand(s: np.ndarray, t: np.ndarray, T: float) -> float:
+    total = 0.0
+    for srow, trow in zip(s, t):
+        p = np.exp(trow / T) / np.exp(trow / T).sum()
+        q = np.exp(srow / T) / np.exp(srow / T).sum()
+        total += sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+    return total * T * T
+
+
+@pytest.mark.parametrize("T", [1.0, 2.0, 5.0])
+def test_the_soft_target_loss_is_the_kl_divergence_and_its_gradient_the_closed_form(T):
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(5, 4, generator=g, dtype=torch.float64) * 3
+    loss = soft_kl(s, t, T)
+    assert loss.item() == pytest.approx(kl_by_hand(s.detach().numpy(), t.numpy(), T), rel=1e-5)
+    loss.backward()
+    # d/ds T^2 KL(p || softmax(s / T)) = T (softmax(s / T) - p), in float32 as soft_kl computes
+    closed = T * ((s.detach() / T).softmax(-1) - (t / T).softmax(-1))
+    assert_parity(s.grad.float(), closed.float())
+    assert soft_kl(t, t, T).item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_masked_entries_weigh_nothing_in_the_soft_target_loss():
+    s, t = torch.randn(3, 5), torch.randn(3, 5)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False], [True, True, True, False, False]])
+    by_row = sum(soft_kl(s[i:i + 1, m], t[i:i + 1, m], 2.0) for i, m in enumerate(mask))
+    junk_s, junk_t = s.masked_fill(~mask, 1e4), t.masked_fill(~mask, -1e4)
+    assert_parity(soft_kl(junk_s, junk_t, 2.0, mask), by_row)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return BertTokenizer.from_pretrained(realdata.minilm_dir())
+
+
+def family_data(task_type, tokenizer, folder):
+    fam = FAMILIES[task_type]
+    name, text = fam.example_file
+    (folder / name).write_text(text, encoding="utf-8")
+    examples = fam.read(folder / name)
+    label_map = fam.label_map(examples)
+    config = fam.configure(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=3,
+                                      num_attention_heads=2, intermediate_size=32, max_position_embeddings=64),
+                           label_map)
+    ts = task_settings(task_type, TaskSettings(type=task_type, max_length=48, doc_stride=16))
+    torch.manual_seed(0)
+    teacher = fam.model_for(config)(config, **fam.head_arguments(ts)).eval()
+    data = TaskData(fam.encode(tokenizer, examples, ts, label_map, training=True), fam, seed=3)
+    return fam, teacher, data, config
+
+
+@pytest.mark.parametrize("task_type", DISTILLED)
+def test_the_teachers_outputs_kept_by_row_are_what_it_gives_on_any_batch(task_type, tokenizer, tmp_path):
+    fam, teacher, data, config = family_data(task_type, tokenizer, tmp_path)
+    kept = teacher_outputs(teacher, data, batch_size=2, device="cpu")  # batches unlike the training ones
+    assert not teacher.training or False
+    for batch in data.batches(3, epoch=1):
+        with torch.no_grad():
+            direct = teacher(**batch.model_inputs(), **fam.targets(batch))
+        got = kept.of(batch)
+        values, _ = kept.kind.pieces(direct, batch)
+        want = kept.kind.gather(values, batch)
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+            assert a.shape == b.shape
+            if a.dtype == torch.bool:
+                assert torch.equal(a, b)
+            else:
+                assert_parity(a, b)
+        # the student that is the teacher learns nothing more from it: the soft loss is (close to) 0
+        task = DistillTask(fam, kept, DistillSettings(student_layers=3, soft_weight=1.0), config)
+        parts = task.forward(teacher, batch)
+        assert abs(parts["soft"][0].item()) < 1e-4 * max(1, batch.num_targets)
+
+
+@pytest.mark.parametrize("task_type", ["classification", "token", "multiple-choice"])
+def test_with_no_soft_weight_the_loss_is_fine_tunings(task_type, tokenizer, tmp_path):
+    fam, teacher, data, config = family_data(task_type, tokenizer, tmp_path)
+    student = student_of(teacher, 1, **fam.head_arguments(task_settings(task_type))).eval()
+    kept = teacher_outputs(teacher, data, batch_size=4, device="cpu")
+    batch = next(data.batches(4))
+    parts = DistillTask(fam, kept, DistillSettings(student_layers=1, soft_weight=0.0), config).forward(student, batch)
+    plain = FinetuneTask(fam).forward(student, batch)
+    assert torch.equal(parts["task"][0], plain["task"][0])  # one computation, run twice
+    assert parts["soft"][0].item() > 0  # the student is not the teacher
+
+
+def tiny_pretrained(folder, tokenizer):
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("task_type", DISTILLED)
+def test_distill_writes_a_run_folder_of_the_teachers_task_for_every_family(task_type, tokenizer, tmp_path, capsys):
+    fam = FAMILIES[task_type]
+    name, text = fam.example_file
+    train = tmp_path / name
+    train.write_text(text, encoding="utf-8")
+    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    common = ["--train", train, "--dev", train, "--epochs", "2", "--batch-size", "2", "--quiet"]
+    assert cli([str(x) for x in ["finetune", "--task", task_type, "--model", base, "--out", tmp_path / "teacher",
+                                 "--max-length", "48", *common]]) == 0
+    assert cli([str(x) for x in ["distill", "--teacher", tmp_path / "teacher", "--out", tmp_path / "student",
+                                 "--student-layers", "2", *common]]) == 0
+    out = capsys.readouterr().out
+    assert "distilled" in out and "into 2 layers (the teacher's 0 and 2 of 3)" in out
+    student = tmp_path / "student"
+    metrics = json.loads((student / "metrics.json").read_text())
+    assert metrics["distill"]["layers"] == [0, 2] and metrics["distill"]["teacher"] == str(tmp_path / "teacher")
+    assert json.loads((student / "config.json").read_text())["num_hidden_layers"] == 2
+    record = read_record(student)
+    assert record.made == "distill" and record.task["type"] == task_type and record.task["max_length"] == 48
+    assert record.training["student_layers"] == 2 and record.training["soft_weight"] == 0.5
+    assert cli(["evaluate", "--model", str(student), "--data", str(train), "--out", str(tmp_path / "e.json")]) == 0
+    assert fam.best_metric(None if not fam.label_set else fam.label_map(fam.read(train)), None) in \
+        json.loads((tmp_path / "e.json").read_text())
+
+
+def test_a_resumed_distillation_keeps_its_settings(tokenizer, tmp_path, capsys):
+    fam = FAMILIES["classification"]
+    name, text = fam.example_file
+    train = tmp_path / name
+    train.write_text(text, encoding="utf-8")
+    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    args = ["--train", train, "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli([str(x) for x in ["finetune", "--task", "classification", "--model", base, "--out",
+                                 tmp_path / "teacher", "--max-length", "48", *args]]) == 0
+    distill = ["distill", "--teacher", tmp_path / "teacher", "--out", tmp_path / "s", "--student-layers", "1", *args]
+    assert cli([str(x) for x in distill]) == 0
+    capsys.readouterr()
+    fails(capsys, *map(str, distill), "--resume", "--temperature", "3", code=2,
+          message="--temperature 3.0: the run in")
+
+
+def test_distill_refuses_what_it_cannot_distil(tokenizer, tmp_path, capsys):
+    fam = FAMILIES["classification"]
+    name, text = fam.example_file
+    train = tmp_path / name
+    train.write_text(text, encoding="utf-8")
+    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    args = ["--train", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
+    fails(capsys, "distill", "--teacher", str(base), "--out", str(tmp_path / "s"), "--student-layers", "1", *args,
+          code=2, message="not a model fine-tuned by torchbert")
+    fails(capsys, "distill", "--teacher", str(tmp_path / "nothing"), "--out", str(tmp_path / "s"),
+          "--student-layers", "1", *args, code=2, message="--teacher")
+    assert cli(["finetune", "--task", "classification", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--max-length", "48", *args]) == 0
+    capsys.readouterr()
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"),
+          "--student-layers", "4", *args, code=2, message="--student-layers 4: the teacher has 3 layers")
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"),
+          "--student-layers", "0", *args, code=2, message="--student-layers must be >= 1")
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"),
+          "--student-layers", "1", "--soft-weight", "1.5", *args, code=2, message="--soft-weight must be in [0, 1], got 1.5")
+    other = tmp_path / "other.tsv"
+    other.write_text("sentence\tlabel\na new thing\tsurprise\n", encoding="utf-8")
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"),
+          "--student-layers", "1", "--train", str(other), "--epochs", "1", code=2, message="surprise")
+    assert not (tmp_path / "s").exists()
