@@ -219,6 +219,7 @@ def test_every_command_that_writes_a_folder_is_refused_while_another_process_hol
     x = tmp_path / "missing"
     argvs = {"vocab": ["--corpus", x, "--vocab-size", "40"], "prepare": ["--corpus", x, "--tokenizer", x], "pretrain": ["--data", x],
              "finetune": ["--task", "classification", "--model", x, "--train", x], "export": ["--model", x],
+             "distill": ["--teacher", x, "--train", x, "--student-layers", "1"],
              "convert": ["--tf-checkpoint", x],
              "samples": ["wnut16"], "demo": [], "compare": [], "benchmark": ["local", "--model", x]}
     assert set(argvs) == set(filter(writes_folder, commands()))  # a new command that writes a folder is tested here too
@@ -1274,6 +1275,7 @@ def _seed_commands() -> list[str]:
 
 SEED_ARGV = {  # inputs that do not exist: a seed out of range is refused before any of them is read
     "compare": ["--out", "{p}/c"], "demo": ["--out", "{p}/d"], "inspect-data": ["{p}/nope"],
+    "distill": ["--teacher", "{p}/nope", "--train", "{p}/a.tsv", "--out", "{p}/s", "--student-layers", "1"],
     "finetune": ["--task", "classification", "--model", "{p}/nope", "--train", "{p}/a.tsv", "--dev", "{p}/b.tsv",
                  "--out", "{p}/f"],
     "prepare": ["--corpus", "{p}/nope.txt", "--tokenizer", "{p}/nope", "--out", "{p}/o"],

@@ -61,7 +61,8 @@ FENCE = re.compile(r"```(\w+)\n(.*?)```\n", re.S)
 SHRINK = {"pretrain": {"--steps": "6", "--batch-size": "8", "--save-every": "3", "--config": "tiny"},
           "vocab": {"--vocab-size": "3000"},
           "prepare": {"--heldout-docs": "5"},
-          "finetune": {"--epochs": "1", "--max-length": "32"}}
+          "finetune": {"--epochs": "1", "--max-length": "32"},
+          "distill": {"--epochs": "1"}}
 ADDED = {"finetune": {"--epochs": "1"}}  # and where the README leaves the flag at its default
 TRAIN_ROWS = 1000  # what `torchbert samples` writes to train on is cut to its first examples; dev and test stay
 
@@ -271,7 +272,7 @@ def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
     ran: dict[str, list] = {}
     for mark, blocks in every_marked_block():
         ran[mark] = [shell.run(code) if language == "bash" else shell.python(code) for language, code in blocks]
-    assert len(ran) == 9, list(ran)
+    assert len(ran) == 10, list(ran)
     for name in ("data/pdr/train.jsonl", "data/pdr/sentences.txt"):  # what was trained on: cut to TRAIN_ROWS
         assert len((tmp_path / name).read_text(encoding="utf-8").splitlines()) == TRAIN_ROWS, name
     assert len((tmp_path / "data/pd-ner/train.conll").read_text(encoding="utf-8").strip().split("\n\n")) == TRAIN_ROWS
@@ -289,6 +290,13 @@ def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
     assert set(theirs.config.id2label.values()) >= {"O", "B-person"}
     for name in ("metrics.json", "loss.png", "dev.png", "dev_predictions.jsonl"):
         assert (tmp_path / "runs/ner" / name).is_file(), name
+
+    # a smaller model: the quickstart's tagger distilled into 2 of its 6 layers, scored on the test tweets
+    outputs, = section("after the quickstart's")
+    assert {"f1", "precision", "recall"} <= set(json.loads(outputs[-1]))
+    assert json.loads((tmp_path / "runs/ner-small/config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((tmp_path / "runs/ner-small/metrics.json").read_text())["distill"]["layers"] == [0, 5]
+    transformers.BertForTokenClassification.from_pretrained(tmp_path / "runs/ner-small")
 
     # "Your own BERT": from .jsonl.gz files to a served classifier and search service
     outputs, = section("on a small corpus in this layout")

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
-from ..settings import Checked, SettingError, add_flags, setting
+from ..settings import Checked, SettingError, add_flags, check_field, setting
 from .common import command, run_training, settings_from, shared_flags
 
 WRITES_FOLDER = True
@@ -95,8 +95,14 @@ def settings(args):
     from ..train.loop import TrainConfig
 
     paths = settings_from(DistillFlags, args)
-    ts = teacher_task(paths.teacher)
     distill = settings_from(DistillSettings, args)
+    for f in dataclasses.fields(TrainConfig):  # the loop's flags checked before the teacher is read
+        if hasattr(args, f.name):
+            try:
+                check_field(f, getattr(args, f.name))
+            except SettingError as e:
+                raise UserError(e.as_flag()) from None
+    ts = teacher_task(paths.teacher)
     s = settings_from(FinetuneSettings, args, task=ts.preset or ts.type, model=paths.teacher, task_settings=ts,
                       distill=distill)
     loop = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
