@@ -123,7 +123,7 @@ def family_data(task_type, tokenizer, folder):
 def test_the_teachers_outputs_kept_by_row_are_what_it_gives_on_any_batch(task_type, tokenizer, tmp_path):
     fam, teacher, data, config = family_data(task_type, tokenizer, tmp_path)
     kept = teacher_outputs(teacher, data, batch_size=2, device="cpu")  # batches unlike the training ones
-    assert not teacher.training or False
+    assert not teacher.training  # left as it was: in eval mode
     for batch in data.batches(3, epoch=1):
         with torch.no_grad():
             direct = teacher(**batch.model_inputs(), **fam.targets(batch))
@@ -189,12 +189,15 @@ def test_distill_writes_a_run_folder_of_the_teachers_task_for_every_family(task_
         json.loads((tmp_path / "e.json").read_text())
 
 
+def classification_files(folder, tokenizer):
+    """The classification family's example file, and a tiny pretrained BERT to fine-tune a teacher from."""
+    name, text = FAMILIES["classification"].example_file
+    (folder / name).write_text(text, encoding="utf-8")
+    return folder / name, tiny_pretrained(folder / "base", tokenizer)
+
+
 def test_a_resumed_distillation_keeps_its_settings(tokenizer, tmp_path, capsys):
-    fam = FAMILIES["classification"]
-    name, text = fam.example_file
-    train = tmp_path / name
-    train.write_text(text, encoding="utf-8")
-    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    train, base = classification_files(tmp_path, tokenizer)
     args = ["--train", train, "--epochs", "1", "--batch-size", "2", "--quiet"]
     assert cli([str(x) for x in ["finetune", "--task", "classification", "--model", base, "--out",
                                  tmp_path / "teacher", "--max-length", "48", *args]]) == 0
@@ -206,11 +209,7 @@ def test_a_resumed_distillation_keeps_its_settings(tokenizer, tmp_path, capsys):
 
 
 def test_distill_refuses_what_it_cannot_distil(tokenizer, tmp_path, capsys):
-    fam = FAMILIES["classification"]
-    name, text = fam.example_file
-    train = tmp_path / name
-    train.write_text(text, encoding="utf-8")
-    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    train, base = classification_files(tmp_path, tokenizer)
     args = ["--train", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
     fails(capsys, "distill", "--teacher", str(base), "--out", str(tmp_path / "s"), "--student-layers", "1", *args,
           code=2, message="not a model fine-tuned by torchbert")
