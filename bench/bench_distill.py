@@ -35,6 +35,7 @@ from torchbert.cli import main as cli  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 METRIC = {"nli": "accuracy", "spam": "accuracy", "wnut": "f1", "mc": "accuracy", "qa": "f1"}
+EMBEDDING_LENGTH = 256  # MiniLM's max_seq_length, which a student distilled from it keeps
 TASK = {"nli": "pair", "spam": "classification", "wnut": "token", "mc": "multiple-choice", "qa": "qa-v2"}
 
 
@@ -113,9 +114,66 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) / len(xs) ** 0.5:.4f}"
 
 
+def embedding_files(work: Path) -> dict[str, Path]:
+    """en_qa_disfl as retrieval (each answerable question its paragraph's query): the train split's
+    pairs (the labelled control's), its texts alone (the student's; SimCSE's), the dev pairs; and
+    en_nli_presup's dev split in the NLI layout (each premise searched for its entailed hypothesis)."""
+    from torchbert.apps.samples import jsonl_text, squad_retrieval
+
+    if not (SHARED / "en_qa_disfl").is_dir():
+        raise SystemExit(f"{SHARED / 'en_qa_disfl'}: not here (../shared/data)")
+    train = squad_retrieval(SHARED / "en_qa_disfl" / "train.json")
+    out = {"pairs": work / "qa-train.jsonl", "texts": work / "qa-texts.txt", "qa": work / "qa-dev.jsonl",
+           "nli": SHARED / "en_nli_presup" / "dev.tsv"}
+    out["pairs"].write_text(jsonl_text(train), encoding="utf-8")
+    texts = dict.fromkeys(t for r in train for t in (r["query"], r["positive"]))
+    out["texts"].write_text("".join(f"{t}\n" for t in texts), encoding="utf-8")
+    out["qa"].write_text(jsonl_text(squad_retrieval(SHARED / "en_qa_disfl" / "dev.json")), encoding="utf-8")
+    return out
+
+
+def evaluate_ndcg(model, data: Path, out: Path) -> float:
+    run("evaluate", "--model", model, "--task", "embedding", "--data", data, "--out", out, "--quiet")
+    return json.loads(out.read_text())["ndcg@10"]
+
+
+def embedding_rows(args, work: Path, base: Path) -> dict:
+    """The teacher (MiniLM itself), then per seed the student distilled on the texts alone and its
+    controls: the same layers untrained, SimCSE on the same texts, and in-batch negatives on the
+    labelled pairs; each scored (nDCG@10) on both dev sets, the epoch kept by qa dev."""
+    files = embedding_files(work)
+    dev = ("qa", "nli")
+    rows = {"teacher": {d: [evaluate_ndcg("minilm", files[d], work / f"teacher-{d}.json")] for d in dev},
+            "untrained": {d: [evaluate_ndcg(base, files[d], work / f"base-{d}.json")] for d in dev}}
+    common = ["--dev", files["qa"], "--epochs", args.student_epochs or args.epochs, "--lr", args.student_lr or args.lr,
+              "--quiet"]
+    runs = {"student": ["distill", "--teacher", "minilm", "--task", "embedding", "--train", files["texts"],
+                        "--student-layers", args.student_layers],
+            "simcse": ["finetune", "--task", "embedding", "--model", base, "--train", files["texts"],
+                       "--max-length", EMBEDDING_LENGTH],
+            "pairs": ["finetune", "--task", "embedding", "--model", base, "--train", files["pairs"],
+                      "--max-length", EMBEDDING_LENGTH]}
+    for seed in args.seeds:
+        for who, argv in runs.items():
+            folder = work / f"{who}-{seed}"
+            started = time.perf_counter()
+            run(*argv, "--out", folder, "--seed", seed, *common)
+            row = rows.setdefault(who, {d: [] for d in dev} | {"seconds": []})
+            row["seconds"].append(time.perf_counter() - started)
+            for d in dev:
+                row[d].append(evaluate_ndcg(folder, files[d], work / f"{who}-{seed}-{d}.json"))
+            print(f"emb seed {seed} {who}: qa {row['qa'][-1]:.4f}, nli {row['nli'][-1]:.4f}, "
+                  f"{row['seconds'][-1]:.0f}s", flush=True)
+    print("\n| embeddings (nDCG@10) | qa dev | nli dev | train seconds |\n|---|---:|---:|---:|")
+    for who, row in rows.items():
+        secs = f"{statistics.mean(row['seconds']):.0f}" if "seconds" in row else "-"
+        print(f"| {who} | {spread(row['qa'])} | {spread(row['nli'])} | {secs} |")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", nargs="+", default=["nli", "wnut"], choices=sorted(METRIC))
+    p.add_argument("--tasks", nargs="+", default=["nli", "wnut"], choices=sorted([*METRIC, "emb"]))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--student-layers", type=int, default=2)
     p.add_argument("--temperature", type=float, default=2.0)
@@ -141,6 +199,9 @@ def main() -> None:
         for task in args.tasks:
             t = work / task
             t.mkdir()
+            if task == "emb":
+                embeddings = embedding_rows(args, t, base)
+                continue
             train, dev = task_files(task, t, args.train_size, args.dev_size)
             metric = METRIC[task]
             common = ["--train", train, "--dev", dev, "--quiet"]
@@ -173,6 +234,10 @@ def main() -> None:
                 speed[precision] = {k: min(v) for k, v in times.items()}
             row["predict_seconds"] = speed
             results[task] = row
+    if not results:
+        if args.json is not None:
+            args.json.write_text(json.dumps({"cpu": cpu_name(), "embeddings": embeddings}, indent=2) + "\n")
+        return
     print(f"\n| task | metric | teacher | student (distilled) | kept | control (no teacher) | student - control | "
           f"predict speed-up auto / fp32 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")

@@ -22,8 +22,8 @@ from torchbert.model import BertModel
 from torchbert.tasks.batches import TaskData
 from torchbert.tasks.families import FAMILIES, TaskSettings, task_settings
 from torchbert.tokenizer import BertTokenizer
-from torchbert.train.distill import (DistillSettings, DistillTask, soft_kl, student_of, taken_layers,
-                                     teacher_outputs)
+from torchbert.train.distill import (SOFT_TARGETS, DistillSettings, DistillTask, distill_texts, soft_kl,
+                                     student_of, taken_layers, teacher_outputs)
 from torchbert.train.objectives import FinetuneTask
 
 DISTILLED = [t for t, fam in FAMILIES.items() if fam.soft_targets is not None]
@@ -228,4 +228,114 @@ def test_distill_refuses_what_it_cannot_distil(tokenizer, tmp_path, capsys):
     other.write_text("sentence\tlabel\na new thing\tsurprise\n", encoding="utf-8")
     fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"),
           "--student-layers", "1", "--train", str(other), "--epochs", "1", code=2, message="surprise")
+    assert not (tmp_path / "s").exists()
+
+
+# -- an embedding student, from texts alone ----------------------------------------------------------
+
+def test_the_embedding_loss_is_the_squared_error_with_each_matryoshka_prefix():
+    from types import SimpleNamespace
+
+    kind = SOFT_TARGETS["embeddings"]
+    torch.manual_seed(1)
+    s, t = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+    config = SimpleNamespace(extra={"matryoshka": [2]})
+    got = kind.loss(SimpleNamespace(embeddings=s), t, None, 2.0, config)
+    a, b = s.detach().numpy(), t.numpy()
+    want = sum(((a[i, :d] - b[i, :d]) ** 2).sum() / d for i in range(4) for d in (6, 2))
+    assert abs(got.item() - want) < 1e-5 * want
+    got.backward()  # the gradient of the full vector's mean squared error and of its first 2 dimensions'
+    by_hand = 2 * (a - b) / 6
+    by_hand[:, :2] += 2 * (a - b)[:, :2] / 2
+    assert_parity(s.grad, torch.from_numpy(by_hand))
+    assert kind.loss(SimpleNamespace(embeddings=t), t, None, 2.0, SimpleNamespace(extra={})).item() == 0
+    # its accuracy: the texts whose vector is nearest their own teacher's among the batch's
+    assert kind.correct(SimpleNamespace(embeddings=t), t).item() == 4
+    assert kind.correct(SimpleNamespace(embeddings=t), -t).item() == 0
+
+
+def test_the_texts_to_distil_on_are_each_line_once_as_prepare_reads_a_corpus(tmp_path):
+    import gzip
+
+    plain = tmp_path / "a.txt"
+    plain.write_text("first text\n\nsecond text\nfirst text\n   \nthird\n", encoding="utf-8")
+    assert [ex.query for ex in distill_texts(plain)] == ["first text", "second text", "third"]
+    assert all(ex.positive is None and not ex.negatives for ex in distill_texts(plain))
+    packed = tmp_path / "b.jsonl.gz"
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "one paragraph\nanother one"}) + "\n" + json.dumps({"text": "third"}) + "\n")
+    assert [ex.query for ex in distill_texts(packed)] == ["one paragraph", "another one", "third"]
+    pairs = tmp_path / "c.jsonl"  # an embedding file: its queries, passages and negatives
+    pairs.write_text(json.dumps({"query": "q?", "positive": "p.", "negative": ["n.", "p."]}) + "\n", encoding="utf-8")
+    assert [ex.query for ex in distill_texts(pairs)] == ["q?", "p.", "n."]
+    empty = tmp_path / "d.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="d.txt: no text in it"):
+        distill_texts(empty)
+
+
+def vectors(model, tokenizer, texts):
+    """A BertForEmbedding's unit vectors of texts, padded [B, T] inputs (not the packed path the run trains on)."""
+    ids = tokenizer.encode_ids(list(texts), max_length=256, truncation=True)
+    width = max(map(len, ids))
+    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in ids])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids])
+    with torch.no_grad():
+        return torch.nn.functional.normalize(model.eval()(input_ids, attention_mask=mask).embeddings, dim=-1)
+
+
+def test_an_embedding_student_learns_the_teachers_vectors_from_texts_alone(tokenizer, tmp_path, capsys):
+    import gzip
+
+    from sentence_transformers import SentenceTransformer
+
+    from torchbert.heads import BertForEmbedding
+    from torchbert.tasks.embedding import EmbeddingTask
+
+    texts = realdata.english_texts()
+    train = tmp_path / "texts.txt.gz"  # a corpus as users hold it: compressed, one text a line
+    with gzip.open(train, "wt", encoding="utf-8") as f:
+        f.write("\n".join(texts[:400]) + "\n")
+    name, pairs = EmbeddingTask.example_file
+    (tmp_path / name).write_text(pairs, encoding="utf-8")
+    student = tmp_path / "student"
+    assert cli([str(x) for x in ["distill", "--teacher", "minilm", "--task", "embedding", "--train", train, "--dev",
+                                 tmp_path / name, "--out", student, "--student-layers", "2", "--epochs", "3",
+                                 "--batch-size", "16", "--lr", "2e-4", "--quiet"]]) == 0
+    assert "into 2 layers (the teacher's 0 and 5 of 6)" in capsys.readouterr().out
+    record = read_record(student)
+    assert record.made == "distill" and record.task["type"] == "embedding" and record.task["max_length"] == 256
+    assert json.loads((student / "sentence_bert_config.json").read_text())["max_seq_length"] == 256  # the teacher's
+    assert json.loads((student / "metrics.json").read_text())["distill"]["layers"] == [0, 5]
+    held_out = texts[400:480]
+    teacher = BertForEmbedding.from_pretrained(realdata.minilm_dir())  # mean pooling, as its own files say
+    untrained = student_of(teacher, 2)
+    mine = vectors(BertForEmbedding.from_pretrained(student), tokenizer, held_out)
+    theirs = SentenceTransformer(str(student), device="cpu").encode(list(held_out), convert_to_tensor=True,
+                                                                   normalize_embeddings=True)
+    assert_parity(theirs, mine)  # sentence-transformers loads the student, with the same vectors
+    want = vectors(teacher, tokenizer, held_out)
+    before = (vectors(untrained, tokenizer, held_out) * want).sum(-1)
+    after = (mine * want).sum(-1)
+    assert after.mean() > before.mean() + 0.1, (before.mean(), after.mean())  # unseen texts
+
+
+def test_an_embedding_student_refuses_what_does_not_fit(tokenizer, tmp_path, capsys):
+    train, base = classification_files(tmp_path, tokenizer)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a text\nanother text\n", encoding="utf-8")
+    args = ["--out", str(tmp_path / "s"), "--student-layers", "1", "--epochs", "1", "--batch-size", "2", "--quiet"]
+    fails(capsys, "distill", "--teacher", str(base), "--train", str(texts), *args, code=2,
+          message="to distil its sentence vectors, give --task embedding")
+    fails(capsys, "distill", "--teacher", str(base), "--task", "embedding", "--train", str(texts), "--temperature",
+          "3", *args, code=2, message="--temperature: an embedding student learns the teacher's vectors")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    fails(capsys, "distill", "--teacher", str(base), "--task", "embedding", "--train", str(empty), *args, code=2,
+          message="empty.txt: no text in it")
+    assert cli(["finetune", "--task", "classification", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--train", str(train), "--max-length", "48", "--epochs", "1", "--batch-size", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--task", "embedding", "--train", str(texts),
+          *args, code=2, message="a model fine-tuned for classification tasks, not embedding")
     assert not (tmp_path / "s").exists()

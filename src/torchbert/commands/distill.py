@@ -1,8 +1,9 @@
 """distil a fine-tuned model into a smaller student that learns its outputs
 
 A student of fewer of the teacher's layers learns the fine-tuned teacher's outputs (soft targets at a
-temperature) beside the labels of the training file; the run folder is an ordinary fine-tuned model of
-the teacher's task (evaluate, predict, serve, export and transformers read it as they read any)."""
+temperature) beside the labels of the training file, or, for sentence embeddings, the teacher's
+vectors of unlabelled texts; the run folder is an ordinary fine-tuned model of the teacher's task
+(evaluate, predict, serve, export, transformers and sentence-transformers read it as they read any)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..settings import Checked, SettingError, add_flags, check_field, setting
-from .common import command, run_training, settings_from, shared_flags
+from .common import command, resolve_model, run_training, settings_from, shared_flags
 
 WRITES_FOLDER = True
 COMPUTES = True
@@ -24,9 +25,11 @@ examples:
       --student-layers 2
   torchbert distill --teacher runs/ner --train wnut16/train.conll --dev wnut16/dev.conll --out runs/ner-3 \\
       --student-layers 3 --temperature 1 --soft-weight 0.9
+  torchbert distill --teacher minilm --task embedding --train corpus.txt.gz --dev pairs.jsonl --out runs/emb-2 \\
+      --student-layers 2
 
---teacher is a run folder that `torchbert finetune` wrote, of any task family but embedding:
-classification, pairs and regression, token tagging, extractive QA, multiple choice, reranking. The
+--teacher is a run folder that `torchbert finetune` wrote, of any task family: classification,
+pairs and regression, token tagging, extractive QA, multiple choice, reranking (embedding: below). The
 student keeps the teacher's task, labels, tokenizer and settings (--max-length, --doc-stride, ...): its
 width, embeddings, pooler and head are the teacher's, and its K layers are K of the teacher's, spread
 from the first to the last (DistilBERT's choice: 0, 2, 4, 7, 9, 11 of 12; a 2-layer student of 6
@@ -39,6 +42,14 @@ token's tags, an example's choices or candidates, or a window's answer starts an
 student matches the teacher's score. The dev set is scored after every epoch and the best epoch is
 kept, as in finetune; the run folder holds what finetune's does, and metrics.json says what it was
 distilled from under "distill".
+
+--task embedding: a student of a model that embeds (`minilm`, a sentence-transformers folder, an
+embedding run) learns the teacher's vector of each text of --train, which needs no labels: every
+non-blank line of a text file, or the text field of JSON Lines or Parquet, plain, .gz or .zst. Its
+loss is the squared error to the teacher's vector (and to each first D dimensions of a teacher
+trained with --matryoshka). The dev file is an embedding one (query and passage pairs, NLI, or scored
+pairs), searched after every epoch as finetune --task embedding does; the folder is a
+sentence-transformers model of the teacher's pooling.
 """
 
 
@@ -46,10 +57,16 @@ distilled from under "distill".
 class DistillFlags(Checked):
     """Where the teacher, the data and the student's run folder are."""
 
-    teacher: Path = setting(help="the fine-tuned run folder to distil (torchbert finetune --out)")
-    train: Path = setting(help="training file, in the teacher's task layout")
+    teacher: Path = setting(help="the fine-tuned run folder to distil (torchbert finetune --out); with --task "
+                                 "embedding, any BERT that embeds: a sentence-transformers folder, `minilm`, a hub "
+                                 "id, or an embedding run")
+    train: Path = setting(help="training file, in the teacher's task layout; with --task embedding, texts (a text "
+                               "file, JSON Lines or Parquet, plain or compressed, as prepare reads them)")
     out: Path = setting(help="the student's run folder")
     dev: Path | None = setting(None, "dev file, scored after each epoch (without it the last weights are kept)")
+    task: str | None = setting(None, "embedding: the student learns the teacher's sentence vectors of the --train "
+                                     "texts, no labels needed (default: the teacher's own task)",
+                               choices=("embedding",))
 
 
 def add(sub) -> None:
@@ -69,18 +86,30 @@ def add(sub) -> None:
                  overwrite="delete an existing --out and start again")
 
 
-def teacher_task(teacher: Path):
-    """The task settings of a teacher run folder; a folder that is not one is an error naming it."""
+def teacher_task(teacher: Path, task: str | None = None):
+    """The task settings of a teacher run folder (task None: its own task), or of any BERT for a
+    student that learns from texts alone (task: embedding); a folder that is neither, or a run of
+    another task, is an error naming it."""
+    from ..io.hf import folder_max_length
     from ..io.record import read_record
     from ..tasks.families import TaskSettings, family
 
     if not teacher.is_dir():
         raise UserError(f"--teacher {teacher}: not a folder; give the run folder `torchbert finetune --out` wrote")
     try:
-        ts = TaskSettings.of(teacher)
         record = read_record(teacher)
+        fine_tuned = isinstance((record.task if record is not None else None), dict)
+        if task is not None and not fine_tuned:  # a pretrained BERT: the family's defaults, at the model's length
+            length = folder_max_length(teacher)
+            return family(task).Settings(type=task, **({"max_length": length} if length else {}))
+        ts = TaskSettings.of(teacher)
     except ValueError as e:
-        raise UserError(f"--teacher {e}") from None
+        hint = "; to distil its sentence vectors, give --task embedding" if task is None else ""
+        raise UserError(f"--teacher {e}{hint}") from None
+    if task is not None and ts.type != task:
+        raise UserError(f"--teacher {teacher}: a model fine-tuned for {ts.type} tasks, not {task}; distil it without "
+                        f"--task (a {ts.type} student), or give a teacher that embeds (`minilm`, a sentence-"
+                        "transformers folder)")
     if (record.task or {}).get("tagger") is not None:
         raise UserError(f"--teacher {teacher}: a tagger trained on frozen features (finetune --frozen); distil a "
                         "fine-tuned BERT instead")
@@ -102,8 +131,15 @@ def settings(args):
                 check_field(f, getattr(args, f.name))
             except SettingError as e:
                 raise UserError(e.as_flag()) from None
-    ts = teacher_task(paths.teacher)
-    s = settings_from(FinetuneSettings, args, task=ts.preset or ts.type, model=paths.teacher, task_settings=ts,
+    teacher = resolve_model(str(paths.teacher), "--teacher")
+    ts = teacher_task(teacher, paths.task)
+    if paths.task == "embedding":
+        named = getattr(args, "given", None) or ()
+        given = [f"--{k.replace('_', '-')}" for k in ("temperature", "soft_weight") if k in named]
+        if given:
+            raise UserError(f"{' and '.join(given)}: an embedding student learns the teacher's vectors (their squared "
+                            "error), with no labels and no temperature; leave them out")
+    s = settings_from(FinetuneSettings, args, task=ts.preset or ts.type, model=teacher, task_settings=ts,
                       distill=distill)
     loop = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:

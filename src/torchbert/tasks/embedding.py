@@ -36,11 +36,12 @@ COLUMNS = ("query", "positive", "negative")
 
 @dataclass
 class PairExample:
-    """A query, the passage that answers it, and passages that do not (hard negatives, maybe none)."""
+    """A query, the passage that answers it, and passages that do not (hard negatives, maybe none); or a
+    text alone (positive None: distillation's, whose target is the teacher's vector of it)."""
 
     id: str
     query: str
-    positive: str
+    positive: str | None
     negatives: list[str]
     where: str = ""
     score: float | None = None  # a scored pair's similarity (STS: sentence1, sentence2, score), for evaluation
@@ -178,11 +179,11 @@ def scored_pairs(path: Path) -> list[PairExample]:
 
 def encode_pairs(tokenizer, examples: list[PairExample], max_length: int) -> Encoded:
     """Each text alone, `[CLS] text [SEP]` cut to max_length; an example's rows in order: its query, its
-    positive, its negatives (num_choices holds how many)."""
+    positive, its negatives (num_choices holds how many; a text alone is one row)."""
     check_room(max_length, pairs=False)
-    texts = [t for ex in examples for t in (ex.query, ex.positive, *ex.negatives)]
+    texts = [t for ex in examples for t in (ex.query, ex.positive, *ex.negatives) if t is not None]
     ids = tokenizer.encode_ids(texts, max_length=max_length, truncation=True)
-    counts = [2 + len(ex.negatives) for ex in examples]
+    counts = [1 + (ex.positive is not None) + len(ex.negatives) for ex in examples]
     return Encoded(ids, [[0] * len(r) for r in ids], [i for i, c in enumerate(counts) for _ in range(c)],
                    labels=[0] * len(examples), num_choices=counts)
 
@@ -207,7 +208,7 @@ class EmbeddingSettings(TaskSettings):
 
 
 class EmbeddingTask(TaskFamily):
-    soft_targets = None  # no soft targets from labelled pairs
+    soft_targets = "embeddings"  # a student learns the teacher's vectors of texts alone
     heads = {"bert": BertForEmbedding}
     gold = None  # a passage is part of the example
     file_format = None  # no hub splits

@@ -124,7 +124,8 @@ class TaskFamily:
     Settings: type[TaskSettings] = TaskSettings
     # how `distill` teaches a student this family's outputs (train/distill.py SOFT_TARGETS, by name): classes
     # (a distribution, or a score, per sequence or labelled token), choices (one over an example's rows),
-    # spans (start and end over a sequence's tokens); None: not distilled
+    # spans (start and end over a sequence's tokens), embeddings (a text's vector, from texts alone); None: not
+    # distilled
     soft_targets: str | None = "classes"
     export_outputs: tuple[str, ...] = ("logits",)
     export_per_token: tuple[str, ...] = ()

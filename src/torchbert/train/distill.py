@@ -18,6 +18,12 @@ size of the hard part's, as Hinton et al. scale it). What is a distribution depe
     choices  an example's rows: multiple choice's choices, a reranker's candidates
     spans    a window's tokens, once for the answer's start and once for its end (their mean)
 
+An embedding student learns from texts alone, with no labels (`distill_texts`: a corpus as prepare
+reads it): its loss is the squared error of its vector of each text to the teacher's (the mean over
+the dimensions; sentence-transformers' MSELoss, as Reimers and Gurevych 2020 distil a multilingual
+student), and, for a teacher trained with Matryoshka dimensions, of each first D dimensions too
+(weights 1: MatryoshkaLoss around it); the temperature and the soft weight do not enter.
+
 The teacher is run once, in eval mode, over the training rows before the first step (`teacher_outputs`),
 and its outputs are kept a row at a time; a batch of any order gathers its rows' (`TeacherOutputs.of`).
 """
@@ -25,18 +31,22 @@ and its outputs are kept a row at a time; a batch of any order gathers its rows'
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..io.texts import lines
 from ..losses import choice_block
 from ..packing import pad
 from ..settings import Checked, setting
 from ..tasks.batches import TaskBatch, TaskData
+from ..tasks.embedding import PairExample, read_pairs
 from ..tasks.families import TaskFamily
 
 
@@ -102,7 +112,10 @@ class SoftTargets:
     """What a family's head outputs as soft targets: `pieces` (the teacher's outputs of a batch as
     [P, D] and the pieces of each of its rows, in order), `gather` (the pieces of a batch's rows, made
     back into the head's layout) and `loss` (the soft-target loss of a student's outputs, summed over
-    the batch's targets: the family's `count`)."""
+    the batch's targets: the family's `count`). `labelled`: the student learns the labels too (else the
+    teacher's outputs alone, and the model runs without targets)."""
+
+    labelled = True
 
     def pieces(self, out, batch: TaskBatch) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -164,14 +177,75 @@ class SpanTargets(SoftTargets):
         return total / 2
 
 
+class EmbeddingTargets(SoftTargets):
+    labelled = False
+
+    def pieces(self, out, batch):
+        emb = out.embeddings.float()  # [S, H] a vector per text
+        return emb, torch.ones(len(emb), dtype=torch.long)
+
+    def loss(self, out, teacher, batch, temperature, config):
+        student = out.embeddings.float()
+        total = 0.0
+        for d in (student.shape[-1], *(config.extra.get("matryoshka") or ())):
+            total = total + ((student[:, :d] - teacher[:, :d]) ** 2).mean(-1).sum()
+        return total
+
+    @staticmethod
+    def correct(out, teacher: Tensor) -> Tensor:
+        """The texts whose vector is nearer (by cosine) their own teacher vector than any other of the batch's."""
+        scores = F.normalize(out.embeddings.float(), dim=-1) @ F.normalize(teacher, dim=-1).T  # [S, S]
+        return (scores.argmax(-1) == torch.arange(len(scores), device=scores.device)).sum()
+
+
 SOFT_TARGETS: dict[str, SoftTargets] = {"classes": ClassTargets(), "choices": ChoiceTargets(),
-                                        "spans": SpanTargets()}
+                                        "spans": SpanTargets(), "embeddings": EmbeddingTargets()}
 
 
 def soft_targets(fam: TaskFamily) -> SoftTargets:
     if fam.soft_targets not in SOFT_TARGETS:
         raise ValueError(f"{fam.type} tasks are not distilled from labelled examples")
     return SOFT_TARGETS[fam.soft_targets]
+
+
+def distill_texts(path, note=None) -> list[PairExample]:
+    """The texts an embedding student learns the teacher's vectors of, each distinct one once, in
+    order: every non-blank line of a corpus file as prepare reads it (text, one sentence a line, JSON
+    Lines or Parquet with a text field, plain, .gz or .zst; a record's text line by line), or the texts
+    of an embedding file (query and passage pairs, NLI: tasks/embedding.py)."""
+    from ..data.sources import corpus_documents, corpus_files
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (a text file, JSON Lines or Parquet: the texts to distil on)")
+    if _embedding_file(path):
+        texts = [t for ex in read_pairs(path) for t in (ex.query, ex.positive, *ex.negatives)]
+    else:
+        texts = [line for docs in corpus_documents(corpus_files([path]), "auto", 1 << 24, _one_line,
+                                                   **({"note": note} if note else {}))
+                 for doc in docs for line in doc]
+    if not texts:
+        raise ValueError(f"{path}: no text in it; an embedding student learns from texts, one a line")
+    return [PairExample(str(k), text, None, [], str(path)) for k, text in enumerate(dict.fromkeys(texts))]
+
+
+def _embedding_file(path: Path) -> bool:
+    """A file in the embedding family's layouts (TSV or CSV; JSON Lines whose records have no text field)."""
+    suffix = path.suffix.lower()
+    if suffix in (".tsv", ".csv"):
+        return True
+    if suffix not in (".jsonl", ".json"):
+        return False
+    first = next((line for _, line in lines(path) if line.strip()), "")
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False  # the corpus reader names the line
+    return isinstance(record, dict) and "text" not in record and ("query" in record or "sentence1" in record)
+
+
+def _one_line(line: str) -> list[str]:
+    return [line.strip()] if line.strip() else []
 
 
 # -- the teacher's outputs, computed once ------------------------------------------------------------
@@ -205,7 +279,7 @@ def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device)
     try:
         for batch in data.all_batches(batch_size):
             batch = batch.to(device)
-            out = teacher(**batch.model_inputs(), **data.family.targets(batch))
+            out = teacher(**batch.model_inputs(), **(data.family.targets(batch) if kind.labelled else {}))
             values, counts = kind.pieces(out, batch)
             for row, piece in zip(batch.rows.tolist(), values.cpu().split(counts.tolist())):
                 parts[row] = piece
@@ -218,20 +292,25 @@ def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device)
 
 class DistillTask:
     """The loss parts of a distilled student: "task" (its loss on the labels) and "soft" (the soft
-    targets' loss), each summed over the family's targets, weighed 1 - soft_weight and soft_weight."""
-
-    parts = ("task", "soft")
+    targets' loss), each summed over the family's targets, weighed 1 - soft_weight and soft_weight;
+    from texts alone (an embedding student), "soft" only."""
 
     def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
                  per_step: float | None = None):
         self.family, self.teacher, self.settings, self.config = fam, teacher, s, config
-        self.per_step = {"task": per_step, "soft": per_step} if per_step else None
-        self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight}
+        self.parts = ("task", "soft") if teacher.kind.labelled else ("soft",)
+        self.per_step = {p: per_step for p in self.parts} if per_step else None
+        self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight} if teacher.kind.labelled else {"soft": 1.0}
 
     def counts(self, batch: TaskBatch) -> dict[str, int]:
-        return {"task": batch.num_targets, "soft": batch.num_targets}
+        return {p: batch.num_targets for p in self.parts}
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:
+        if not self.teacher.kind.labelled:  # the teacher's vectors are the targets
+            out = model(**batch.model_inputs())
+            teacher = self.teacher.of(batch, batch.input_ids.device)
+            soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
+            return {"soft": (soft, self.teacher.kind.correct(out, teacher))}
         out = model(**batch.model_inputs(), **self.family.targets(batch))
         n = batch.num_targets
         correct = self.family.correct(out, batch)

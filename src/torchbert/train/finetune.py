@@ -45,7 +45,8 @@ from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
-from .distill import DistillSettings, DistillTask, student_of, taken_layers, teacher_outputs
+from .distill import (DistillSettings, DistillTask, distill_texts, soft_targets, student_of, taken_layers,
+                      teacher_outputs)
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -183,7 +184,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev}, log=log)
     tokenizer = BertTokenizer.from_pretrained(s.model)
     fam.model_for(load_config(s.model))  # a task without a model for this encoder is an error before any reading
-    train_examples = fam.read(s.train, ts.layout)
+    texts_alone = s.distill is not None and not soft_targets(fam).labelled  # an embedding student's texts
+    train_examples = distill_texts(s.train, log) if texts_alone else fam.read(s.train, ts.layout)
     dev_examples = fam.read(s.dev, ts.layout) if s.dev is not None else None
     if s.resume:  # the files read (so they are files): the ones the run started with?
         resumed(s.out, {"train": s.train, "dev": s.dev}, None)
@@ -246,7 +248,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     if s.distill is not None:
         teacher = load_task_model(s.model, config, ts, log).to(device)
         model = student_of(teacher, s.distill.student_layers, **fam.head_arguments(ts)).to(device)
-        log(f"{type(model).__name__}: a student of {len(layers)} layers (the teacher's "
+        plural = "s" if len(layers) > 1 else ""
+        log(f"{type(model).__name__}: a student of {len(layers)} layer{plural} (the teacher's "
             f"{', '.join(map(str, layers))} of {config.num_hidden_layers}; {sum(p.numel() for p in model.parameters()):,} "
             f"parameters, the teacher {sum(p.numel() for p in teacher.parameters()):,}), its embeddings and head the "
             "teacher's")
