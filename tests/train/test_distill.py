@@ -272,6 +272,10 @@ def test_the_texts_to_distil_on_are_each_line_once_as_prepare_reads_a_corpus(tmp
     empty.write_text("\n  \n", encoding="utf-8")
     with pytest.raises(ValueError, match="d.txt: no text in it"):
         distill_texts(empty)
+    deep = tmp_path / "deep.jsonl"  # a record nested beyond the parser: an error naming the line
+    deep.write_text("[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="deep.jsonl:1"):
+        distill_texts(deep)
 
 
 def vectors(model, tokenizer, texts):

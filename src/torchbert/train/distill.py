@@ -31,7 +31,6 @@ and its outputs are kept a row at a time; a batch of any order gathers its rows'
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..io.texts import lines
+from ..io.texts import json_loads, lines
 from ..losses import choice_block
 from ..packing import pad
 from ..settings import Checked, setting
@@ -238,7 +237,7 @@ def _embedding_file(path: Path) -> bool:
         return False
     first = next((line for _, line in lines(path) if line.strip()), "")
     try:
-        record = json.loads(first)
+        record = json_loads(first)  # a record nested too deeply is malformed JSON, not a RecursionError
     except ValueError:
         return False  # the corpus reader names the line
     return isinstance(record, dict) and "text" not in record and ("query" in record or "sentence1" in record)
