@@ -250,6 +250,42 @@ def test_an_interrupt_that_a_finalizer_swallows_is_sent_again_and_stops_the_comm
     assert len(seen) == 1 and isinstance(seen[0].exc_value, ZeroDivisionError)
 
 
+class _SignalledWhileConverted:
+    """A number whose conversion is where SIGTERM's or SIGINT's handler runs: inside C++ code converting a
+    call's arguments (pybind11, as when matplotlib draws a plot), which clears the KeyboardInterrupt and
+    raises a TypeError of its own."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __float__(self):
+        signal.raise_signal(self.signum)
+        return 0.0
+
+
+def _converted_while_signalled(signum):
+    from matplotlib import _path
+    from matplotlib.transforms import Affine2D
+
+    _path.affine_transform([[_SignalledWhileConverted(signum), 0.0]], Affine2D().get_matrix())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupt_that_cpp_code_turns_into_an_error_stops_the_command_as_an_interrupt(tmp_path, monkeypatch,
+                                                                                          signum, capsys):
+    from torchbert.commands import embed
+
+    with cli._sigterm_interrupts(), pytest.raises(TypeError, match="incompatible function arguments"):
+        _converted_while_signalled(signum)  # what the command saw: no KeyboardInterrupt, a TypeError
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own, given back
+    monkeypatch.setattr(embed, "run", lambda args: _converted_while_signalled(signum))
+    assert cli.main(["embed", "--model", "m", "--input", "i", "--out", str(tmp_path / "e.npy")]) == 130
+    assert capsys.readouterr().err.strip().endswith("no output was written")
+    monkeypatch.setattr(embed, "run", lambda args: 1 / 0)  # an error with no signal since the command began
+    assert cli.main(["embed", "--model", "m", "--input", "i", "--out", str(tmp_path / "e.npy")]) == 1
+    assert "a bug in torchbert" in capsys.readouterr().err
+
+
 def test_main_gives_a_command_the_flags_given_its_outs_target_and_sigterm_unless_it_serves(tmp_path, monkeypatch):
     from torchbert.commands import finetune, serve
 

@@ -24,7 +24,8 @@ from types import ModuleType
 
 from .commands import COMMANDS
 from .commands.common import check_shared
-from .errors import Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, UserError, one_line_warning
+from .errors import (Interrupted, OutOfSpace, RunFailed, StudyInterrupted, Terminated, UserError, interrupt_raised,
+                     interrupts, one_line_warning)
 
 
 def commands() -> dict[str, ModuleType]:
@@ -197,7 +198,9 @@ def _sigterm_interrupts():
     finalizer (a __del__, a weak reference's callback: the garbage collector runs them anywhere), the
     exception it raises is printed as "Exception ignored" and dropped: the stop would be lost and a
     study would run on to its end. While the command runs, an interrupt dropped that way is sent again
-    (sys.unraisablehook, the hook before restored after), to land in ordinary code."""
+    (sys.unraisablehook, the hook before restored after), to land in ordinary code. Both handlers (SIGTERM's,
+    and Ctrl-C's where it is Python's own) count what they raise (errors.interrupts): an error that C++ code
+    made of one is told as the interrupt."""
     import signal
     import threading
 
@@ -206,7 +209,12 @@ def _sigterm_interrupts():
         return
 
     def terminate(signum, frame):
+        interrupt_raised()
         raise Terminated()
+
+    def interrupt(signum, frame):  # Ctrl-C: Python's own KeyboardInterrupt, counted
+        interrupt_raised()
+        signal.default_int_handler(signum, frame)
 
     def redeliver(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):  # SIGTERM, Ctrl-C, a training run's second signal
@@ -220,11 +228,16 @@ def _sigterm_interrupts():
             hook(unraisable)
 
     old, hook = signal.signal(signal.SIGTERM, terminate), sys.unraisablehook
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt)
     sys.unraisablehook = redeliver
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        if old_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, old_int)
         sys.unraisablehook = hook
 
 
@@ -232,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(build_parser(), argv)
     debug = args.debug or os.environ.get("TORCHBERT_DEBUG", "") not in ("", "0")
+    signalled = interrupts()
     with warnings.catch_warnings():
         if not debug:
             warnings.showwarning = one_line_warning
@@ -258,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torchbert: {_interrupted(e, args, argv)}", file=sys.stderr)
             return 130
         except Exception as e:
+            if interrupts() > signalled and not debug:  # an interrupt that C++ code turned into an error
+                print(f"torchbert: {_interrupted(None, args, argv)}", file=sys.stderr)
+                return 130
             if debug:
                 raise
             code, text = describe(e)

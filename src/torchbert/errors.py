@@ -10,6 +10,11 @@ Interrupted  SIGINT or SIGTERM stopped a run after it saved a checkpoint: exit s
 Terminated   SIGTERM anywhere in a command (what `timeout`, systemd, docker and Kubernetes send): raised
              as a KeyboardInterrupt, so every command cleans up on it as on Ctrl-C.
 StudyInterrupted  a signal stopped `demo` or `compare`: the stages that finished are kept.
+
+A signal's KeyboardInterrupt raised while C++ code converts a call's arguments (pybind11: matplotlib
+drawing a plot) is cleared there and comes out as a TypeError ("incompatible function arguments"):
+each handler that raises one counts it (`interrupt_raised`), so that an error after one reads as
+the interrupt it was (`interrupts`), not as a bug.
 """
 
 from __future__ import annotations
@@ -47,6 +52,21 @@ class Interrupted(Exception):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program was (cli.main installs the handler for the command's time)."""
+
+
+_raised = 0  # the interrupts torchbert's signal handlers raised in this process
+
+
+def interrupt_raised() -> None:
+    """A signal handler is about to raise its KeyboardInterrupt (see the module's docstring)."""
+    global _raised
+    _raised += 1
+
+
+def interrupts() -> int:
+    """How many interrupts torchbert's signal handlers raised in this process: an exception that came
+    while the count grew came from one."""
+    return _raised
 
 
 class StudyInterrupted(KeyboardInterrupt):

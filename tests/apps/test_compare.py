@@ -3,6 +3,7 @@ protocol's outputs (not who wins: a few steps decide nothing), and data kept apa
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -302,3 +303,45 @@ def test_a_finished_pretraining_is_read_back_with_its_peak_memory(tmp_path):
     (run / "metrics.json").write_text(json.dumps(metrics))  # a run of an older torchbert
     assert "peak_memory_gb" not in pretrain_one(Stages(tmp_path, lambda m: None, keep=False), QUICK, "bert", run,
                                                 10, 0)
+
+
+def test_a_resumed_run_keeps_its_fine_tuning_that_finished_and_runs_only_the_evaluation_it_lacked(tmp_path):
+    """A signal during a run's test evaluation: the message counts its fine-tuning as kept, and a
+    --resume takes up after it (the stages it runs are the ones the message said were missing)."""
+    import torchbert.apps.compare as compare
+    from torchbert.apps.stages import Stages
+    from torchbert.errors import StudyInterrupted
+
+    calls = []
+
+    class Study(Stages):
+        stop = True
+
+        def finetune(self, name, s, cfg):
+            def call():
+                calls.append("finetune")
+                s.out.mkdir(parents=True)
+                for f in ("model.safetensors", "config.json"):
+                    (s.out / f).write_text("x")
+                (s.out / "metrics.json").write_text(json.dumps({"accuracy": 0.6}))
+            return self.run(name, ["finetune"], call)
+
+        def evaluate(self, name, model, data, out):
+            def call():
+                calls.append("evaluate")
+                if self.stop:
+                    raise KeyboardInterrupt
+                out.write_text(json.dumps({"accuracy": 0.7}))
+            return self.run(name, ["evaluate"], call)
+
+    args = (compare.QUICK, tmp_path / "data", "sentiment", "full", "bert", tmp_path / "bert", 1e-4, 0)
+    with pytest.raises(StudyInterrupted) as e:
+        compare.finetune_one(Study(tmp_path, lambda m: None, total=2), *args)
+    assert e.value.done == 1 and calls == ["finetune", "evaluate"]
+    resumed = Study(tmp_path, lambda m: None, total=2)
+    resumed.stop = False
+    got = compare.finetune_one(resumed, *args)
+    assert calls == ["finetune", "evaluate", "evaluate"] and resumed.done == 2
+    assert got["dev"] == 0.6 and got["test"] == 0.7 and got["seconds"] == resumed.times[Path(got["run"]).name]
+    again = Study(tmp_path, lambda m: None, total=2)
+    assert compare.finetune_one(again, *args) == got and again.done == 2 and len(calls) == 3  # all on disk

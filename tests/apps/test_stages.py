@@ -129,6 +129,45 @@ def test_a_failed_stage_is_a_run_failure_not_a_bug_and_keeps_the_stages_before_i
             r.run("fifth", ["evaluate"], fails)
 
 
+def test_an_interrupt_that_came_as_another_error_stops_the_study_after_the_stages_done(tmp_path):
+    from torchbert.errors import interrupt_raised
+
+    def signalled_then_mangled():  # a signal's handler raised, and C++ code made a TypeError of it (errors.py)
+        interrupt_raised()
+        raise TypeError("incompatible function arguments")
+
+    r = Stages(tmp_path, lambda m: None, total=4)
+    r.run("first", ["vocab"], lambda: None)
+    with pytest.raises(StudyInterrupted) as e:
+        r.run("second", ["prepare"], signalled_then_mangled)
+    assert (e.value.done, e.value.total) == (1, 4)
+    for between in (signalled_then_mangled, lambda: (_ for _ in ()).throw(KeyboardInterrupt)):
+        with pytest.raises(StudyInterrupted) as e:  # the study's own code between two stages
+            with r.stopping():
+                r.found()
+                between()
+        assert e.value.done == r.done
+    with pytest.raises(ZeroDivisionError):  # an error with no signal is what it is
+        with r.stopping():
+            1 / 0
+
+
+def test_a_stage_that_finished_before_an_interrupt_is_found_by_its_seconds_and_outputs(tmp_path):
+    r = Stages(tmp_path, lambda m: None, total=4)
+    run = tmp_path / "run"
+
+    def finetune():
+        run.mkdir()
+        (run / "metrics.json").write_text("{}")
+
+    r.run("tune", ["finetune"], finetune)
+    again = Stages(tmp_path, lambda m: None, total=4)  # --resume
+    assert again.finished("tune", run, "metrics.json")
+    assert not again.finished("test", run, "metrics.json")  # its seconds are not in the record: it did not end
+    (run / "metrics.json").unlink()
+    assert not again.finished("tune", run, "metrics.json")  # its output is gone
+
+
 class Printed(Stages):
     """Stages that print their command lines and run nothing."""
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import StudyInterrupted, UserError
+from ..errors import UserError
 from ..io.files import atomic_write_text
 from ..settings import MAX_EPOCHS, Checked, SettingError, seed_setting, setting
 from .benchmark_table import averages, columns_of, scores_plot, suite_scalars, summary_markdown
@@ -236,21 +236,30 @@ class Bench:
         from ..tasks.families import TaskSettings, resolve_task
         from ..train.finetune import FinetuneSettings
 
-        resume = any(run.glob("checkpoints/step-*"))  # an interrupted run continues from its checkpoint
-        if run.exists() and not resume:
-            shutil.rmtree(run)
-        s, cfg = FinetuneSettings(
-            task=t.task, model=self.plan.models[model], train=self.train_files[t.name], dev=files["dev"], out=run,
-            epochs=p.epochs, warmup_ratio=p.warmup_ratio, resume=resume,
-            task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=t.max_length or p.max_length),
-        ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay, precision=self.plan.precision,
-                  progress=False)
         name = f"{model} {t.name} lr {lr:g} batch {batch} seed {seed}"
-        r.finetune(name, s, cfg)
+        # each stage that finished before an interrupt is kept (the fine-tuning, then each evaluation)
+        if r.finished(name, run, "metrics.json", "model.safetensors", "config.json"):
+            r.found()
+        else:
+            resume = any(run.glob("checkpoints/step-*"))  # an interrupted run continues from its checkpoint
+            if run.exists() and not resume:
+                shutil.rmtree(run)
+            s, cfg = FinetuneSettings(
+                task=t.task, model=self.plan.models[model], train=self.train_files[t.name], dev=files["dev"],
+                out=run, epochs=p.epochs, warmup_ratio=p.warmup_ratio, resume=resume,
+                task_settings=TaskSettings(type=resolve_task(t.task)[0], max_length=t.max_length or p.max_length),
+            ).resolve(lr=lr, batch_size=batch, seed=seed, weight_decay=p.weight_decay,
+                      precision=self.plan.precision, progress=False)
+            r.finetune(name, s, cfg)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         scores = {"dev": {k: v for k, v in metrics.items() if isinstance(v, float)}}
         for split in later:
-            scores[split] = r.evaluate(f"{name}: {split}", run, files[split], run / f"scores-{split}.json")
+            scored = run / f"scores-{split}.json"
+            if r.finished(f"{name}: {split}", run, scored.name):
+                scores[split] = json.loads(scored.read_text(encoding="utf-8"))
+                r.found()
+            else:
+                scores[split] = r.evaluate(f"{name}: {split}", run, files[split], scored)
         cell = {"version": VERSION, "lr": lr, "batch_size": batch, "seed": seed, "run": str(run),
                 "train_examples": metrics["train_examples"], "seconds": r.times[name], "scores": scores}
         atomic_write_text(done, json.dumps(cell, indent=2) + "\n")
@@ -321,7 +330,7 @@ def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> t
     sets = {t.name: check(plan.data / Path(t.files["corpus"]).parent) for t in plan.tasks}  # every file first
     r = Stages(plan.out, log, total=len(plan.models) * len(plan.tasks), on_done=on_done, device=device)
     results: dict[str, dict[str, Any]] = {}
-    try:
+    with r.stopping():
         for model, folder in plan.models.items():
             results[model] = {}
             for t in plan.tasks:
@@ -348,8 +357,6 @@ def search_suite(plan: Plan, log, on_done: Callable[[], None], device: str) -> t
                     "runs": [cell["run"]], "chosen": cell["run"], "seconds": cell["seconds"], "submission": [],
                     "columns": {c.title: {"value": cell["scores"][c.metric], "values": [cell["scores"][c.metric]],
                                           "std": 0.0, "split": split, "metric": c.metric} for c in t.columns}}
-    except KeyboardInterrupt:
-        raise StudyInterrupted(r.done, r.total) from None
     return results, r.seconds()
 
 
@@ -459,7 +466,7 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
     r = Stages(out, log, total=total * len(plan.models), on_done=on_done, device=device)
     bench = Bench(plan, r, files, train_files, counts)
     results: dict[str, dict[str, Any]] = {}
-    try:
+    with r.stopping():
         if runner is not None:
             results = runner(bench)
         for model in plan.models:
@@ -468,10 +475,6 @@ def run_benchmark(plan: Plan, protocol_text: str, max_train: int | None = None, 
                 if t.name not in results[model]:
                     results[model][t.name] = bench.task(model, t)
                 results[model][t.name]["submission"] = bench.submit(model, t, Path(results[model][t.name]["chosen"]))
-    except StudyInterrupted:
-        raise
-    except KeyboardInterrupt:
-        raise StudyInterrupted(r.done, r.total) from None
     return _finish(plan, protocol_text, max_train, log, results, r.seconds())
 
 

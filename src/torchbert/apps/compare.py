@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import StudyInterrupted
 from ..eval.plots import errorbar_panels, line_plot, read_jsonl
 from ..io.files import atomic_write_text
 from ..tokenizer import TOKENIZER_FILES
@@ -311,19 +310,25 @@ def finetune_one(r: Stages, b: Budget, data: Path, task: str, size: str, name: s
     result, done = run / "test_metrics.json", run / "dev_metrics.json"  # done: written last
     if r.complete(run, done.name, result.name, "model.safetensors", "config.json"):
         r.found(2)
-    else:
-        if run.exists():
-            shutil.rmtree(run)
-        from ..tasks.families import TaskSettings
-        from ..train.finetune import FinetuneSettings
+    else:  # each of its two stages that finished before an interrupt is kept, as the message said
+        if r.finished(run.name, run, "metrics.json", "model.safetensors", "config.json"):
+            r.found()
+        else:
+            if run.exists():
+                shutil.rmtree(run)
+            from ..tasks.families import TaskSettings
+            from ..train.finetune import FinetuneSettings
 
-        s, cfg = FinetuneSettings(
-            task=task_type, model=model, train=data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}",
-            dev=data / f"{task}.dev.{ext}", out=run, epochs=b.epochs if size == "full" else b.low_epochs,
-            task_settings=TaskSettings(type=task_type, max_length=b.max_length),
-        ).resolve(lr=lr, batch_size=b.batch_size, seed=seed, progress=False)
-        r.finetune(run.name, s, cfg)
-        r.evaluate(f"{run.name} test", run, data / f"{task}.test.{ext}", result)
+            s, cfg = FinetuneSettings(
+                task=task_type, model=model, train=data / f"{task}.{'train' if size == 'full' else 'train_low'}.{ext}",
+                dev=data / f"{task}.dev.{ext}", out=run, epochs=b.epochs if size == "full" else b.low_epochs,
+                task_settings=TaskSettings(type=task_type, max_length=b.max_length),
+            ).resolve(lr=lr, batch_size=b.batch_size, seed=seed, progress=False)
+            r.finetune(run.name, s, cfg)
+        if r.finished(f"{run.name} test", run, result.name):
+            r.found()
+        else:
+            r.evaluate(f"{run.name} test", run, data / f"{task}.test.{ext}", result)
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         metrics["seconds"] = r.times[run.name]
         atomic_write_text(done, json.dumps(metrics, indent=2) + "\n")
@@ -370,7 +375,7 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
                  "--quick, --budget, --seed, --match, or an older torchbert's tasks")
     data = out / "data"
     r = Stages(out, log, total=stage_count(b, match))
-    try:
+    with r.stopping():
         info = write_tasks(data, b)
         pretraining = pretrain_all(r, b, data, seed)
         if match == "both":
@@ -384,10 +389,6 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
                     folder = r.out / "pretrain" / name.replace("@", "-")
                     cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
                         r, b, data, task, size, name.replace("@", "-"), folder, b.grids[system], seed)}
-    except StudyInterrupted:
-        raise
-    except KeyboardInterrupt:  # a signal between two stages
-        raise StudyInterrupted(r.done, r.total) from None
     summary = {"quick": quick, "budget": budget, "match": match, "settings": asdict(b), "data": info,
                "train_examples": {"full": b.train, "low": b.low}, "pretraining": pretraining, "cells": cells,
                "seconds": r.seconds(),  # the runs' before --resume included

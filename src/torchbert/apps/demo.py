@@ -31,7 +31,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import StudyInterrupted
 from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import TEXT as RECIPE_TEXT
@@ -83,12 +82,8 @@ def run_demo(out: Path, quick: bool = False, budget: float = 1.0, seed: int = 0,
     settings = json.dumps({"quick": quick, "budget": budget, "seed": seed, **asdict(b)}, indent=2) + "\n"
     claim_folder(out, MARKER, "demo", settings, "--quick, --budget, --seed or --recipe")
     r = Stages(out, log, total=stage_count(b), on_done=on_done)
-    try:
+    with r.stopping():
         return _stages(out, r, b, quick, budget, seed, log)
-    except StudyInterrupted:
-        raise
-    except KeyboardInterrupt:  # a signal between two stages
-        raise StudyInterrupted(r.done, r.total) from None
 
 
 def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: int, log) -> dict[str, Any]:

@@ -15,6 +15,7 @@ a bug, and the stages before it stay on disk for --resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import Interrupted, RunFailed, StudyInterrupted, UserError
+from ..errors import Interrupted, RunFailed, StudyInterrupted, UserError, interrupts
 from ..settings import SettingError, as_flags
 
 
@@ -71,12 +72,16 @@ class Stages:
         argv = [str(a) for a in argv]
         self.log(f"\n== {name} ({self.where()}): {shlex.join(['torchbert', *argv])}")
         sys.stdout.flush()  # the stage's line out before its work, also where stdout is a pipe or a file
-        start = time.perf_counter()
+        start, signalled = time.perf_counter(), interrupts()
         try:
             result = call()
         except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM; a training run saved its checkpoint first
             raise StudyInterrupted(self.done, self.total) from None
-        except (UserError, RunFailed, SettingError, ValueError, OSError) as e:
+        except Exception as e:
+            if interrupts() > signalled:  # an interrupt that C++ code turned into an error (errors.py)
+                raise StudyInterrupted(self.done, self.total) from None
+            if not isinstance(e, (UserError, RunFailed, SettingError, ValueError, OSError)):
+                raise
             text = " ".join(str(e).split()) or type(e).__name__
             raise RunFailed(f"stage {name!r} failed (torchbert {argv[0]}: {text}); the {self.done} stage(s) "
                             f"before it are kept in {self.out}") from e
@@ -91,6 +96,22 @@ class Stages:
         self.found()
         return result
 
+    @contextlib.contextmanager
+    def stopping(self):
+        """Around a study's stages and its own code between them: a signal anywhere there (or an error that
+        C++ code made of one) is StudyInterrupted after the stages done so far."""
+        signalled = interrupts()
+        try:
+            yield self
+        except StudyInterrupted:
+            raise
+        except KeyboardInterrupt:  # a signal between two stages
+            raise StudyInterrupted(self.done, self.total) from None
+        except Exception:
+            if interrupts() > signalled:
+                raise StudyInterrupted(self.done, self.total) from None
+            raise
+
     def complete(self, folder: Path, *names: str) -> bool:
         """Whether a stage's outputs are all in `folder` (`names`; the first is the one it writes last):
         on --resume, a stage is run again when any is missing (deleted since, or never written)."""
@@ -100,6 +121,12 @@ class Stages:
         if missing:
             self.log(f"{folder}: {', '.join(missing)} missing; its stage runs again")
         return not missing
+
+    def finished(self, name: str, folder: Path, *names: str) -> bool:
+        """Whether stage `name` finished in a run of this study before (its seconds are in the record) and
+        left its outputs (`names` in `folder`, as `complete`): a study of stages that go together (a
+        fine-tuning run, then its evaluation) takes up again after the last one that finished."""
+        return name in self.times and self.complete(folder, *names)
 
     def found(self, stages: int = 1) -> None:
         """`stages` more finished (run now, or their results found on disk)."""

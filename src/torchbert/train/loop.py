@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from .. import fast
 from ..fast import threads
 from ..config import check_ids
-from ..errors import Interrupted, RunFailed, UserError
+from ..errors import Interrupted, RunFailed, UserError, interrupt_raised
 from ..hardware import peak_resident_bytes, resident_bytes
 from ..io.checkpoint import (PREFIX, latest_checkpoint, list_checkpoints, load_checkpoint, no_checkpoint,
                              remove_leftovers, save_checkpoint)
@@ -165,6 +165,7 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.caught is not None:
+            interrupt_raised()
             raise KeyboardInterrupt
         self.caught, self.signum = SIGNALS[signum], signum
         self.log(f"{self.caught}: stopping after this step and saving a checkpoint (again to stop at once, "
