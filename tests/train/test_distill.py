@@ -231,6 +231,94 @@ def test_distill_refuses_what_it_cannot_distil(tokenizer, tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+# -- texts without labels that the teacher labels (--unlabeled) ---------------------------------------
+
+def test_texts_without_labels_add_to_the_soft_loss_alone_and_the_task_loss_is_over_the_labelled_rows(tokenizer,
+                                                                                                      tmp_path):
+    from torchbert.losses import IGNORE
+
+    fam, teacher, data, config = family_data("classification", tokenizer, tmp_path)
+    labelled = len(data.encoded.input_ids) // 2  # the rows from here on: texts without labels
+    gold = list(data.encoded.labels)
+    data.encoded.labels[labelled:] = [IGNORE] * (len(gold) - labelled)
+    kept = teacher_outputs(teacher, data, batch_size=3, device="cpu")
+    student = student_of(teacher, 1).eval()
+    s = DistillSettings(student_layers=1, temperature=2.0)
+    task = DistillTask(fam, kept, s, config, per_step=8.0, labelled_rows=labelled)
+    rows = len(gold)
+    assert task.per_step == {"task": 8.0 * labelled / rows, "soft": 8.0}  # the labelled share of a step's targets
+    seen = set()
+    for batch in data.batches(4, epoch=1):
+        rows_here = batch.rows.tolist()
+        mine = [k for k, r in enumerate(rows_here) if r < labelled]
+        parts = task.forward(student, batch)
+        assert task.counts(batch) == {"task": len(mine), "soft": len(rows_here)}
+        with torch.no_grad():
+            logits = student(**batch.model_inputs()).logits
+        hard = sum(-torch.log_softmax(logits[k], -1)[gold[rows_here[k]]] for k in mine) if mine else 0.0
+        assert parts["task"][0].item() == pytest.approx(float(hard), rel=1e-5, abs=1e-6)
+        assert torch.isfinite(parts["task"][0])  # a batch of unlabelled rows alone: 0, not the mean of nothing
+        soft = kl_by_hand(logits.numpy(), kept.of(batch).numpy(), 2.0)
+        assert parts["soft"][0].item() == pytest.approx(soft, rel=1e-4, abs=1e-6)  # every row
+        agree = (logits.argmax(-1) == kept.of(batch).argmax(-1)).sum()
+        assert parts["soft"][1].item() == agree.item()  # its figure: the rows where it says the teacher's class
+        seen.add(bool(mine) + 2 * (len(mine) < len(rows_here)))
+    assert 3 in seen  # a batch of both kinds was checked
+
+
+def test_distill_learns_the_teachers_outputs_on_unlabelled_texts(tokenizer, tmp_path, capsys):
+    import gzip
+
+    train, base = classification_files(tmp_path, tokenizer)
+    args = ["--train", str(train), "--dev", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli(["finetune", "--task", "classification", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--max-length", "48", *args]) == 0
+    corpus = tmp_path / "more.txt.gz"
+    with gzip.open(corpus, "wt", encoding="utf-8") as f:
+        f.write("a text with no label\n\nanother one\na text with no label\n")
+    capsys.readouterr()
+    distill = ["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--student-layers",
+               "1", "--unlabeled", str(corpus), *args[:-1]]
+    assert cli(distill) == 0
+    err = capsys.readouterr().err
+    examples = len(FAMILIES["classification"].read(train))
+    assert f"{examples + 2} sequences (2 of them {corpus}'s texts, without labels)" in err  # each text once
+    metrics = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    assert metrics["distill"]["unlabeled"] == str(corpus) and metrics["distill"]["unlabeled_examples"] == 2
+    assert metrics["train_examples"] == examples
+    record = read_record(tmp_path / "s")
+    assert record.training["unlabeled"] == str(corpus) and len(record.training["unlabeled_sha256"]) == 64
+    corpus.write_bytes(gzip.compress(b"changed\n"))
+    fails(capsys, *distill, "--resume", code=2, message="unlabeled")  # another file than the run's
+
+
+def test_unlabelled_texts_are_refused_where_they_do_not_fit(tokenizer, tmp_path, capsys):
+    from torchbert.train.distill import unlabeled_examples
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one text\n", encoding="utf-8")
+    for other in ("token", "regression", "qa", "multiple-choice"):
+        with pytest.raises(ValueError, match=rf"--unlabeled .*texts.txt: a {other} student learns from its labelled"):
+            unlabeled_examples(FAMILIES[other], texts, "auto")
+    with pytest.raises(ValueError, match=r"texts.txt: this model reads two texts an example"):
+        unlabeled_examples(FAMILIES["pair"], texts, "auto")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"blank.txt: no text in it; the teacher labels texts"):
+        unlabeled_examples(FAMILIES["classification"], blank, "auto")
+    with pytest.raises(ValueError, match=r"--unlabeled .*none.txt: no such file"):
+        unlabeled_examples(FAMILIES["classification"], tmp_path / "none.txt", "auto")
+    pairs = tmp_path / "pairs.jsonl"  # a pair task's file in its layout: labels, if any, are not read
+    pairs.write_text('{"sentence1": "a", "sentence2": "b", "label": "x"}\n{"sentence1": "c", "sentence2": "d"}\n',
+                     encoding="utf-8")
+    got = unlabeled_examples(FAMILIES["pair"], pairs, "auto")
+    assert [(e.text_a, e.text_b, e.label) for e in got] == [("a", "b", None), ("c", "d", None)]
+    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    fails(capsys, "distill", "--teacher", str(base), "--task", "embedding", "--train", str(texts), "--out",
+          str(tmp_path / "e"), "--student-layers", "1", "--unlabeled", str(texts), code=2,
+          message="an embedding student learns from texts without labels already")
+
+
 # -- an embedding student, from texts alone ----------------------------------------------------------
 
 def test_the_embedding_loss_is_the_squared_error_with_each_matryoshka_prefix():

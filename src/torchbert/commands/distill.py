@@ -25,6 +25,8 @@ examples:
       --student-layers 2
   torchbert distill --teacher runs/ner --train wnut16/train.conll --dev wnut16/dev.conll --out runs/ner-3 \\
       --student-layers 3 --temperature 1 --soft-weight 0.9
+  torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-2u \\
+      --student-layers 2 --unlabeled mail.txt.gz
   torchbert distill --teacher minilm --task embedding --train corpus.txt.gz --dev pairs.jsonl --out runs/emb-2 \\
       --student-layers 2
 
@@ -42,6 +44,13 @@ token's tags, an example's choices or candidates, or a window's answer starts an
 student matches the teacher's score. The dev set is scored after every epoch and the best epoch is
 kept, as in finetune; the run folder holds what finetune's does, and metrics.json says what it was
 distilled from under "distill".
+
+--unlabeled TEXT: texts without labels, which the teacher labels: the student learns the teacher's
+outputs on them too (the soft part of the loss alone; the task's loss stays over the labelled
+examples). For a classification teacher, a corpus as prepare reads it (every non-blank line of a
+text file, or the text field of JSON Lines or Parquet, plain, .gz or .zst; each text once) or a table
+of texts; for a pair teacher, a file in --train's layout (its labels, if any, are not read). An epoch
+passes over both. Other families learn from their labelled examples alone.
 
 --task embedding: a student of a model that embeds (`minilm`, a sentence-transformers folder, an
 embedding run) learns the teacher's vector of each text of --train, which needs no labels: every
@@ -136,6 +145,9 @@ def settings(args):
     if paths.task == "embedding":
         named = getattr(args, "given", None) or ()
         given = [f"--{k.replace('_', '-')}" for k in ("temperature", "soft_weight") if k in named]
+        if distill.unlabeled is not None:
+            raise UserError(f"--unlabeled {distill.unlabeled}: an embedding student learns from texts without labels "
+                            "already; give them as --train")
         if given:
             raise UserError(f"{' and '.join(given)}: an embedding student learns the teacher's vectors (their squared "
                             "error), with no labels and no temperature; leave them out")

@@ -18,6 +18,11 @@ size of the hard part's, as Hinton et al. scale it). What is a distribution depe
     choices  an example's rows: multiple choice's choices, a reranker's candidates
     spans    a window's tokens, once for the answer's start and once for its end (their mean)
 
+A classification or pair student can also learn from texts without labels (`unlabeled_examples`,
+--unlabeled): their rows follow the labelled ones with the label IGNORE, and they add to the soft
+part alone (DistillTask's labelled_rows), as DistilBERT and TinyBERT learn a task from the teacher's
+outputs on text nobody labelled.
+
 An embedding student learns from texts alone, with no labels (`distill_texts`: a corpus as prepare
 reads it): its loss is the squared error of its vector of each text to the teacher's (the mean over
 the dimensions; sentence-transformers' MSELoss, as Reimers and Gurevych 2020 distil a multilingual
@@ -60,6 +65,11 @@ class DistillSettings(Checked):
                                       "soft-target loss", above=0, high=100, metavar="T")
     soft_weight: float = setting(0.5, "the share of the soft-target loss; the rest is the task's loss on the labels",
                                  low=0, high=1)
+    unlabeled: str | None = setting(None, "more texts to learn the teacher's outputs on, with no labels: a corpus as "
+                                          "prepare reads it (one text a line, or JSON Lines or Parquet with a text "
+                                          "field, plain, .gz or .zst), or for a pair task a file in --train's layout "
+                                          "(its labels, if any, unread); classification and pair tasks",
+                                    metavar="TEXT")
 
 
 def taken_layers(teacher_layers: int, k: int) -> list[int]:
@@ -207,7 +217,8 @@ def soft_targets(fam: TaskFamily) -> SoftTargets:
     return SOFT_TARGETS[fam.soft_targets]
 
 
-def distill_texts(path, note=None) -> list[PairExample]:
+def distill_texts(path, note=None, empty: str = "an embedding student learns from texts, one a line"
+                  ) -> list[PairExample]:
     """The texts an embedding student learns the teacher's vectors of, each distinct one once, in
     order: every non-blank line of a corpus file as prepare reads it (text, one sentence a line, JSON
     Lines or Parquet with a text field, plain, .gz or .zst; a record's text line by line), or the texts
@@ -224,8 +235,30 @@ def distill_texts(path, note=None) -> list[PairExample]:
                                                    **({"note": note} if note else {}))
                  for doc in docs for line in doc]
     if not texts:
-        raise ValueError(f"{path}: no text in it; an embedding student learns from texts, one a line")
+        raise ValueError(f"{path}: no text in it; {empty}")
     return [PairExample(str(k), text, None, [], str(path)) for k, text in enumerate(dict.fromkeys(texts))]
+
+
+def unlabeled_examples(fam: TaskFamily, path, layout: str, note=None) -> list:
+    """The examples of --unlabeled for a student of a classification or pair task, with no labels: for a
+    single text, each distinct non-blank line of a corpus (as `distill_texts` reads it) or the texts of a
+    table in the task's layout; for a pair, the pairs of a file in the task's layout (--train's)."""
+    from ..tasks.text import TextExample
+
+    path = Path(path)
+    if fam.soft_targets != "classes" or fam.per_word or getattr(fam, "regression", False):
+        raise ValueError(f"--unlabeled {path}: a {fam.type} student learns from its labelled examples alone "
+                         "(unlabelled texts: classification and pair tasks)")
+    if not path.is_file():
+        raise ValueError(f"--unlabeled {path}: no such file")
+    if getattr(fam, "pair", False) or path.suffix.lower() in (".tsv", ".csv"):
+        examples = [dataclasses.replace(e, label=None) for e in fam.read(path, layout, labelled=False)]
+    else:
+        examples = [TextExample(f"unlabeled-{k}", ex.query, None, None, f"{path} text {k + 1}")
+                    for k, ex in enumerate(distill_texts(path, note, "the teacher labels texts, one a line"))]
+    if not examples:
+        raise ValueError(f"--unlabeled {path}: no text in it; the teacher labels texts, one a line")
+    return examples
 
 
 def _embedding_file(path: Path) -> bool:
@@ -292,17 +325,32 @@ def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device)
 class DistillTask:
     """The loss parts of a distilled student: "task" (its loss on the labels) and "soft" (the soft
     targets' loss), each summed over the family's targets, weighed 1 - soft_weight and soft_weight;
-    from texts alone (an embedding student), "soft" only."""
+    from texts alone (an embedding student), "soft" only.
+
+    labelled_rows: the training rows from it on are texts without labels (--unlabeled, after the
+    labelled ones; their labels IGNORE): they add to the soft part alone, the task part is over the
+    labelled rows (its per-step count their share of the step's), and the soft part's accuracy is the
+    student's agreement with the teacher's class."""
 
     def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
-                 per_step: float | None = None):
+                 per_step: float | None = None, labelled_rows: int | None = None):
         self.family, self.teacher, self.settings, self.config = fam, teacher, s, config
+        self.labelled_rows = labelled_rows
         self.parts = ("task", "soft") if teacher.kind.labelled else ("soft",)
         self.per_step = {p: per_step for p in self.parts} if per_step else None
+        if self.per_step and labelled_rows is not None:
+            self.per_step["task"] = per_step * labelled_rows / (len(teacher.starts) - 1)
         self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight} if teacher.kind.labelled else {"soft": 1.0}
 
+    def labelled(self, batch: TaskBatch) -> int:
+        """The batch's labelled targets (counted on the host)."""
+        if self.labelled_rows is None:
+            return batch.num_targets
+        return int((np.asarray(batch.rows) < self.labelled_rows).sum())  # a class target per row
+
     def counts(self, batch: TaskBatch) -> dict[str, int]:
-        return {p: batch.num_targets for p in self.parts}
+        return {"task": self.labelled(batch), "soft": batch.num_targets} if "task" in self.parts else \
+            {"soft": batch.num_targets}
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:
         if not self.teacher.kind.labelled:  # the teacher's vectors are the targets
@@ -310,12 +358,15 @@ class DistillTask:
             teacher = self.teacher.of(batch, batch.input_ids.device)
             soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
             return {"soft": (soft, self.teacher.kind.correct(out, teacher))}
-        out = model(**batch.model_inputs(), **self.family.targets(batch))
-        n = batch.num_targets
-        correct = self.family.correct(out, batch)
+        n, labelled = batch.num_targets, self.labelled(batch)
+        out = model(**batch.model_inputs(), **(self.family.targets(batch) if labelled else {}))
+        correct = self.family.correct(out, batch)  # an unlabelled row's IGNORE is never right
         if not n:  # a micro-batch of token windows with no labelled token
             zero = (out.logits if out.logits is not None else out.start_logits).sum() * 0.0
             return {"task": (zero, correct), "soft": (zero, correct)}
         teacher = self.teacher.of(batch, batch.input_ids.device)
         soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
-        return {"task": (out.loss.float() * n, correct), "soft": (soft, correct)}
+        task = out.loss.float() * labelled if labelled else soft * 0.0  # the loss: a mean over the labelled rows
+        if self.labelled_rows is not None:  # the soft part's figure: the rows where the student says the teacher's class
+            return {"task": (task, correct), "soft": (soft, (out.logits.argmax(-1) == teacher.argmax(-1)).sum())}
+        return {"task": (task, correct), "soft": (soft, correct)}

@@ -37,6 +37,7 @@ from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.record import RunRecord, read_record, with_training, write_record
+from ..losses import IGNORE
 from ..settings import MAX_EPOCHS, Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.encode import cut_note
@@ -46,7 +47,7 @@ from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
 from .distill import (DistillSettings, DistillTask, distill_texts, soft_targets, student_of, taken_layers,
-                      teacher_outputs)
+                      teacher_outputs, unlabeled_examples)
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -181,15 +182,19 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     if s.frozen is not None and not fam.per_word:
         raise ValueError(f"--frozen trains a tagger on a frozen BERT's token features: it needs a token task, "
                          f"but --task {s.task} is {task_type}")
-    folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev}, log=log)
+    folder = RunFolder(s.out, s.resume, s.overwrite, {"--model": s.model, "--train": s.train, "--dev": s.dev,
+                                                      "--unlabeled": s.distill.unlabeled if s.distill else None}, log=log)
     tokenizer = BertTokenizer.from_pretrained(s.model)
     fam.model_for(load_config(s.model))  # a task without a model for this encoder is an error before any reading
     texts_alone = s.distill is not None and not soft_targets(fam).labelled  # an embedding student's texts
     train_examples = distill_texts(s.train, log) if texts_alone else fam.read(s.train, ts.layout)
     dev_examples = fam.read(s.dev, ts.layout) if s.dev is not None else None
+    more = s.distill.unlabeled if s.distill is not None else None  # texts without labels, the teacher's to label
+    unlabeled = unlabeled_examples(fam, more, ts.layout, log) if more else []
     if s.resume:  # the files read (so they are files): the ones the run started with?
-        resumed(s.out, {"train": s.train, "dev": s.dev}, None)
-    record.update(train_sha256=sha256(s.train), **({"dev_sha256": sha256(s.dev)} if s.dev is not None else {}))
+        resumed(s.out, {"train": s.train, "dev": s.dev, **({"unlabeled": Path(more)} if more else {})}, None)
+    record.update(train_sha256=sha256(s.train), **({"dev_sha256": sha256(s.dev)} if s.dev is not None else {}),
+                  **({"unlabeled_sha256": sha256(Path(more))} if more else {}))
     label_map = fam.label_map(train_examples)
     if label_map is not None and s.distill is not None:  # the teacher's labels: --train may hold some of them
         saved = load_config(s.model).extra.get("id2label")
@@ -220,14 +225,22 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
         if arch.name != "bert":
             raise ValueError(f"--teacher {s.model}: distill takes a fine-tuned BERT as the teacher, not a {arch.title}")
         layers = taken_layers(config.num_hidden_layers, s.distill.student_layers)
+        if unlabeled and config.extra.get("problem_type") == "multi_label_classification":
+            raise ValueError(f"--unlabeled {more}: a multi-label student learns from its labelled examples alone")
 
     started = time.perf_counter()
-    train_data = TaskData(fam.encode(tokenizer, train_examples, ts, label_map, training=True), fam,
-                          seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
+    # the unlabelled texts after the labelled examples, a row each, their labels IGNORE (DistillTask)
+    placeholder = label_map.labels[0] if unlabeled else None
+    encoded = fam.encode(tokenizer, [*train_examples, *(dataclasses.replace(e, label=placeholder) for e in unlabeled)], ts,
+                         label_map, training=True)
+    if unlabeled:
+        encoded.labels[len(train_examples):] = [IGNORE] * len(unlabeled)
+    train_data = TaskData(encoded, fam, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
     dev_data = None
     if dev_examples is not None:
         dev_data = TaskData(fam.encode(tokenizer, dev_examples, ts, label_map, training=False), fam)
     log(f"{s.train}: {len(train_examples):,} examples -> {len(train_data.encoded.input_ids):,} sequences"
+        + (f" ({len(unlabeled):,} of them {more}'s texts, without labels)" if unlabeled else "")
         + (f"; {s.dev}: {len(dev_examples):,} examples" if dev_examples is not None else "")
         + f" (tokenized in {time.perf_counter() - started:.1f}s)")
     cut = "" if fam.windows else cut_note(ts.max_length, config.max_position_embeddings, train_data.encoded,
@@ -299,7 +312,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             log(f"the teacher's outputs on {len(train_data.encoded.input_ids):,} training sequences in "
                 f"{time.perf_counter() - started:.1f}s")
             teacher = None
-            task = DistillTask(fam, outputs, s.distill, config, per_step=per_step)
+            task = DistillTask(fam, outputs, s.distill, config, per_step=per_step,
+                               labelled_rows=len(train_examples) if unlabeled else None)
         else:
             task = FinetuneTask(fam, per_step=per_step)
         summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
@@ -330,6 +344,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             result["tagger"] = asdict(s.frozen)
         if s.distill is not None:
             result["distill"] = {**asdict(s.distill), "teacher": str(s.model), "layers": layers,
+                                 **({"unlabeled_examples": len(unlabeled)} if unlabeled else {}),
                                  "teacher_layers": load_config(s.model).num_hidden_layers}
         atomic_write_text(s.out / "metrics.json", json.dumps(result, indent=2) + "\n")
         plot_finetuning(s.out, best.name)
