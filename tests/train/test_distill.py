@@ -233,37 +233,55 @@ def test_distill_refuses_what_it_cannot_distil(tokenizer, tmp_path, capsys):
 
 # -- texts without labels that the teacher labels (--unlabeled) ---------------------------------------
 
-def test_texts_without_labels_add_to_the_soft_loss_alone_and_the_task_loss_is_over_the_labelled_rows(tokenizer,
-                                                                                                      tmp_path):
+@pytest.mark.parametrize("task_type", ["classification", "token"])
+def test_texts_without_labels_add_to_the_soft_loss_alone_and_the_task_loss_is_over_the_labelled_targets(
+        task_type, tokenizer, tmp_path):
     from torchbert.losses import IGNORE
+    from torchbert.train.distill import UNLABELLED, mark_unlabelled
 
-    fam, teacher, data, config = family_data("classification", tokenizer, tmp_path)
-    labelled = len(data.encoded.input_ids) // 2  # the rows from here on: texts without labels
-    gold = list(data.encoded.labels)
-    data.encoded.labels[labelled:] = [IGNORE] * (len(gold) - labelled)
+    fam, teacher, data, config = family_data(task_type, tokenizer, tmp_path)
+    examples = max(data.encoded.example_index) + 1
+    gold = [list(x) if isinstance(x, list) else x for x in data.encoded.labels]
+    first = mark_unlabelled(data.encoded, examples // 2)  # the second half: texts without labels
+    assert first == data.encoded.example_index.index(examples // 2)
+    for r, labels in enumerate(data.encoded.labels):  # each target of theirs UNLABELLED, nothing else changed
+        want = gold[r] if r < first else ([UNLABELLED if t != IGNORE else IGNORE for t in gold[r]]
+                                          if isinstance(gold[r], list) else UNLABELLED)
+        assert labels == want
     kept = teacher_outputs(teacher, data, batch_size=3, device="cpu")
-    student = student_of(teacher, 1).eval()
-    s = DistillSettings(student_layers=1, temperature=2.0)
-    task = DistillTask(fam, kept, s, config, per_step=8.0, labelled_rows=labelled)
-    rows = len(gold)
-    assert task.per_step == {"task": 8.0 * labelled / rows, "soft": 8.0}  # the labelled share of a step's targets
+    student = student_of(teacher, 1, **fam.head_arguments(task_settings(task_type))).eval()
+    with torch.no_grad():
+        student.classifier.weight.mul_(300)  # outputs far from the teacher's: losses well above rounding
+    task = DistillTask(fam, kept, DistillSettings(student_layers=1, temperature=2.0), config, per_step=8.0,
+                       labelled_rows=first)
+
+    def targets(r):  # a row's gold targets, in order
+        return [t for t in gold[r] if t != IGNORE] if isinstance(gold[r], list) else [gold[r]]
+
+    labelled_targets = sum(len(targets(r)) for r in range(first))
+    assert task.per_step == pytest.approx({"task": 8.0 * labelled_targets / kept.starts[-1], "soft": 8.0})
     seen = set()
-    for batch in data.batches(4, epoch=1):
-        rows_here = batch.rows.tolist()
-        mine = [k for k, r in enumerate(rows_here) if r < labelled]
+    for batch in data.batches(2, epoch=1):
+        rows = batch.rows.tolist()
         parts = task.forward(student, batch)
-        assert task.counts(batch) == {"task": len(mine), "soft": len(rows_here)}
         with torch.no_grad():
-            logits = student(**batch.model_inputs()).logits
-        hard = sum(-torch.log_softmax(logits[k], -1)[gold[rows_here[k]]] for k in mine) if mine else 0.0
+            at_targets = {"labels": torch.zeros_like(batch.labels), "labelled_only": True,  # the targets' logits
+                          "label_positions": batch.label_positions} if task_type == "token" else {}
+            logits = student(**batch.model_inputs(), **at_targets).logits
+        per_row = [len(targets(r)) for r in rows]
+        assert task.counts(batch) == {"task": sum(n for n, r in zip(per_row, rows) if r < first),
+                                      "soft": sum(per_row)}
+        at, hard = 0, 0.0
+        for n, r in zip(per_row, rows):  # the cross-entropy of each labelled target, by hand
+            if r < first:
+                hard += sum(-torch.log_softmax(logits[at + k], -1)[t] for k, t in enumerate(targets(r)))
+            at += n
         assert parts["task"][0].item() == pytest.approx(float(hard), rel=1e-5, abs=1e-6)
-        assert torch.isfinite(parts["task"][0])  # a batch of unlabelled rows alone: 0, not the mean of nothing
         soft = kl_by_hand(logits.numpy(), kept.of(batch).numpy(), 2.0)
-        assert parts["soft"][0].item() == pytest.approx(soft, rel=1e-4, abs=1e-6)  # every row
-        agree = (logits.argmax(-1) == kept.of(batch).argmax(-1)).sum()
-        assert parts["soft"][1].item() == agree.item()  # its figure: the rows where it says the teacher's class
-        seen.add(bool(mine) + 2 * (len(mine) < len(rows_here)))
-    assert 3 in seen  # a batch of both kinds was checked
+        assert soft > 0.1 and parts["soft"][0].item() == pytest.approx(soft, rel=1e-4)  # every target
+        assert parts["soft"][1].item() == (logits.argmax(-1) == kept.of(batch).argmax(-1)).sum().item()
+        seen.add(any(r < first for r in rows) + 2 * any(r >= first for r in rows))
+    assert {1, 2} <= seen or 3 in seen  # batches of labelled and of unlabelled rows were both checked
 
 
 def test_distill_learns_the_teachers_outputs_on_unlabelled_texts(tokenizer, tmp_path, capsys):
@@ -292,12 +310,37 @@ def test_distill_learns_the_teachers_outputs_on_unlabelled_texts(tokenizer, tmp_
     fails(capsys, *distill, "--resume", code=2, message="unlabeled")  # another file than the run's
 
 
+def test_a_tagging_student_learns_the_teachers_tags_of_sentences_cut_into_words(tokenizer, tmp_path, capsys):
+    from torchbert.train.distill import unlabeled_examples
+
+    name, text = FAMILIES["token"].example_file
+    train = tmp_path / name
+    train.write_text(text, encoding="utf-8")
+    corpus = tmp_path / "more.jsonl"
+    corpus.write_text('{"text": "北京欢迎你"}\n{"text": "John visits Paris."}\n', encoding="utf-8")
+    got = unlabeled_examples(FAMILIES["token"], corpus, "auto")
+    assert [e.words for e in got] == [["北", "京", "欢", "迎", "你"], ["John", "visits", "Paris", "."]]
+    assert all(e.tags is None for e in got)
+    conll = tmp_path / "more.conll"  # a CoNLL file: its words, its tags unread
+    conll.write_text("Anna B-PER\nsings O\n", encoding="utf-8")
+    assert [(e.words, e.tags) for e in unlabeled_examples(FAMILIES["token"], conll, "auto")] == [(["Anna", "sings"], None)]
+    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    args = ["--train", str(train), "--dev", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli(["finetune", "--task", "token", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--max-length", "48", *args]) == 0
+    capsys.readouterr()
+    assert cli(["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--student-layers",
+                "1", "--unlabeled", str(corpus), *args]) == 0
+    metrics = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    assert metrics["distill"]["unlabeled_examples"] == 2 and metrics["train_examples"] == len(FAMILIES["token"].read(train))
+
+
 def test_unlabelled_texts_are_refused_where_they_do_not_fit(tokenizer, tmp_path, capsys):
     from torchbert.train.distill import unlabeled_examples
 
     texts = tmp_path / "texts.txt"
     texts.write_text("one text\n", encoding="utf-8")
-    for other in ("token", "regression", "qa", "multiple-choice"):
+    for other in ("regression", "qa", "multiple-choice", "reranker"):
         with pytest.raises(ValueError, match=rf"--unlabeled .*texts.txt: a {other} student learns from its labelled"):
             unlabeled_examples(FAMILIES[other], texts, "auto")
     with pytest.raises(ValueError, match=r"texts.txt: this model reads two texts an example"):

@@ -47,10 +47,12 @@ distilled from under "distill".
 
 --unlabeled TEXT: texts without labels, which the teacher labels: the student learns the teacher's
 outputs on them too (the soft part of the loss alone; the task's loss stays over the labelled
-examples). For a classification teacher, a corpus as prepare reads it (every non-blank line of a
-text file, or the text field of JSON Lines or Parquet, plain, .gz or .zst; each text once) or a table
-of texts; for a pair teacher, a file in --train's layout (its labels, if any, are not read). An epoch
-passes over both. Other families learn from their labelled examples alone.
+examples). For a classification or tagging teacher, a corpus as prepare reads it (every non-blank
+line of a text file, or the text field of JSON Lines or Parquet, plain, .gz or .zst; each text once;
+for tagging cut into words as BERT cuts them, each Chinese character a word), or a file in --train's
+layout (a table of texts, CoNLL as .conll); for a pair teacher, a file in --train's layout. Labels
+such a file holds are not read. An epoch passes over both. Other families learn from their labelled
+examples alone.
 
 --task embedding: a student of a model that embeds (`minilm`, a sentence-transformers folder, an
 embedding run) learns the teacher's vector of each text of --train, which needs no labels: every

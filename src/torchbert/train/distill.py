@@ -18,10 +18,11 @@ size of the hard part's, as Hinton et al. scale it). What is a distribution depe
     choices  an example's rows: multiple choice's choices, a reranker's candidates
     spans    a window's tokens, once for the answer's start and once for its end (their mean)
 
-A classification or pair student can also learn from texts without labels (`unlabeled_examples`,
---unlabeled): their rows follow the labelled ones with the label IGNORE, and they add to the soft
-part alone (DistillTask's labelled_rows), as DistilBERT and TinyBERT learn a task from the teacher's
-outputs on text nobody labelled.
+A classification, pair or tagging student can also learn from texts without labels
+(`unlabeled_examples`, --unlabeled): their rows follow the labelled ones, each of their targets (a
+sequence, a word's first sub-token) labelled UNLABELLED (`mark_unlabelled`), which the head is given
+as IGNORE: they add to the soft part alone (DistillTask's labelled_rows), as DistilBERT and TinyBERT
+learn a task from the teacher's outputs on text nobody labelled.
 
 An embedding student learns from texts alone, with no labels (`distill_texts`: a corpus as prepare
 reads it): its loss is the squared error of its vector of each text to the teacher's (the mean over
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..io.texts import json_loads, lines
-from ..losses import choice_block
+from ..losses import IGNORE, choice_block
 from ..packing import pad
 from ..settings import Checked, setting
 from ..tasks.batches import TaskBatch, TaskData
@@ -67,9 +68,9 @@ class DistillSettings(Checked):
                                  low=0, high=1)
     unlabeled: str | None = setting(None, "more texts to learn the teacher's outputs on, with no labels: a corpus as "
                                           "prepare reads it (one text a line, or JSON Lines or Parquet with a text "
-                                          "field, plain, .gz or .zst), or for a pair task a file in --train's layout "
-                                          "(its labels, if any, unread); classification and pair tasks",
-                                    metavar="TEXT")
+                                          "field, plain, .gz or .zst), or a file in --train's layout (its labels, "
+                                          "if any, unread; a pair task's must be); classification, pair and tagging "
+                                          "tasks", metavar="TEXT")
 
 
 def taken_layers(teacher_layers: int, k: int) -> list[int]:
@@ -97,6 +98,36 @@ def student_of(teacher: nn.Module, k: int, **head_arguments) -> nn.Module:
         state[key] = value.clone()
     student.load_state_dict(state, strict=True)
     return student
+
+
+UNLABELLED = IGNORE - 1  # a target of a text without a label: the soft part's, IGNORE to the head (`head_targets`)
+
+
+def mark_unlabelled(encoded, examples: int) -> int:
+    """The rows of the examples from number `examples` on, texts without labels encoded with a
+    placeholder label, get UNLABELLED at each target; returns the first such row."""
+    first = next((r for r, e in enumerate(encoded.example_index) if e >= examples), len(encoded.example_index))
+    for r in range(first, len(encoded.labels)):
+        label = encoded.labels[r]
+        encoded.labels[r] = [IGNORE if t == IGNORE else UNLABELLED for t in label] if isinstance(label, list) \
+            else UNLABELLED
+    return first
+
+
+def placeholder(example, label_map):
+    """A text without a label as an example of its family with the first label at each target, to be
+    encoded as the labelled ones are (`mark_unlabelled` then makes the targets UNLABELLED)."""
+    if hasattr(example, "words"):  # a tagging example: a tag a word
+        return dataclasses.replace(example, tags=[label_map.labels[0]] * len(example.words))
+    return dataclasses.replace(example, label=label_map.labels[0])
+
+
+def head_targets(fam: TaskFamily, batch: TaskBatch) -> dict:
+    """The family's targets of a batch for the head, an UNLABELLED target given as IGNORE (no loss)."""
+    targets = fam.targets(batch)
+    if isinstance(targets.get("labels"), Tensor) and not targets["labels"].is_floating_point():
+        targets["labels"] = targets["labels"].masked_fill(targets["labels"] == UNLABELLED, IGNORE)
+    return targets
 
 
 LAYER_KEY = re.compile(r"(?P<prefix>(bert\.)?layers\.)(?P<index>\d+)\.(?P<rest>.+)")  # BertModel's layer i
@@ -240,22 +271,29 @@ def distill_texts(path, note=None, empty: str = "an embedding student learns fro
 
 
 def unlabeled_examples(fam: TaskFamily, path, layout: str, note=None) -> list:
-    """The examples of --unlabeled for a student of a classification or pair task, with no labels: for a
-    single text, each distinct non-blank line of a corpus (as `distill_texts` reads it) or the texts of a
-    table in the task's layout; for a pair, the pairs of a file in the task's layout (--train's)."""
+    """The examples of --unlabeled for a student of a classification, pair or tagging task, with no
+    labels: each distinct non-blank line of a corpus (as `distill_texts` reads it) as a text, or for
+    tagging a sentence cut into words as BERT cuts it (each Chinese character a word); or a file in the
+    task's own layout (a table of texts, a pair task's file, CoNLL), its labels unread."""
+    from ..tasks.tagging import TokenExample, split_words
     from ..tasks.text import TextExample
 
     path = Path(path)
-    if fam.soft_targets != "classes" or fam.per_word or getattr(fam, "regression", False):
+    if fam.soft_targets != "classes" or getattr(fam, "regression", False):
         raise ValueError(f"--unlabeled {path}: a {fam.type} student learns from its labelled examples alone "
-                         "(unlabelled texts: classification and pair tasks)")
+                         "(unlabelled texts: classification, pair and tagging tasks)")
     if not path.is_file():
         raise ValueError(f"--unlabeled {path}: no such file")
-    if getattr(fam, "pair", False) or path.suffix.lower() in (".tsv", ".csv"):
-        examples = [dataclasses.replace(e, label=None) for e in fam.read(path, layout, labelled=False)]
+    own = (".tsv", ".csv") if not fam.per_word else (".conll",)
+    if getattr(fam, "pair", False) or path.suffix.lower() in own:
+        gold = "tags" if fam.per_word else "label"
+        examples = [dataclasses.replace(e, **{gold: None}) for e in fam.read(path, layout, labelled=False)]
     else:
-        examples = [TextExample(f"unlabeled-{k}", ex.query, None, None, f"{path} text {k + 1}")
-                    for k, ex in enumerate(distill_texts(path, note, "the teacher labels texts, one a line"))]
+        texts = distill_texts(path, note, "the teacher labels texts, one a line")
+        where = [f"{path} text {k + 1}" for k in range(len(texts))]
+        examples = [TokenExample(f"unlabeled-{k}", split_words(ex.query), None, where[k]) if fam.per_word else
+                    TextExample(f"unlabeled-{k}", ex.query, None, None, where[k]) for k, ex in enumerate(texts)]
+        examples = [e for e in examples if not fam.per_word or e.words]
     if not examples:
         raise ValueError(f"--unlabeled {path}: no text in it; the teacher labels texts, one a line")
     return examples
@@ -311,7 +349,7 @@ def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device)
     try:
         for batch in data.all_batches(batch_size):
             batch = batch.to(device)
-            out = teacher(**batch.model_inputs(), **(data.family.targets(batch) if kind.labelled else {}))
+            out = teacher(**batch.model_inputs(), **(head_targets(data.family, batch) if kind.labelled else {}))
             values, counts = kind.pieces(out, batch)
             for row, piece in zip(batch.rows.tolist(), values.cpu().split(counts.tolist())):
                 parts[row] = piece
@@ -328,9 +366,9 @@ class DistillTask:
     from texts alone (an embedding student), "soft" only.
 
     labelled_rows: the training rows from it on are texts without labels (--unlabeled, after the
-    labelled ones; their labels IGNORE): they add to the soft part alone, the task part is over the
-    labelled rows (its per-step count their share of the step's), and the soft part's accuracy is the
-    student's agreement with the teacher's class."""
+    labelled ones; their targets UNLABELLED): they add to the soft part alone, the task part is over
+    the labelled targets (its per-step count their share of the step's), and the soft part's figure is
+    the targets where the student gives the teacher's class."""
 
     def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
                  per_step: float | None = None, labelled_rows: int | None = None):
@@ -338,15 +376,17 @@ class DistillTask:
         self.labelled_rows = labelled_rows
         self.parts = ("task", "soft") if teacher.kind.labelled else ("soft",)
         self.per_step = {p: per_step for p in self.parts} if per_step else None
-        if self.per_step and labelled_rows is not None:
-            self.per_step["task"] = per_step * labelled_rows / (len(teacher.starts) - 1)
+        if self.per_step and labelled_rows is not None:  # the teacher's pieces: a row's targets
+            self.per_step["task"] = per_step * teacher.starts[labelled_rows] / max(1, teacher.starts[-1])
         self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight} if teacher.kind.labelled else {"soft": 1.0}
 
     def labelled(self, batch: TaskBatch) -> int:
         """The batch's labelled targets (counted on the host)."""
         if self.labelled_rows is None:
             return batch.num_targets
-        return int((np.asarray(batch.rows) < self.labelled_rows).sum())  # a class target per row
+        rows = np.asarray(batch.rows)
+        rows = rows[rows < self.labelled_rows]
+        return int((self.teacher.starts[rows + 1] - self.teacher.starts[rows]).sum())
 
     def counts(self, batch: TaskBatch) -> dict[str, int]:
         return {"task": self.labelled(batch), "soft": batch.num_targets} if "task" in self.parts else \
@@ -359,14 +399,14 @@ class DistillTask:
             soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
             return {"soft": (soft, self.teacher.kind.correct(out, teacher))}
         n, labelled = batch.num_targets, self.labelled(batch)
-        out = model(**batch.model_inputs(), **(self.family.targets(batch) if labelled else {}))
-        correct = self.family.correct(out, batch)  # an unlabelled row's IGNORE is never right
+        out = model(**batch.model_inputs(), **head_targets(self.family, batch))
+        correct = self.family.correct(out, batch)  # an UNLABELLED target is never right
         if not n:  # a micro-batch of token windows with no labelled token
             zero = (out.logits if out.logits is not None else out.start_logits).sum() * 0.0
             return {"task": (zero, correct), "soft": (zero, correct)}
         teacher = self.teacher.of(batch, batch.input_ids.device)
         soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
-        task = out.loss.float() * labelled if labelled else soft * 0.0  # the loss: a mean over the labelled rows
+        task = out.loss.float() * labelled if labelled else soft * 0.0  # the loss: a mean over the labelled targets
         if self.labelled_rows is not None:  # the soft part's figure: the rows where the student says the teacher's class
             return {"task": (task, correct), "soft": (soft, (out.logits.argmax(-1) == teacher.argmax(-1)).sum())}
         return {"task": (task, correct), "soft": (soft, correct)}

@@ -37,7 +37,6 @@ from ..eval.plots import plot_finetuning
 from ..io.checkpoint import PREFIX, latest_checkpoint
 from ..io.files import atomic_copy, atomic_folder, atomic_write_text
 from ..io.record import RunRecord, read_record, with_training, write_record
-from ..losses import IGNORE
 from ..settings import MAX_EPOCHS, Checked, setting
 from ..tasks.batches import TaskData
 from ..tasks.encode import cut_note
@@ -47,7 +46,7 @@ from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
 from .distill import (DistillSettings, DistillTask, distill_texts, soft_targets, student_of, taken_layers,
-                      teacher_outputs, unlabeled_examples)
+                      mark_unlabelled, placeholder, teacher_outputs, unlabeled_examples)
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -229,12 +228,10 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
             raise ValueError(f"--unlabeled {more}: a multi-label student learns from its labelled examples alone")
 
     started = time.perf_counter()
-    # the unlabelled texts after the labelled examples, a row each, their labels IGNORE (DistillTask)
-    placeholder = label_map.labels[0] if unlabeled else None
-    encoded = fam.encode(tokenizer, [*train_examples, *(dataclasses.replace(e, label=placeholder) for e in unlabeled)], ts,
-                         label_map, training=True)
-    if unlabeled:
-        encoded.labels[len(train_examples):] = [IGNORE] * len(unlabeled)
+    # the unlabelled texts after the labelled examples, each target UNLABELLED (train/distill.py)
+    encoded = fam.encode(tokenizer, [*train_examples, *(placeholder(e, label_map) for e in unlabeled)], ts, label_map,
+                         training=True)
+    first_unlabelled = mark_unlabelled(encoded, len(train_examples)) if unlabeled else None
     train_data = TaskData(encoded, fam, seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
     dev_data = None
     if dev_examples is not None:
@@ -313,7 +310,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                 f"{time.perf_counter() - started:.1f}s")
             teacher = None
             task = DistillTask(fam, outputs, s.distill, config, per_step=per_step,
-                               labelled_rows=len(train_examples) if unlabeled else None)
+                               labelled_rows=first_unlabelled)
         else:
             task = FinetuneTask(fam, per_step=per_step)
         summary = train(model, train_data, task, cfg, s.out, resume=s.resume,
