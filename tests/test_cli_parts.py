@@ -228,8 +228,16 @@ class _SignalledWhileCollected:
         signal.raise_signal(self.signum)  # the handler runs here, inside the finalizer
 
 
+@pytest.fixture
+def pythons_sigint():
+    """Ctrl-C as a shell's command gets it, Python's own handler (a pytest-xdist worker ignores SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
-def test_an_interrupt_that_a_finalizer_swallows_is_sent_again_and_stops_the_command(signum, raised):
+def test_an_interrupt_that_a_finalizer_swallows_is_sent_again_and_stops_the_command(signum, raised, pythons_sigint):
     hook = sys.unraisablehook
     with pytest.raises(raised):
         with cli._sigterm_interrupts():
@@ -272,7 +280,8 @@ def _converted_while_signalled(signum):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_an_interrupt_that_cpp_code_turns_into_an_error_stops_the_command_as_an_interrupt(tmp_path, monkeypatch,
-                                                                                          signum, capsys):
+                                                                                          signum, capsys,
+                                                                                          pythons_sigint):
     from torchbert.commands import embed
 
     with cli._sigterm_interrupts(), pytest.raises(TypeError, match="incompatible function arguments"):
