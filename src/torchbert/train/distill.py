@@ -286,8 +286,7 @@ def unlabeled_examples(fam: TaskFamily, path, layout: str, note=None) -> list:
         raise ValueError(f"--unlabeled {path}: no such file")
     own = (".tsv", ".csv") if not fam.per_word else (".conll",)
     if getattr(fam, "pair", False) or path.suffix.lower() in own:
-        gold = "tags" if fam.per_word else "label"
-        examples = [dataclasses.replace(e, **{gold: None}) for e in fam.read(path, layout, labelled=False)]
+        examples = [dataclasses.replace(e, **{fam.gold: None}) for e in fam.read(path, layout, labelled=False)]
     else:
         texts = distill_texts(path, note, "the teacher labels texts, one a line")
         where = [f"{path} text {k + 1}" for k in range(len(texts))]
