@@ -474,3 +474,54 @@ def test_an_embedding_student_refuses_what_does_not_fit(tokenizer, tmp_path, cap
     fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--task", "embedding", "--train", str(texts),
           *args, code=2, message="a model fine-tuned for classification tasks, not embedding")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_resumed_distillation_reads_the_teachers_outputs_it_saved(tokenizer, tmp_path, capsys, monkeypatch):
+    import torchbert.train.finetune as finetune
+    from torchbert.train.distill import TEACHER_CACHE, cached_teacher_outputs, outputs_key
+
+    train, base = classification_files(tmp_path, tokenizer)
+    args = ["--train", train, "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli([str(x) for x in ["finetune", "--task", "classification", "--model", base, "--out",
+                                 tmp_path / "teacher", "--max-length", "48", *args]]) == 0
+    distill = [str(x) for x in ["distill", "--teacher", tmp_path / "teacher", "--out", tmp_path / "s",
+                                "--student-layers", "1", *args]]
+    real_train, seen = finetune.train, {}
+
+    def killed_at_the_end(model, data, task, *a, **k):  # every step taken and saved, then the kill
+        seen["teacher"], seen["data"] = task.teacher, data
+        real_train(model, data, task, *a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune, "train", killed_at_the_end)
+    assert cli(distill) == 130
+    cache = tmp_path / "s" / TEACHER_CACHE
+    fam, key = seen["data"].family, outputs_key(seen["data"], tmp_path / "teacher")
+    kept = cached_teacher_outputs(cache, fam, key)
+    assert torch.equal(kept.values, seen["teacher"].values) and np.array_equal(kept.starts, seen["teacher"].starts)
+    assert cached_teacher_outputs(cache, fam, outputs_key(seen["data"], tmp_path / "other")) is None  # another teacher
+    monkeypatch.setattr(finetune, "train", real_train)
+
+    def not_again(*a, **k):
+        raise AssertionError("the teacher was run again")
+
+    monkeypatch.setattr(finetune, "teacher_outputs", not_again)
+    capsys.readouterr()
+    assert cli([*distill[:-1], "--resume"]) == 0  # not --quiet: the log says where the outputs came from
+    assert "as this run saved them" in capsys.readouterr().err
+    assert not cache.exists()  # finished: nothing left to resume
+    assert json.loads((tmp_path / "s" / "metrics.json").read_text())["distill"]["layers"] == [0]
+
+
+def test_teacher_outputs_cut_short_are_not_trusted(tmp_path):
+    from torchbert.train.distill import TeacherOutputs, cached_teacher_outputs, save_teacher_outputs
+
+    fam = FAMILIES["classification"]
+    outputs = TeacherOutputs(torch.randn(5, 3), np.array([0, 2, 5]), SOFT_TARGETS[fam.soft_targets])
+    path = tmp_path / "t.safetensors"
+    save_teacher_outputs(path, outputs, "k")
+    assert torch.equal(cached_teacher_outputs(path, fam, "k").values, outputs.values)
+    assert cached_teacher_outputs(path, fam, "another") is None
+    path.write_bytes(path.read_bytes()[:-7])
+    assert cached_teacher_outputs(path, fam, "k") is None
+    assert cached_teacher_outputs(tmp_path / "none", fam, "k") is None

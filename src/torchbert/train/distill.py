@@ -32,11 +32,15 @@ student), and, for a teacher trained with Matryoshka dimensions, of each first D
 
 The teacher is run once, in eval mode, over the training rows before the first step (`teacher_outputs`),
 and its outputs are kept a row at a time; a batch of any order gathers its rows' (`TeacherOutputs.of`).
+They are saved in the student's run folder (TEACHER_CACHE, safetensors) until the run has finished,
+so a resumed run reads them instead of running the teacher again; they are keyed by the teacher's
+folder and the encoded rows, and a file of other rows or cut short is not trusted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..io.files import atomic_write
 from ..io.texts import json_loads, lines
 from ..losses import IGNORE, choice_block
 from ..packing import pad
@@ -357,6 +362,47 @@ def teacher_outputs(teacher: nn.Module, data: TaskData, batch_size: int, device)
     rows = len(data.encoded.input_ids)
     counts = np.array([len(parts[r]) for r in range(rows)], dtype=np.int64)
     return TeacherOutputs(torch.cat([parts[r] for r in range(rows)]), np.concatenate([[0], np.cumsum(counts)]), kind)
+
+
+# -- kept on disk for a resumed run ----------------------------------------------------------------
+
+TEACHER_CACHE = "teacher_outputs.safetensors"  # in the student's run folder until the run has finished
+
+
+def outputs_key(data: TaskData, teacher: str) -> str:
+    """What the teacher's outputs depend on: the teacher's folder and the training rows as encoded."""
+    h = hashlib.sha256(str(teacher).encode())
+    enc = data.encoded
+    for rows in (enc.input_ids, enc.token_type_ids, enc.word_index or [], enc.num_choices or []):
+        h.update(np.asarray([len(r) if isinstance(r, list) else r for r in rows], dtype=np.int64).tobytes())
+        if rows and isinstance(rows[0], list):
+            h.update(np.concatenate([np.asarray(r, dtype=np.int64) for r in rows]).tobytes())
+    return h.hexdigest()
+
+
+def save_teacher_outputs(path: Path, outputs: TeacherOutputs, key: str) -> None:
+    """The teacher's outputs, written atomically (safetensors: no code is read back)."""
+    from safetensors.torch import save_file
+    tensors = {"values": outputs.values.contiguous(), "starts": torch.from_numpy(outputs.starts)}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"key": key}))
+
+
+def cached_teacher_outputs(path: Path, fam: TaskFamily, key: str) -> TeacherOutputs | None:
+    """The outputs `save_teacher_outputs` wrote for the same teacher and rows; None where there are none,
+    they are of other rows or teacher, or the file cannot be read (the teacher is then run again)."""
+    from safetensors import safe_open
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if (f.metadata() or {}).get("key") != key:
+                return None
+            values, starts = f.get_tensor("values"), f.get_tensor("starts").numpy()
+    except Exception:  # a file cut short or not safetensors: scored again, not trusted
+        return None
+    if starts.ndim != 1 or starts[0] != 0 or starts[-1] != len(values):
+        return None
+    return TeacherOutputs(values, starts, soft_targets(fam))
 
 
 class DistillTask:

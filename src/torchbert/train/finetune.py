@@ -45,8 +45,9 @@ from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
-from .distill import (DistillSettings, DistillTask, distill_texts, soft_targets, student_of, taken_layers,
-                      mark_unlabelled, placeholder, teacher_outputs, unlabeled_examples)
+from .distill import (TEACHER_CACHE, DistillSettings, DistillTask, cached_teacher_outputs, distill_texts,
+                      mark_unlabelled, outputs_key, placeholder, save_teacher_outputs, soft_targets, student_of,
+                      taken_layers, teacher_outputs, unlabeled_examples)
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -254,7 +255,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                               log_every=min(cfg.log_every, per_epoch))
 
     torch.manual_seed(cfg.seed)
-    teacher = None
+    teacher, teacher_cache = None, None
     if s.distill is not None:
         teacher = load_task_model(s.model, config, ts, log).to(device)
         model = student_of(teacher, s.distill.student_layers, **fam.head_arguments(ts)).to(device)
@@ -304,10 +305,17 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
 
         per_step = targets_per_step(train_data, cfg.batch_size * dist.world_size * cfg.grad_accum)
         if teacher is not None:  # the teacher's outputs on every training row, once; then it is let go
-            started = time.perf_counter()
-            outputs = teacher_outputs(teacher, train_data, s.eval_batch_size, device)
-            log(f"the teacher's outputs on {len(train_data.encoded.input_ids):,} training sequences in "
-                f"{time.perf_counter() - started:.1f}s")
+            started, teacher_cache, key = time.perf_counter(), s.out / TEACHER_CACHE, outputs_key(train_data, s.model)
+            outputs = cached_teacher_outputs(teacher_cache, fam, key) if s.resume else None
+            if outputs is not None:
+                log(f"the teacher's outputs on {len(train_data.encoded.input_ids):,} training sequences, as this "
+                    f"run saved them ({teacher_cache.name})")
+            else:
+                outputs = teacher_outputs(teacher, train_data, s.eval_batch_size, device)
+                log(f"the teacher's outputs on {len(train_data.encoded.input_ids):,} training sequences in "
+                    f"{time.perf_counter() - started:.1f}s")
+                if dist.is_main:  # for --resume, until the run has finished
+                    save_teacher_outputs(teacher_cache, outputs, key)
             teacher = None
             task = DistillTask(fam, outputs, s.distill, config, per_step=per_step,
                                labelled_rows=first_unlabelled)
@@ -318,6 +326,8 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                         on_checkpoint=saved)
         if not dist.is_main:
             return summary
+        if teacher_cache is not None:  # finished: nothing left to resume
+            teacher_cache.unlink(missing_ok=True)
         final_dir = best.folder if best.exists() else None
         if final_dir is not None:  # every file the best model saved (a tagger's, sentence-transformers')
             for path in sorted(p for p in final_dir.rglob("*") if p.is_file()):
