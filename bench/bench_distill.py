@@ -11,6 +11,10 @@ student, whole jobs alternated, at the default precision and in fp32.
     python bench/bench_distill.py --tasks nli wnut          # the sets below
     python bench/bench_distill.py --tasks nli --seeds 1 2 3 --soft-weight 0.9 --temperature 1
     python bench/bench_distill.py --tasks spam --train-size 90 --unlabeled 10 50
+    python bench/bench_distill.py --tasks wnut --losses hidden=1 relation=1 hidden=1,relation=1
+
+--losses SPEC...: for each SPEC, one more student per seed that also learns the teacher's layers
+(`distill --hidden-weight`, `--relation-weight`), tabled beside the default student.
 
 --unlabeled R...: for each R, one more student per seed that also learns the teacher's outputs on R
 times --train-size texts without labels (`distill --unlabeled`): the training file's other texts, the
@@ -239,6 +243,17 @@ def embedding_rows(args, work: Path, base: Path) -> dict:
     return rows
 
 
+def loss_flags(spec: str) -> list[str]:
+    """hidden=1,relation=2 -> distill's --hidden-weight 1 --relation-weight 2."""
+    flags = []
+    for part in spec.split(","):
+        name, _, weight = part.partition("=")
+        if name not in ("hidden", "relation") or not weight:
+            raise SystemExit(f"--losses {spec}: give hidden=W, relation=W, or both joined by a comma")
+        flags += [f"--{name}-weight", weight]
+    return flags
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["nli", "wnut"], choices=sorted([*METRIC, "emb"]))
@@ -259,9 +274,13 @@ def main() -> None:
     p.add_argument("--matched-steps", action="store_true",
                    help="for each R, a student without the unlabelled texts trained for the steps of R's (1 + R times "
                         "the epochs): what more steps alone buy")
+    p.add_argument("--losses", nargs="+", default=[], metavar="SPEC",
+                   help="more students with the layer losses, one per SPEC: hidden=W, relation=W, or both joined by "
+                        "a comma (hidden=1,relation=1): distill's --hidden-weight and --relation-weight")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
     s_epochs, s_lr = args.student_epochs or args.epochs, args.student_lr or args.lr
+    losses = {spec: loss_flags(spec) for spec in args.losses}
     print(f"# {cpu_name()}; torchbert distill --student-layers {args.student_layers} --temperature "
           f"{args.temperature} --soft-weight {args.soft_weight}, {s_epochs:g} epochs at lr {s_lr:g}; teacher "
           f"{args.epochs:g} epochs at lr {args.lr:g}; seeds {args.seeds}")
@@ -301,6 +320,14 @@ def main() -> None:
                     row[f"student_s{r}_seconds"].append(time.perf_counter() - started)
                     row[f"student_s{r}"].append(score(t / f"student-s{r}-{seed}", metric))
                     print(f"{task} seed {seed}: student at {1 + r}x the epochs {row[f'student_s{r}'][-1]:.4f}", flush=True)
+                for spec, flags in losses.items():
+                    started = time.perf_counter()
+                    run("distill", "--teacher", t / "teacher", "--out", t / f"student-{spec}-{seed}", "--student-layers",
+                        args.student_layers, "--temperature", args.temperature, "--soft-weight", args.soft_weight,
+                        "--epochs", s_epochs, "--lr", s_lr, "--seed", seed, *flags, *common)
+                    row.setdefault(f"student_{spec}_seconds", []).append(time.perf_counter() - started)
+                    row.setdefault(f"student_{spec}", []).append(score(t / f"student-{spec}-{seed}", metric))
+                    print(f"{task} seed {seed}: student with {spec} {row[f'student_{spec}'][-1]:.4f}", flush=True)
                 for r, pool in pools.items():
                     started = time.perf_counter()
                     run("distill", "--teacher", t / "teacher", "--out", t / f"student-u{r}-{seed}", "--student-layers",
@@ -358,6 +385,13 @@ def main() -> None:
                 gain = [a - b for a, b in zip(st, r["control"])]
                 print(f"| {task} | {args.train_size} | {ratio} | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} "
                       f"| {spread(gain)} | {statistics.mean(r[key + '_seconds']):.0f} |")
+    if losses:
+        print("\n| task | losses | student | kept | student - control | seconds a run |\n|---|---|---:|---:|---:|---:|")
+        for task, r in results.items():
+            for spec, key in (("soft targets and labels", "student"), *((k, f"student_{k}") for k in losses)):
+                st, gain = r[key], [a - b for a, b in zip(r[key], r["control"])]
+                print(f"| {task} | {spec} | {spread(st)} | {statistics.mean(st) / r['teacher']:.3f} | {spread(gain)} "
+                      f"| {statistics.mean(r[key + '_seconds']):.0f} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"cpu": cpu_name(), "settings": vars(args) | {"json": str(args.json)},
                                          "results": results}, indent=2, default=str) + "\n")

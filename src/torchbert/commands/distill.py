@@ -146,13 +146,14 @@ def settings(args):
     ts = teacher_task(teacher, paths.task)
     if paths.task == "embedding":
         named = getattr(args, "given", None) or ()
-        given = [f"--{k.replace('_', '-')}" for k in ("temperature", "soft_weight") if k in named]
+        given = [f"--{k.replace('_', '-')}" for k in ("temperature", "soft_weight", "hidden_weight", "relation_weight")
+                 if k in named]
         if distill.unlabeled is not None:
             raise UserError(f"--unlabeled {distill.unlabeled}: an embedding student learns from texts without labels "
                             "already; give them as --train")
         if given:
             raise UserError(f"{' and '.join(given)}: an embedding student learns the teacher's vectors (their squared "
-                            "error), with no labels and no temperature; leave them out")
+                            "error), with no labels, no temperature and no layer losses; leave them out")
     s = settings_from(FinetuneSettings, args, task=ts.preset or ts.type, model=teacher, task_settings=ts,
                       distill=distill)
     loop = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,19 @@ class DistillSettings(Checked):
                                           "field, plain, .gz or .zst), or a file in --train's layout (its labels, "
                                           "if any, unread; a pair task's must be); classification, pair and tagging "
                                           "tasks", metavar="TEXT")
+    hidden_weight: float = setting(0.0, "the weight of the hidden-state loss (TinyBERT's): the squared error of the "
+                                        "student's embeddings and of its layer i of K to the teacher's layer "
+                                        "round(i L / K); the teacher then runs beside the student at every step",
+                                   low=0, high=1000, metavar="W")
+    relation_weight: float = setting(0.0, "the weight of the self-attention relation loss (MiniLMv2's): KL(teacher "
+                                          "|| student) of the last layer's query-query, key-key and value-value "
+                                          "relations; the teacher then runs beside the student at every step",
+                                     low=0, high=1000, metavar="W")
+
+    @property
+    def layer_losses(self) -> bool:
+        """The student learns the teacher's layers too (the teacher runs at every step)."""
+        return bool(self.hidden_weight or self.relation_weight)
 
 
 def taken_layers(teacher_layers: int, k: int) -> list[int]:
@@ -322,6 +336,57 @@ def _one_line(line: str) -> list[str]:
     return [line.strip()] if line.strip() else []
 
 
+# -- the teacher's layers, learned at every step --------------------------------------------------------
+
+def layer_map(teacher_layers: int, student_layers: int) -> list[tuple[int, int]]:
+    """The (student, teacher) hidden states the hidden-state loss pairs, 0 being the embeddings: the
+    student's layer i of K with the teacher's round(i L / K) (TinyBERT's uniform map: last to last)."""
+    return [(0, 0)] + [(i, round(i * teacher_layers / student_layers)) for i in range(1, student_layers + 1)]
+
+
+def hidden_loss(student: tuple[Tensor, ...], teacher: tuple[Tensor, ...], pairs, cu_seqlens: Tensor) -> Tensor:
+    """Summed over the packed sequences: the squared error of the paired hidden states ([N, H] each),
+    its mean over a sequence's tokens and the features, summed over the pairs."""
+    per_token = sum(((student[i].float() - teacher[j].float()) ** 2).mean(-1) for i, j in pairs)  # [N]
+    lengths = cu_seqlens.diff()
+    seq = torch.arange(len(lengths), device=per_token.device).repeat_interleave(lengths, output_size=len(per_token))
+    return (per_token / lengths[seq]).sum()
+
+
+def log_relations(x: Tensor, cu_seqlens: Tensor, max_seqlen: int, heads: int) -> Tensor:
+    """log softmax(x_a x_a^T / sqrt(d)) over the keys, for each head a (d = H / heads) of the packed
+    projections x [N, H]: [S, A, T, T], the keys past a sequence's end weighing nothing."""
+    block = pad(x.float(), cu_seqlens, max_seqlen)  # [S, T, H]
+    S, T, H = block.shape
+    block = block.view(S, T, heads, H // heads).transpose(1, 2)  # [S, A, T, d]
+    scores = block @ block.transpose(-1, -2) / math.sqrt(H // heads)  # [S, A, T, T]
+    real = torch.arange(T, device=x.device) < cu_seqlens.diff()[:, None]  # [S, T]
+    return scores.masked_fill(~real[:, None, None, :], torch.finfo(scores.dtype).min).log_softmax(-1)
+
+
+def relation_loss(student_qkv: Tensor, teacher_qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                  heads: int) -> Tensor:
+    """Summed over the packed sequences: KL(teacher || student) of the query-query, key-key and
+    value-value relations (`log_relations`; stacked projections [N, 3H] each, widths may differ), the
+    mean over the heads and a sequence's tokens, summed over the three (MiniLMv2)."""
+    lengths = cu_seqlens.diff()
+    real = torch.arange(max_seqlen, device=lengths.device) < lengths[:, None]  # [S, T]
+    total = 0.0
+    for s, t in zip(student_qkv.chunk(3, -1), teacher_qkv.chunk(3, -1)):
+        log_s, log_t = (log_relations(x, cu_seqlens, max_seqlen, heads) for x in (s, t))
+        kl = (log_t.exp() * (log_t - log_s)).masked_fill(~real[:, None, None, :], 0.0).sum(-1)  # [S, A, T]
+        kl = kl.masked_fill(~real[:, None, :], 0.0)
+        total = total + (kl.sum((1, 2)) / (heads * lengths)).sum()
+    return total
+
+
+def last_qkv(model: nn.Module, hidden_states: tuple[Tensor, ...]) -> Tensor:
+    """The last layer's stacked query, key and value projections [N, 3H], of its input (the states
+    before it), before any rotary turn."""
+    from ..fast.bf16 import encoders
+    return encoders(model)[0].layers[-1].attention.qkv(hidden_states[-2])
+
+
 # -- the teacher's outputs, computed once ------------------------------------------------------------
 
 class TeacherOutputs:
@@ -408,22 +473,37 @@ def cached_teacher_outputs(path: Path, fam: TaskFamily, key: str) -> TeacherOutp
 class DistillTask:
     """The loss parts of a distilled student: "task" (its loss on the labels) and "soft" (the soft
     targets' loss), each summed over the family's targets, weighed 1 - soft_weight and soft_weight;
-    from texts alone (an embedding student), "soft" only.
+    from texts alone (an embedding student), "soft" only. With the layer losses, "hidden" and
+    "relation" too (summed over the sequences, weighed hidden_weight and relation_weight; they have
+    no accuracy: `unscored`), from the teacher run beside the student on each batch (`teacher_model`,
+    kept in eval mode, without gradients).
 
     labelled_rows: the training rows from it on are texts without labels (--unlabeled, after the
     labelled ones; their targets UNLABELLED): they add to the soft part alone, the task part is over
     the labelled targets (its per-step count their share of the step's), and the soft part's figure is
     the targets where the student gives the teacher's class."""
 
+    unscored = ("hidden", "relation")
+
     def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
-                 per_step: float | None = None, labelled_rows: int | None = None):
+                 per_step: float | None = None, labelled_rows: int | None = None,
+                 teacher_model: nn.Module | None = None, rows_per_step: float | None = None):
         self.family, self.teacher, self.settings, self.config = fam, teacher, s, config
         self.labelled_rows = labelled_rows
-        self.parts = ("task", "soft") if teacher.kind.labelled else ("soft",)
+        self.teacher_model = teacher_model.eval() if teacher_model is not None else None
+        layers = tuple(p for p, w in (("hidden", s.hidden_weight), ("relation", s.relation_weight)) if w)
+        if layers and (teacher_model is None or not teacher.kind.labelled):
+            raise ValueError("the layer losses are a task student's, and need the teacher model beside it")
+        self.parts = (("task", "soft") if teacher.kind.labelled else ("soft",)) + layers
         self.per_step = {p: per_step for p in self.parts} if per_step else None
+        if self.per_step:
+            self.per_step.update({p: rows_per_step for p in layers})
         if self.per_step and labelled_rows is not None:  # the teacher's pieces: a row's targets
             self.per_step["task"] = per_step * teacher.starts[labelled_rows] / max(1, teacher.starts[-1])
         self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight} if teacher.kind.labelled else {"soft": 1.0}
+        self.weights.update(hidden=s.hidden_weight, relation=s.relation_weight)
+        if layers:
+            self.pairs = layer_map(teacher_model.config.num_hidden_layers, config.num_hidden_layers)
 
     def labelled(self, batch: TaskBatch) -> int:
         """The batch's labelled targets (counted on the host)."""
@@ -434,24 +514,44 @@ class DistillTask:
         return int((self.teacher.starts[rows + 1] - self.teacher.starts[rows]).sum())
 
     def counts(self, batch: TaskBatch) -> dict[str, int]:
-        return {"task": self.labelled(batch), "soft": batch.num_targets} if "task" in self.parts else \
+        counts = {"task": self.labelled(batch), "soft": batch.num_targets} if "task" in self.parts else \
             {"soft": batch.num_targets}
+        return counts | {p: len(batch.rows) for p in self.parts if p in self.unscored}
+
+    def layer_parts(self, model: nn.Module, out, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:
+        """The hidden-state and relation losses of the student's states `out` against the teacher's on the batch."""
+        if self.teacher_model is None:
+            return {}
+        from ..fast.bf16 import encoders
+        with torch.no_grad():  # the teacher's encoder alone: its head has no part in these losses
+            mine = encoders(self.teacher_model)[0](**batch.model_inputs(), output_hidden_states=True).hidden_states
+            theirs = last_qkv(self.teacher_model, mine) if self.settings.relation_weight else None
+        none, parts = torch.zeros((), device=batch.input_ids.device), {}
+        if self.settings.hidden_weight:
+            parts["hidden"] = (hidden_loss(out.hidden_states, mine, self.pairs, batch.cu_seqlens), none)
+        if self.settings.relation_weight:
+            parts["relation"] = (relation_loss(last_qkv(model, out.hidden_states), theirs, batch.cu_seqlens,
+                                               batch.max_seqlen, self.teacher_model.config.num_attention_heads), none)
+        return parts
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:
+        states = {"output_hidden_states": True} if self.teacher_model is not None else {}
         if not self.teacher.kind.labelled:  # the teacher's vectors are the targets
             out = model(**batch.model_inputs())
             teacher = self.teacher.of(batch, batch.input_ids.device)
             soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
             return {"soft": (soft, self.teacher.kind.correct(out, teacher))}
         n, labelled = batch.num_targets, self.labelled(batch)
-        out = model(**batch.model_inputs(), **head_targets(self.family, batch))
+        out = model(**batch.model_inputs(), **head_targets(self.family, batch), **states)
         correct = self.family.correct(out, batch)  # an UNLABELLED target is never right
+        layers = self.layer_parts(model, out, batch)
         if not n:  # a micro-batch of token windows with no labelled token
             zero = (out.logits if out.logits is not None else out.start_logits).sum() * 0.0
-            return {"task": (zero, correct), "soft": (zero, correct)}
+            return {"task": (zero, correct), "soft": (zero, correct), **layers}
         teacher = self.teacher.of(batch, batch.input_ids.device)
         soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
         task = out.loss.float() * labelled if labelled else soft * 0.0  # the loss: a mean over the labelled targets
         if self.labelled_rows is not None:  # the soft part's figure: the rows where the student says the teacher's class
-            return {"task": (task, correct), "soft": (soft, (out.logits.argmax(-1) == teacher.argmax(-1)).sum())}
-        return {"task": (task, correct), "soft": (soft, correct)}
+            soft_correct = (out.logits.argmax(-1) == teacher.argmax(-1)).sum()
+            return {"task": (task, correct), "soft": (soft, soft_correct), **layers}
+        return {"task": (task, correct), "soft": (soft, correct), **layers}

@@ -316,9 +316,12 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                     f"{time.perf_counter() - started:.1f}s")
                 if dist.is_main:  # for --resume, until the run has finished
                     save_teacher_outputs(teacher_cache, outputs, key)
-            teacher = None
-            task = DistillTask(fam, outputs, s.distill, config, per_step=per_step,
-                               labelled_rows=first_unlabelled)
+            rows = len(train_data.encoded.input_ids)  # the layer losses' count: sequences
+            units = cfg.batch_size * dist.world_size * cfg.grad_accum
+            task = DistillTask(fam, outputs, s.distill, config, per_step=per_step, labelled_rows=first_unlabelled,
+                               teacher_model=teacher if s.distill.layer_losses else None,
+                               rows_per_step=rows * min(units, len(train_data)) / len(train_data))
+            teacher = None  # let go, unless the task keeps it for the layer losses
         else:
             task = FinetuneTask(fam, per_step=per_step)
         summary = train(model, train_data, task, cfg, s.out, resume=s.resume,

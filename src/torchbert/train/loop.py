@@ -355,7 +355,7 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     optimizer = make_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, cfg.steps)
     metrics_path = run_dir / "metrics.jsonl"
-    window = Window(task.parts, dist, device)
+    window = Window(task.parts, dist, device, getattr(task, "unscored", ()))
     state, saved_at = TrainState(), None
     if resume:
         state, window_sums, ckpt = TrainState.resume(run_dir, model, optimizer, scheduler, dist)

@@ -23,10 +23,11 @@ class Window:
     processes, and the tokens. The losses and correct predictions add up on the device ([P, 2]);
     the counts, known before the forward, on the host ([tokens, targets per part], this process's
     own until flush sums them). Both are read at flush only. A step's figures wait in `pending`
-    until the step is taken (a skipped step's are discarded)."""
+    until the step is taken (a skipped step's are discarded). `unscored`: parts that have a loss and
+    no accuracy (a distilled student's hidden states)."""
 
-    def __init__(self, parts: tuple[str, ...], dist: Dist, device: torch.device):
-        self.parts, self.dist, self.device = parts, dist, device
+    def __init__(self, parts: tuple[str, ...], dist: Dist, device: torch.device, unscored: tuple[str, ...] = ()):
+        self.parts, self.dist, self.device, self.unscored = parts, dist, device, unscored
         self.figures, self.counts = self._zero()
         self.pending = self._zero()
         self.unread: list[tuple[Tensor, list[int]]] = []  # deferred: (verdict on the device, host counts) per step
@@ -95,7 +96,8 @@ class Window:
         for i, p in enumerate(self.parts):
             (loss_sum, correct), n = figures[i], counts[1 + i]
             out[f"{p}_loss"] = loss_sum / n if n else float("nan")
-            out[f"{p}_accuracy"] = correct / n if n else float("nan")
+            if p not in self.unscored:
+                out[f"{p}_accuracy"] = correct / n if n else float("nan")
         return {k: round(v, 6) for k, v in {"loss": sum(out[f"{p}_loss"] for p in self.parts), **out}.items()}
 
 

@@ -39,6 +39,7 @@ from ..tasks.families import TaskFamily
 class Objective(Protocol):
     parts: tuple[str, ...]
     per_step: dict[str, float] | None
+    # where a part is not weighed 1 or has no accuracy: `weights` {part: w} and `unscored` (read with getattr)
 
     def counts(self, batch) -> dict[str, int]: ...
 
