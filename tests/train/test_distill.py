@@ -22,8 +22,8 @@ from torchbert.model import BertModel
 from torchbert.tasks.batches import TaskData
 from torchbert.tasks.families import FAMILIES, TaskSettings, task_settings
 from torchbert.tokenizer import BertTokenizer
-from torchbert.train.distill import (SOFT_TARGETS, DistillSettings, DistillTask, distill_texts, soft_kl,
-                                     student_of, taken_layers, teacher_outputs)
+from torchbert.train.distill import DistillSettings, DistillTask, distill_texts, student_of, taken_layers, teacher_outputs
+from torchbert.train.distill_losses import SOFT_TARGETS, soft_kl
 from torchbert.train.objectives import FinetuneTask
 
 DISTILLED = [t for t, fam in FAMILIES.items() if fam.soft_targets is not None]

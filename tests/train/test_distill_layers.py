@@ -14,8 +14,8 @@ from test_distill import DISTILLED, classification_files, family_data, tokenizer
 from test_failures import fails
 from torchbert.cli import main as cli
 from torchbert.tasks.families import task_settings
-from torchbert.train.distill import (DistillSettings, DistillTask, hidden_loss, layer_map, relation_loss, student_of,
-                                     teacher_outputs)
+from torchbert.train.distill import DistillSettings, DistillTask, student_of, teacher_outputs
+from torchbert.train.distill_losses import hidden_loss, layer_map, relation_loss
 from torchbert.train.metrics import Window
 
 
@@ -142,3 +142,92 @@ def test_distill_with_the_layer_losses_writes_a_run_that_logs_them(tokenizer, tm
     fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "n"),
           "--student-layers", "1", "--relation-weight", "-1", *map(str, args), code=2,
           message="--relation-weight must be")
+
+
+# -- a pretrained student of the user's own (--student) ---------------------------------------------
+
+def own_student(folder, tokenizer, hidden=8, layers=2):
+    from torchbert import BertConfig
+    from torchbert.model import BertModel
+
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=64)
+    torch.manual_seed(1)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_pretrained_student_of_another_width_learns_the_teachers_relations(tokenizer, tmp_path, capsys):
+    train, base = classification_files(tmp_path, tokenizer)
+    args = ["--train", train, "--dev", train, "--epochs", "2", "--batch-size", "2", "--quiet"]
+    assert cli([str(x) for x in ["finetune", "--task", "classification", "--model", base, "--out",
+                                 tmp_path / "teacher", "--max-length", "48", *args]]) == 0
+    student = own_student(tmp_path / "small", tokenizer)
+    capsys.readouterr()
+    assert cli([str(x) for x in ["distill", "--teacher", tmp_path / "teacher", "--out", tmp_path / "s", "--student",
+                                 student, "--relation-weight", "1", *args]]) == 0
+    assert f"distilled {tmp_path / 'teacher'} into {student}" in capsys.readouterr().out
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["hidden_size"] == 8 and config["num_hidden_layers"] == 2  # the student's own shape
+    assert config["id2label"] == json.loads((tmp_path / "teacher" / "config.json").read_text())["id2label"]
+    metrics = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    assert metrics["distill"]["student"] == str(student) and metrics["distill"]["layers"] is None
+    rows = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("relation_loss", 0) > 0 for r in rows)
+    assert cli(["evaluate", "--model", str(tmp_path / "s"), "--data", str(train), "--out", str(tmp_path / "e.json")]) == 0
+
+
+def test_a_pretrained_student_that_does_not_fit_is_refused(tokenizer, tmp_path, capsys):
+    from torchbert.tokenizer import BertTokenizer
+
+    train, base = classification_files(tmp_path, tokenizer)
+    args = ["--train", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli(["finetune", "--task", "classification", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--max-length", "48", *args]) == 0
+    capsys.readouterr()
+    student = own_student(tmp_path / "small", tokenizer)
+    distill = ["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), *args]
+    fails(capsys, *distill, "--student", str(student), "--hidden-weight", "1", code=2,
+          message="--hidden-weight 1: the student is 8 wide and the teacher 16")
+    fails(capsys, *distill, "--student", str(student), "--student-layers", "2", code=2, message="give one of them")
+    fails(capsys, *distill, code=2, message="--student-layers K, --student FOLDER or --student-config NAME")
+    fails(capsys, *distill, "--student", str(tmp_path / "nowhere"), code=2, message="--student")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n",
+                                     encoding="utf-8")
+    own_student(tmp_path / "other-vocab", BertTokenizer.from_pretrained(other))
+    fails(capsys, *distill, "--student", str(tmp_path / "other-vocab"), code=2,
+          message="its vocabulary is not the teacher's")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_fresh_student_of_a_size_takes_the_teachers_vocabulary_and_labels(tokenizer, tmp_path, capsys):
+    from torchbert.config import PRESETS
+    from torchbert.architectures import load_config
+    from torchbert.train.distill import fresh_student_config
+
+    train, base = classification_files(tmp_path, tokenizer)
+    args = ["--train", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
+    assert cli(["finetune", "--task", "classification", "--model", str(base), "--out", str(tmp_path / "teacher"),
+                "--max-length", "48", *args]) == 0
+    teacher = load_config(tmp_path / "teacher")
+    tiny = fresh_student_config("tiny", teacher)
+    assert (tiny.num_hidden_layers, tiny.hidden_size, tiny.num_attention_heads) == PRESETS["tiny"]
+    assert tiny.intermediate_size == 4 * tiny.hidden_size and tiny.vocab_size == teacher.vocab_size
+    assert tiny.extra["id2label"] == teacher.extra["id2label"]
+    shape = tmp_path / "shape.json"
+    shape.write_text(json.dumps({"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                 "intermediate_size": 12, "vocab_size": 7}), encoding="utf-8")
+    capsys.readouterr()
+    assert cli(["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--student-config",
+                str(shape), "--relation-weight", "1", *args]) == 0
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (8, 1, 12)
+    assert config["vocab_size"] == teacher.vocab_size  # the shape's alone: the vocabulary is the teacher's
+    assert f"into fresh weights of {shape}" in capsys.readouterr().out
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "n"), "--student-config",
+          "huge", *args, code=2, message="--student-config huge: neither a size")
+    fails(capsys, "distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "n"), "--student-config",
+          "tiny", "--student-layers", "1", *args, code=2, message="give one of them")

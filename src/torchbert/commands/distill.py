@@ -27,6 +27,8 @@ examples:
       --student-layers 3 --temperature 1 --soft-weight 0.9
   torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-2u \\
       --student-layers 2 --unlabeled mail.txt.gz
+  torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-own \
+      --student my-small-bert --relation-weight 1
   torchbert distill --teacher minilm --task embedding --train corpus.txt.gz --dev pairs.jsonl --out runs/emb-2 \\
       --student-layers 2
 
@@ -35,7 +37,8 @@ pairs and regression, token tagging, extractive QA, multiple choice, reranking (
 student keeps the teacher's task, labels, tokenizer and settings (--max-length, --doc-stride, ...): its
 width, embeddings, pooler and head are the teacher's, and its K layers are K of the teacher's, spread
 from the first to the last (DistilBERT's choice: 0, 2, 4, 7, 9, 11 of 12; a 2-layer student of 6
-takes 0 and 5).
+takes 0 and 5). --student FOLDER takes a pretrained BERT of your own instead (a smaller one you
+pretrained or distilled with the same vocabulary): its encoder under a new head for the task.
 
 It learns the teacher's outputs on every training example (computed once, before the first step, the
 teacher without dropout) and the labels: (1 - W) * the task's loss + W * T^2 * KL(teacher || student)
@@ -44,6 +47,13 @@ token's tags, an example's choices or candidates, or a window's answer starts an
 student matches the teacher's score. The dev set is scored after every epoch and the best epoch is
 kept, as in finetune; the run folder holds what finetune's does, and metrics.json says what it was
 distilled from under "distill".
+
+--hidden-weight W and --relation-weight W add the teacher's layers to what the student learns:
+TinyBERT's hidden-state loss (the squared error of the student's embeddings and of its layer i of K
+to the teacher's layer round(i L / K)) and MiniLMv2's self-attention relations (KL between the
+teacher's and the student's query-query, key-key and value-value relations of the last layer, which
+compare a student of any width). The teacher then runs beside the student at every step, so a step
+costs more; bench/README.md says what each bought.
 
 --unlabeled TEXT: texts without labels, which the teacher labels: the student learns the teacher's
 outputs on them too (the soft part of the loss alone; the task's loss stays over the labelled
@@ -143,6 +153,8 @@ def settings(args):
             except SettingError as e:
                 raise UserError(e.as_flag()) from None
     teacher = resolve_model(str(paths.teacher), "--teacher")
+    if distill.student is not None:  # a name --model takes, as a folder
+        distill = dataclasses.replace(distill, student=str(resolve_model(distill.student, "--student")))
     ts = teacher_task(teacher, paths.task)
     if paths.task == "embedding":
         named = getattr(args, "given", None) or ()
@@ -177,7 +189,11 @@ def report(result: dict, out: str) -> None:
     from ..train.finetune import report_lines
 
     d, layers = result["distill"], result["distill"]["layers"]
-    taken = " and ".join(filter(None, (", ".join(map(str, layers[:-1])), str(layers[-1]))))
-    print(f"distilled {d['teacher']} into {len(layers)} layer{'s' if len(layers) > 1 else ''} (the teacher's "
-          f"{taken} of {d['teacher_layers']})")
+    if layers is None:  # --student, --student-config
+        into = d["student"] or f"fresh weights of {d['student_config']}"
+        print(f"distilled {d['teacher']} into {into}")
+    else:
+        taken = " and ".join(filter(None, (", ".join(map(str, layers[:-1])), str(layers[-1]))))
+        print(f"distilled {d['teacher']} into {len(layers)} layer{'s' if len(layers) > 1 else ''} (the teacher's "
+              f"{taken} of {d['teacher_layers']})")
     print("\n".join(report_lines(result, out)))

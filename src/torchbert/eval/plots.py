@@ -80,7 +80,7 @@ def plot_pretraining(run_dir: Path, yardsticks: dict | None = None) -> None:
     parts = [k.removesuffix("_loss") for k in rows[0] if k.endswith("_loss") and not k.startswith("eval_")]
     lines = {f"count table: {k}": yardsticks[k] for k in ("unigram", "left", "neighbours")} if yardsticks else {}
     for name, keys in (("loss", ("loss", *[f"{p}_loss" for p in parts])),
-                       ("accuracy", tuple(f"{p}_accuracy" for p in parts))):
+                       ("accuracy", tuple(f"{p}_accuracy" for p in parts if f"{p}_accuracy" in rows[0]))):
         series = {}
         for k in keys:
             series[k] = (steps, [r[k] for r in rows], "-")

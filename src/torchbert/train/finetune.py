@@ -45,9 +45,9 @@ from ..tasks.families import TaskSettings, family, resolve_task, task_settings
 from ..tasks.feature_tagger import FeatureTagger, TaggerSettings
 from ..tasks.predict import id2label, predict
 from ..tokenizer import BertTokenizer
-from .distill import (TEACHER_CACHE, DistillSettings, DistillTask, cached_teacher_outputs, distill_texts,
-                      mark_unlabelled, outputs_key, placeholder, save_teacher_outputs, soft_targets, student_of,
-                      taken_layers, teacher_outputs, unlabeled_examples)
+from .distill import (TEACHER_CACHE, DistillSettings, DistillTask, cached_teacher_outputs, check_student,
+                      distill_texts, fresh_student_config, mark_unlabelled, outputs_key, placeholder, save_teacher_outputs, soft_targets,
+                      student_of, taken_layers, teacher_outputs, unlabeled_examples)
 from .distributed import Dist, unwrap
 from .loop import TrainConfig, train
 from .objectives import FinetuneTask, targets_per_step
@@ -224,7 +224,16 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     if s.distill is not None:
         if arch.name != "bert":
             raise ValueError(f"--teacher {s.model}: distill takes a fine-tuned BERT as the teacher, not a {arch.title}")
-        layers = taken_layers(config.num_hidden_layers, s.distill.student_layers)
+        if s.distill.student_layers is not None:
+            layers = taken_layers(config.num_hidden_layers, s.distill.student_layers)
+        elif s.distill.student is not None:  # a pretrained student of its own: the teacher's task on its encoder
+            layers, student_config = None, task_config(Path(s.distill.student), ts, label_map)
+            check_student(f"--student {s.distill.student}", student_config, config, s.distill,
+                          BertTokenizer.from_pretrained(s.distill.student).vocab == tokenizer.vocab, ts.max_length)
+        else:  # fresh weights of a size
+            layers, student_config = None, fresh_student_config(s.distill.student_config, config)
+            check_student(f"--student-config {s.distill.student_config}", student_config, config, s.distill, True,
+                          ts.max_length)
         if unlabeled and config.extra.get("problem_type") == "multi_label_classification":
             raise ValueError(f"--unlabeled {more}: a multi-label student learns from its labelled examples alone")
 
@@ -258,12 +267,19 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     teacher, teacher_cache = None, None
     if s.distill is not None:
         teacher = load_task_model(s.model, config, ts, log).to(device)
-        model = student_of(teacher, s.distill.student_layers, **fam.head_arguments(ts)).to(device)
-        plural = "s" if len(layers) > 1 else ""
-        log(f"{type(model).__name__}: a student of {len(layers)} layer{plural} (the teacher's "
-            f"{', '.join(map(str, layers))} of {config.num_hidden_layers}; {sum(p.numel() for p in model.parameters()):,} "
-            f"parameters, the teacher {sum(p.numel() for p in teacher.parameters()):,}), its embeddings and head the "
-            "teacher's")
+        sizes = f"parameters, the teacher {sum(p.numel() for p in teacher.parameters()):,}"
+        if layers is None:
+            c = student_config
+            model = (load_task_model(Path(s.distill.student), c, ts, log) if s.distill.student is not None else
+                     fam.model_for(c)(c, **fam.head_arguments(ts))).to(device)
+            log(f"{type(model).__name__}: the student {s.distill.student or s.distill.student_config + ', fresh'} "
+                f"({c.num_hidden_layers} layers of {c.hidden_size}; {sum(p.numel() for p in model.parameters()):,} "
+                f"{sizes})")
+        else:
+            model = student_of(teacher, s.distill.student_layers, **fam.head_arguments(ts)).to(device)
+            log(f"{type(model).__name__}: a student of {len(layers)} layer{'s' if len(layers) > 1 else ''} (the "
+                f"teacher's {', '.join(map(str, layers))} of {config.num_hidden_layers}; "
+                f"{sum(p.numel() for p in model.parameters()):,} {sizes}), its embeddings and head the teacher's")
         config = model.config
     elif s.frozen is not None:
         model = FeatureTagger.from_encoder(s.model, config, s.frozen).to(device)

@@ -1,5 +1,6 @@
 """What a batch's loss is, for every model the loop trains: the objectives of pretraining (BERT's
-MLM + NSP, MLM alone, ELECTRA's replaced-token detection, GPT's next token, ELMo's two directions)
+MLM + NSP, MLM alone, ELECTRA's replaced-token detection, MLM beside a teacher's relations (general
+distillation), GPT's next token, ELMo's two directions)
 and of fine-tuning (a task family's loss), side by side. The loop (train/loop.py) knows a model only
 through its objective.
 
@@ -34,6 +35,7 @@ from ..losses import next_tokens, previous_tokens
 from ..settings import Checked, setting
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.families import TaskFamily
+from .distill_losses import last_qkv, relation_heads, relation_loss
 
 
 class Objective(Protocol):
@@ -145,6 +147,55 @@ class BiLMTask:
         return parts
 
 
+class RelationDistillTask:
+    """General distillation beside MLM, on the masked batches: the student (BertForMaskedLM) learns the
+    masked tokens and, at every token, a pretrained teacher's self-attention relations of the last
+    layer (MiniLMv2, Wang et al. 2021: train/distill_losses.py relation_loss, summed over the
+    sequences). The teacher reads the same masked input, in eval mode without gradients, on the
+    batch's device from its first batch on. Parts "mlm" and "relation" (no accuracy), weighed 1 and
+    relation_weight."""
+
+    parts = ("mlm", "relation")
+    per_step = None
+    unscored = ("relation",)
+
+    def __init__(self, teacher: str = "minilm", relation_weight: float = 1.0):
+        from ..io.hf import resolve_model
+        from ..model import BertModel
+
+        self.folder = resolve_model(teacher, "--teacher")
+        self.teacher = BertModel.from_pretrained(self.folder).eval().requires_grad_(False)
+        self.weights = {"relation": relation_weight}
+
+    def check_data(self, data) -> None:
+        """The data is in the teacher's vocabulary and fits its positions (ValueError naming both)."""
+        data.check_vocab(self.folder)
+        if self.teacher.config.max_position_embeddings < data.max_seq_len:
+            raise ValueError(f"--teacher {self.folder}: {self.teacher.config.max_position_embeddings} positions, fewer "
+                             f"than the data's max_seq_len {data.max_seq_len}")
+
+    def counts(self, batch) -> dict[str, int]:
+        return {"mlm": int(batch.mlm_labels.numel()), "relation": batch.cu_seqlens.numel() - 1}
+
+    def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
+        from ..fast.bf16 import encoders
+
+        inputs = dict(token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
+        out = model(batch.input_ids, **inputs, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels,
+                    output_hidden_states=True)
+        if self.teacher.embeddings.word.weight.device != batch.input_ids.device:
+            self.teacher.to(batch.input_ids.device)
+        with torch.no_grad():
+            theirs = last_qkv(self.teacher, self.teacher(batch.input_ids, **inputs, output_hidden_states=True).hidden_states)
+        t, width = self.teacher.config, encoders(model)[0].config.hidden_size
+        relation = relation_loss(last_qkv(model, out.hidden_states), theirs, batch.cu_seqlens, batch.max_seqlen,
+                                 relation_heads(t.hidden_size, width, t.num_attention_heads))
+        m = batch.mlm_labels.numel()
+        mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
+        return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()),
+                "relation": (relation, torch.zeros((), device=relation.device))}
+
+
 class FinetuneTask:
     """One loss part, "task": summed over its targets (sequences, labelled tokens or examples: the
     family's count).
@@ -232,6 +283,16 @@ class ElectraSettings(Checked):
                                                     "paper: 1/4 to 1/2)", above=0, high=1)
 
 
+@dataclass
+class GeneralDistillSettings(Checked):
+    """General distillation's own: the teacher whose relations the student learns, and their weight."""
+
+    teacher: str = setting("minilm", "the pretrained BERT whose last layer's self-attention relations the student "
+                                     "learns: a folder, minilm or a hub id; --data prepared in its vocabulary "
+                                     "(prepare --tokenizer TEACHER)", metavar="FOLDER")
+    relation_weight: float = setting(1.0, "the relation loss's weight beside MLM's 1", low=0, high=1000, metavar="W")
+
+
 PRETRAINING: dict[str, PretrainingObjective] = {}  # by name; a family's first is its default
 
 
@@ -288,6 +349,12 @@ register_objective(PretrainingObjective(  # transformers' ELECTRA has absolute p
     settings=ElectraSettings, shapes_model=True, init=False,  # would start from nothing beside an --init discriminator
     about="replaced-token detection (a narrow generator fills the masks, the BERT learns from every token which "
           "ones it replaced; the run folder is that BERT)"))
+register_objective(PretrainingObjective(
+    "distill", "bert", BertForMaskedLM, BertConfig, RelationDistillTask,
+    lambda ev: f"{_mlm_line(ev)}, relation KL to the teacher {ev['relation_loss']:.3f}", positions=POSITIONS,
+    settings=GeneralDistillSettings,
+    about="masked LM beside a pretrained teacher's self-attention relations (MiniLMv2's general distillation: a "
+          "small BERT learns from --teacher over the corpus, then fine-tunes like any)"))
 register_objective(PretrainingObjective(
     "gpt", "gpt", OpenAIGPTLMHeadModel, GPTConfig, CausalLMTask, masked=False,
     about="the left-to-right Transformer, next-token prediction",

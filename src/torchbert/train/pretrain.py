@@ -145,8 +145,9 @@ def evaluator(eval_data: PretrainingData | BlendedData, batch_size: int, max_bat
                 sums[p][2] += counts[p]
         if not all(n for _, _, n in sums.values()):
             raise ValueError(f"{eval_data.folder}: no held-out targets in {len(batches)} batch(es)")
+        unscored = getattr(task, "unscored", ())  # parts with a loss and no accuracy
         return {k: v for p, (loss, correct, n) in sums.items()
-                for k, v in ((f"{p}_loss", loss / n), (f"{p}_accuracy", correct / n))}
+                for k, v in ((f"{p}_loss", loss / n), *(() if p in unscored else ((f"{p}_accuracy", correct / n),)))}
 
     return evaluate
 
@@ -199,8 +200,15 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
                         "prepare the corpus again with --pairs nsp")
     own = spec.own(s.objective_settings)  # its own settings (ELECTRA: the generator's size), or None
     if s.resume:
-        check_resumed(s, config, data)
         own = run_settings(s.out, config, spec)
+    objective = spec.objective(own)  # built once: a teacher it reads (general distillation) is loaded once
+    if hasattr(objective, "check_data"):  # what it reads besides the model: a teacher of the data's vocabulary
+        try:
+            objective.check_data(data)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if s.resume:
+        check_resumed(s, config, data)
         model = spec.model(config, own)  # the checkpoint brings the weights
     elif s.init is not None:
         data.check_vocab(s.init)
@@ -226,7 +234,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         eval_data = open_data(eval_specs, seed=cfg.seed, shuffle=False, masked=spec.masked)
         for eval_folder, _ in eval_specs:
             data.check_vocab(eval_folder)
-        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, spec.objective(own))
+        evaluate = evaluator(eval_data, cfg.batch_size, s.eval_batches, device, objective)
         if spec.masked and dist.is_main:  # what tables of counts score on the same masks (eval/yardsticks.py)
             started = time.perf_counter()
             counts = yardsticks(data, heldout_batches(eval_data, cfg.batch_size, s.eval_batches))
@@ -252,7 +260,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         def saved(checkpoint: Path) -> None:
             with_training(s.out, training, "pretrain")  # a resumed run's, once a checkpoint holds its work
             folder.commit(checkpoint)
-        summary = train(model, data, spec.objective(own), cfg, s.out, resume=s.resume, evaluate=evaluate,
+        summary = train(model, data, objective, cfg, s.out, resume=s.resume, evaluate=evaluate,
                         device=device, log=log, dist=dist, on_checkpoint=saved)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
