@@ -55,6 +55,11 @@ teacher's and the student's query-query, key-key and value-value relations of th
 compare a student of any width). The teacher then runs beside the student at every step, so a step
 costs more; bench/README.md says what each bought.
 
+General distillation, a small task-agnostic BERT that learns a pretrained teacher's relations over a
+corpus before any task, is pretraining: `torchbert pretrain --objective distill --teacher minilm
+--data PREPARED --config tiny` (the corpus prepared with the teacher's tokenizer); the folder it
+writes fine-tunes like any checkpoint, or is the --student here.
+
 --unlabeled TEXT: texts without labels, which the teacher labels: the student learns the teacher's
 outputs on them too (the soft part of the loss alone; the task's loss stays over the labelled
 examples). For a classification or tagging teacher, a corpus as prepare reads it (every non-blank
