@@ -529,7 +529,7 @@ def test_vocab_on_a_full_disk_writes_no_folder(prepared, tmp_path, capsys, monke
           code=1, message=f"no space left on {tmp_path}")
     assert not out.exists() and not hidden_leftovers(out)
     fails(capsys, "prepare", "--corpus", prepared / "train.txt", "--tokenizer", out, "--out", tmp_path / "d",
-          code=2, message=f"--tokenizer {out}: no such folder")
+          code=2, message=f"--tokenizer {out}: not a folder")
 
 
 def _tmpfs_available() -> bool:

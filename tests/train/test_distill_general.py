@@ -85,3 +85,22 @@ def test_pretrain_distill_writes_a_bert_that_fine_tunes(prepared, tmp_path, caps
                        "--teacher", str(other), "--steps", "1", "--quiet")
     assert code == 2 and "vocab mismatch" in err
     assert PRETRAINING["distill"].model_class is BertForMaskedLM
+
+
+@pytest.mark.e2e
+def test_prepare_and_pretrain_take_a_model_by_name_as_model_does(tmp_path, capsys, minilm_dir):
+    import realdata
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(realdata.english_texts()[i:i + 4]) for i in range(0, 120, 4)) + "\n",
+                      encoding="utf-8")
+    code, _, err = cli(capsys, "prepare", "--corpus", corpus, "--tokenizer", "minilm", "--out", tmp_path / "data",
+                       "--max-seq-len", "64", "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "data" / "vocab.txt").read_text() == (minilm_dir / "vocab.txt").read_text()
+    code, out, err = cli(capsys, "pretrain", "--data", tmp_path / "data", "--out", tmp_path / "run", "--init", "minilm",
+                         "--objective", "mlm", "--steps", "1", "--batch-size", "4", "--quiet")
+    assert code == 0, err
+    code, _, err = cli(capsys, "prepare", "--corpus", corpus, "--tokenizer", tmp_path / "nowhere", "--out",
+                       tmp_path / "d2", "--quiet")
+    assert code == 2 and "--tokenizer" in err and "not a folder" in err

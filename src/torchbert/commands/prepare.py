@@ -5,13 +5,14 @@ memory-mappable shards."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from ..settings import Checked, add_flags, setting
-from .common import check_out_folder, command, settings_from, shared_flags
+from .common import check_out_folder, command, resolve_model, settings_from, shared_flags
 
 WRITES_FOLDER = True
 EPILOG = """\
@@ -65,7 +66,8 @@ manifest.json (counts, settings, vocab sha256) and a copy of the tokenizer files
 class PrepareInputs(Checked):
     corpus: list[str] = setting(help="UTF-8 corpus files, folders or globs (.txt, .jsonl, .parquet; .gz and .zst "
                                      "read as they are)", metavar="PATH")
-    tokenizer: str = setting(help="tokenizer folder (vocab.txt, tokenizer_config.json)")
+    tokenizer: str = setting(help="tokenizer folder (vocab.txt, tokenizer_config.json), or a model's by name as "
+                                  "--model takes it (minilm, a hub id)")
     out: str = setting(help="output data folder")
 
 
@@ -128,10 +130,10 @@ def run(args) -> None:
 
     settings = settings_from(PrepareSettings, args)  # the flags first: a bad one is named before any file is read
     s = settings_from(PrepareInputs, args)
+    if not Path(s.tokenizer).is_dir():  # a model by name, as --model takes it (minilm, a hub id)
+        s = dataclasses.replace(s, tokenizer=str(resolve_model(s.tokenizer, "--tokenizer")))
     check_out_folder(Path(s.out), args.overwrite or args.resume,
                      [("--tokenizer", s.tokenizer), *[("--corpus", c) for c in s.corpus]])
-    if not Path(s.tokenizer).is_dir():
-        raise UserError(f"--tokenizer {s.tokenizer}: no such folder")
     if settings.cluster is not None:  # distributed logs a lost scheduler as tracebacks; the error says it in one line
         quiet_dask_logs()
     start = time.perf_counter()

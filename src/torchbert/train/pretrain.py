@@ -33,6 +33,7 @@ from ..eval.plots import plot_pretraining
 from ..eval.yardsticks import yardsticks
 from ..io.checkpoint import list_checkpoints, no_checkpoint
 from ..io.files import atomic_copy, atomic_write_text
+from ..io.hf import resolve_model
 from ..io.record import RunRecord, read_record, with_training, write_record
 from ..settings import Checked, setting
 from ..tokenizer import TOKENIZER_FILES
@@ -75,7 +76,8 @@ class PretrainSettings(Checked):
                                           "its pooler then applies the model's activation, GELU, in place of tanh, "
                                           "as RoFormer's does); "
                                           "with --resume: the run's own", choices=POSITIONS)
-    init: Path | None = setting(None, "start from this checkpoint folder (e.g. phase 2 at length 512)")
+    init: Path | None = setting(None, "start from this checkpoint folder (e.g. phase 2 at length 512), or a model by "
+                                      "name as --model takes it (minilm, a hub id)")
     eval_data: Path | None = setting(None, "held-out data folder (default: DATA/heldout when prepare made one)")
     eval_batches: int = setting(20, "held-out batches (of --batch-size) per evaluation, the first of the held-out "
                                     "data (default: 20); the count yardsticks are scored on the same masks", low=1)
@@ -174,6 +176,8 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     resumed run takes its model config from the run folder."""
     dist = dist or Dist()
     s = with_recipe(s)
+    if s.init is not None and not Path(s.init).is_dir():  # a model by name, as --model takes it (minilm, a hub id)
+        s = dataclasses.replace(s, init=resolve_model(str(s.init), "--init"))
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     try:
         specs = parse_data(s.data)
