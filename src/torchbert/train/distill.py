@@ -88,8 +88,8 @@ class DistillSettings(Checked):
                                           "relations; the teacher then runs beside the student at every step",
                                      low=0, high=1000, metavar="W")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_student(self) -> None:
+        """Exactly one student is named (a rule between fields: checked where the student is made)."""
         if sum(x is not None for x in (self.student_layers, self.student, self.student_config)) != 1:
             raise SettingError("student_layers", "K, --student FOLDER or --student-config NAME: give one of them (the "
                                "teacher's own layers, a pretrained BERT of yours, or fresh weights of a size)")
