@@ -152,7 +152,7 @@ def settings(args):
     paths = settings_from(DistillFlags, args)
     distill = settings_from(DistillSettings, args)
     try:
-        distill.check_student()
+        distill.one_student()
     except SettingError as e:
         raise UserError(e.as_flag()) from None
     for f in dataclasses.fields(TrainConfig):  # the loop's flags checked before the teacher is read

@@ -53,8 +53,7 @@ from ..settings import Checked, SettingError, setting
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.embedding import PairExample, read_pairs
 from ..tasks.families import TaskFamily
-from .distill_losses import (SOFT_TARGETS, SoftTargets, hidden_loss, last_qkv, layer_map, relation_heads,
-                             relation_loss)
+from .distill_losses import SOFT_TARGETS, SoftTargets, hidden_loss, last_layer_relations, layer_map
 
 
 @dataclass
@@ -88,7 +87,7 @@ class DistillSettings(Checked):
                                           "relations; the teacher then runs beside the student at every step",
                                      low=0, high=1000, metavar="W")
 
-    def check_student(self) -> None:
+    def one_student(self) -> None:
         """Exactly one student is named (a rule between fields: checked where the student is made)."""
         if sum(x is not None for x in (self.student_layers, self.student, self.student_config)) != 1:
             raise SettingError("student_layers", "K, --student FOLDER or --student-config NAME: give one of them (the "
@@ -407,15 +406,12 @@ class DistillTask:
         from ..fast.bf16 import encoders
         with torch.no_grad():  # the teacher's encoder alone: its head has no part in these losses
             mine = encoders(self.teacher_model)[0](**batch.model_inputs(), output_hidden_states=True).hidden_states
-            theirs = last_qkv(self.teacher_model, mine) if self.settings.relation_weight else None
         none, parts = torch.zeros((), device=batch.input_ids.device), {}
         if self.settings.hidden_weight:
             parts["hidden"] = (hidden_loss(out.hidden_states, mine, self.pairs, batch.cu_seqlens), none)
         if self.settings.relation_weight:
-            t = self.teacher_model.config
-            heads = relation_heads(t.hidden_size, self.config.hidden_size, t.num_attention_heads)
-            parts["relation"] = (relation_loss(last_qkv(model, out.hidden_states), theirs, batch.cu_seqlens,
-                                               batch.max_seqlen, heads), none)
+            parts["relation"] = (last_layer_relations(model, out.hidden_states, self.teacher_model, mine,
+                                                      batch.cu_seqlens, batch.max_seqlen), none)
         return parts
 
     def forward(self, model: nn.Module, batch: TaskBatch) -> dict[str, tuple[Tensor, Tensor]]:

@@ -199,3 +199,16 @@ def last_qkv(model: nn.Module, hidden_states: tuple[Tensor, ...]) -> Tensor:
     before it), before any rotary turn."""
     from ..fast.bf16 import encoders
     return encoders(model)[0].layers[-1].attention.qkv(hidden_states[-2])
+
+
+def last_layer_relations(student: nn.Module, student_states: tuple[Tensor, ...], teacher: nn.Module,
+                         teacher_states: tuple[Tensor, ...], cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+    """The relation loss of the student's last layer against the teacher's (each model's hidden states
+    of the packed batch; the teacher's side without gradients), in the relation heads both widths take."""
+    from ..fast.bf16 import encoders
+
+    with torch.no_grad():
+        theirs = last_qkv(teacher, teacher_states)
+    t, width = encoders(teacher)[0].config, encoders(student)[0].config.hidden_size
+    return relation_loss(last_qkv(student, student_states), theirs, cu_seqlens, max_seqlen,
+                         relation_heads(t.hidden_size, width, t.num_attention_heads))

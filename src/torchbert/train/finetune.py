@@ -224,7 +224,7 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
     if s.distill is not None:
         if arch.name != "bert":
             raise ValueError(f"--teacher {s.model}: distill takes a fine-tuned BERT as the teacher, not a {arch.title}")
-        s.distill.check_student()
+        s.distill.one_student()
         if s.distill.student_layers is not None:
             layers = taken_layers(config.num_hidden_layers, s.distill.student_layers)
         elif s.distill.student is not None:  # a pretrained student of its own: the teacher's task on its encoder

@@ -35,7 +35,7 @@ from ..losses import next_tokens, previous_tokens
 from ..settings import Checked, setting
 from ..tasks.batches import TaskBatch, TaskData
 from ..tasks.families import TaskFamily
-from .distill_losses import last_qkv, relation_heads, relation_loss
+from .distill_losses import last_layer_relations
 
 
 class Objective(Protocol):
@@ -178,18 +178,15 @@ class RelationDistillTask:
         return {"mlm": int(batch.mlm_labels.numel()), "relation": batch.cu_seqlens.numel() - 1}
 
     def forward(self, model: nn.Module, batch) -> dict[str, tuple[Tensor, Tensor]]:
-        from ..fast.bf16 import encoders
-
         inputs = dict(token_type_ids=batch.token_type_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
         out = model(batch.input_ids, **inputs, mlm_positions=batch.mlm_positions, mlm_labels=batch.mlm_labels,
                     output_hidden_states=True)
         if self.teacher.embeddings.word.weight.device != batch.input_ids.device:
             self.teacher.to(batch.input_ids.device)
         with torch.no_grad():
-            theirs = last_qkv(self.teacher, self.teacher(batch.input_ids, **inputs, output_hidden_states=True).hidden_states)
-        t, width = self.teacher.config, encoders(model)[0].config.hidden_size
-        relation = relation_loss(last_qkv(model, out.hidden_states), theirs, batch.cu_seqlens, batch.max_seqlen,
-                                 relation_heads(t.hidden_size, width, t.num_attention_heads))
+            theirs = self.teacher(batch.input_ids, **inputs, output_hidden_states=True).hidden_states
+        relation = last_layer_relations(model, out.hidden_states, self.teacher, theirs, batch.cu_seqlens,
+                                        batch.max_seqlen)
         m = batch.mlm_labels.numel()
         mlm_sum = out.mlm_loss.float() * m if m else out.mlm_logits.sum() * 0.0
         return {"mlm": (mlm_sum, (out.mlm_logits.argmax(-1) == batch.mlm_labels).sum()),
