@@ -124,6 +124,15 @@ def task_files(task: str, work: Path, train_size: int | None, dev_size: int | No
             subsample_lines(SHARED / folder / f"dev{ext}", work / f"dev{ext}", dev_size, header))
 
 
+def subsample(task: str, src: Path, dst: Path, n: int) -> Path:
+    """n examples of a task's training file `src`, in its layout."""
+    if task in ("zh", "wnut"):
+        return subsample_conll(src, dst, n)
+    if task == "qa":
+        return subsample_squad(src, dst, n)
+    return subsample_lines(src, dst, n, header=task != "mc")
+
+
 def unlabeled_texts(task: str, labelled: Path, out: Path, n: int) -> Path:
     """n texts of the task's training file that `labelled` (its subsample) does not hold, without their
     labels: one a line for a single text or a sentence to tag (its characters, as raw text), a TSV of the
@@ -267,6 +276,9 @@ def main() -> None:
     p.add_argument("--student-lr", type=float, default=None, help="default: --lr")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--train-size", type=int, default=None, help="subsample training examples (default: all)")
+    p.add_argument("--teacher-train-size", type=int, default=None,
+                   help="the teacher learns from this many training examples (default: --train-size's), the students "
+                        "from the first --train-size of them: a teacher that knows more than the student's labels")
     p.add_argument("--dev-size", type=int, default=None)
     p.add_argument("--repeats", type=int, default=2, help="alternated predict jobs per model and precision")
     p.add_argument("--unlabeled", nargs="+", type=int, default=[], metavar="R",
@@ -294,12 +306,16 @@ def main() -> None:
             if task == "emb":
                 embeddings = embedding_rows(args, t, base)
                 continue
-            train, dev = task_files(task, t, args.train_size, args.dev_size)
+            train, dev = task_files(task, t, args.teacher_train_size or args.train_size, args.dev_size)
+            teacher_train = train
+            if args.teacher_train_size is not None and args.train_size is not None:  # the student's: a part of it
+                train = subsample(task, teacher_train, teacher_train.with_name("student-" + teacher_train.name),
+                                  args.train_size)
             metric = METRIC[task]
             common = ["--train", train, "--dev", dev, "--quiet"]
             started = time.perf_counter()
             run("finetune", "--task", TASK[task], "--model", "minilm", "--out", t / "teacher", "--epochs", args.epochs,
-                "--lr", args.lr, "--max-length", args.max_length, *common)
+                "--lr", args.lr, "--max-length", args.max_length, "--train", teacher_train, *common[2:])
             teacher_seconds = time.perf_counter() - started
             row = {"teacher": score(t / "teacher", metric), "teacher_seconds": teacher_seconds,
                    "student": [], "control": [], "student_seconds": [], "control_seconds": []}

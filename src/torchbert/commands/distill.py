@@ -65,8 +65,10 @@ outputs on them too (the soft part of the loss alone; the task's loss stays over
 examples). For a classification or tagging teacher, a corpus as prepare reads it (every non-blank
 line of a text file, or the text field of JSON Lines or Parquet, plain, .gz or .zst; each text once;
 for tagging cut into words as BERT cuts them, each Chinese character a word), or a file in --train's
-layout (a table of texts, CoNLL as .conll); for a pair teacher, a file in --train's layout. Labels
-such a file holds are not read. An epoch passes over both. Other families learn from their labelled
+layout (a table of texts, CoNLL as .conll); for a pair, multiple-choice or QA teacher, a file in
+--train's layout (pairs; questions with their choices; SQuAD questions on their contexts, each
+window of a long context learning the teacher's start and end). Labels or answers such a file holds
+are not read. An epoch passes over both. Regression and reranker students learn from their labelled
 examples alone.
 
 --task embedding: a student of a model that embeds (`minilm`, a sentence-transformers folder, an

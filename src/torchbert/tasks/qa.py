@@ -35,12 +35,13 @@ class Answer:
 
 @dataclass
 class QAExample:
-    """A SQuAD question on a context; no answers and is_impossible for v2's unanswerable ones."""
+    """A SQuAD question on a context; no answers and is_impossible for v2's unanswerable ones; answers
+    None for a question without labels (one a distilled student learns the teacher's answer of)."""
 
     id: str
     question: str
     context: str
-    answers: list[Answer] = field(default_factory=list)
+    answers: list[Answer] | None = field(default_factory=list)
     is_impossible: bool = False
     where: str = ""
 
@@ -159,7 +160,9 @@ def encode_qa(
 
     With training, labels hold the (start, end) token positions of the first answer in each row:
     (0, 0) ([CLS]) for unanswerable questions and, in v2, for windows the answer is not wholly
-    inside; in v1 such windows are dropped (run_squad.py's out_of_span rule).
+    inside; in v1 such windows are dropped (run_squad.py's out_of_span rule). A question whose answers
+    are None has no labels at all (distillation's examples without labels): every window is kept, its
+    label a placeholder (0, 0).
     """
     if doc_stride < 1:
         raise ValueError(f"doc_stride must be at least 1 token, got {doc_stride}")
@@ -184,7 +187,9 @@ def encode_qa(
             )
 
         answer: tuple[int, int] | None = None  # context token span of the first answer
-        if training and not (ex.is_impossible or not ex.answers):
+        if ex.answers is None:  # no labels: a placeholder in every window
+            pass
+        elif training and not (ex.is_impossible or not ex.answers):
             a = ex.answers[0]
             if ex.context[a.start:a.start + len(a.text)] != a.text:
                 found = ex.context[a.start:a.start + len(a.text)]

@@ -15,11 +15,13 @@ size of the hard part's, as Hinton et al. scale it). What is a distribution depe
 and the hidden-state (TinyBERT) and relation (MiniLMv2) losses compare the student's layers with the
 teacher's, the teacher run beside it at every step: train/distill_losses.py holds them all.
 
-A classification, pair or tagging student can also learn from texts without labels
-(`unlabeled_examples`, --unlabeled): their rows follow the labelled ones, each of their targets (a
-sequence, a word's first sub-token) labelled UNLABELLED (`mark_unlabelled`), which the head is given
-as IGNORE: they add to the soft part alone (DistillTask's labelled_rows), as DistilBERT and TinyBERT
-learn a task from the teacher's outputs on text nobody labelled.
+A student can also learn from examples without labels (`unlabeled_examples`, --unlabeled): raw texts
+for a classification or tagging task, or a file in the task's own layout (pairs, multiple choice's
+questions and choices, QA's questions on their contexts) with its labels unread. Their rows follow
+the labelled ones, each of their targets (a sequence, a word's first sub-token, an example's choice,
+a window's start and end) labelled UNLABELLED (`mark_unlabelled`), which the head is given as IGNORE:
+they add to the soft part alone (DistillTask's labelled_rows), as DistilBERT and TinyBERT learn a task
+from the teacher's outputs on text nobody labelled.
 
 An embedding student learns from texts alone, with no labels (`distill_texts`: a corpus as prepare
 reads it): its loss is the squared error of its vector of each text to the teacher's (the mean over
@@ -76,8 +78,8 @@ class DistillSettings(Checked):
     unlabeled: str | None = setting(None, "more texts to learn the teacher's outputs on, with no labels: a corpus as "
                                           "prepare reads it (one text a line, or JSON Lines or Parquet with a text "
                                           "field, plain, .gz or .zst), or a file in --train's layout (its labels, "
-                                          "if any, unread; a pair task's must be); classification, pair and tagging "
-                                          "tasks", metavar="TEXT")
+                                          "if any, unread); a pair, multiple-choice or QA task's must be in its "
+                                          "layout", metavar="TEXT")
     hidden_weight: float = setting(0.0, "the weight of the hidden-state loss (TinyBERT's): the squared error of the "
                                         "student's embeddings and of its layer i of K to the teacher's layer "
                                         "round(i L / K); the teacher then runs beside the student at every step",
@@ -167,26 +169,36 @@ def mark_unlabelled(encoded, examples: int) -> int:
     """The rows of the examples from number `examples` on, texts without labels encoded with a
     placeholder label, get UNLABELLED at each target; returns the first such row."""
     first = next((r for r, e in enumerate(encoded.example_index) if e >= examples), len(encoded.example_index))
+    if encoded.num_choices is not None:  # multiple choice: a label an example
+        encoded.labels[examples:] = [UNLABELLED] * (len(encoded.labels) - examples)
+        return first
     for r in range(first, len(encoded.labels)):
         label = encoded.labels[r]
-        encoded.labels[r] = [IGNORE if t == IGNORE else UNLABELLED for t in label] if isinstance(label, list) \
-            else UNLABELLED
+        if isinstance(label, list):  # a tag a token
+            encoded.labels[r] = [IGNORE if t == IGNORE else UNLABELLED for t in label]
+        else:  # a class, or a window's (start, end)
+            encoded.labels[r] = (UNLABELLED, UNLABELLED) if isinstance(label, tuple) else UNLABELLED
     return first
 
 
 def placeholder(example, label_map):
-    """A text without a label as an example of its family with the first label at each target, to be
+    """An example without a label as an example of its family with a placeholder at each target, to be
     encoded as the labelled ones are (`mark_unlabelled` then makes the targets UNLABELLED)."""
     if hasattr(example, "words"):  # a tagging example: a tag a word
         return dataclasses.replace(example, tags=[label_map.labels[0]] * len(example.words))
+    if hasattr(example, "choices"):  # multiple choice: the first choice
+        return dataclasses.replace(example, label=0)
+    if hasattr(example, "answers"):  # a QA question: no answers (every window kept, its target (0, 0))
+        return dataclasses.replace(example, answers=None, is_impossible=False)
     return dataclasses.replace(example, label=label_map.labels[0])
 
 
 def head_targets(fam: TaskFamily, batch: TaskBatch) -> dict:
     """The family's targets of a batch for the head, an UNLABELLED target given as IGNORE (no loss)."""
     targets = fam.targets(batch)
-    if isinstance(targets.get("labels"), Tensor) and not targets["labels"].is_floating_point():
-        targets["labels"] = targets["labels"].masked_fill(targets["labels"] == UNLABELLED, IGNORE)
+    for key in ("labels", "start_positions", "end_positions"):
+        if isinstance(targets.get(key), Tensor) and not targets[key].is_floating_point():
+            targets[key] = targets[key].masked_fill(targets[key] == UNLABELLED, IGNORE)
     return targets
 
 
@@ -222,21 +234,28 @@ def distill_texts(path, note=None, empty: str = "an embedding student learns fro
 
 
 def unlabeled_examples(fam: TaskFamily, path, layout: str, note=None) -> list:
-    """The examples of --unlabeled for a student of a classification, pair or tagging task, with no
-    labels: each distinct non-blank line of a corpus (as `distill_texts` reads it) as a text, or for
-    tagging a sentence cut into words as BERT cuts it (each Chinese character a word); or a file in the
-    task's own layout (a table of texts, a pair task's file, CoNLL), its labels unread."""
+    """The examples of --unlabeled for a student, with no labels: for a classification or tagging task,
+    each distinct non-blank line of a corpus (as `distill_texts` reads it) as a text, or for tagging a
+    sentence cut into words as BERT cuts it (each Chinese character a word); or a file in the task's own
+    layout (a table of texts, a pair task's file, CoNLL, multiple choice's, SQuAD's), its labels unread."""
     from ..tasks.tagging import TokenExample, split_words
     from ..tasks.text import TextExample
 
     path = Path(path)
-    if fam.soft_targets != "classes" or getattr(fam, "regression", False):
+    if fam.soft_targets not in ("classes", "spans") and fam.type != "multiple-choice" or \
+            getattr(fam, "regression", False):
         raise ValueError(f"--unlabeled {path}: a {fam.type} student learns from its labelled examples alone "
-                         "(unlabelled texts: classification, pair and tagging tasks)")
+                         "(examples without labels: classification, pair, tagging, multiple-choice and QA tasks)")
     if not path.is_file():
         raise ValueError(f"--unlabeled {path}: no such file")
     own = (".tsv", ".csv") if not fam.per_word else (".conll",)
-    if getattr(fam, "pair", False) or path.suffix.lower() in own:
+    if fam.soft_targets != "classes":  # questions with their choices or contexts: the task's own layout alone
+        try:
+            examples = fam.read(path, layout, labelled=False)
+        except ValueError as e:
+            raise ValueError(f"--unlabeled: {e} (a {fam.type} student's examples without labels are a file in "
+                             "--train's layout)") from None
+    elif getattr(fam, "pair", False) or path.suffix.lower() in own:
         examples = [dataclasses.replace(e, **{fam.gold: None}) for e in fam.read(path, layout, labelled=False)]
     else:
         texts = distill_texts(path, note, "the teacher labels texts, one a line")
@@ -359,18 +378,26 @@ class DistillTask:
     no accuracy: `unscored`), from the teacher run beside the student on each batch (`teacher_model`,
     kept in eval mode, without gradients).
 
-    labelled_rows: the training rows from it on are texts without labels (--unlabeled, after the
+    labelled_rows: the training rows from it on are examples without labels (--unlabeled, after the
     labelled ones; their targets UNLABELLED): they add to the soft part alone, the task part is over
     the labelled targets (its per-step count their share of the step's), and the soft part's figure is
-    the targets where the student gives the teacher's class."""
+    the targets where the student gives the teacher's answer (`SoftTargets.agree`). labelled_units:
+    the same first unlabelled example as a unit of the data (a row, or a multiple-choice example), and
+    units all of them: a choice or span student's targets are one a unit."""
 
     unscored = ("hidden", "relation")
 
     def __init__(self, fam: TaskFamily, teacher: TeacherOutputs, s: DistillSettings, config,
                  per_step: float | None = None, labelled_rows: int | None = None,
-                 teacher_model: nn.Module | None = None, rows_per_step: float | None = None):
+                 teacher_model: nn.Module | None = None, rows_per_step: float | None = None,
+                 labelled_units: int | None = None, units: int | None = None):
         self.family, self.teacher, self.settings, self.config = fam, teacher, s, config
         self.labelled_rows = labelled_rows
+        self.by_units = labelled_rows is not None and fam.soft_targets != "classes"  # a target a unit
+        if self.by_units and (labelled_units is None or not units):
+            raise ValueError(f"a {fam.type} student's examples without labels are counted by unit: give "
+                             "labelled_units and units")
+        self.labelled_units, self.units = labelled_units, units
         self.teacher_model = teacher_model.eval() if teacher_model is not None else None
         layers = tuple(p for p, w in (("hidden", s.hidden_weight), ("relation", s.relation_weight)) if w)
         if layers and (teacher_model is None or not teacher.kind.labelled):
@@ -379,7 +406,9 @@ class DistillTask:
         self.per_step = {p: per_step for p in self.parts} if per_step else None
         if self.per_step:
             self.per_step.update({p: rows_per_step for p in layers})
-        if self.per_step and labelled_rows is not None:  # the teacher's pieces: a row's targets
+        if self.per_step and self.by_units:
+            self.per_step["task"] = per_step * labelled_units / units
+        elif self.per_step and labelled_rows is not None:  # the teacher's pieces: a row's targets
             self.per_step["task"] = per_step * teacher.starts[labelled_rows] / max(1, teacher.starts[-1])
         self.weights = {"task": 1.0 - s.soft_weight, "soft": s.soft_weight} if teacher.kind.labelled else {"soft": 1.0}
         self.weights.update(hidden=s.hidden_weight, relation=s.relation_weight)
@@ -390,6 +419,8 @@ class DistillTask:
         """The batch's labelled targets (counted on the host)."""
         if self.labelled_rows is None:
             return batch.num_targets
+        if self.by_units:
+            return int((np.asarray(batch.units) < self.labelled_units).sum())
         rows = np.asarray(batch.rows)
         rows = rows[rows < self.labelled_rows]
         return int((self.teacher.starts[rows + 1] - self.teacher.starts[rows]).sum())
@@ -431,7 +462,6 @@ class DistillTask:
         teacher = self.teacher.of(batch, batch.input_ids.device)
         soft = self.teacher.kind.loss(out, teacher, batch, self.settings.temperature, self.config)
         task = out.loss.float() * labelled if labelled else soft * 0.0  # the loss: a mean over the labelled targets
-        if self.labelled_rows is not None:  # the soft part's figure: the rows where the student says the teacher's class
-            soft_correct = (out.logits.argmax(-1) == teacher.argmax(-1)).sum()
-            return {"task": (task, correct), "soft": (soft, soft_correct), **layers}
+        if self.labelled_rows is not None:  # the soft part's figure: the targets where the student says the teacher's answer
+            return {"task": (task, correct), "soft": (soft, self.teacher.kind.agree(out, teacher, batch)), **layers}
         return {"task": (task, correct), "soft": (soft, correct), **layers}

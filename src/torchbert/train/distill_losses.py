@@ -68,6 +68,10 @@ class SoftTargets:
     def loss(self, out, teacher, batch: TaskBatch, temperature: float, config) -> Tensor:
         raise NotImplementedError
 
+    def agree(self, out, teacher, batch: TaskBatch) -> Tensor:
+        """The targets where the student's answer (argmax) is the teacher's."""
+        raise NotImplementedError
+
 
 class ClassTargets(SoftTargets):
     def pieces(self, out, batch):
@@ -88,6 +92,9 @@ class ClassTargets(SoftTargets):
                 * temperature ** 2 / student.shape[-1]
         return soft_kl(student, teacher, temperature)
 
+    def agree(self, out, teacher, batch):
+        return (out.logits.argmax(-1) == teacher.argmax(-1)).sum()
+
 
 class ChoiceTargets(SoftTargets):
     def pieces(self, out, batch):
@@ -101,6 +108,10 @@ class ChoiceTargets(SoftTargets):
     def loss(self, out, teacher, batch, temperature, config):
         scores, mask = teacher
         return soft_kl(out.logits, scores, temperature, mask)
+
+    def agree(self, out, teacher, batch):
+        scores, mask = teacher  # the student's filler slots are at the lowest score already
+        return (out.logits.argmax(-1) == scores.masked_fill(~mask, float("-inf")).argmax(-1)).sum()
 
 
 class SpanTargets(SoftTargets):
@@ -117,6 +128,15 @@ class SpanTargets(SoftTargets):
             t = pad(teacher[:, k], batch.cu_seqlens, batch.max_seqlen)
             total = total + soft_kl(s, t, temperature, mask)
         return total / 2
+
+    def agree(self, out, teacher, batch):
+        """The windows where the student's start and end are both the teacher's."""
+        same = None
+        for k, student in enumerate((out.start_logits, out.end_logits)):
+            s = pad(student.float(), batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
+            t = pad(teacher[:, k], batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
+            same = s == t if same is None else same & (s == t)
+        return same.sum()
 
 
 class EmbeddingTargets(SoftTargets):

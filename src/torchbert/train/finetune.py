@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -335,9 +336,12 @@ def run_finetuning(s: FinetuneSettings, cfg: TrainConfig | None = None, device: 
                     save_teacher_outputs(teacher_cache, outputs, key)
             rows = len(train_data.encoded.input_ids)  # the layer losses' count: sequences
             units = cfg.batch_size * dist.world_size * cfg.grad_accum
+            first_unit = None if first_unlabelled is None else \
+                int(np.searchsorted(train_data.unit_start, first_unlabelled))  # an example, for multiple choice
             task = DistillTask(fam, outputs, s.distill, config, per_step=per_step, labelled_rows=first_unlabelled,
                                teacher_model=teacher if s.distill.layer_losses else None,
-                               rows_per_step=rows * min(units, len(train_data)) / len(train_data))
+                               rows_per_step=rows * min(units, len(train_data)) / len(train_data),
+                               labelled_units=first_unit, units=len(train_data))
             teacher = None  # let go, unless the task keeps it for the layer losses
         else:
             task = FinetuneTask(fam, per_step=per_step)
