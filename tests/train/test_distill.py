@@ -324,15 +324,21 @@ def test_a_tagging_student_learns_the_teachers_tags_of_sentences_cut_into_words(
     conll = tmp_path / "more.conll"  # a CoNLL file: its words, its tags unread
     conll.write_text("Anna B-PER\nsings O\n", encoding="utf-8")
     assert [(e.words, e.tags) for e in unlabeled_examples(FAMILIES["token"], conll, "auto")] == [(["Anna", "sings"], None)]
-    base = tiny_pretrained(tmp_path / "base", tokenizer)
+    metrics = distilled_with_unlabeled("token", train, corpus, tokenizer, tmp_path, capsys)
+    assert metrics["distill"]["unlabeled_examples"] == 2 and metrics["train_examples"] == len(FAMILIES["token"].read(train))
+
+
+def distilled_with_unlabeled(task_type, train, more, tokenizer, folder, capsys) -> dict:
+    """A teacher of `task_type` fine-tuned one epoch from a tiny BERT on `train`, then a 1-layer student
+    distilled on `train` and `more` (--unlabeled): the student's metrics.json."""
+    base = tiny_pretrained(folder / "base", tokenizer)
     args = ["--train", str(train), "--dev", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
-    assert cli(["finetune", "--task", "token", "--model", str(base), "--out", str(tmp_path / "teacher"),
+    assert cli(["finetune", "--task", task_type, "--model", str(base), "--out", str(folder / "teacher"),
                 "--max-length", "48", *args]) == 0
     capsys.readouterr()
-    assert cli(["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--student-layers",
-                "1", "--unlabeled", str(corpus), *args]) == 0
-    metrics = json.loads((tmp_path / "s" / "metrics.json").read_text())
-    assert metrics["distill"]["unlabeled_examples"] == 2 and metrics["train_examples"] == len(FAMILIES["token"].read(train))
+    assert cli(["distill", "--teacher", str(folder / "teacher"), "--out", str(folder / "s"), "--student-layers",
+                "1", "--unlabeled", str(more), *args]) == 0
+    return json.loads((folder / "s" / "metrics.json").read_text())
 
 
 def test_unlabelled_texts_are_refused_where_they_do_not_fit(tokenizer, tmp_path, capsys):

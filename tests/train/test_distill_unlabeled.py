@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from test_distill import family_data, tiny_pretrained, tokenizer  # noqa: F401 (a fixture)
-from torchbert.cli import main as cli
+from test_distill import distilled_with_unlabeled, family_data, tokenizer  # noqa: F401 (a fixture)
 from torchbert.tasks.families import FAMILIES, task_settings
 from torchbert.train.distill import (UNLABELLED, DistillSettings, DistillTask, mark_unlabelled, placeholder,
                                      student_of, teacher_outputs, unlabeled_examples)
@@ -74,12 +73,5 @@ def test_unlabelled_questions_are_read_in_the_tasks_layout_and_learnt(tokenizer,
     more = tmp_path / "more.jsonl"  # questions with their choices, no labels
     more.write_text(json.dumps({"id": "x", "context": "It rained,", "question": "so she",
                                 "choices": ["took an umbrella.", "sang."]}) + "\n", encoding="utf-8")
-    base = tiny_pretrained(tmp_path / "base", tokenizer)
-    args = ["--train", str(train), "--dev", str(train), "--epochs", "1", "--batch-size", "2", "--quiet"]
-    assert cli(["finetune", "--task", "multiple-choice", "--model", str(base), "--out", str(tmp_path / "teacher"),
-                "--max-length", "48", *args]) == 0
-    capsys.readouterr()
-    assert cli(["distill", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "s"), "--student-layers",
-                "1", "--unlabeled", str(more), *args]) == 0
-    metrics = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    metrics = distilled_with_unlabeled("multiple-choice", train, more, tokenizer, tmp_path, capsys)
     assert metrics["distill"]["unlabeled_examples"] == 1 and metrics["train_examples"] == len(fam.read(train))

@@ -242,8 +242,8 @@ def unlabeled_examples(fam: TaskFamily, path, layout: str, note=None) -> list:
     from ..tasks.text import TextExample
 
     path = Path(path)
-    if fam.soft_targets not in ("classes", "spans") and fam.type != "multiple-choice" or \
-            getattr(fam, "regression", False):
+    learns_unlabelled = fam.soft_targets in ("classes", "spans") or fam.type == "multiple-choice"  # not a reranker
+    if not learns_unlabelled or getattr(fam, "regression", False):
         raise ValueError(f"--unlabeled {path}: a {fam.type} student learns from its labelled examples alone "
                          "(examples without labels: classification, pair, tagging, multiple-choice and QA tasks)")
     if not path.is_file():

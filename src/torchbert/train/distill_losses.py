@@ -131,12 +131,11 @@ class SpanTargets(SoftTargets):
 
     def agree(self, out, teacher, batch):
         """The windows where the student's start and end are both the teacher's."""
-        same = None
-        for k, student in enumerate((out.start_logits, out.end_logits)):
-            s = pad(student.float(), batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
-            t = pad(teacher[:, k], batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
-            same = s == t if same is None else same & (s == t)
-        return same.sum()
+        def best(logits):  # [N] -> [S] each window's argmax over its own tokens
+            return pad(logits.float(), batch.cu_seqlens, batch.max_seqlen, float("-inf")).argmax(-1)
+
+        starts, ends = best(out.start_logits) == best(teacher[:, 0]), best(out.end_logits) == best(teacher[:, 1])
+        return (starts & ends).sum()
 
 
 class EmbeddingTargets(SoftTargets):
