@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,31 @@ from torchbert.tokenizer import BertTokenizer  # noqa: E402
 
 # Parity tests compare fp32 numbers; keep every test deterministic and single-process friendly.
 torch.manual_seed(0)
+# The precision probe's figures (torchbert/probe.py) go to a folder of the test run's, never the user's
+# cache; commands that tests run as subprocesses inherit it.
+os.environ["TORCHBERT_CACHE"] = tempfile.mkdtemp(prefix="torchbert-test-cache.")
+
+
+def figures_by_flags(precisions, hidden, intermediate, threads):
+    """The probe's figures as the CPU's flags suggest them (bf16 2.7x fp32's where it is native, a
+    quarter where it is emulated; INT8 2x or 1.2x with or without 8-bit dot products): tests that mock
+    `hardware.cpu` get the machine they ask for, and none depends on this host's speed."""
+    from torchbert import hardware
+
+    c = hardware.cpu()
+    figures = {"fp32": 100.0, "bf16": 270.0 if c.native_bf16 else 25.0, "int8": 200.0 if c.native_int8 else 120.0}
+    return {p: figures[p] for p in precisions}
+
+
+@pytest.fixture(autouse=True)
+def cpu_speed(monkeypatch):
+    from torchbert import probe
+
+    monkeypatch.setattr(probe, "measure", figures_by_flags)
+    monkeypatch.setenv("TORCHBERT_CACHE", str(Path(os.environ["TORCHBERT_CACHE"]) / "in-process"))
+    probe._memory.cache_clear()
+    yield
+    probe._memory.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The hardware decision: what /proc/cpuinfo says, and the precision `--precision auto` picks from it,
-with the CPU mocked as one with AMX, one with AVX512-BF16 and one without native bf16."""
+"""The hardware decision: what /proc/cpuinfo says, and the precision `--precision auto` picks on it, by
+the probe's figures (mocked both ways: conftest.figures_by_flags, and a CPU whose flags mislead)."""
 
 import os
 import sys
@@ -31,22 +31,45 @@ def test_read_cpuinfo_takes_the_first_processors_name_and_flags():
 
 
 @pytest.mark.parametrize("machine, picked", [(SAPPHIRE, "bf16"), (ZEN4, "bf16"), (SKYLAKE, "fp32"), (ZEN2, "fp32")])
-def test_auto_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch, machine, picked):
+def test_auto_is_bf16_where_its_products_measured_faster(monkeypatch, machine, picked):
+    """With the probe's figures following the flags (conftest.figures_by_flags: bf16 2.7x fp32's where
+    native, 0.25x where emulated)."""
     monkeypatch.setattr(hardware, "cpu", lambda: machine)
-    precision, why = inference_precision("auto", torch.device("cpu"))
+    precision, why = inference_precision("auto", torch.device("cpu"), (384, 1536))
     assert precision == picked
-    assert ("natively" in why) if picked == "bf16" else ("no native bf16" in why and "slower" in why)
-    # fp32 and bf16 are what was asked, whatever the CPU; bf16 without native support says its cost
+    assert f"on this CPU ({machine.units()})" in why
+    assert ("measured 2.70x fp32's speed" in why) if picked == "bf16" else \
+        ("measured 0.25x fp32's speed" in why and "bf16 would not be faster" in why)
+    # fp32 and bf16 are what was asked, whatever the CPU; bf16 where it is slower says what it measured
     assert inference_precision("fp32", torch.device("cpu"))[0] == "fp32"
     precision, why = inference_precision("bf16", torch.device("cpu"))
-    assert precision == "bf16" and (("emulated, 2x to 6x slower" in why) == (picked == "fp32"))
+    assert precision == "bf16" and (("as asked, though bf16 products measured 0.25x" in why) == (picked == "fp32"))
     with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16"):
         inference_precision("fp16", torch.device("cpu"))
 
 
+@pytest.mark.parametrize("bf16, picked", [(50.0, "fp32"), (115.0, "fp32"), (125.0, "bf16"), (300.0, "bf16")])
+def test_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path, bf16, picked):
+    """A CPU that shows avx512_bf16 but multiplies bf16 at half fp32's rate (a virtual Xeon) computes in
+    fp32, and one whose flags say nothing of bf16 computes in bf16 where it measured faster: auto takes
+    bf16 from 1.2x fp32's speed (BF16_PAYS), so a near tie stays fp32."""
+    from torchbert import probe
+
+    monkeypatch.setenv("TORCHBERT_CACHE", str(tmp_path))
+    asked = []
+    for machine in (CPU("Intel(R) Xeon(R) Platinum 8375C", frozenset("avx2 avx512f avx512_bf16 avx512_vnni".split())),
+                    CPU("Unknown CPU", frozenset())):
+        monkeypatch.setattr(hardware, "cpu", lambda machine=machine: machine)
+        monkeypatch.setattr(probe, "measure", lambda precisions, h, i, threads: asked.append((precisions, h, i)) or
+                            {"fp32": 100.0, "bf16": bf16, "int8": 150.0})
+        assert inference_precision("auto", torch.device("cpu"), (384, 1536))[0] == picked
+    assert asked == [(("fp32", "bf16"), 384, 1536)] * 2  # the model's own shape, each CPU measured once
+
+
 def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_dir):
-    """embed --precision auto computes in bf16 on a CPU with native bf16, in fp32 on one without;
-    `torchbert env` says which and why."""
+    """embed --precision auto computes in bf16 where bf16 measured faster, in fp32 where not;
+    `torchbert env` prints the figures and says which and why; --int8 runs on every CPU and says what
+    it measured there."""
     from clihelp import cli
 
     src = tmp_path / "in.txt"
@@ -57,35 +80,36 @@ def test_the_commands_follow_the_decision(monkeypatch, capsys, tmp_path, minilm_
                              "--quiet", "--device", "cpu")
         assert code == 0, err
         assert f"computed in {precision})" in out
-        assert ("note: computing in bf16 (--precision auto: this CPU multiplies bf16 natively" in err) == \
+        assert ("note: computing in bf16 (--precision auto: bf16 products measured 2.70x fp32's speed" in err) == \
                (precision == "bf16")
         code, out, _ = cli(capsys, "env")
         assert code == 0 and f"cpu: {machine.name}" in out
         assert f"inference on the cpu (--precision auto): {precision}:" in out
-        assert ("--int8: refused: this CPU multiplies bf16 natively" in out) == (precision == "bf16")
-        assert ("--int8: runs: this CPU has no 8-bit dot products" in out) == (precision == "fp32")
+        bf16 = 270 if precision == "bf16" else 25
+        assert f"matrix products measured (GFLOP/s, 256 x 768 x 3072, {torch.get_num_threads()} threads): fp32 100, " \
+               f"bf16 {bf16}, int8 {200 if machine.native_int8 else 120}" in out
+        assert "--int8: INT8 products measured" in out
+        assert ("bf16's products are faster still here (2.70x)" in out) == (precision == "bf16")
         assert out.splitlines()[-1].startswith("memory allocator: ")
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
                        "--precision", "bf16", "--int8")
     assert code == 2 and "--precision bf16 and --int8 exclude each other" in err
-    for machine in (SAPPHIRE, ZEN4):  # INT8 is refused where bf16 is native: bf16 is faster and closer there
-        monkeypatch.setattr(hardware, "cpu", lambda machine=machine: machine)
-        code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", src, "--out", tmp_path / "f.npy",
-                           "--int8", "--device", "cpu")
-        assert code == 2 and "--int8: this CPU multiplies bf16 natively" in err and "leave --int8 out" in err
     assert not (tmp_path / "f.npy").exists()
 
 
-@pytest.mark.parametrize("machine, runs, says", [(SAPPHIRE, False, "multiplies bf16 natively"),
-                                                 (ZEN4, False, "multiplies bf16 natively"),
-                                                 (SKYLAKE, True, "no 8-bit dot products"),
-                                                 (ZEN2, True, "no 8-bit dot products"),
-                                                 (CASCADE, True, "has 8-bit dot products")])
-def test_int8_is_refused_where_bf16_is_native_and_says_its_speed_elsewhere(monkeypatch, machine, runs, says):
+@pytest.mark.parametrize("machine, int8, faster_bf16", [(SAPPHIRE, 2.00, True), (ZEN4, 2.00, True),
+                                                        (SKYLAKE, 1.20, False), (ZEN2, 1.20, False),
+                                                        (CASCADE, 2.00, False)])
+def test_int8_runs_everywhere_and_says_what_it_measured(monkeypatch, machine, int8, faster_bf16):
+    """INT8's products against fp32's, and an encoder layer's, whose down projection (a third of its
+    products at BERT's shape) stays fp32: 1 / (1/3 + 2/3 / 2) = 1.5x at 2x; where bf16 is faster still,
+    it says so."""
     monkeypatch.setattr(hardware, "cpu", lambda: machine)
-    ran, why = hardware.int8_choice()
-    assert ran == runs and says in why and machine.units() in why
-    assert ("fp32's speed" in why) == (says == "no 8-bit dot products")  # the figures measured on such a CPU
+    why = hardware.int8_report((384, 1536))
+    layer = 1 / (1 / 3 + 2 / 3 / int8)
+    assert f"INT8 products measured {int8:.2f}x fp32's speed on this CPU ({machine.units()}), an encoder layer's " \
+           f"{layer:.2f}x" in why
+    assert ("bf16's products are faster still here" in why) == faster_bf16
 
 
 def test_bf16_runs_bert_encoders_only(monkeypatch, tmp_path):
@@ -139,9 +163,9 @@ def test_resident_memory_is_read_now_and_at_its_peak():
 
 
 @pytest.mark.parametrize("machine, noted", [(ZEN2, True), (SKYLAKE, True), (ZEN4, False), (SAPPHIRE, False)])
-def test_training_in_bf16_says_so_where_the_cpu_only_emulates_it(monkeypatch, capsys, tmp_path, machine, noted):
-    """pretrain/finetune --precision bf16 on a CPU without native bf16 runs, 2x to 6x slower than fp32, with a
-    note that says so; nothing is said where bf16 is native, or for fp32."""
+def test_training_in_bf16_says_so_where_bf16_measured_slower(monkeypatch, capsys, tmp_path, machine, noted):
+    """pretrain/finetune --precision bf16 where bf16's products measured slower than fp32's runs, with a
+    note that says so; nothing is said where bf16 is faster, or for fp32."""
     import argparse
 
     from torchbert.commands.common import run_training
@@ -154,5 +178,6 @@ def test_training_in_bf16_says_so_where_the_cpu_only_emulates_it(monkeypatch, ca
                      lambda device, log, dist: ran.append(device.type) or {}, lambda result, out: None)
         err = capsys.readouterr().err
         assert ran == ["cpu"]
-        assert ("note: --precision bf16: this CPU has no native bf16" in err and "fp32 is faster here" in err) == \
+        assert ("note: --precision bf16: bf16 products measured 0.25x fp32's speed" in err and
+                "fp32 is faster here" in err) == \
                (noted and precision == "bf16"), err

@@ -99,7 +99,7 @@ def test_the_papers_files_hold_no_speed_machinery(name):
 # Bottom to top. A module may import its own layer and those below it, never one above: the paper's
 # files never reach for data or training, the training loop never for an application.
 LAYERS = [
-    ("foundations", ["errors", "io", "config", "architectures", "settings", "hardware", "packing", "tokenizer",
+    ("foundations", ["errors", "io", "config", "architectures", "settings", "hardware", "probe", "packing", "tokenizer",
                      "losses"]),
     ("models", ["model", "heads", "electra", "baselines", "features", "fast"]),
     ("data", ["data", "tasks", "eval"]),

@@ -1,15 +1,13 @@
-"""What this machine's processor can do, read once, and the precision torchbert picks from it.
+"""What this machine's processor is and can do, and the precision torchbert computes in on it.
 
-A CPU multiplies bfloat16 natively when it has AMX (`amx_bf16`, Intel Sapphire Rapids and later) or
-AVX512-BF16 (`avx512_bf16`, Intel Cooper Lake, AMD Zen 4 and later): there a bf16 matrix product is
-2.7x fp32's (AMD EPYC, AVX512-BF16) to 4.3x (Intel Xeon, AMX), bench/README.md "Precision on the CPU".
-Without them bf16 is emulated with fp32 instructions and conversions, 2x (pytorch #86270) to 6x slower
-than fp32 (AMD Zen 3, AVX2: a bf16 matrix product at 1 GFLOP/s against fp32's 117, MiniLM's embed job
-at 0.18x fp32's texts/s): `auto` never picks bf16 there. INT8 products are native with VNNI (`avx512_vnni`,
-`avx_vnni`) or AMX (`amx_int8`).
+The flags of /proc/cpuinfo name the matrix units (AMX, AVX512-BF16, VNNI; `units()`), but a flag is
+not a speed: bf16 is native with AMX or AVX512-BF16 and emulated without them, and one virtual Xeon
+that shows `avx512_bf16` multiplies bf16 at half fp32's rate (bench/README.md, "Precision on the CPU").
+So the choice of `--precision auto` on the CPU is made by measuring (probe.py): bf16 where its
+products ran faster here, fp32 elsewhere; `torchbert env` prints the figures.
 
-Everything here is a pure function of `cpu()`, which reads /proc/cpuinfo once (Linux; elsewhere no
-flags are known and `auto` stays fp32); tests replace `cpu` to act as another machine.
+`cpu()` reads /proc/cpuinfo once (Linux; elsewhere no flags are known); tests replace `cpu` to act as
+another machine, and the probe's `measure` to act as a fast or a slow one.
 
 Also here: this process's resident memory, now and at its peak, which the training loop reports.
 """
@@ -23,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRECISIONS = ("auto", "fp32", "bf16")  # what inference commands take (--precision)
-EMULATED_BF16 = ("this CPU has no native bf16 (no AMX or AVX512-BF16): it is emulated, 2x to 6x slower than fp32 "
-                 "(MiniLM's embed job on AMD Zen 3: 0.18x fp32's texts/s)")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -78,9 +74,25 @@ def cpu() -> CPU:
         return CPU(platform.processor() or "unknown", frozenset())
 
 
-def inference_precision(requested: str, device) -> tuple[str, str]:
+BF16_PAYS = 1.2  # auto takes bf16 where its products run at least this many times fp32's: the rest of the
+# job (tokenizing, softmax, pooling in fp32) gains less than the products, so a tie in them is no gain
+BASE_SHAPE = (768, 3072)  # BERT-base's hidden and intermediate sizes, for a decision made without a model
+
+
+def bf16_speed(shape: tuple[int, int] | None = None) -> float:
+    """bf16 matrix products against fp32's on this CPU, measured (probe.py) on `shape` (hidden, intermediate)."""
+    from . import probe
+
+    figures = probe.gflops(("fp32", "bf16"), *(shape or BASE_SHAPE), cpu())
+    return figures["bf16"] / figures["fp32"]
+
+
+def inference_precision(requested: str, device, shape: tuple[int, int] | None = None) -> tuple[str, str]:
     """The precision an inference command runs in (fp32 or bf16), and why, for --precision `requested`
-    (auto, fp32 or bf16) on `device` (a torch.device)."""
+    (auto, fp32 or bf16) on `device` (a torch.device), for a model of `shape` (hidden, intermediate
+    size; BERT-base's when None). On the CPU, auto takes bf16 where it measured faster (probe.py);
+    bf16 keeps the quality auto holds to (embeddings within cosine 0.999 of fp32's, bench/README.md
+    "Precision on the CPU"), which INT8 does not, so auto never takes INT8."""
     if requested not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
     if device.type == "cuda":
@@ -92,30 +104,28 @@ def inference_precision(requested: str, device) -> tuple[str, str]:
         if requested == "bf16" and not has:
             raise ValueError("--precision bf16: this GPU does not support bfloat16")
         return requested, "as asked"
-    c = cpu()
+    if requested == "fp32":
+        return "fp32", "as asked"
+    speed = bf16_speed(shape)
+    measured = f"bf16 products measured {speed:.2f}x fp32's speed on this CPU ({cpu().units()})"
     if requested == "auto":
-        if c.native_bf16:
-            return "bf16", f"this CPU multiplies bf16 natively ({c.units()})"
-        return "fp32", f"this CPU has no native bf16 (no AMX or AVX512-BF16; it has {c.units()}): bf16 would be slower"
-    if requested == "bf16" and not c.native_bf16:
-        return "bf16", f"as asked, though {EMULATED_BF16}"
-    return requested, "as asked"
+        return ("bf16", measured) if speed >= BF16_PAYS else ("fp32", f"{measured}: bf16 would not be faster")
+    return "bf16", "as asked" if speed >= 1 else f"as asked, though {measured}"
 
 
-def int8_choice() -> tuple[bool, str]:
-    """Whether --int8 runs on this CPU, and what to expect of it there (bench/README.md, "Precision on
-    the CPU" and "INT8"): refused where bf16 is native, since bf16 is both faster and closer to fp32."""
-    c = cpu()
-    if c.native_bf16:
-        return False, (f"this CPU multiplies bf16 natively ({c.units()}), and there bf16 is faster than INT8 and closer "
-                       "to fp32 (MiniLM embed on AVX512-BF16: bf16 1.8-3.0x fp32's texts/s at cosine 0.9998; "
-                       "--int8 2.0x at 0.987 on AMD Zen 5 with VNNI, 0.66x bf16's speed)")
-    if c.native_int8:
-        return True, (f"this CPU has 8-bit dot products ({c.units()}) and no native bf16; INT8 is not yet "
-                      "measured on such a CPU")
-    return True, (f"this CPU has no 8-bit dot products (no VNNI or AMX; it has {c.units()}): on 2 such cores "
-                  "(AMD Zen 3) --int8 embedded texts at 0.92-1.20x fp32's speed (36 to 97 tokens a text), at cosine "
-                  "0.997 to fp32 on average (0.988 at the least), and served 1.6x fp32's requests at 1 client")
+def int8_report(shape: tuple[int, int] | None = None) -> str:
+    """What --int8 can expect of this CPU, measured (probe.py): its products' speed against fp32's and
+    bf16's, and an encoder layer's, whose feed-forward down projection stays fp32."""
+    from . import probe
+
+    shape = shape or BASE_SHAPE
+    figures = probe.gflops(("fp32", "bf16", "int8"), *shape, cpu())
+    layer = probe.encoder_speed(figures, "int8", *shape)
+    text = (f"INT8 products measured {figures['int8'] / figures['fp32']:.2f}x fp32's speed on this CPU "
+            f"({cpu().units()}), an encoder layer's {layer:.2f}x")
+    if figures["bf16"] / figures["fp32"] >= BF16_PAYS and figures["bf16"] / figures["fp32"] >= layer:
+        text += f"; bf16's products are faster still here ({figures['bf16'] / figures['fp32']:.2f}x) and closer to fp32"
+    return text
 
 
 def resident_bytes() -> int | None:
@@ -147,10 +157,15 @@ def describe() -> list[str]:
     lines = [f"cpu: {c.name}", f"matrix units: {c.units()}",
              f"torch {torch.__version__}: {torch.get_num_threads()} threads, kernels for "
              f"{torch.backends.cpu.get_cpu_capability()}"]
+    from . import probe
+
+    figures = probe.gflops(("fp32", "bf16", "int8"), *BASE_SHAPE, cpu())
+    lines.append(f"matrix products measured (GFLOP/s, {probe.ROWS} x {BASE_SHAPE[0]} x {BASE_SHAPE[1]}, "
+                 f"{torch.get_num_threads()} threads): " + ", ".join(f"{p} {v:.0f}" for p, v in figures.items())
+                 + f" (cached in {probe.cache_file()})")
     precision, why = inference_precision("auto", torch.device("cpu"))
     lines.append(f"inference on the cpu (--precision auto): {precision}: {why}")
-    runs, why = int8_choice()
-    lines.append(f"--int8: {'runs' if runs else 'refused'}: {why}")
+    lines.append(f"--int8: {int8_report()}")
     if torch.cuda.is_available():
         device = torch.device("cuda")
         precision, why = inference_precision("auto", device)

@@ -2,6 +2,7 @@
 onnxruntime on other shapes than the traced ones; INT8 close to fp32; bad arguments refused."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -217,7 +218,7 @@ def test_the_onnx_encoder_stands_in_for_bert_model_padded_packed_and_at_position
 
 
 def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):
-    """On a CPU without native bf16 (mocked: --int8 is refused where bf16 is native, tests/test_hardware.py)."""
+    """On a CPU without native bf16 (mocked), where --int8 says what its products measured."""
     from clihelp import cli, tiny_bert
 
     from torchbert import hardware
@@ -227,11 +228,13 @@ def test_embed_and_predict_take_int8(minilm_dir, tmp_path, capsys, monkeypatch):
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                        tmp_path / "q.npy", "--int8", "--normalize", "--quiet")
     assert code == 0, err
-    assert "note: --int8: this CPU has no 8-bit dot products (no VNNI or AMX; it has AVX2)" in err  # and its speed
+    assert "note: --int8: INT8 products measured 1.20x fp32's speed on this CPU (AVX2)" in err
+    cosine = re.search(r"note: --int8: cosine to fp32 on the first 6 texts: mean (\S+), least (\S+)\n", err)
     code, _, _ = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                      tmp_path / "f.npy", "--normalize", "--quiet")
     q, f = np.load(tmp_path / "q.npy"), np.load(tmp_path / "f.npy")
     assert q.shape == f.shape and (q * f).sum(1).min() > 0.97
+    assert abs(float(cosine[1]) - (q * f).sum(1).mean()) < 1e-3 and abs(float(cosine[2]) - (q * f).sum(1).min()) < 1e-3
     code, _, err = cli(capsys, "embed", "--model", minilm_dir, "--input", tmp_path / "in.txt", "--out",
                        tmp_path / "x.npy", "--int8", "--layers", "sum_all")
     assert code == 2 and "--int8 gives the last layer only" in err

@@ -17,9 +17,8 @@ from ..settings import Checked, SettingError, add_flags, check_field, from_args,
 
 INT8_HELP = ("the encoder in 8 bits on the CPU: exported to ONNX at start, its inputs' channels evened out, "
              "and quantized per channel by ONNX Runtime, feed-forward down projections kept in fp32. Outputs move "
-             "slightly (MiniLM embeddings: cosine 0.997 to fp32 on average, 0.988 at the least); on 2 AVX2 cores it ran at 0.92-1.20x fp32's speed (texts of 36 to 97 tokens). "
-             "Refused on a CPU with native bf16 (AMX, AVX512-BF16), where bf16 is both faster and closer to fp32 "
-             "(bench/README.md); `torchbert env` says which this CPU is")
+             "slightly more than bf16's (bench/README.md, \"INT8\"), so --precision auto never takes it; it runs on "
+             "every CPU and says what its products measured against fp32's and bf16's there, as `torchbert env` does")
 
 
 @dataclass(kw_only=True)
@@ -37,11 +36,12 @@ class Common(Checked):
     resume: bool = setting(False, "continue the run in --out from its newest checkpoint")
     overwrite: bool = setting(False, "replace a non-empty --out")
     int8: bool = setting(False, INT8_HELP)
-    precision: str = setting("auto", "auto (default): bf16 where the device multiplies it natively (a CPU with AMX or "
-                                     "AVX512-BF16, a GPU with bf16), else fp32; fp32: exact, what the parity tests "
-                                     "use; bf16: the encoder's weights in bfloat16, outputs in fp32 (MiniLM: 1.9x "
-                                     "fp32's texts/s on AVX512-BF16, embeddings within cosine 0.9998 of fp32's; "
-                                     "bench/README.md). `torchbert env` says what this machine picks",
+    precision: str = setting("auto", "auto (default): bf16 where it is faster, else fp32: on a GPU with bf16, and on "
+                                     "a CPU where bf16's matrix products measured at least 1.2x fp32's (a probe of "
+                                     "a few tenths of a second, once per machine, cached); fp32: exact, what the "
+                                     "parity tests use; bf16: the encoder's weights in bfloat16, outputs in fp32 "
+                                     "(embeddings within cosine 0.999 of fp32's; bench/README.md, \"Precision on the "
+                                     "CPU\"). `torchbert env` prints the figures and what this machine picks",
                              choices=PRECISIONS)
 
 
@@ -126,22 +126,26 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
     from .. import hardware
     from ..architectures import architecture_of, load_config
 
-    if getattr(args, "int8", False):
-        if args.precision == "bf16":
-            raise UserError("--precision bf16 and --int8 exclude each other: pick one")
-        runs, why = hardware.int8_choice()
-        if not runs:
-            raise UserError(f"--int8: {why}: leave --int8 out, --precision auto computes in bf16")
-        return "int8"
+    int8 = getattr(args, "int8", False)
+    if int8 and args.precision == "bf16":
+        raise UserError("--precision bf16 and --int8 exclude each other: pick one")
     try:
-        precision, why = hardware.inference_precision(args.precision, device)
-        arch = architecture_of(load_config(model_dir))
+        config = load_config(model_dir)
+        arch = architecture_of(config)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if precision == "bf16" and not arch.bf16:
+    shape = (config.hidden_size, config.intermediate_size) if arch.bf16 else None  # a BERT encoder's
+    if int8:
+        print(f"note: --int8: {hardware.int8_report(shape)}", file=sys.stderr)
+        return "int8"
+    if not arch.bf16:
         if args.precision == "bf16":
             raise UserError(f"--precision bf16: runs BERT encoders, and {model_dir} holds a {arch.name} model; use fp32")
         return "fp32"
+    try:
+        precision, why = hardware.inference_precision(args.precision, device, shape)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if precision == "bf16":
         print(f"note: computing in bf16 (--precision {args.precision}: {why}); --precision fp32 for fp32's exact "
               "numbers", file=sys.stderr)
@@ -149,9 +153,6 @@ def inference_precision(args: argparse.Namespace, device, model_dir: Path) -> st
 
 
 def int8_note() -> None:
-    from ..hardware import int8_choice
-
-    print(f"note: --int8: {int8_choice()[1]}", file=sys.stderr)
     print("note: --int8: exporting the encoder to ONNX and quantizing it (once, a few seconds)", file=sys.stderr)
 
 
@@ -191,10 +192,11 @@ def run_training(args: argparse.Namespace, cfg, run, report) -> None:
         raise UserError("--precision bf16: this GPU does not support bfloat16")
     keep_memory(cfg.fast)
     from ..fast.memory import growth_note, jemalloc_advice
-    from ..hardware import EMULATED_BF16, cpu
+    from ..hardware import bf16_speed
 
-    if dist.is_main and cfg.precision == "bf16" and device.type == "cpu" and not cpu().native_bf16:
-        print(f"note: --precision bf16: {EMULATED_BF16}; --precision fp32 is faster here", file=sys.stderr)
+    if dist.is_main and cfg.precision == "bf16" and device.type == "cpu" and (speed := bf16_speed()) < 1:
+        print(f"note: --precision bf16: bf16 products measured {speed:.2f}x fp32's speed on this CPU; "
+              "--precision fp32 is faster here", file=sys.stderr)
     if dist.is_main and (advice := jemalloc_advice()):
         print(f"note: {advice}", file=sys.stderr)
     with dist:

@@ -16,6 +16,7 @@ from .common import (command, cpu_for_int8, inference_precision, int8_model, res
                      shared_flags)
 
 COMPUTES = True
+INT8_CHECKED = 32  # with --int8, the first texts also embedded in fp32, and their cosine to INT8's reported
 EPILOG = """\
 examples:
   torchbert embed --model minilm --input sentences.txt --out emb.npy --normalize
@@ -103,8 +104,11 @@ def run(args) -> None:
     if s.max_length is None and own_length is not None:
         s.max_length = min(own_length, limit)
     precision = inference_precision(args, device, model_dir)
-    if precision == "int8":
-        model = int8_model(model, s.layers)
+    options = dict(pooling=s.pooling, layers=s.layers, batch_size=args.batch_size, max_length=s.max_length)
+    if precision == "int8":  # the first texts in fp32 too, to say how far INT8 moved them
+        fast = int8_model(model, s.layers)  # a new encoder: `model` stays the fp32 one
+        reference = embed(model, tokenizer, texts[:INT8_CHECKED], normalize=True, progress=False, **options)
+        model = fast
     elif precision == "bf16":
         from ..fast.bf16 import bf16
 
@@ -114,9 +118,13 @@ def run(args) -> None:
         print(f"note: {empty} empty line(s) in {s.input} embed as the empty text", file=sys.stderr)
 
     start = time.perf_counter()
-    emb = embed(model, tokenizer, texts, pooling=s.pooling, layers=s.layers, normalize=s.normalize,
-                batch_size=args.batch_size, max_length=s.max_length, progress=not args.quiet)
+    emb = embed(model, tokenizer, texts, normalize=s.normalize, progress=not args.quiet, **options)
     seconds = time.perf_counter() - start
+    if precision == "int8" and len(texts):
+        first = emb[:INT8_CHECKED] / np.maximum(np.linalg.norm(emb[:INT8_CHECKED], axis=1, keepdims=True), 1e-12)
+        cosine = (first * reference).sum(1)
+        print(f"note: --int8: cosine to fp32 on the first {len(cosine)} texts: mean {cosine.mean():.4f}, least "
+              f"{cosine.min():.4f}", file=sys.stderr)
     finite = np.isfinite(emb).all(axis=1)
     if not finite.all():  # weights and config are checked when loaded: this is what is left
         raise RunFailed(f"--model {model_dir}: the embeddings of {int((~finite).sum())} text(s) hold NaN or inf "
