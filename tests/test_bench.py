@@ -102,6 +102,24 @@ def test_bench_int8_times_four_systems_and_scores_both_tasks_in_fp32_and_int8():
     assert all(0 <= float(r[3]) <= 1 and 0 <= float(r[4]) <= 1 for r in quality)
 
 
+def test_bench_cpu_runtimes_runs_every_system_it_has_on_the_same_texts():
+    """onnxruntime comes with torchbert; openvino is bench-only: its row, or the note that leaves it out."""
+    out = run_bench("bench_cpu_runtimes.py", "--n", "24", "--repeats", "1", "--threads", "1", "--calibration", "8",
+                    "--systems", "sentence-transformers-fp32", "onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32",
+                    "torchbert-fp32", "torchbert-default", "torchbert-int8")
+    rows = {r[0]: r for r in table_rows(out)}
+    has_openvino = "openvino-fp32" in rows
+    assert has_openvino != ("openvino rows left out" in out), out
+    assert list(rows) == ["sentence-transformers-fp32", "onnxruntime-fp32", "onnxruntime-int8",
+                          *(["openvino-fp32"] if has_openvino else []), "torchbert-fp32", "torchbert-default",
+                          "torchbert-int8"], out
+    for name in ("sentence-transformers-fp32", "onnxruntime-fp32", "torchbert-fp32", "torchbert-default",
+                 *(["openvino-fp32"] if has_openvino else [])):  # fp32 everywhere here, or bf16 within 0.999
+        assert float(rows[name][6]) > 0.999 and float(rows[name][7]) > 0.9, (name, out)
+    assert 0.9 < float(rows["onnxruntime-int8"][5]) < 1 and 0.9 < float(rows["torchbert-int8"][5]) < 1, out
+    assert "# probe (GFLOP/s, 256 x 384 x 1536): fp32 " in out and "# torchbert default: " in out
+
+
 def test_bench_precision_times_every_system_and_scores_every_precision(tmp_path):
     out = run_bench("bench_precision.py", "--part", "speed", "training", "quality", "--n", "8", "--repeats", "1",
                     "--bf16", "--threads", "1", "--seeds", "0", "--ner-train-size", "16", "--sentiment-train-size", "8",
