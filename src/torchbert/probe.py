@@ -94,6 +94,8 @@ def _int8_product(hidden: int, intermediate: int, threads: int):
     model.ir_version = 8
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    # its threads would spin on after each call, taking the cores from the torch product timed next
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {"x": rng.standard_normal((ROWS, hidden), dtype=np.float32)}
     return lambda: session.run(None, feed)
