@@ -95,8 +95,27 @@ def test_a_model_without_a_bert_encoder_is_refused():
     assert encoders(gpt) == []
     with pytest.raises(ValueError, match="bf16 inference runs BERT encoders; this model is a OpenAIGPTModel"):
         bf16(gpt)
-    with pytest.raises(ValueError, match="precision must be fp32, bf16 or int8"):
+    with pytest.raises(ValueError, match="precision must be auto, fp32, bf16 or int8"):
         at_precision(gpt, "fp16")
+    assert at_precision(gpt, "auto") is gpt  # auto: fp32 for a model without a BERT encoder
+
+
+@pytest.mark.parametrize("bf16_gflops, held", [(50.0, torch.float32), (300.0, torch.bfloat16)])
+def test_auto_in_the_python_api_decides_as_the_commands_do(monkeypatch, tmp_path, bf16_gflops, held):
+    """fast.at_precision(model, "auto"): bf16 where its products measured faster (the probe mocked
+    both ways), on the encoder's own shape."""
+    from torchbert import probe
+    from torchbert.config import BertConfig
+    from torchbert.model import BertModel
+
+    monkeypatch.setenv("TORCHBERT_CACHE", str(tmp_path))
+    shapes = []
+    monkeypatch.setattr(probe, "measure", lambda precisions, h, i, threads: shapes.append((h, i)) or
+                        {"fp32": 100.0, "bf16": bf16_gflops})
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=48)).eval()
+    assert {p.dtype for p in at_precision(model, "auto").layers.parameters()} == {held}
+    assert shapes == [(32, 48)]
 
 
 # -- training: the weights held in bf16 for a step, fp32 for the optimizer ----------------------------

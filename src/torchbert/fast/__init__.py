@@ -56,7 +56,20 @@ def _flash_fits(model: nn.Module) -> bool:
 
 def at_precision(model: nn.Module, precision: str) -> nn.Module:
     """`model` for inference in fp32 (as it is), bf16 (its BERT encoders' weights in bfloat16,
-    fast/bf16.py) or int8 (its encoder run by onnxruntime in 8 bits, fast/int8.py); changed in place."""
+    fast/bf16.py) or int8 (its encoder run by onnxruntime in 8 bits, fast/int8.py); changed in place.
+    `auto` decides as the commands' --precision auto does (hardware.inference_precision: bf16 where
+    it measured faster on the model's device, for its encoder's shape), fp32 for a model without a
+    BERT encoder."""
+    if precision == "auto":
+        from ..hardware import inference_precision
+        from .bf16 import encoders
+
+        found = encoders(model)
+        if not found:
+            return model
+        config = found[0].config
+        device = next(found[0].parameters()).device
+        precision = inference_precision("auto", device, (config.hidden_size, config.intermediate_size))[0]
     if precision == "bf16":
         from .bf16 import bf16
 
@@ -66,7 +79,7 @@ def at_precision(model: nn.Module, precision: str) -> nn.Module:
 
         return int8(model)
     if precision != "fp32":
-        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+        raise ValueError(f"precision must be auto, fp32, bf16 or int8, got {precision!r}")
     return model
 
 
