@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from ..settings import add_flags
 from .common import check_out_folder, command, settings_from, shared_flags
 
@@ -16,6 +17,14 @@ EPILOG = """\
 examples:
   torchbert vocab --corpus wiki.txt books.txt --vocab-size 30522 --out ./my-vocab
   torchbert vocab --corpus zh.txt --vocab-size 21128 --no-lowercase --out ./zh-vocab
+  torchbert vocab --extend minilm --corpus clinical.txt --add 2000 --out ./minilm-clinical
+
+--extend CHECKPOINT grows a model's vocabulary instead: the corpus's most frequent words that the
+checkpoint splits into --min-pieces pieces or more, and the characters it reads as [UNK], go into its
+[unusedN] slots and then after its last id; every old token keeps its id and its row, and each new
+row starts as the mean of the rows of the pieces it was read as. --out is the whole model folder
+(weights, config, tokenizer, sentence-transformers files), ready for `pretrain --init` to teach the
+new rows on the corpus.
 
 The folder holds vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json; it
 loads with BertTokenizer.from_pretrained and with transformers' AutoTokenizer.  [PAD] [UNK] [CLS]
@@ -36,18 +45,30 @@ vocabulary is another.
 
 
 def add(sub) -> None:
+    from ..data.vocab_extend import ExtendSettings
     from ..data.vocabulary import VocabSettings
 
     p = command(sub, __name__)
     add_flags(p, VocabSettings)
+    add_flags(p, ExtendSettings)
     shared_flags(p, "overwrite", "quiet")
 
 
 def run(args) -> None:
+    from ..data.vocab_extend import ExtendSettings
     from ..data.vocabulary import VocabSettings, train_vocabulary
 
     s = settings_from(VocabSettings, args)
+    e = settings_from(ExtendSettings, args)
     out = Path(s.out)
+    if e.extend is not None:
+        if s.vocab_size is not None:
+            raise UserError(f"--vocab-size {s.vocab_size}: --extend grows the checkpoint's vocabulary by up to --add "
+                            "tokens; leave --vocab-size out")
+        return extend(s, e, out, args.overwrite)
+    if s.vocab_size is None:
+        raise UserError("--vocab-size: how many tokens the vocabulary trained on --corpus holds (BERT's: 30522); or "
+                        "--extend CHECKPOINT to grow a model's vocabulary instead")
     check_out_folder(out, args.overwrite, [("--corpus", c) for c in s.corpus])
     start = time.perf_counter()
     # tokenizers' trainer draws its bars on a terminal only, and writes a newline to stdout after
@@ -76,3 +97,33 @@ def fewer_note(tok, asked: int, min_frequency: int) -> str:
     return (f"note: {tok.vocab_size:,} tokens, fewer than --vocab-size {asked:,}: every pair of pieces that the "
             f"corpus holds at least --min-frequency {min_frequency} times was merged and none is left{why}; more "
             "text, or a lower --min-frequency, gives more")
+
+
+def extend(s, e, out: Path, overwrite: bool) -> None:
+    from ..data.pretraining import split_sentences
+    from ..data.sources import corpus_documents, corpus_files
+    from ..data.vocab_extend import extend_vocabulary
+    from ..data.vocabulary import check_corpus
+    from ..io.hf import resolve_model
+
+    model_dir = resolve_model(e.extend, "--extend")
+    check_out_folder(out, overwrite, [("--corpus", c) for c in s.corpus] + [("--extend", model_dir)])
+    check_corpus(s.corpus)
+    start = time.perf_counter()
+    texts = (sent for docs in corpus_documents(corpus_files(s.corpus), "auto", 8 << 20, split_sentences, s.text_field)
+             for d in docs for sent in d)
+    try:
+        x = extend_vocabulary(model_dir, texts, out, e.add, e.min_pieces, s.min_frequency)
+    except (FileNotFoundError, ValueError) as err:
+        raise UserError(str(err)) from None
+    appended = x.new_size - x.old_size
+    print(f"wrote {out}: {len(x.added):,} tokens added to {model_dir}'s {x.old_size:,} ({len(x.added) - appended:,} in "
+          f"[unused] slots, {appended:,} appended: vocab_size {x.new_size:,}) in {time.perf_counter() - start:.1f}s; "
+          f"--corpus read in {x.pieces_before:.2f} pieces a word before, {x.pieces_after:.2f} after")
+    if x.added:
+        shown = ", ".join(t for t, _, _ in x.added[:10])
+        print(f"  the most frequent: {shown}{', ...' if len(x.added) > 10 else ''}")
+    else:
+        print(f"note: no word of --corpus is split into --min-pieces {e.min_pieces} pieces or more at least "
+              f"--min-frequency {s.min_frequency} times: nothing to add; the folder is the checkpoint's",
+              file=sys.stderr)

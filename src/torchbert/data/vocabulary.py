@@ -19,13 +19,14 @@ class VocabSettings(Checked):
                                      ".parquet: the --text-field of each line or row; .gz and .zst decompressed as "
                                      "they are read)", metavar="PATH")
     text_field: str = setting("text", "the JSON field or Parquet column that holds the text (as prepare's)")
-    vocab_size: int = setting(help="tokens in the vocab, special tokens included: 5 and one more at least; the largest "
-                                   "vocabularies in use hold about 250,000 (more if the corpus has more distinct "
-                                   "characters than that, up to --limit-alphabet: each character is a token)",
-                              low=6, high=MAX_VOCAB)
+    vocab_size: int | None = setting(None, "tokens in the vocab, special tokens included: 5 and one more at least; the "
+                                           "largest vocabularies in use hold about 250,000 (more if the corpus has "
+                                           "more distinct characters than that, up to --limit-alphabet: each "
+                                           "character is a token); needed unless --extend grows a checkpoint's",
+                                     low=6, high=MAX_VOCAB)
     out: str = setting(help="output tokenizer folder")
     lowercase: bool = setting(True, "lowercase and strip accents (uncased BERT; default: on)")
-    min_frequency: int = setting(2, "drop pieces seen fewer times", low=1)
+    min_frequency: int = setting(2, "drop pieces seen fewer times (with --extend: words)", low=1)
     limit_alphabet: int = setting(10000, "keep at most this many distinct characters, the most frequent", low=1)
 
 
