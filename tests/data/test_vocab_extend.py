@@ -39,6 +39,8 @@ def test_new_tokens_take_the_unused_slots_then_follow_the_last_id_with_their_pie
     assert grown[len(vocab):] == ["你", "好"] and grown[7:len(vocab)] == vocab[7:]
     assert json.loads((tmp_path / "x" / "config.json").read_text())["vocab_size"] == len(vocab) + 2
     assert "4 tokens added" in out and "2 in [unused] slots, 2 appended" in out
+    # 13 words: hello x4 and world x3 in 5 pieces each, zz in 2, the rest one each (你 你 好 as [UNK]): 42 pieces
+    assert "read in 3.231 pieces a word before, 1.077 after, 23.08% of its words [UNK] before, 0.00% after" in out
     old = load_file(base / "model.safetensors")
     new = load_file(tmp_path / "x" / "model.safetensors")
     key = next(k for k, v in old.items() if v.shape[0] == len(vocab) and v.dim() == 2)

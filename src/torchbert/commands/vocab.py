@@ -119,7 +119,8 @@ def extend(s, e, out: Path, overwrite: bool) -> None:
     appended = x.new_size - x.old_size
     print(f"wrote {out}: {len(x.added):,} tokens added to {model_dir}'s {x.old_size:,} ({len(x.added) - appended:,} in "
           f"[unused] slots, {appended:,} appended: vocab_size {x.new_size:,}) in {time.perf_counter() - start:.1f}s; "
-          f"--corpus read in {x.pieces_before:.2f} pieces a word before, {x.pieces_after:.2f} after")
+          f"--corpus read in {x.pieces_before:.3f} pieces a word before, {x.pieces_after:.3f} after, "
+          f"{x.unknown_before:.2%} of its words [UNK] before, {x.unknown_after:.2%} after")
     if x.added:
         shown = ", ".join(t for t, _, _ in x.added[:10])
         print(f"  the most frequent: {shown}{', ...' if len(x.added) > 10 else ''}")

@@ -49,6 +49,8 @@ class Extension:
     new_size: int
     pieces_before: float
     pieces_after: float
+    unknown_before: float  # the share of the corpus's words read as [UNK]
+    unknown_after: float
 
 
 def count_words(tok, texts) -> Counter:
@@ -140,8 +142,8 @@ def extend_vocabulary(model_dir: Path, texts, out: Path, add: int, min_pieces: i
         raise ValueError(f"{model_dir}: no weight has a row per token ({old_size:,} rows): not a BERT checkpoint")
     grown = BertTokenizer(vocab, lowercase=tok.lowercase, strip_accents=tok.strip_accents,
                           tokenize_chinese_chars=tok.tokenize_chinese_chars, model_max_length=tok.model_max_length)
-    before = sum(n * len(tok.backend.model.tokenize(w)) for w, n in counts.items()) / sum(counts.values())
-    after = sum(n * len(grown.backend.model.tokenize(w)) for w, n in counts.items()) / sum(counts.values())
+    before, unknown_before = reading(tok, counts)
+    after, unknown_after = reading(grown, counts)
     weights = find_weights(model_dir).name
     with atomic_folder(out, marked=True) as folder:
         for item in model_dir.iterdir():  # what else the checkpoint holds (sentence-transformers' modules ...)
@@ -154,4 +156,16 @@ def extend_vocabulary(model_dir: Path, texts, out: Path, add: int, min_pieces: i
         atomic_write_text(folder / "config.json", json.dumps({**config, "vocab_size": new_size}, indent=2) + "\n")
         atomic_write(folder / "model.safetensors",
                      lambda tmp: save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata={"format": "pt"}))
-    return Extension([(t, vocab[t], ids) for t, ids in new], old_size, new_size, before, after)
+    return Extension([(t, vocab[t], ids) for t, ids in new], old_size, new_size, before, after, unknown_before,
+                     unknown_after)
+
+
+def reading(tok, counts: Counter) -> tuple[float, float]:
+    """How `tok` reads the counted words: pieces a word, and the share of words that are [UNK]."""
+    pieces = unknown = 0
+    for word, n in counts.items():
+        ids = [t.id for t in tok.backend.model.tokenize(word)]
+        pieces += n * len(ids)
+        unknown += n * (tok.unk_token_id in ids)
+    total = sum(counts.values())
+    return pieces / total, unknown / total
