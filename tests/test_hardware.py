@@ -48,6 +48,16 @@ def test_auto_is_bf16_where_its_products_measured_faster(monkeypatch, machine, p
         inference_precision("fp16", torch.device("cpu"))
 
 
+def test_the_precision_help_names_the_bound_auto_holds_to(capsys):
+    """--help's words follow hardware.BF16_PAYS: the figure lives in one place."""
+    from clihelp import cli
+
+    with pytest.raises(SystemExit) as exit:
+        cli(capsys, "embed", "--help")
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and f"at least {hardware.BF16_PAYS}x fp32's" in " ".join(out.split())
+
+
 @pytest.mark.parametrize("bf16, picked", [(50.0, "fp32"), (115.0, "fp32"), (125.0, "bf16"), (300.0, "bf16")])
 def test_auto_follows_the_measurement_not_the_flags(monkeypatch, tmp_path, bf16, picked):
     """A CPU that shows avx512_bf16 but multiplies bf16 at half fp32's rate (a virtual Xeon) computes in

@@ -100,3 +100,26 @@ def test_extend_refuses_what_it_cannot_do(minilm_dir, tmp_path, capsys):
     code, _, err = cli(capsys, "vocab", "--extend", base, "--corpus", corpus, "--out", base / "inside")
     assert code == 2 and "--extend" in err, err
     assert not (tmp_path / "x").exists() and not (base / "inside").exists()
+
+
+def test_counting_holds_a_bounded_number_of_words_and_keeps_the_frequent_ones(tmp_path):
+    from torchbert.data.vocab_extend import count_words
+
+    base, _ = small_checkpoint(tmp_path / "base")
+    tok = BertTokenizer.from_pretrained(base)
+    # 1,000 lines, each with the two frequent words and three words seen nowhere else
+    texts = [f"hello world w{i}a w{i}b w{i}c" for i in range(1000)]
+    counts = count_words(tok, texts, max_words=200)
+    assert len(counts) <= 200
+    assert counts["hello"] == 1000 and counts["world"] == 1000  # never dropped, never undercounted
+    assert count_words(tok, texts)["w999c"] == 1  # under the default bound nothing is dropped
+
+
+def test_a_config_that_is_not_json_is_named_and_nothing_is_written(tmp_path, capsys):
+    base, _ = small_checkpoint(tmp_path / "base")
+    (base / "config.json").write_text('{"vocab_size": 61,', encoding="utf-8")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world\n", encoding="utf-8")
+    code, _, err = cli(capsys, "vocab", "--extend", base, "--corpus", corpus, "--out", tmp_path / "x")
+    assert code != 0 and "config.json: not valid JSON" in err, err
+    assert not (tmp_path / "x").exists()

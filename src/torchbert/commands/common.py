@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..train.recipes import DEFAULT, RECIPES
 from ..errors import UserError
-from ..hardware import PRECISIONS
+from ..hardware import BF16_PAYS, PRECISIONS
 from ..io.hf import resolve_model  # noqa: F401 (the commands take a model by name through here)
 from ..settings import Checked, SettingError, add_flags, check_field, from_args, seed_setting, setting
 
@@ -37,8 +37,8 @@ class Common(Checked):
     overwrite: bool = setting(False, "replace a non-empty --out")
     int8: bool = setting(False, INT8_HELP)
     precision: str = setting("auto", "auto (default): bf16 where it is faster, else fp32: on a GPU with bf16, and on "
-                                     "a CPU where bf16's matrix products measured at least 1.2x fp32's (a probe of "
-                                     "a few tenths of a second, once per machine, cached); fp32: exact, what the "
+                                     f"a CPU where bf16's matrix products measured at least {BF16_PAYS}x fp32's (a "
+                                     "probe of a few tenths of a second, once per machine, cached); fp32: exact, what the "
                                      "parity tests use; bf16: the encoder's weights in bfloat16, outputs in fp32 "
                                      "(embeddings within cosine 0.999 of fp32's; bench/README.md, \"Precision on the "
                                      "CPU\"). `torchbert env` prints the figures and what this machine picks",

@@ -53,13 +53,30 @@ class Extension:
     unknown_after: float
 
 
-def count_words(tok, texts) -> Counter:
-    """The words of `texts` as `tok` cuts them before WordPiece."""
+MAX_WORDS = 4_000_000  # distinct words held while counting (a few hundred MB); the rarest go past it
+
+
+def count_words(tok, texts, max_words: int = MAX_WORDS) -> Counter:
+    """The words of `texts` as `tok` cuts them before WordPiece. Memory stays bounded on a corpus of
+    any size: when more than `max_words` distinct words are held, the rarest are dropped (those seen
+    once, then twice, ..., until at most half are left), as a vocabulary trainer prunes its counts; a
+    word dropped early is one that could not have been among the most frequent anyway."""
     normalize, split = tok.backend.normalizer.normalize_str, tok.backend.pre_tokenizer.pre_tokenize_str
     counts: Counter = Counter()
     for text in texts:
         counts.update(w for w, _ in split(normalize(text)))
+        if len(counts) > max_words:
+            prune(counts, max_words // 2)
     return counts
+
+
+def prune(counts: Counter, keep: int) -> None:
+    """Drop `counts`' rarest words, the least frequent first, until at most `keep` are left."""
+    floor = 1
+    while len(counts) > keep:
+        for word in [w for w, n in counts.items() if n <= floor]:
+            del counts[word]
+        floor += 1
 
 
 def candidates(tok, counts: Counter, add: int, min_pieces: int, min_frequency: int) -> list[tuple[str, list[int]]]:
@@ -122,10 +139,11 @@ def extend_vocabulary(model_dir: Path, texts, out: Path, add: int, min_pieces: i
 
     from ..io.files import atomic_folder, atomic_write, atomic_write_text
     from ..io.hf import find_weights, read_weights
+    from ..io.texts import CONFIG_BYTES, read_json
     from ..tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = read_json(model_dir / "config.json", what="config.json", max_bytes=CONFIG_BYTES)
     old_size = int(config.get("vocab_size", tok.vocab_size))
     if tok.vocab_size != old_size:
         raise ValueError(f"{model_dir}: vocab.txt holds {tok.vocab_size:,} tokens and config.json's vocab_size is "
