@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -34,10 +33,10 @@ BUDGET_S = 0.05  # time each precision for about this long after its warm-up cal
 
 
 def cache_file() -> Path:
-    """Where the figures are kept: $TORCHBERT_CACHE, else $XDG_CACHE_HOME/torchbert, else ~/.cache/torchbert."""
-    folder = os.environ.get("TORCHBERT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
-                                                       "torchbert")
-    return Path(folder) / "precision-probe.json"
+    """Where the figures are kept: in torchbert's cache folder (io/files.py cache_folder)."""
+    from .io.files import cache_folder
+
+    return cache_folder() / "precision-probe.json"
 
 
 def _best_seconds(calls: dict) -> dict:

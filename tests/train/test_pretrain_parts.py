@@ -42,15 +42,31 @@ def test_the_models_config_comes_from_a_preset_or_a_file_and_fits_the_data(tmp_p
 
 
 def test_a_recipe_fills_in_its_settings_and_refuses_others(tmp_path):
-    s = PretrainSettings(data=["d"], out=tmp_path)
-    assert with_recipe(s) is s
-    assert with_recipe(replace(s, recipe="rotary")).positions == "rotary"
-    assert with_recipe(replace(s, recipe="paper")).positions == "absolute"
-    assert with_recipe(replace(s, recipe="rotary", positions="rotary")).positions == "rotary"
+    s, cfg = PretrainSettings(data=["d"], out=tmp_path), TrainConfig()
+    assert with_recipe(s, cfg) == (s, cfg)
+    assert with_recipe(replace(s, recipe="rotary"), cfg)[0].positions == "rotary"
+    assert with_recipe(replace(s, recipe="paper"), cfg)[0].positions == "absolute"
+    assert with_recipe(replace(s, recipe="rotary", positions="rotary"), cfg)[0].positions == "rotary"
     with pytest.raises(UserError, match="--positions absolute: --recipe rotary is positions rotary; give one of the two"):
-        with_recipe(replace(s, recipe="rotary", positions="absolute"))
+        with_recipe(replace(s, recipe="rotary", positions="absolute"), cfg)
     with pytest.raises(UserError, match="--recipe paper sets a fresh model's positions; an --init model keeps"):
-        with_recipe(replace(s, recipe="paper", init=tmp_path))
+        with_recipe(replace(s, recipe="paper", init=tmp_path), cfg)
+
+
+def test_the_continue_recipe_fills_in_what_was_not_given(tmp_path):
+    from torchbert.train.recipes import CONTINUE
+
+    s, cfg = PretrainSettings(data=["d"], out=tmp_path, init=tmp_path, recipe="continue"), TrainConfig()
+    got, loop = with_recipe(s, cfg)  # from Python: a field left at its default is filled in
+    assert (got.objective, loop.lr, loop.warmup_steps) == (CONTINUE["objective"], CONTINUE["lr"],
+                                                           CONTINUE["warmup_steps"])
+    assert loop.steps == cfg.steps and got.init == s.init
+    # from the command line: a flag given beside the recipe wins, the others are the recipe's
+    given = replace(s, objective="mlm+nsp", given=("objective", "lr", "recipe", "init"))
+    got, loop = with_recipe(given, replace(cfg, lr=3e-4))
+    assert (got.objective, loop.lr, loop.warmup_steps) == ("mlm+nsp", 3e-4, CONTINUE["warmup_steps"])
+    with pytest.raises(UserError, match="--recipe continue continues a checkpoint: give it as --init"):
+        with_recipe(replace(s, init=None), cfg)
 
 
 def test_every_dropout_of_a_config_is_set():
@@ -230,3 +246,44 @@ def test_a_fresh_run_builds_the_model_its_flags_say_and_scores_its_held_out_set(
     with pytest.raises(ValueError, match=f"--init {short}: 16 positions are fewer than the data's max_seq_len 32"):
         run("init", init=short)
     assert not (tmp_path / "init").exists()
+
+
+def test_a_continued_checkpoint_is_scored_before_its_first_step_and_the_recipe_trains_it(prepared, tmp_path, capsys):
+    """--init with held-out data: metrics.jsonl's first line is step 0, the checkpoint's own held-out figures
+    (those the evaluator gives the checkpoint as it came), the report says them beside the last; --recipe
+    continue trains the masked LM alone at its rate; a resumed run keeps the step-0 figures."""
+    from torchbert.data import PretrainingData
+    from torchbert.heads import BertForMaskedLM
+    from torchbert.train.objectives import MaskedLMTask
+    from torchbert.train.recipes import CONTINUE
+
+    torch.manual_seed(0)
+    start = tmp_path / "start"
+    vocab = (prepared / "tok" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    BertForPreTraining(BertConfig.from_name("tiny", vocab_size=len(vocab))).save_pretrained(start)
+    shutil.copyfile(prepared / "tok" / "vocab.txt", start / "vocab.txt")
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", prepared / "data", "--eval-data", prepared / "eval", "--eval-batches", "2",
+            "--out", run, "--init", start, "--recipe", "continue", "--batch-size", "4", "--log-every", "1", "--quiet"]
+    code = main([str(a) for a in (*args, "--steps", "2", "--save-every", "1")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and "loss" not in rows[0] and [r["step"] for r in rows] == [0, 1, 2]
+    before = {k.removeprefix("eval_"): v for k, v in rows[0].items() if k.startswith("eval_")}
+    summary = json.loads((run / "metrics.json").read_text())
+    assert summary["eval_first"] == before and summary["objective"] == "mlm"
+    assert summary["config"]["lr"] == CONTINUE["lr"] and summary["config"]["warmup_steps"] == CONTINUE["warmup_steps"]
+    model = BertForMaskedLM.from_pretrained(start).eval()
+    own = evaluator(PretrainingData(prepared / "eval", shuffle=False), 4, 2, torch.device("cpu"), MaskedLMTask())
+    with torch.no_grad():
+        direct = own(model)
+    assert before.keys() == direct.keys()
+    assert all(abs(before[k] - direct[k]) < 1e-5 for k in before), (before, direct)
+    assert "before the first step, " + PRETRAINING["mlm"].held_out(before) in out
+    assert (run / "learning.png").is_file()
+    code = main([str(a) for a in (*args, "--steps", "3", "--resume")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert json.loads((run / "metrics.json").read_text())["eval_first"] == before
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]

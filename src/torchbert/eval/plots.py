@@ -74,16 +74,17 @@ def plot_pretraining(run_dir: Path, yardsticks: dict | None = None) -> None:
     learning.png: held-out accuracy against tokens and against training seconds. `yardsticks`: the
     count tables' held-out MLM accuracy (eval/yardsticks.py), drawn as dashed lines."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    if not rows:
+    trained = [r for r in rows if "loss" in r]  # a continued checkpoint's step 0 holds its evaluation alone
+    if not trained:
         return
-    steps = [r["step"] for r in rows]
-    parts = [k.removesuffix("_loss") for k in rows[0] if k.endswith("_loss") and not k.startswith("eval_")]
+    steps = [r["step"] for r in trained]
+    parts = [k.removesuffix("_loss") for k in trained[0] if k.endswith("_loss") and not k.startswith("eval_")]
     lines = {f"count table: {k}": yardsticks[k] for k in ("unigram", "left", "neighbours")} if yardsticks else {}
     for name, keys in (("loss", ("loss", *[f"{p}_loss" for p in parts])),
-                       ("accuracy", tuple(f"{p}_accuracy" for p in parts if f"{p}_accuracy" in rows[0]))):
+                       ("accuracy", tuple(f"{p}_accuracy" for p in parts if f"{p}_accuracy" in trained[0]))):
         series = {}
         for k in keys:
-            series[k] = (steps, [r[k] for r in rows], "-")
+            series[k] = (steps, [r[k] for r in trained], "-")
             evals = [(r["step"], r[f"eval_{k}"]) for r in rows if f"eval_{k}" in r]
             if evals:
                 series[f"held-out {k}"] = (*map(list, zip(*evals)), "o--")

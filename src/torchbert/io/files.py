@@ -42,6 +42,12 @@ from ..errors import OutOfSpace, UserError
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+def cache_folder() -> Path:
+    """torchbert's own cache: $TORCHBERT_CACHE, else $XDG_CACHE_HOME/torchbert, else ~/.cache/torchbert."""
+    return Path(os.environ.get("TORCHBERT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                          "torchbert"))
+
+
 def umask() -> int:
     """The process's umask, read without changing it (Linux), else by setting and restoring it."""
     try:

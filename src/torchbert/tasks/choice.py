@@ -166,6 +166,9 @@ class ChoiceTask(GroupedTask):
     layouts = ("auto", "swag")
     metrics = ("accuracy",)
 
+    def texts(self, example):
+        return [t for t in (example.context, example.question, *example.choices) if t]
+
     def _read(self, path, layout, labelled, warn):
         return read_choices(path, labelled)
 

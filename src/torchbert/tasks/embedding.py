@@ -223,6 +223,9 @@ class EmbeddingTask(TaskFamily):
          "negative": ["Cats sleep most of the day."]},
         {"query": "who wrote Hamlet?", "positive": "Hamlet is a tragedy written by William Shakespeare."})))
 
+    def texts(self, example):
+        return [t for t in (example.query, example.positive, *example.negatives) if t]
+
     def _read(self, path, layout, labelled, warn):
         return read_pairs(path)
 

@@ -166,6 +166,11 @@ class TaskFamily:
     def _read(self, path, layout: str, labelled: bool, warn) -> list:
         raise NotImplementedError
 
+    def texts(self, example) -> list[str]:
+        """The example's texts, its labels left out, in reading order: what task-adaptive pretraining
+        reads of a fine-tuning file (tasks/tapt.py)."""
+        raise NotImplementedError
+
     def from_record(self, record: dict, where: str, default_id: str) -> Any:
         """An unlabelled example from one JSON object (`torchbert serve`'s /predict); ValueError names
         `where` and the field when it does not fit."""

@@ -336,6 +336,9 @@ class SpanTask(TaskFamily):
             ("HasAns_f1", "HasAns_exact_match", "NoAns_f1", "NoAns_exact_match", "best_f1", "best_f1_threshold",
              "best_exact_match", "best_exact_match_threshold") if v2 else ())
 
+    def texts(self, example):
+        return [example.context, example.question]
+
     def _read(self, path, layout, labelled, warn):
         return read_squad(path, self.v2, labelled, warn)
 

@@ -196,6 +196,9 @@ class RerankerTask(GroupedTask):
          "negative": ["Cats sleep most of the day."]},
         {"query": "who wrote Hamlet?", "positive": "Hamlet is a tragedy written by William Shakespeare."})))
 
+    def texts(self, example):
+        return [example.query, *example.passages]
+
     def _read(self, path, layout, labelled, warn):
         return read_reranking(path, labelled)
 

@@ -320,6 +320,9 @@ class TokenTask(TaskFamily):
     Settings = TokenSettings
     metrics = ("f1", "precision", "recall", "token_accuracy")
 
+    def texts(self, example):
+        return [" ".join(example.words)] if example.words else []
+
     def _read(self, path, layout, labelled, warn):
         if layout == "auto" and Path(path).suffix.lower() in (".jsonl", ".json"):
             return read_token_records(path, labelled)

@@ -324,6 +324,9 @@ class TextTask(TaskFamily):
                       "two texts -> a label    sentence1, sentence2, label (also premise/hypothesis, ...)" if pair else
                       "one text -> a label     TSV/CSV with a header (sentence, label) or JSONL")
 
+    def texts(self, example):
+        return [t for t in (example.text_a, example.text_b) if t]
+
     def _read(self, path, layout, labelled, warn):
         return read_text_examples(path, self.pair, self.regression, layout, labelled, warn)
 

@@ -55,6 +55,14 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
+    def broadcast_object(self, value):
+        """Process 0's `value` (a path, a small record of our own) on every process."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def __enter__(self) -> Dist:
         return self
 

@@ -41,6 +41,7 @@ batches of that epoch already used: resuming skips straight there.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -338,9 +339,12 @@ def skip_step(why: str, state: TrainState, bad: BadSteps, optimizer, window: Win
 def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: str | os.PathLike, *,
           evaluate: Callable[[nn.Module], dict[str, float]] | None = None, resume: bool = False,
           device: torch.device | None = None, log: Callable[[str], None] = print,
-          dist: Dist | None = None, on_checkpoint: Callable[[Path], None] | None = None) -> dict[str, Any]:
+          dist: Dist | None = None, on_checkpoint: Callable[[Path], None] | None = None,
+          evaluate_first: bool = False) -> dict[str, Any]:
     """Train `model` (wrapped for DDP/FSDP when `dist` says so) on `task` (an objective of
     train/objectives.py) for cfg.steps optimizer steps; returns the summary written to metrics.json.
+    `evaluate_first`: a fresh run evaluates before its first step too (a checkpoint continued: what it
+    knew before this corpus), as metrics.jsonl's step 0 and the summary's "eval_first".
     `on_checkpoint(folder)` is called (in process 0) after each checkpoint is written. Raises
     Interrupted after SIGINT/SIGTERM, once a checkpoint of the last whole step is saved."""
     run_dir, dist = Path(run_dir), dist or Dist()
@@ -422,6 +426,15 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
     with rows or contextlib.nullcontext(), fast.training(model) if cfg.fast else contextlib.nullcontext(), \
             StopSignals(log) as signals, threads.busy(), \
             Scalars(run_dir, cfg.log_to, resumed_at=saved_at, main=dist.is_main) as scalars:
+        first = _first_eval(metrics_path, dist) if evaluate_first and resume else None
+        if evaluate_first and evaluate is not None and not resume:
+            evaluating = time.perf_counter()
+            first = _evaluate(model, evaluate)
+            state.eval_seconds += time.perf_counter() - evaluating
+            record = {"step": 0, "tokens": 0, "seconds": 0.0, **{f"eval_{k}": v for k, v in first.items()}}
+            if dist.is_main:
+                append_jsonl(metrics_path, record)
+                scalars.add(record)
         while state.step < cfg.steps:
             threads.tick()  # this job's share of the CPUs, when a command governs them
             micro = [stream.next() for _ in range(cfg.grad_accum)]
@@ -518,7 +531,21 @@ def train(model: nn.Module, data, task: Objective, cfg: TrainConfig, run_dir: st
             "fixes the count for a run that must repeat bit for bit")
     if last_eval is not None:
         summary["eval"] = last_eval
+    if first:
+        summary["eval_first"] = first
     return summary
+
+
+def _first_eval(metrics_path: Path, dist: Dist) -> dict[str, float] | None:
+    """A resumed run's evaluation before its first step, from metrics.jsonl's step 0 (process 0 reads it)."""
+    if not dist.is_main or not metrics_path.is_file():
+        return None
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("step") == 0:
+            return {k.removeprefix("eval_"): v for k, v in row.items() if k.startswith("eval_")}
+        break  # the first line is step 0 or there is none
+    return None
 
 
 def memory_figures(then: int | None, before: int | None = None, high: int = 0) -> dict[str, float]:

@@ -40,7 +40,9 @@ from ..tokenizer import TOKENIZER_FILES
 from .distributed import Dist, full_state_dict, wrap
 from .loop import TrainConfig, train
 from .objectives import PRETRAINING, PretrainingObjective, PretrainingTask, families, objectives, pretraining_objective
-from .recipes import RECIPES
+from .recipes import CONTINUE, RECIPES
+
+TAPT_LENGTH = 128  # --tapt's tokens per instance (the --init model's positions where it has fewer)
 from .rundir import RunFolder, fixed
 from .rundir import resumed_config as resumed_settings
 
@@ -49,11 +51,15 @@ from .rundir import resumed_config as resumed_settings
 class PretrainSettings(Checked):
     """What `pretrain` trains, declared once: its flags are made from these fields (and TrainConfig's)."""
 
-    data: list[str] = setting(help="folder written by torchbert prepare; several, each as FOLDER:WEIGHT, are "
-                                   "read as one blend drawn at those weights (e.g. --data news:0.7 wiki:0.3; "
-                                   "without weights, each folder by its number of instances)",
-                              metavar="FOLDER[:WEIGHT]")
     out: Path = setting(help="run folder (a Hugging Face checkpoint at the end)")
+    data: list[str] | None = setting(None, "folder written by torchbert prepare; several, each as FOLDER:WEIGHT, "
+                                           "are read as one blend drawn at those weights (e.g. --data news:0.7 "
+                                           "wiki:0.3; without weights, each folder by its number of instances)",
+                                     metavar="FOLDER[:WEIGHT]")
+    tapt: Path | None = setting(None, "task-adaptive pretraining: a fine-tuning file (.tsv, .csv, .jsonl, SQuAD "
+                                      ".json, .conll) whose texts, labels left out, are the corpus, prepared with "
+                                      "the --init checkpoint's tokenizer (a tenth held out; once per file, in "
+                                      "torchbert's cache folder), in place of --data", metavar="FILE")
     config: str | None = setting(None, "preset name or config.json (default: small, L4 H512 A8; with --resume: "
                                        "the run's own)")
     model: str | None = setting(None, "bert: MLM + NSP (default); gpt: the left-to-right Transformer, next-token "
@@ -64,11 +70,14 @@ class PretrainSettings(Checked):
                                           "MLM + NSP; with --resume: the run's own)", choices=objectives)
     dropout: float | None = setting(None, "every dropout probability of a fresh model (default: the config's, 0.1 "
                                           "in the presets; Cramming pretrains with 0)", low=0, below=1)
-    recipe: str | None = setting(None, "a named recipe for a fresh BERT (train/recipes.py): rotary, the paper's "
+    recipe: str | None = setting(None, "a named recipe (train/recipes.py); for a fresh BERT: rotary, the paper's "
                                        "with RoFormer's rotary positions, recommended: it learned the most per second "
                                        "of the recipes measured here (bench/README.md, 'What pretraining learns'); "
-                                       "paper, Devlin et al.'s as it is (what no --recipe gives)",
-                                 choices=tuple(RECIPES))
+                                       "paper, Devlin et al.'s as it is (what no --recipe gives); for an --init "
+                                       "checkpoint: continue, the masked LM alone at the rate and warmup measured "
+                                       "best for continuing one (bench/README.md, 'Continuing a checkpoint'; a flag "
+                                       "given beside it wins)",
+                                 choices=(*RECIPES, "continue"))
     positions: str | None = setting(None, "a fresh BERT's positions: absolute, a learned table added to the "
                                           "embeddings (the paper's; default), or rotary, each head's queries and keys "
                                           "turned by their position (RoFormer: attention to neighbours from the "
@@ -97,7 +106,7 @@ class PretrainSettings(Checked):
     def __post_init__(self) -> None:
         if isinstance(self.data, (str, Path)):  # one folder, from Python
             self.data = [str(self.data)]
-        self.data = [str(d) for d in self.data]
+        self.data = [str(d) for d in self.data or ()]
         super().__post_init__()
 
 
@@ -154,20 +163,59 @@ def evaluator(eval_data: PretrainingData | BlendedData, batch_size: int, max_bat
     return evaluate
 
 
-def with_recipe(s: PretrainSettings) -> PretrainSettings:
-    """The settings a --recipe names, filled in; one given beside it must agree with it."""
+def with_recipe(s: PretrainSettings, cfg: TrainConfig) -> tuple[PretrainSettings, TrainConfig]:
+    """The settings a --recipe names, filled in: a fresh model's must agree with those given beside it;
+    `continue` fills in what was not given (a flag given beside it wins)."""
     if s.recipe is None:
-        return s
+        return s, cfg
+    if s.recipe == "continue":
+        if s.init is None:
+            raise UserError("--recipe continue continues a checkpoint: give it as --init (a folder, minilm, a hub "
+                            "id); a fresh BERT takes --recipe " + " or ".join(RECIPES))
+        mine = {k: v for k, v in CONTINUE.items() if k in PretrainSettings.__dataclass_fields__}
+        loops = {k: v for k, v in CONTINUE.items() if k not in mine}
+        return (dataclasses.replace(s, **{k: v for k, v in mine.items() if _unset(s, k, s)}),
+                dataclasses.replace(cfg, **{k: v for k, v in loops.items() if _unset(s, k, cfg)}))
     implied = {"positions": "absolute", **RECIPES[s.recipe]}  # the paper's, which a recipe may change
     if s.init is not None:
         raise UserError(f"--recipe {s.recipe} sets a fresh model's {' and '.join(implied)}; an --init model keeps "
-                        "its config's")
+                        "its config's (--recipe continue suits continuing it)")
     for name, value in implied.items():
         given = getattr(s, name)
         if given is not None and given != value:
             raise UserError(f"--{name.replace('_', '-')} {given}: --recipe {s.recipe} is {name} {value}; give one "
                             "of the two")
-    return dataclasses.replace(s, **implied)  # on --resume, checked against the run's own (check_resumed)
+    return dataclasses.replace(s, **implied), cfg  # on --resume, checked against the run's own (check_resumed)
+
+
+def with_tapt(s: PretrainSettings, log, progress: bool, dist: Dist) -> PretrainSettings:
+    """--tapt's file prepared as the run's --data (tasks/tapt.py): with the --init checkpoint's tokenizer,
+    sentence pairs for an objective that learns from them, packed sentences for the others."""
+    from ..tasks.tapt import tapt_data
+
+    if s.data:
+        raise UserError("--tapt FILE prepares its own corpus; give it or --data, not both")
+    if s.init is None:
+        raise UserError("--tapt continues a checkpoint on a task's text: give the checkpoint as --init (a folder, "
+                        "minilm, a hub id)")
+    spec = chosen_objective(s, resumed_config(s) if s.resume else None)
+    max_seq_len = min(TAPT_LENGTH, load_config(s.init).max_position_embeddings)
+    folder = None
+    if dist.is_main:  # one process prepares; the others read what it wrote
+        try:
+            folder = tapt_data(s.tapt, s.init, max_seq_len, "nsp" if spec.pairs else "none", log, progress)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    folder = dist.broadcast_object(folder)
+    return dataclasses.replace(s, data=[str(folder)])
+
+
+def _unset(s: PretrainSettings, name: str, settings) -> bool:
+    """Whether a recipe may fill in `settings`' field `name`: not given on the command line, or (from
+    Python, where every field counts as given) left at its default."""
+    if s.given is not None:
+        return name not in s.given
+    return getattr(settings, name) == type(settings).__dataclass_fields__[name].default
 
 
 def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device, log=print,
@@ -175,9 +223,15 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
     """Everything is read and checked before the run folder is touched (rundir.RunFolder); a
     resumed run takes its model config from the run folder."""
     dist = dist or Dist()
-    s = with_recipe(s)
+    s, cfg = with_recipe(s, cfg)
     if s.init is not None and not Path(s.init).is_dir():  # a model by name, as --model takes it (minilm, a hub id)
         s = dataclasses.replace(s, init=resolve_model(str(s.init), "--init"))
+    if s.tapt is not None:
+        s = with_tapt(s, log=log if dist.is_main else lambda _: None, progress=cfg.progress and dist.is_main,
+                      dist=dist)
+    elif not s.data:
+        raise UserError("give --data (folders written by torchbert prepare) or --tapt (a fine-tuning file whose "
+                        "text is the corpus)")
     config_path = s.config if s.config is not None and s.config not in PRESETS else None
     try:
         specs = parse_data(s.data)
@@ -185,6 +239,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
         raise UserError(str(e)) from None
     folders = [f for f, _ in specs]
     folder = RunFolder(s.out, s.resume, s.overwrite, [*(("--data", f) for f in folders), ("--init", s.init),
+                                                      ("--tapt", s.tapt),
                                                       ("--eval-data", s.eval_data), ("--config", config_path)], log=log)
     if s.dropout is not None and s.init is not None:
         raise UserError("--dropout sets a fresh model's dropout; an --init model keeps its config's (edit its "
@@ -265,7 +320,7 @@ def run_pretraining(s: PretrainSettings, cfg: TrainConfig, device: torch.device,
             with_training(s.out, training, "pretrain")  # a resumed run's, once a checkpoint holds its work
             folder.commit(checkpoint)
         summary = train(model, data, objective, cfg, s.out, resume=s.resume, evaluate=evaluate,
-                        device=device, log=log, dist=dist, on_checkpoint=saved)
+                        device=device, log=log, dist=dist, on_checkpoint=saved, evaluate_first=s.init is not None)
         state = full_state_dict(model, dist)  # every process takes part under FSDP
         if not dist.is_main:
             return summary
@@ -291,6 +346,8 @@ def report_lines(summary: dict, out: Path | str) -> list[str]:
              f"({summary['tokens_per_second']:,.0f} tokens/s"
              + (f", peak memory {summary['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in summary else "")
              + f") -> {out}"]
+    if summary.get("eval_first"):  # a continued checkpoint: what it knew of this corpus before the first step
+        lines.append("before the first step, " + PRETRAINING[summary["objective"]].held_out(summary["eval_first"]))
     if summary.get("eval"):
         lines.append(PRETRAINING[summary["objective"]].held_out(summary["eval"]))
     if "yardsticks" in summary:

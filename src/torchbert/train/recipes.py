@@ -10,9 +10,21 @@ beside a budget's steps, batch and learning rate.
 
 `demo` and `compare` take one with --recipe (the default: DEFAULT), and so does `pretrain` (train/pretrain.py
 with_recipe: no --recipe there is the paper's, a checkpoint transformers' BertForPreTraining loads).
+
+One recipe continues a checkpoint instead (`pretrain --init CHECKPOINT --recipe continue`: CONTINUE):
+
+  continue  a public BERT's pretraining continued on the user's corpus (Gururangan et al., 2020: domain-
+            and task-adaptive pretraining): the masked LM alone, as RoBERTa and the DAPT/TAPT runs train
+            (a checkpoint's NSP head, where it has one, has nothing left to learn from a new corpus), at
+            the peak rate and warmup that bench/bench_continue.py measured to teach a checkpoint the most
+            held-out MLM accuracy in a few hundred steps (bench/README.md, "Continuing a checkpoint").
 """
 
 RECIPES: dict[str, dict[str, object]] = {"paper": {}, "rotary": {"positions": "rotary"}}
 TEXT = {"paper": "the paper's recipe: learned absolute positions, MLM + NSP",
         "rotary": "rotary positions (RoFormer), otherwise the paper's recipe (MLM + NSP)"}
 DEFAULT = "rotary"
+
+# what --recipe continue sets, beside --init: the objective (PretrainSettings) and the loop's rate and warmup
+# (TrainConfig); a flag given beside it wins
+CONTINUE: dict[str, object] = {"objective": "mlm", "lr": 5e-5, "warmup_steps": 30}
