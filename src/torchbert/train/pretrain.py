@@ -74,9 +74,9 @@ class PretrainSettings(Checked):
                                        "with RoFormer's rotary positions, recommended: it learned the most per second "
                                        "of the recipes measured here (bench/README.md, 'What pretraining learns'); "
                                        "paper, Devlin et al.'s as it is (what no --recipe gives); for an --init "
-                                       "checkpoint: continue, the masked LM alone at the rate and warmup measured "
-                                       "best for continuing one (bench/README.md, 'Continuing a checkpoint'; a flag "
-                                       "given beside it wins)",
+                                       "checkpoint: continue, the masked LM alone at a rate and warmup for "
+                                       "continuing one (bench/README.md, 'Continuing a checkpoint'; a flag given "
+                                       "beside it wins)",
                                  choices=(*RECIPES, "continue"))
     positions: str | None = setting(None, "a fresh BERT's positions: absolute, a learned table added to the "
                                           "embeddings (the paper's; default), or rotary, each head's queries and keys "
