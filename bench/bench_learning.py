@@ -104,7 +104,8 @@ def run_transformers(a, data: Path, start: Path, seed: int) -> list[dict]:
     train = PretrainingData(data, seed=seed)
     held = heldout_batches(PretrainingData(data / "heldout", seed=seed, shuffle=False), a.batch_size, a.eval_batches)
     stream = (b for epoch in range(10**6) for b in train.batches(a.batch_size, epoch=epoch))
-    rows, tokens, seconds = [], 0, 0.0
+    rows = [{"step": 0, "tokens": 0, "seconds": 0.0, **heldout_mlm(model, held)}]  # as torchbert's --init run does
+    tokens, seconds = 0, 0.0
     for step in range(1, a.steps + 1):
         b = next(stream)
         started = time.perf_counter()

@@ -155,8 +155,10 @@ def test_bench_learning_scores_both_systems_on_the_same_heldout_masks(tmp_path):
     assert sticks and int(sticks[1]) > 0
     rows = table_rows(out)
     steps = [r for r in rows if r[0][0].isdigit()]
-    assert [r[0] for r in steps] == ["2", "4"]
+    assert [r[0] for r in steps] == ["0", "2", "4"]
     assert all(0 <= float(r[i]) <= 1 for r in steps for i in (2, 3))
+    # step 0: the same start weights on the same masks, so the same score (a tied argmax may flip a token)
+    assert abs(float(steps[0][2]) - float(steps[0][3])) <= 1.5 / int(sticks[1])
     final = re.search(r"final held-out MLM accuracy: torchbert ([\d.]+), transformers ([\d.]+)", out)
     assert final and (final[1], final[2]) == (steps[-1][2], steps[-1][3])
 
