@@ -286,3 +286,18 @@ def test_bench_suite_runs_the_benchmark_and_the_trainer_on_the_same_protocol(tmp
     assert re.search(r"\| MNLI-m \| \d+\.\d\d \| \d+\.\d\d \| [+-]\d+\.\d\d \|", out)
     assert re.search(r"time: torchbert \d+ s .* transformers \d+ s .*\*\*\d\.\d\dx\*\*", out)
     assert (tmp_path / "glue_data" / "MNLI" / "dev_matched.tsv").read_text().splitlines()[0].endswith("gold_label")
+
+
+def test_bench_continue_fine_tunes_minilm_as_it_came_and_continued_on_the_tasks_and_the_domains_text():
+    out = run_bench("bench_continue.py", "--tasks", "reviews", "--seeds", "1", "2", "--steps", "2", "--batch-size",
+                    "4", "--train-size", "24", "--dev-size", "16", "--dapt-size", "40", "--epochs", "1",
+                    "--max-length", "32")
+    rows = {r[1]: r for r in table_rows(out) if r[0].startswith("reviews")}
+    assert set(rows) == {"direct", "TAPT", "DAPT"}
+    assert rows["direct"][2] == "0" and rows["direct"][3] == "-"  # nothing continued, nothing scored before
+    for name in ("TAPT", "DAPT"):
+        before, after = (float(x) for x in rows[name][3].split(" → "))
+        assert 0 <= before <= 1 and 0 <= after <= 1
+    for r in rows.values():
+        mean, se = (float(x) for x in r[4].split(" ± "))  # two seeds: a mean and its standard error
+        assert 0 <= mean <= 1 and se >= 0

@@ -272,7 +272,7 @@ def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
     ran: dict[str, list] = {}
     for mark, blocks in every_marked_block():
         ran[mark] = [shell.run(code) if language == "bash" else shell.python(code) for language, code in blocks]
-    assert len(ran) == 10, list(ran)
+    assert len(ran) == 11, list(ran)
     for name in ("data/pdr/train.jsonl", "data/pdr/sentences.txt"):  # what was trained on: cut to TRAIN_ROWS
         assert len((tmp_path / name).read_text(encoding="utf-8").splitlines()) == TRAIN_ROWS, name
     assert len((tmp_path / "data/pd-ner/train.conll").read_text(encoding="utf-8").strip().split("\n\n")) == TRAIN_ROWS
@@ -305,6 +305,18 @@ def test_the_readme_runs_in_order_in_one_folder(shell, tmp_path):
     assert len(predicted) == 1 and predicted[0]["label"] in {"pos", "neg"}
     vector = json.loads(outputs[-1])["data"][0]["embedding"]
     assert len(vector) == 128 and abs(sum(x * x for x in vector) - 1) < 1e-3  # tiny: hidden 128, unit length
+
+    # continued from MiniLM: its vocabulary grown, scored before its first step, fine-tuned; then TAPT
+    section("continued from MiniLM")
+    grown = json.loads((tmp_path / "minilm-zh" / "config.json").read_text())["vocab_size"]
+    assert grown > 30522  # MiniLM's own
+    rows = [json.loads(x) for x in (tmp_path / "minilm-news" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and 0 <= rows[0]["eval_mlm_accuracy"] <= 1  # the checkpoint as it came
+    continued = json.loads((tmp_path / "minilm-news" / "metrics.json").read_text())
+    assert continued["objective"] == "mlm" and continued["steps"] == 6 and "eval_first" in continued
+    assert json.loads((tmp_path / "sentiment-news" / "config.json").read_text())["vocab_size"] == grown
+    assert "accuracy" in json.loads((tmp_path / "sentiment-news" / "metrics.json").read_text())
+    assert json.loads((tmp_path / "minilm-reviews" / "metrics.json").read_text())["steps"] == 6
 
     # "More of the pretraining data": files, folders and globs in one prepare; packed sentences; a blend
     manifests = {name: json.loads((tmp_path / name / "manifest.json").read_text())
