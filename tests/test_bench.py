@@ -291,10 +291,13 @@ def test_bench_suite_runs_the_benchmark_and_the_trainer_on_the_same_protocol(tmp
 def test_bench_continue_fine_tunes_minilm_as_it_came_and_continued_on_the_tasks_and_the_domains_text():
     out = run_bench("bench_continue.py", "--tasks", "reviews", "--seeds", "1", "2", "--steps", "2", "--batch-size",
                     "4", "--train-size", "24", "--dev-size", "16", "--dapt-size", "40", "--epochs", "1",
-                    "--max-length", "32")
+                    "--max-length", "32", "--extend", "50")
+    assert int(re.search(r"reviews: ([\d,]+) of the domain text's words added", out)[1].replace(",", "")) > 0
     rows = {r[1]: r for r in table_rows(out) if r[0].startswith("reviews")}
-    assert set(rows) == {"direct", "TAPT", "DAPT"}
-    assert rows["direct"][2] == "0" and rows["direct"][3] == "-"  # nothing continued, nothing scored before
+    assert set(rows) == {"direct (as shipped)", "direct", "TAPT", "DAPT"}
+    for name in ("direct (as shipped)", "direct"):  # nothing continued, nothing scored before
+        assert rows[name][3] == "-"
+    assert rows["direct (as shipped)"][2] == "0"
     for name in ("TAPT", "DAPT"):
         before, after = (float(x) for x in rows[name][3].split(" → "))
         assert 0 <= before <= 1 and 0 <= after <= 1

@@ -22,7 +22,8 @@ def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
     from torchbert.apps.compare import QUICK, SECONDS, SYSTEMS, TASKS
 
     s = json.loads((compared / "summary.json").read_text(encoding="utf-8"))
-    assert len(s["cells"]) == len(TASKS) * 2 * (len(SYSTEMS) + 2)  # GPT and ELMo again at matched seconds
+    # GPT and ELMo again at matched seconds, and MiniLM continued
+    assert len(s["cells"]) == len(TASKS) * 2 * (len(SYSTEMS) + 2 + 1)
     for key, cell in s["cells"].items():
         assert len(cell["test"]) == QUICK.seeds and all(0 <= x <= 1 for x in cell["test"])
         assert cell["lr"] in QUICK.grids[cell["system"]] and set(cell["grid_dev"]) == {
@@ -39,9 +40,9 @@ def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
         assert abs(p[system]["parameters"]["body"] / p["bert"]["parameters"]["body"] - 1) < 0.01
     assert set(p["elmo"]["heldout"]) == {"forward_loss", "forward_accuracy", "backward_loss", "backward_accuracy"}
     md = (compared / "summary.md").read_text(encoding="utf-8")
-    assert md.count("\n| sentiment (accuracy) |") == 4
+    assert md.count("\n| sentiment (accuracy) |") == 6  # two sizes in each of three tables
     assert "At matched tokens: the paper's order (BERT > GPT > ELMo > random) held in" in md
-    assert "At matched seconds: the paper's order" in md and md.count("\n| ner (f1) |") == 4
+    assert "At matched seconds: the paper's order" in md and md.count("\n| ner (f1) |") == 6
     # matched seconds: GPT and ELMo each ran its own steps for about BERT's seconds, from its own
     # seconds per step in the matched-token run
     for system in ("gpt", "elmo"):
@@ -59,6 +60,32 @@ def test_quick_compare_writes_the_table_over_seeds_and_every_run(compared):
     for key, order in s["order"].items():
         means = [s["cells"][f"{key}/{x}"]["mean"] for x in ("bert", "gpt", "elmo", "random")]
         assert order["paper_order_held"] == all(a > b for a, b in zip(means, means[1:]))
+        assert "continued" not in order["ranking"]  # a larger model pretrained elsewhere: not in the paper's order
+
+
+@pytest.mark.e2e
+def test_a_public_checkpoint_grown_and_continued_on_the_corpus_is_fine_tuned_beside_the_others(compared):
+    from torchbert.apps.compare import QUICK
+    from torchbert.io.hf import resolve_model
+
+    s = json.loads((compared / "summary.json").read_text(encoding="utf-8"))
+    c = s["pretraining"]["continued"]
+    assert c["steps"] == QUICK.continue_steps and c["tokens"] > 0
+    assert 0 <= c["heldout_first"]["mlm_accuracy"] <= 1 and 0 <= c["heldout"]["mlm_accuracy"] <= 1  # before, after
+    run = compared / "pretrain" / "continued"
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["objective"] == "mlm" and m["eval_first"] == c["heldout_first"]  # --recipe continue: from an --init
+    minilm = (resolve_model("minilm", "minilm") / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    grown = (run / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert grown[:len(minilm)] != minilm and len(grown) == c["vocab_size"] >= len(minilm)
+    added = set(grown) - set(minilm)
+    corpus = (compared / "data" / "corpus.txt").read_text(encoding="utf-8")
+    assert 0 < len(added) <= QUICK.extend_add and all(t in corpus for t in added)  # the corpus's own characters
+    for key in s["order"]:
+        cell = s["cells"][f"{key}/continued"]
+        assert cell["lr"] in QUICK.grids["continued"] and len(cell["test"]) == QUICK.seeds
+    md = (compared / "summary.md").read_text(encoding="utf-8")
+    assert "Where users start: minilm" in md and "| random init | BERT from scratch | continued | best |" in md
 
 
 @pytest.mark.e2e
@@ -276,8 +303,9 @@ def test_the_budget_scales_pretraining_and_the_full_training_sets_and_counts_eve
     assert (b.train, b.pretrain_steps, b.low) == (2 * QUICK.train, 2 * QUICK.pretrain_steps, QUICK.low)
     # vocab and prepare, 3 pretrainings (+2 at matched seconds); per task (3) and size (2), each system's
     # runs (its 1 rate + 1 more seed), a finetune and a test each
-    assert stage_count(QUICK, "tokens") == 2 + 3 + 3 * 2 * (4 * 2) * 2
-    assert stage_count(QUICK, "both") == 2 + 3 + 2 + 3 * 2 * (6 * 2) * 2
+    # MiniLM continued: its vocab --extend, prepare and pretrain, and its runs like the others'
+    assert stage_count(QUICK, "tokens") == 2 + 3 + 3 + 3 * 2 * (5 * 2) * 2
+    assert stage_count(QUICK, "both") == 2 + 3 + 3 + 2 + 3 * 2 * (7 * 2) * 2
     with pytest.raises(ValueError, match="match 'seconds' is not one of"):
         run_compare(tmp_path / "compare", quick=True, match="seconds")
     assert not (tmp_path / "compare").exists()  # refused before the folder is made

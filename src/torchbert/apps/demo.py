@@ -10,9 +10,12 @@ protocol, through the published subcommands.
      and the end of the pretraining (three-quarters is saved, not fine-tuned), fine-tuned on both
      tasks with compare's protocol: the learning rate chosen on dev with the first seed, then every
      seed scored once on test;
-  5. summary.md and summary.json: the test score and the gain over random weights at each amount of
-     pretraining (gain.png), where the gain first clears the seeds' noise, and predictions on a few
-     reviews from the model fine-tuned after all the pretraining.
+  5. beside them, where most users start: a public checkpoint (the packaged MiniLM) with the corpus's
+     characters added to its vocabulary and its pretraining continued on the same corpus (compare's
+     `continued`), fine-tuned alike;
+  6. summary.md and summary.json: the test score and the gain over random weights at each amount of
+     pretraining (gain.png), where the gain first clears the seeds' noise, the continued checkpoint's
+     gain, and predictions on a few reviews from the model fine-tuned after all the pretraining.
 
 Every stage is one of the commands, run through the library with its settings and printed as the
 command line that runs it from a shell (stages.py), so the demo is also an end-to-end test of what
@@ -31,7 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from .compare import Budget, bert_folder, cell, pretrain_all, write_tasks
+from .compare import CONTINUED, Budget, bert_folder, cell, continue_checkpoint, pretrain_all, write_tasks
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import TEXT as RECIPE_TEXT
 from .stages import Stages, claim_folder
@@ -49,14 +52,17 @@ EXAMPLES = [
 
 # Measured on 2 CPU cores: the tiny preset (L2 H128) pretrains at about 25k tokens/s, so FULL's 2,000
 # steps of 32 x 128 take about 5 minutes; its 32 fine-tuning runs (200 examples, 15 epochs; 4
-# initializations x 2 tasks x 4 runs) about 8 more.
+# initializations x 2 tasks x 4 runs) about 8 more. MiniLM continued (compare's CONTINUED) adds its 200
+# steps at about 2 s each and 8 fine-tuning runs about 10x slower than the tiny preset's.
 GRID = (5e-4, 2e-3)
+CONTINUED_GRID = (5e-5, 2e-4)
 FULL = Budget(dev=500, train=4000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
               pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=15,
-              batch_size=16, seeds=3, grids={"bert": GRID, "random": GRID})
+              batch_size=16, seeds=3, grids={"bert": GRID, "random": GRID, CONTINUED: CONTINUED_GRID})
 QUICK = Budget(dev=24, train=48, low=16, pd_paragraphs=300, vocab_size=2000, max_seq_len=32, preset="tiny",
                pretrain_steps=8, pretrain_batch=8, pretrain_lr=1e-3, max_length=32, epochs=1, low_epochs=2,
-               batch_size=8, seeds=2, grids={"bert": GRID[:1], "random": GRID[:1]}, heldout_docs=10)
+               batch_size=8, seeds=2, grids={"bert": GRID[:1], "random": GRID[:1], CONTINUED: CONTINUED_GRID[:1]},
+               heldout_docs=10, continue_steps=4, extend_add=200)
 
 
 def checkpoint_model(run: Path, step: int, out: Path) -> None:
@@ -68,9 +74,11 @@ def checkpoint_model(run: Path, step: int, out: Path) -> None:
 
 def stage_count(b: Budget) -> int:
     """The stages of a demo: vocab, prepare, pretrain; a finetune and a test per run of each cell (its
-    grid with the first seed, then the other seeds); predict."""
+    grid with the first seed, then the other seeds); the continued checkpoint's vocab, prepare,
+    pretrain and runs; predict."""
     cells = len(TASKS) * (1 + len({b.pretrain_steps // 4, b.pretrain_steps // 2, b.pretrain_steps} - {0}))
-    return 3 + cells * 2 * (len(b.grids["bert"]) + b.seeds - 1) + 1
+    continued = 3 + len(TASKS) * 2 * (len(b.grids[CONTINUED]) + b.seeds - 1)
+    return 3 + cells * 2 * (len(b.grids["bert"]) + b.seeds - 1) + continued + 1
 
 
 def run_demo(out: Path, quick: bool = False, budget: float = 1.0, seed: int = 0, log=print,
@@ -104,6 +112,7 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
         if n != b.pretrain_steps:
             checkpoint_model(bert, n, models[n])
     heldout = {0: None} | {n: held_out_at(bert, n) for n in steps}
+    continued = continue_checkpoint(r, b, data, seed)
 
     cells = {}
     for task in TASKS:
@@ -111,6 +120,8 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
             name = "random" if n == 0 else f"bert{n}"
             cells[f"{task}/{n}"] = {"steps": n, **cell(r, b, data, task, "low", name, model,
                                                        b.grids["random" if n == 0 else "bert"], seed)}
+        cells[f"{task}/{CONTINUED}"] = {"steps": None, **cell(r, b, data, task, "low", CONTINUED, out / "pretrain" /
+                                                              CONTINUED, b.grids[CONTINUED], seed)}
     gains = {task: gain_table(cells, task, list(models)) for task in TASKS}
     best = cells[f"sentiment/{b.pretrain_steps}"]["run"]
     r.predict("predict", Path(best), data / "examples.tsv", out / "examples.predictions.jsonl")  # seconds: not kept
@@ -122,7 +133,7 @@ def _stages(out: Path, r: Stages, b: Budget, quick: bool, budget: float, seed: i
         "pretraining": {**pretraining["bert"], "steps": b.pretrain_steps, "heldout_by_step": heldout,
                         "plots": [str(bert / n) for n in ("loss.png", "accuracy.png", "learning.png")
                                   if (bert / n).is_file()], "checkpoint": str(bert)},
-        "cells": cells, "gains": gains, "stage_seconds": r.times,
+        "continued": continued, "cells": cells, "gains": gains, "stage_seconds": r.times,
         "examples": [{"text": t, "label": p["label"], "probability": p["probability"]}
                      for t, p in zip(EXAMPLES, predictions)],
     }
@@ -147,15 +158,18 @@ def gain_table(cells: dict[str, dict], task: str, steps: list[int]) -> dict[str,
     """Per amount of pretraining: the mean test gain over random weights, its standard error (the two
     means' seeds taken as independent), and whether it is a clear gain or a clear loss (beyond twice
     that); the first step with a clear gain."""
-    base = cells[f"{task}/0"]
-    rows = {}
-    for n in steps[1:]:
-        c = cells[f"{task}/{n}"]
-        se = math.sqrt(c["std"] ** 2 / len(c["test"]) + base["std"] ** 2 / len(base["test"]))
-        gain = c["mean"] - base["mean"]
-        rows[str(n)] = {"gain": gain, "standard_error": se, "clear": gain > 2 * se, "clear_loss": gain < -2 * se}
+    rows = {str(n): gain_over(cells[f"{task}/{n}"], cells[f"{task}/0"]) for n in steps[1:]}
     crossover = next((int(n) for n, x in rows.items() if x["clear"]), None)
-    return {"by_step": rows, "crossover_step": crossover}
+    out = {"by_step": rows, "crossover_step": crossover}
+    if f"{task}/{CONTINUED}" in cells:
+        out[CONTINUED] = gain_over(cells[f"{task}/{CONTINUED}"], cells[f"{task}/0"])
+    return out
+
+
+def gain_over(c: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    se = math.sqrt(c["std"] ** 2 / len(c["test"]) + base["std"] ** 2 / len(base["test"]))
+    gain = c["mean"] - base["mean"]
+    return {"gain": gain, "standard_error": se, "clear": gain > 2 * se, "clear_loss": gain < -2 * se}
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
@@ -192,6 +206,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
             mark = "" if g is None else " ✓" if g["clear"] else " ✗" if g["clear_loss"] else ""
             row.append("-" if g is None else f"{g['gain']:+.3f}{mark}")
         lines.append("| " + " | ".join(row) + " |")
+    if "continued" in s:
+        lines.append(continued_row(s))
     lines.append("")
     for t in TASKS:
         g = s["gains"][t]
@@ -204,12 +220,34 @@ def summary_markdown(s: dict[str, Any]) -> str:
             lines.append(f"- {t}: no gain within {steps[-1]:,} steps; at the end {verdict} ({last['gain']:+.3f}, "
                          f"standard error {last['standard_error']:.3f}). With the paper's recipe, 16,000 steps (`torchbert "
                          "demo --budget 8 --recipe paper`) cleared the noise on both tasks when we measured it.")
+    if "continued" in s:
+        c = s["continued"]
+        lines.append(f"- {CONTINUED}: MiniLM (all-MiniLM-L6-v2, {c['parameters']['body']:,} non-embedding parameters, "
+                     f"{b['extend_add']:,} of the corpus's characters and words offered to its vocabulary: "
+                     f"vocab_size {c['vocab_size']:,}), its pretraining continued for {c['steps']:,} steps on the same "
+                     f"corpus in {c['train_seconds']:.0f} s: "
+                     + ", ".join(f"{t} {s['gains'][t][CONTINUED]['gain']:+.3f} (standard error "
+                                 f"{s['gains'][t][CONTINUED]['standard_error']:.3f})" for t in TASKS)
+                     + " over random weights.")
     lines += ["", "Learning rates chosen: " + "; ".join(f"{k} {v['lr']:g}" for k, v in cells.items()) + ".", "",
               f"Total: {s['seconds']:.0f} s (pretraining {s['stage_seconds'].get('pretrain bert', 0):.0f} s). "
               f"Plots: gain.png, {', '.join(p['plots'])}. Runs: runs/.", "",
               "Predictions of the sentiment model fine-tuned after all the pretraining (seed 0):", ""]
     lines += [f"- {e['label']} ({e['probability']:.3f}): {e['text']}" for e in s["examples"]]
     return "\n".join(lines) + "\n"
+
+
+def continued_row(s: dict[str, Any]) -> str:
+    """The table's last row: MiniLM continued on the corpus, its held-out MLM accuracy before and after."""
+    c = s["continued"]
+    first, last = c["heldout_first"].get("mlm_accuracy"), c["heldout"].get("mlm_accuracy")
+    row = [f"MiniLM + {c['steps']:,} ({CONTINUED})",
+           f"{first:.3f} → {last:.3f}" if None not in (first, last) else "-"]
+    for t in TASKS:
+        cell, g = s["cells"][f"{t}/{CONTINUED}"], s["gains"][t][CONTINUED]
+        mark = " ✓" if g["clear"] else " ✗" if g["clear_loss"] else ""
+        row += [f"{cell['mean']:.3f} ± {cell['std']:.3f}", f"{g['gain']:+.3f}{mark}"]
+    return "| " + " | ".join(row) + " |"
 
 
 def yardstick_lines(p: dict[str, Any]) -> list[str]:
@@ -232,7 +270,7 @@ def plot_gain(out: Path, s: dict[str, Any]) -> None:
 
     panels = []
     for task in TASKS:
-        c = [x for x in s["cells"].values() if x["task"] == task]
+        c = [x for x in s["cells"].values() if x["task"] == task and x["steps"] is not None]
         panels.append({"title": f"{task} ({s['labelled_examples']} examples, test)", "xlabel": "pretraining steps",
                        "series": {"fine-tuned BERT": ([x["steps"] for x in c], [x["mean"] for x in c],
                                                       [x["std"] for x in c])},

@@ -148,6 +148,21 @@ class Stages:
 
         self.run(name, ["vocab", *as_flags(s), "--quiet", *(["--overwrite"] if overwrite else [])], call)
 
+    def extend_vocab(self, name: str, s, e, overwrite: bool = False) -> None:
+        """`torchbert vocab --extend`: VocabSettings `s` (its corpus and out) and ExtendSettings `e`."""
+        from ..data.vocab_extend import extend_from_corpus
+        from ..io.files import check_replaceable
+        from ..io.hf import resolve_model
+
+        def call():
+            if overwrite and Path(s.out).exists():
+                check_replaceable(Path(s.out))
+            x = extend_from_corpus(resolve_model(e.extend, "--extend"), s, e, Path(s.out))
+            self.log(f"wrote {s.out}: {len(x.added):,} tokens added, vocab_size {x.new_size:,}; {x.unknown_before:.2%} "
+                     f"of the corpus's words [UNK] before, {x.unknown_after:.2%} after")
+
+        self.run(name, ["vocab", *as_flags(s), *as_flags(e), "--quiet", *(["--overwrite"] if overwrite else [])], call)
+
     def prepare(self, name: str, corpus: list[Path], tokenizer: Path, out: Path, settings,
                 overwrite: bool = False) -> None:
         """`torchbert prepare` with data.pretraining's PrepareSettings."""

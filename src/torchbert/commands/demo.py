@@ -1,7 +1,8 @@
 """the whole story on real Chinese text: vocab, pretrain, fine-tune, predict
 
 Pretrain a small BERT on Chinese news and reviews, then measure what it buys: its checkpoints against
-random weights, fine-tuned on sentiment and NER, scored on test over seeds."""
+random weights and a public checkpoint continued on the same corpus, fine-tuned on sentiment and NER,
+scored on test over seeds."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ dev and test splits -> vocab and prepare on a corpus of the People's Daily text 
 reviews, with no dev or test text (NSP pairs, whole-word masking with jieba) -> pretrain (tiny
 preset, 2,000 steps of 32 x 128, a checkpoint each quarter) -> finetune from random weights and
 from the checkpoints at 500, 1,000 and 2,000 steps on both tasks: the learning rate chosen on dev,
-then 3 seeds scored on test -> predict on example reviews. OUT gets summary.md and summary.json (the gain over random weights
+then 3 seeds scored on test; beside them the packaged MiniLM with the corpus's characters added to its
+vocabulary (vocab --extend) and its pretraining continued on the same corpus for 200 steps (pretrain
+--init --recipe continue), fine-tuned alike -> predict on example reviews. OUT gets summary.md and summary.json (the gain over random weights
 at each amount of pretraining, and where it first exceeds twice its standard error), gain.png,
 the pretraining's loss, accuracy and learning plots, and every run. An earlier finished demo's folder is
 replaced. Each stage's results stay as soon as it finishes: an interrupted demo (Ctrl-C, SIGTERM)

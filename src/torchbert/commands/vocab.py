@@ -100,20 +100,14 @@ def fewer_note(tok, asked: int, min_frequency: int) -> str:
 
 
 def extend(s, e, out: Path, overwrite: bool) -> None:
-    from ..data.pretraining import split_sentences
-    from ..data.sources import corpus_documents, corpus_files
-    from ..data.vocab_extend import extend_vocabulary
-    from ..data.vocabulary import check_corpus
+    from ..data.vocab_extend import extend_from_corpus
     from ..io.hf import resolve_model
 
     model_dir = resolve_model(e.extend, "--extend")
     check_out_folder(out, overwrite, [("--corpus", c) for c in s.corpus] + [("--extend", model_dir)])
-    check_corpus(s.corpus)
     start = time.perf_counter()
-    texts = (sent for docs in corpus_documents(corpus_files(s.corpus), "auto", 8 << 20, split_sentences, s.text_field)
-             for d in docs for sent in d)
     try:
-        x = extend_vocabulary(model_dir, texts, out, e.add, e.min_pieces, s.min_frequency)
+        x = extend_from_corpus(model_dir, s, e, out)
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
     appended = x.new_size - x.old_size

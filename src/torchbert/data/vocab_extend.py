@@ -178,6 +178,19 @@ def extend_vocabulary(model_dir: Path, texts, out: Path, add: int, min_pieces: i
                      unknown_after)
 
 
+def extend_from_corpus(model_dir: Path, s, e: ExtendSettings, out: Path) -> Extension:
+    """`vocab --extend`: `model_dir` grown with the words of VocabSettings `s`'s corpus (its files read
+    as streams, a sentence at a time) by ExtendSettings `e`, written whole to `out`."""
+    from .pretraining import split_sentences
+    from .sources import corpus_documents, corpus_files
+    from .vocabulary import check_corpus
+
+    check_corpus(s.corpus)
+    texts = (sent for docs in corpus_documents(corpus_files(s.corpus), "auto", 8 << 20, split_sentences, s.text_field)
+             for d in docs for sent in d)
+    return extend_vocabulary(model_dir, texts, out, e.add, e.min_pieces, s.min_frequency)
+
+
 def reading(tok, counts: Counter) -> tuple[float, float]:
     """How `tok` reads the counted words: pieces a word, and the share of words that are [UNK]."""
     pieces = unknown = 0
