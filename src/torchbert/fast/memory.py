@@ -25,7 +25,7 @@ later tensors do not fit, and the peak grows with the steps: 5.7-6.1 GB after 60
 after 148, for 2.5 GB in use at most (batches of one length level off at 4.0 GB); pretraining at up
 to 512 tokens, whose packed batches differ in token count, from 2.7 GB at step 10 to 6.1 GB at 300.
 tcmalloc keeps large and small blocks apart and gives idle pages back a few at a time: the same 148
-steps peak at 3.3 GB in the same time (bench/README.md, sessions 62 and 63). A process cannot change its malloc once it
+steps peak at 3.3 GB in the same time (bench/README.md, 2026-11-30). A process cannot change its malloc once it
 runs, so the user preloads it (`LD_PRELOAD=libtcmalloc_minimal.so.4`); `torchbert env` says which
 malloc is in use and how to get tcmalloc, and a training command whose memory grew after the first
 tenth of its run says so at its end (`growth_note`). jemalloc holds it too, but only with its freed
@@ -47,7 +47,7 @@ MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit (DEFAULT_MMAP_THRESHOLD_M
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: never trim below 2 GB of free heap top
 _ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_")
 _done = False
-JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # jemalloc keeping freed pages (bench/README.md, session 63)
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # jemalloc keeping freed pages (bench/README.md, 2026-11-30)
 TCMALLOC = "libtcmalloc_minimal.so.4"  # gperftools' tcmalloc without the profiler (Debian/Ubuntu: libtcmalloc-minimal4)
 _NAMES = {"libc": "glibc", "libtcmalloc": "tcmalloc", "libjemalloc": "jemalloc", "libmimalloc": "mimalloc"}
 
@@ -122,7 +122,7 @@ def growth_note(growth_gb: float | None, peak_gb: float | None, tcmalloc: str | 
     """A line for the end of a training command whose resident memory grew by `growth_gb` after the
     first tenth of its steps, to a peak of `peak_gb`: under glibc's malloc keeping freed memory, growth of
     a tenth of the peak (and half a GB) is its heap fragmenting, and tcmalloc holds it. Measured
-    (bench/README.md, session 65): 34% of the peak on MiniLM fine-tuned on mails of unlike lengths,
+    (bench/README.md, 2026-11-30): 34% of the peak on MiniLM fine-tuned on mails of unlike lengths,
     47% on QA windows over 1,227 steps, 6% on batches of one length; with glibc trimming (its own
     settings), memory rises and falls with the batches, so nothing is told then. `tcmalloc`: as
     describe_allocator's."""

@@ -76,7 +76,7 @@ def quantize_int8(src: Path, dst: Path, config) -> None:
     0.991. Per tensor instead of per channel: 0.931. 7 bits (reduce_range), not 8: a CPU without 8-bit
     dot products (AVX2) sums pairs of 8-bit products in 16 bits, which full-range weights overflow
     (255 x 127 x 2 > 32,767); with 7 bits the sums fit, so a graph gives the same results on every
-    CPU, and smoothed weights, which overflowed most (cosine 0.954), gain (bench/README.md, session 65)."""
+    CPU, and smoothed weights, which overflowed most (cosine 0.954), gain (bench/README.md, 2026-11-30)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     keep = down_projections(src, config.intermediate_size, config.hidden_size)
