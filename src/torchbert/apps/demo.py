@@ -34,7 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from .compare import CONTINUED, Budget, bert_folder, cell, continue_checkpoint, pretrain_all, write_tasks
+from .compare import CONTINUED, GRIDS, Budget, bert_folder, cell, continue_checkpoint, pretrain_all, write_tasks
 from ..train.recipes import DEFAULT as DEFAULT_RECIPE
 from ..train.recipes import TEXT as RECIPE_TEXT
 from .stages import Stages, claim_folder
@@ -55,7 +55,7 @@ EXAMPLES = [
 # initializations x 2 tasks x 4 runs) about 8 more. MiniLM continued (compare's CONTINUED) adds its 200
 # steps at about 2 s each and 8 fine-tuning runs about 10x slower than the tiny preset's.
 GRID = (5e-4, 2e-3)
-CONTINUED_GRID = (5e-5, 2e-4)
+CONTINUED_GRID = GRIDS[CONTINUED]  # compare's, so that the two rows are one protocol
 FULL = Budget(dev=500, train=4000, low=200, pd_paragraphs=None, vocab_size=8000, max_seq_len=128, preset="tiny",
               pretrain_steps=2000, pretrain_batch=32, pretrain_lr=1e-3, max_length=64, epochs=3, low_epochs=15,
               batch_size=16, seeds=3, grids={"bert": GRID, "random": GRID, CONTINUED: CONTINUED_GRID})
