@@ -230,22 +230,28 @@ def _shards(data: Path) -> list[str]:
         return []
 
 
-def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
-    """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
+def pretrained(r: Stages, run: Path, settings: dict[str, Any], steps: int, **train: Any) -> dict[str, Any]:
+    """`run` pretrained for `steps` with these PretrainSettings and TrainConfig fields (found on disk when
+    complete, continued from its checkpoint when interrupted): its metrics.json."""
     if r.complete(run, "metrics.json", "model.safetensors", "config.json"):
         r.found()
-    else:  # an interrupted pretraining continues from its checkpoint
+    else:
         from ..train.loop import TrainConfig
         from ..train.pretrain import PretrainSettings
 
         resume = bool(list(run.glob("checkpoints/step-*")))
-        s = PretrainSettings(data=[str(r.out / "pretrain" / "data")], out=run, model=system, config=b.preset,
-                             resume=resume, overwrite=not resume, **(RECIPES[b.recipe] if system == "bert" else {}))
-        cfg = TrainConfig(steps=steps, batch_size=b.pretrain_batch, lr=b.pretrain_lr, warmup_steps=max(1, steps // 10),
-                          log_every=max(1, steps // 40), eval_every=max(1, steps // 4), save_every=max(1, steps // 4),
-                          keep=4, seed=seed, progress=True)  # its bar: the study's longest stage, with an ETA
+        s = PretrainSettings(out=run, resume=resume, overwrite=not resume, **settings)
+        cfg = TrainConfig(steps=steps, log_every=max(1, steps // 40), eval_every=max(1, steps // 4),
+                          save_every=max(1, steps // 4), keep=4, progress=True, **train)  # its bar, with an ETA
         r.pretrain(f"pretrain {run.name}", s, cfg)
-    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    return json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+
+
+def pretrain_one(r: Stages, b: Budget, system: str, run: Path, steps: int, seed: int) -> dict[str, Any]:
+    """One system pretrained for `steps` on compare's data (or the result on disk): its figures."""
+    m = pretrained(r, run, {"data": [str(r.out / "pretrain" / "data")], "model": system, "config": b.preset,
+                            **(RECIPES[b.recipe] if system == "bert" else {})},
+                   steps, batch_size=b.pretrain_batch, lr=b.pretrain_lr, warmup_steps=max(1, steps // 10), seed=seed)
     return {"steps": steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
             "tokens_per_second": m["tokens_per_second"], "heldout": m.get("eval", {}),
             "yardsticks": m.get("yardsticks"), "parameters": parameters(run),
@@ -273,20 +279,8 @@ def continue_checkpoint(r: Stages, b: Budget, data: Path, seed: int) -> dict[str
         r.prepare("prepare continued", [corpus], extended, prepared,
                   PrepareSettings(pairs="none", masking="dynamic", max_seq_len=b.max_seq_len,
                                   heldout_docs=b.heldout_docs, seed=seed), overwrite=True)
-    if r.complete(run, "metrics.json", "model.safetensors", "config.json"):
-        r.found()
-    else:
-        from ..train.loop import TrainConfig
-        from ..train.pretrain import PretrainSettings
-
-        resume = bool(list(run.glob("checkpoints/step-*")))
-        steps = b.continue_steps
-        s = PretrainSettings(data=[str(prepared)], out=run, init=extended, recipe="continue", resume=resume,
-                             overwrite=not resume)
-        cfg = TrainConfig(steps=steps, batch_size=b.pretrain_batch, log_every=max(1, steps // 40),
-                          eval_every=max(1, steps // 4), save_every=max(1, steps // 4), keep=4, seed=seed, progress=True)
-        r.pretrain(f"pretrain {CONTINUED}", s, cfg)
-    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    m = pretrained(r, run, {"data": [str(prepared)], "init": extended, "recipe": "continue"}, b.continue_steps,
+                   batch_size=b.pretrain_batch, seed=seed)
     return {"steps": b.continue_steps, "train_seconds": m["train_seconds"], "tokens": m["tokens"],
             "tokens_per_second": m["tokens_per_second"], "heldout_first": m.get("eval_first", {}),
             "heldout": m.get("eval", {}), "parameters": parameters(run),
