@@ -172,6 +172,18 @@ def test_cli_reference_is_up_to_date():
     assert done.returncode == 0, done.stderr
 
 
+def test_every_example_in_the_help_keeps_its_line_breaks():
+    """An example's continuation written as a lone backslash in a Python string joins its two lines
+    into one with a run of spaces inside; the help must print it as the user would paste it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    joined = [line for line in text.splitlines() if re.search(r"\S {4,}--", line)]
+    assert not joined, joined
+    assert re.search(r"\S {4,}--", "  torchbert distill --out runs/a       --student b")  # the check sees one
+
+
 def test_embed_pools_and_normalizes_as_the_model_folder_says(tmp_path, capsys, minilm_dir):
     """MiniLM's sentence-transformers files say mean pooling, then Normalize: embed's defaults give
     sentence-transformers' embeddings; a --pooling that contradicts the folder is a one-line error."""

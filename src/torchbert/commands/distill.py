@@ -27,7 +27,7 @@ examples:
       --student-layers 3 --temperature 1 --soft-weight 0.9
   torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-2u \\
       --student-layers 2 --unlabeled mail.txt.gz
-  torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-own \
+  torchbert distill --teacher runs/spam --train spam/train.tsv --dev spam/dev.tsv --out runs/spam-own \\
       --student my-small-bert --relation-weight 1
   torchbert distill --teacher minilm --task embedding --train corpus.txt.gz --dev pairs.jsonl --out runs/emb-2 \\
       --student-layers 2
